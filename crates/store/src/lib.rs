@@ -1,0 +1,50 @@
+//! The Simple File Layer of betreefs (BetrFS 0.6 §3.1, adapted).
+//!
+//! One image file or block device is split into fixed regions:
+//!
+//! ```text
+//! | superblock A | superblock B | redo log (circular) | node region ... |
+//!   block 0        block 1        blocks 2..2+L         the rest
+//! ```
+//!
+//! This crate owns everything about that layout and nothing about the tree:
+//! the IO seam ([`Device`], with a file/block-device implementation using
+//! `O_DIRECT` and an in-memory implementation that simulates crashes), the
+//! two alternating [`Superblock`] copies, the circular redo log
+//! ([`LogWriter`], [`replay_log`]) with group commit, and the two-generation
+//! [`BlockAllocator`] of BetrFS 0.2 §3 for the node region.
+//!
+//! Limits: the block size is 4 KiB; one log record carries at most a quarter
+//! of the log region; the node region is addressed in 4 KiB blocks with
+//! 64-bit numbers. The exact byte layout of every structure is in
+//! `docs/format.md` (format version [`FORMAT_VERSION`]).
+
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
+mod aligned;
+mod allocator;
+mod device;
+mod error;
+mod layout;
+mod log;
+mod superblock;
+
+pub use aligned::AlignedBuf;
+pub use allocator::BlockAllocator;
+pub use device::{CrashMode, Device, FileDevice, MemDevice};
+pub use error::{StoreError, StoreResult};
+pub use layout::{Extent, Layout, BLOCK_SIZE};
+pub use log::{replay_log, LogWriter, ReplayEnd, LOG_RECORD_HEADER_BYTES};
+pub use superblock::{Superblock, FORMAT_VERSION, MAGIC, MAX_TREES};
+
+/// Rounds `n` up to a whole number of blocks.
+pub fn round_up_to_block(n: u64) -> u64 {
+    n.div_ceil(BLOCK_SIZE as u64) * BLOCK_SIZE as u64
+}
+
+/// Computes the CRC32C of several byte slices as if they were one.
+pub fn crc32c_of(parts: &[&[u8]]) -> u32 {
+    parts
+        .iter()
+        .fold(0u32, |crc, part| crc32c::crc32c_append(crc, part))
+}
