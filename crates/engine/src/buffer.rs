@@ -1,0 +1,354 @@
+//! The message buffer an interior node keeps for each child.
+//!
+//! Every message in a child's buffer is newer than everything below that
+//! child, and a batch flushed in from the parent is newer than everything
+//! already here. That makes PacMan (BetrFS 0.6 §4) exact and cheap:
+//! - a put or delete replaces any older message for its key;
+//! - a range delete eats every older point message in its range and
+//!   coalesces with overlapping or adjacent range deletes (they commute);
+//! - an upsert meeting a put, a delete or a covering range delete is folded
+//!   into a put at once.
+//!
+//! So for each key a buffer holds at most one [`PointMsg`], and any point
+//! message in a range delete's range is newer than that range delete: the
+//! buffer applies its range deletes first, then its point messages.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use crate::merge::MergeRegistry;
+
+/// A put or delete, the "base" that hides everything older for its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Base {
+    Put { seq: u64, value: Vec<u8> },
+    Delete { seq: u64 },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Upsert {
+    pub seq: u64,
+    pub func: u8,
+    pub arg: Vec<u8>,
+}
+
+/// All pending messages for one key: an optional base, then upserts in
+/// sequence order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PointMsg {
+    pub base: Option<Base>,
+    pub upserts: Vec<Upsert>,
+}
+
+/// A pending range delete of [start, end); `start` is its map key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeDel {
+    pub end: Vec<u8>,
+    pub seq: u64,
+}
+
+/// Per-message overhead counted in buffer sizes (tag, lengths, sequence
+/// number), close to what the message takes on disk.
+pub const MESSAGE_OVERHEAD_BYTES: usize = 16;
+
+impl PointMsg {
+    pub fn put(seq: u64, value: Vec<u8>) -> PointMsg {
+        PointMsg { base: Some(Base::Put { seq, value }), upserts: Vec::new() }
+    }
+    pub fn delete(seq: u64) -> PointMsg {
+        PointMsg { base: Some(Base::Delete { seq }), upserts: Vec::new() }
+    }
+    pub fn upsert(seq: u64, func: u8, arg: Vec<u8>) -> PointMsg {
+        PointMsg { base: None, upserts: vec![Upsert { seq, func, arg }] }
+    }
+
+    pub fn bytes(&self, key_len: usize) -> usize {
+        let base = match &self.base {
+            Some(Base::Put { value, .. }) => value.len(),
+            _ => 0,
+        };
+        let upserts: usize = self.upserts.iter().map(|u| u.arg.len() + 10).sum();
+        key_len + base + upserts + MESSAGE_OVERHEAD_BYTES
+    }
+
+    /// Applies this message to the value below it. `Err(id)` names a merge
+    /// function the registry does not know.
+    pub fn apply(&self, old: Option<&[u8]>, merges: &MergeRegistry) -> Result<Option<Vec<u8>>, u8> {
+        let mut value: Option<Vec<u8>> = match &self.base {
+            Some(Base::Put { value, .. }) => Some(value.clone()),
+            Some(Base::Delete { .. }) => None,
+            None => old.map(|v| v.to_vec()),
+        };
+        for u in &self.upserts {
+            value = Some(merges.apply(u.func, value.as_deref(), &u.arg).ok_or(u.func)?);
+        }
+        Ok(value)
+    }
+
+    /// Whether the value below this message is irrelevant.
+    pub fn hides_older(&self) -> bool {
+        self.base.is_some()
+    }
+
+    fn newest_seq(&self) -> u64 {
+        let base = match &self.base {
+            Some(Base::Put { seq, .. }) | Some(Base::Delete { seq }) => *seq,
+            None => 0,
+        };
+        self.upserts.last().map_or(base, |u| u.seq.max(base))
+    }
+
+    /// Folds upserts into the base when every merge function is known.
+    fn collapse(&mut self, merges: &MergeRegistry) {
+        if self.base.is_none() || self.upserts.is_empty() {
+            return;
+        }
+        let seq = self.newest_seq();
+        if let Ok(Some(value)) = self.apply(None, merges) {
+            self.base = Some(Base::Put { seq, value });
+            self.upserts.clear();
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MessageBuffer {
+    points: BTreeMap<Vec<u8>, PointMsg>,
+    ranges: BTreeMap<Vec<u8>, RangeDel>,
+    bytes: usize,
+}
+
+impl MessageBuffer {
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty() && self.ranges.is_empty()
+    }
+    pub fn message_count(&self) -> usize {
+        self.points.len() + self.ranges.len()
+    }
+    pub fn points(&self) -> &BTreeMap<Vec<u8>, PointMsg> {
+        &self.points
+    }
+    pub fn ranges(&self) -> &BTreeMap<Vec<u8>, RangeDel> {
+        &self.ranges
+    }
+
+    /// The range delete covering `key`, if any.
+    pub fn covering(&self, key: &[u8]) -> Option<(&Vec<u8>, &RangeDel)> {
+        self.ranges
+            .range::<[u8], _>((Bound::Unbounded, Bound::Included(key)))
+            .next_back()
+            .filter(|(_, r)| r.end.as_slice() > key)
+    }
+
+    /// Adds a range delete newer than everything in the buffer. Returns how
+    /// many older messages it ate.
+    pub fn insert_range_delete(&mut self, start: Vec<u8>, end: Vec<u8>, seq: u64) -> usize {
+        if start >= end {
+            return 0;
+        }
+        let mut in_range = self.points.split_off(&start);
+        let mut after = in_range.split_off(&end);
+        self.points.append(&mut after);
+        let mut eaten = in_range.len();
+        for (k, m) in &in_range {
+            self.bytes -= m.bytes(k.len());
+        }
+        let (mut new_start, mut new_end, mut new_seq) = (start, end, seq);
+        let touching: Vec<Vec<u8>> = self
+            .ranges
+            .range::<[u8], _>((Bound::Unbounded, Bound::Included(new_end.as_slice())))
+            .rev()
+            .take_while(|(_, r)| r.end >= new_start)
+            .map(|(s, _)| s.clone())
+            .collect();
+        for s in touching {
+            if let Some(r) = self.ranges.remove(&s) {
+                self.bytes -= s.len() + r.end.len() + MESSAGE_OVERHEAD_BYTES;
+                eaten += 1;
+                if s < new_start {
+                    new_start = s;
+                }
+                if r.end > new_end {
+                    new_end = r.end;
+                }
+                new_seq = new_seq.max(r.seq);
+            }
+        }
+        self.bytes += new_start.len() + new_end.len() + MESSAGE_OVERHEAD_BYTES;
+        self.ranges.insert(new_start, RangeDel { end: new_end, seq: new_seq });
+        eaten
+    }
+
+    /// Adds a point message newer than everything in the buffer. Returns how
+    /// many older messages it made obsolete.
+    pub fn insert_point(&mut self, key: Vec<u8>, msg: PointMsg, merges: &MergeRegistry) -> usize {
+        let covering_seq = self.covering(&key).map(|(_, r)| r.seq);
+        let key_len = key.len();
+        let mut eaten = 0;
+        let entry = match self.points.remove(&key) {
+            Some(old) => {
+                self.bytes -= old.bytes(key_len);
+                eaten = 1;
+                if msg.hides_older() {
+                    msg
+                } else {
+                    let mut merged = old;
+                    merged.upserts.extend(msg.upserts);
+                    merged
+                }
+            }
+            None => {
+                let mut fresh = msg;
+                if let (None, Some(seq)) = (&fresh.base, covering_seq) {
+                    // Everything below is deleted: the upserts start from nothing.
+                    fresh.base = Some(Base::Delete { seq });
+                }
+                fresh
+            }
+        };
+        let mut entry = entry;
+        entry.collapse(merges);
+        self.bytes += entry.bytes(key_len);
+        self.points.insert(key, entry);
+        eaten
+    }
+
+    /// Adds everything from `newer`, whose messages are all newer than ours.
+    pub fn absorb_newer(&mut self, newer: MessageBuffer, merges: &MergeRegistry) -> usize {
+        let mut eaten = 0;
+        for (start, r) in newer.ranges {
+            eaten += self.insert_range_delete(start, r.end, r.seq);
+        }
+        for (key, m) in newer.points {
+            eaten += self.insert_point(key, m, merges);
+        }
+        eaten
+    }
+
+    /// Adds the messages of a buffer over a disjoint key range (a sibling's).
+    pub fn absorb_disjoint(&mut self, other: MessageBuffer) {
+        debug_assert!(other.points.keys().all(|k| !self.points.contains_key(k)));
+        self.bytes += other.bytes;
+        let mut points = other.points;
+        self.points.append(&mut points);
+        let mut ranges = other.ranges;
+        self.ranges.append(&mut ranges);
+    }
+
+    /// Splits off the messages at or after `pivot` (range deletes straddling
+    /// it are cut in two).
+    pub fn split_off(&mut self, pivot: &[u8]) -> MessageBuffer {
+        let mut right = MessageBuffer {
+            points: self.points.split_off(pivot),
+            ranges: self.ranges.split_off(pivot),
+            bytes: 0,
+        };
+        if let Some((start, r)) = self.ranges.iter_mut().next_back() {
+            if r.end.as_slice() > pivot {
+                let right_end = std::mem::replace(&mut r.end, pivot.to_vec());
+                let seq = r.seq;
+                debug_assert!(start.as_slice() < pivot);
+                right.ranges.insert(pivot.to_vec(), RangeDel { end: right_end, seq });
+            }
+        }
+        self.recount();
+        right.recount();
+        right
+    }
+
+    fn recount(&mut self) {
+        self.bytes = self.points.iter().map(|(k, m)| m.bytes(k.len())).sum::<usize>()
+            + self
+                .ranges
+                .iter()
+                .map(|(s, r)| s.len() + r.end.len() + MESSAGE_OVERHEAD_BYTES)
+                .sum::<usize>();
+    }
+
+    /// Takes every message out, leaving the buffer empty.
+    pub fn take(&mut self) -> MessageBuffer {
+        std::mem::take(self)
+    }
+
+    /// Whether a range delete in this buffer covers all of [lo, hi)
+    /// (`hi == None` means unbounded, which no range delete covers).
+    pub fn covers_whole(&self, lo: &[u8], hi: Option<&[u8]>) -> bool {
+        let Some(hi) = hi else { return false };
+        self.covering(lo).is_some_and(|(_, r)| r.end.as_slice() >= hi)
+    }
+
+    /// Inserts decoded messages (node deserialisation) without PacMan.
+    pub(crate) fn push_decoded_point(&mut self, key: Vec<u8>, msg: PointMsg) {
+        self.bytes += msg.bytes(key.len());
+        self.points.insert(key, msg);
+    }
+
+    pub(crate) fn push_decoded_range(&mut self, start: Vec<u8>, r: RangeDel) {
+        self.bytes += start.len() + r.end.len() + MESSAGE_OVERHEAD_BYTES;
+        self.ranges.insert(start, r);
+    }
+
+    /// Consumes the buffer into its ranges and points.
+    pub fn into_parts(self) -> (BTreeMap<Vec<u8>, RangeDel>, BTreeMap<Vec<u8>, PointMsg>) {
+        (self.ranges, self.points)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::merge::{patch_arg, MERGE_PATCH};
+
+    fn k(s: &str) -> Vec<u8> {
+        s.as_bytes().to_vec()
+    }
+
+    #[test]
+    fn pacman_rules() {
+        let merges = MergeRegistry::default();
+        let mut b = MessageBuffer::default();
+        b.insert_point(k("a"), PointMsg::put(1, k("x")), &merges);
+        b.insert_point(k("b"), PointMsg::put(2, k("y")), &merges);
+        b.insert_point(k("d"), PointMsg::upsert(3, MERGE_PATCH, patch_arg(0, b"u")), &merges);
+        assert_eq!(b.insert_range_delete(k("a"), k("c"), 4), 2);
+        assert_eq!(b.message_count(), 2);
+        // Adjacent and overlapping range deletes coalesce.
+        b.insert_range_delete(k("c"), k("e"), 5);
+        assert_eq!(b.ranges().len(), 1);
+        assert_eq!(b.covering(b"dz").unwrap().1.end, k("e"));
+        // An upsert under a covering range delete becomes a put.
+        b.insert_point(k("b"), PointMsg::upsert(6, MERGE_PATCH, patch_arg(1, b"z")), &merges);
+        assert_eq!(b.points()[&k("b")], PointMsg::put(6, k("\0z")));
+        // A put hides an older upsert chain.
+        b.insert_point(k("q"), PointMsg::upsert(7, MERGE_PATCH, patch_arg(0, b"1")), &merges);
+        b.insert_point(k("q"), PointMsg::upsert(8, MERGE_PATCH, patch_arg(1, b"2")), &merges);
+        assert_eq!(b.points()[&k("q")].upserts.len(), 2);
+        b.insert_point(k("q"), PointMsg::delete(9), &merges);
+        assert_eq!(b.points()[&k("q")], PointMsg::delete(9));
+        let bytes = b.bytes();
+        let mut copy = b.clone();
+        copy.recount();
+        assert_eq!(copy.bytes(), bytes);
+    }
+
+    #[test]
+    fn split_cuts_straddling_ranges() {
+        let merges = MergeRegistry::default();
+        let mut b = MessageBuffer::default();
+        b.insert_range_delete(k("b"), k("m"), 1);
+        b.insert_point(k("c"), PointMsg::put(2, k("v")), &merges);
+        b.insert_point(k("x"), PointMsg::put(3, k("v")), &merges);
+        let right = b.split_off(b"f");
+        assert_eq!(b.ranges()[&k("b")].end, k("f"));
+        assert_eq!(right.ranges()[&k("f")].end, k("m"));
+        assert!(right.points().contains_key(&k("x")));
+        assert!(b.covers_whole(b"c", Some(b"f")));
+        assert!(!b.covers_whole(b"a", Some(b"f")));
+        let mut joined = b.clone();
+        joined.absorb_disjoint(right);
+        assert_eq!(joined.message_count(), 4);
+    }
+}

@@ -1,0 +1,193 @@
+//! Upsert merge functions: blind read-modify-write applied where the
+//! message meets the value (in a flush, or on the fly in a query).
+//!
+//! A merge function is `f(old: Option<&[u8]>, arg: &[u8]) -> Vec<u8>`, must be
+//! deterministic (it runs again during log replay) and is named by a one-byte
+//! id stored in the log and in nodes. Ids below 128 are built in.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::codec::{Decoder, Encoder};
+
+/// "Write these bytes at this offset of the value, zero-filling any gap."
+/// Argument: varint offset, then the bytes.
+pub const MERGE_PATCH: u8 = 1;
+/// "Update fields of a record of little-endian u64 slots."
+/// Argument: a sequence of (u8 op, varint slot, u64 operand) with op
+/// 0 = set, 1 = max, 2 = add (wrapping), 3 = sub (saturating). The record is
+/// zero-extended to cover the highest slot touched.
+pub const MERGE_RECORD: u8 = 2;
+
+pub type MergeFn = dyn Fn(Option<&[u8]>, &[u8]) -> Vec<u8> + Send + Sync;
+
+/// The functions an engine knows; ids must be registered before a store
+/// whose log or nodes use them is opened.
+#[derive(Clone)]
+pub struct MergeRegistry {
+    functions: HashMap<u8, Arc<MergeFn>>,
+}
+
+impl Default for MergeRegistry {
+    fn default() -> Self {
+        let mut functions: HashMap<u8, Arc<MergeFn>> = HashMap::new();
+        functions.insert(MERGE_PATCH, Arc::new(merge_patch));
+        functions.insert(MERGE_RECORD, Arc::new(merge_record));
+        MergeRegistry { functions }
+    }
+}
+
+impl std::fmt::Debug for MergeRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut ids: Vec<_> = self.functions.keys().collect();
+        ids.sort();
+        f.debug_struct("MergeRegistry").field("ids", &ids).finish()
+    }
+}
+
+impl MergeRegistry {
+    /// Registers a user function under an id of 128 or more.
+    pub fn register(&mut self, id: u8, f: Arc<MergeFn>) -> Result<(), String> {
+        if id < 128 {
+            return Err(format!("merge function ids below 128 are reserved (got {id})"));
+        }
+        self.functions.insert(id, f);
+        Ok(())
+    }
+
+    pub fn knows(&self, id: u8) -> bool {
+        self.functions.contains_key(&id)
+    }
+
+    /// Applies function `id`; callers check [`MergeRegistry::knows`] when the
+    /// message enters the engine, so an unknown id here means a corrupt node.
+    pub fn apply(&self, id: u8, old: Option<&[u8]>, arg: &[u8]) -> Option<Vec<u8>> {
+        self.functions.get(&id).map(|f| f(old, arg))
+    }
+}
+
+/// Encodes a [`MERGE_PATCH`] argument.
+pub fn patch_arg(offset: u64, bytes: &[u8]) -> Vec<u8> {
+    let mut e = Encoder::with_capacity(bytes.len() + 10);
+    e.varint(offset);
+    e.buf.extend_from_slice(bytes);
+    e.buf
+}
+
+fn merge_patch(old: Option<&[u8]>, arg: &[u8]) -> Vec<u8> {
+    let mut d = Decoder::new(arg);
+    let Ok(offset) = d.varint() else {
+        // A malformed argument leaves the value as it was.
+        return old.unwrap_or_default().to_vec();
+    };
+    let bytes = d.take(d.remaining()).unwrap_or_default();
+    let mut value = old.unwrap_or_default().to_vec();
+    let Some(end) = (offset as usize).checked_add(bytes.len()) else {
+        return value;
+    };
+    if value.len() < end {
+        value.resize(end, 0);
+    }
+    value[offset as usize..end].copy_from_slice(bytes);
+    value
+}
+
+/// One field update of a [`MERGE_RECORD`] upsert.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordOp {
+    Set(usize, u64),
+    Max(usize, u64),
+    Add(usize, u64),
+    Sub(usize, u64),
+}
+
+/// Encodes a [`MERGE_RECORD`] argument.
+pub fn record_arg(ops: &[RecordOp]) -> Vec<u8> {
+    let mut e = Encoder::with_capacity(ops.len() * 12);
+    for op in ops {
+        let (code, slot, operand) = match *op {
+            RecordOp::Set(s, v) => (0, s, v),
+            RecordOp::Max(s, v) => (1, s, v),
+            RecordOp::Add(s, v) => (2, s, v),
+            RecordOp::Sub(s, v) => (3, s, v),
+        };
+        e.u8(code);
+        e.varint(slot as u64);
+        e.u64(operand);
+    }
+    e.buf
+}
+
+/// Largest slot index a record update may touch (bounds value growth).
+const RECORD_SLOTS_MAX: u64 = 4096;
+
+fn merge_record(old: Option<&[u8]>, arg: &[u8]) -> Vec<u8> {
+    let mut value = old.unwrap_or_default().to_vec();
+    let mut d = Decoder::new(arg);
+    while !d.is_empty() {
+        let (Ok(code), Ok(slot), Ok(operand)) = (d.u8(), d.varint(), d.u64()) else {
+            break;
+        };
+        if slot >= RECORD_SLOTS_MAX {
+            break;
+        }
+        let at = slot as usize * 8;
+        if value.len() < at + 8 {
+            value.resize(at + 8, 0);
+        }
+        let mut raw = [0u8; 8];
+        raw.copy_from_slice(&value[at..at + 8]);
+        let current = u64::from_le_bytes(raw);
+        let updated = match code {
+            0 => operand,
+            1 => current.max(operand),
+            2 => current.wrapping_add(operand),
+            3 => current.saturating_sub(operand),
+            _ => break,
+        };
+        value[at..at + 8].copy_from_slice(&updated.to_le_bytes());
+    }
+    value
+}
+
+/// Reads slot `i` of a record value (0 when absent).
+pub fn record_slot(value: &[u8], i: usize) -> u64 {
+    let mut raw = [0u8; 8];
+    if let Some(src) = value.get(i * 8..i * 8 + 8) {
+        raw.copy_from_slice(src);
+    }
+    u64::from_le_bytes(raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patch_zero_fills_and_overwrites() {
+        let r = MergeRegistry::default();
+        let v = r.apply(MERGE_PATCH, None, &patch_arg(3, b"ab")).unwrap();
+        assert_eq!(v, b"\0\0\0ab");
+        let v = r.apply(MERGE_PATCH, Some(b"xyzxyz"), &patch_arg(1, b"Q")).unwrap();
+        assert_eq!(v, b"xQzxyz");
+    }
+
+    #[test]
+    fn record_updates() {
+        let r = MergeRegistry::default();
+        let v = r
+            .apply(MERGE_RECORD, None, &record_arg(&[RecordOp::Set(2, 7), RecordOp::Add(0, 5)]))
+            .unwrap();
+        assert_eq!(v.len(), 24);
+        assert_eq!((record_slot(&v, 0), record_slot(&v, 2)), (5, 7));
+        let v = r
+            .apply(MERGE_RECORD, Some(&v), &record_arg(&[RecordOp::Max(2, 3), RecordOp::Sub(0, 9)]))
+            .unwrap();
+        assert_eq!((record_slot(&v, 0), record_slot(&v, 2)), (0, 7));
+        assert!(r.apply(99, None, b"").is_none());
+        let mut r2 = r.clone();
+        assert!(r2.register(5, Arc::new(|_, _| Vec::new())).is_err());
+        r2.register(200, Arc::new(|_, a| a.to_vec())).unwrap();
+        assert_eq!(r2.apply(200, None, b"z").unwrap(), b"z");
+    }
+}

@@ -1,0 +1,200 @@
+//! What callers send into the tree, and its log encoding.
+
+use crate::codec::{DecodeError, DecodeResult, Decoder, Encoder};
+
+/// Keys longer than this are refused.
+pub const MAX_KEY_BYTES: usize = 4096;
+/// Values (and upsert arguments) longer than this are refused.
+pub const MAX_VALUE_BYTES: usize = 128 * 1024;
+
+/// The independent trees of one store. They share the log, the node cache
+/// and every checkpoint, so a batch may span both atomically.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KeySpace {
+    /// File system metadata: one entry per path.
+    Meta = 0,
+    /// File contents: one entry per block.
+    Data = 1,
+}
+
+/// Number of key spaces; each has its own tree and root.
+pub const KEY_SPACES: usize = 2;
+
+impl KeySpace {
+    pub const ALL: [KeySpace; KEY_SPACES] = [KeySpace::Meta, KeySpace::Data];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn from_index(i: u8) -> Option<KeySpace> {
+        match i {
+            0 => Some(KeySpace::Meta),
+            1 => Some(KeySpace::Data),
+            _ => None,
+        }
+    }
+}
+
+/// One change to one key space.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Message {
+    Put { key: Vec<u8>, value: Vec<u8> },
+    Delete { key: Vec<u8> },
+    /// Blind read-modify-write with merge function `func` (see [`crate::merge`]).
+    Upsert { key: Vec<u8>, func: u8, arg: Vec<u8> },
+    /// Deletes every key in [start, end).
+    RangeDelete { start: Vec<u8>, end: Vec<u8> },
+}
+
+const TAG_PUT: u8 = 1;
+const TAG_DELETE: u8 = 2;
+const TAG_UPSERT: u8 = 3;
+const TAG_RANGE_DELETE: u8 = 4;
+
+impl Message {
+    /// Key and value bytes the caller asked to store (write amplification's
+    /// denominator).
+    pub fn user_bytes(&self) -> u64 {
+        match self {
+            Message::Put { key, value } => (key.len() + value.len()) as u64,
+            Message::Delete { key } => key.len() as u64,
+            Message::Upsert { key, arg, .. } => (key.len() + arg.len()) as u64,
+            Message::RangeDelete { start, end } => (start.len() + end.len()) as u64,
+        }
+    }
+
+    /// Whether the message can only free space.
+    pub fn is_removal(&self) -> bool {
+        matches!(self, Message::Delete { .. } | Message::RangeDelete { .. })
+    }
+}
+
+/// An atomic group of messages: they share one sequence number and become
+/// visible and durable together.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteBatch {
+    pub(crate) messages: Vec<(KeySpace, Message)>,
+}
+
+impl WriteBatch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn put(&mut self, ks: KeySpace, key: &[u8], value: &[u8]) -> &mut Self {
+        self.push(ks, Message::Put { key: key.to_vec(), value: value.to_vec() })
+    }
+    pub fn delete(&mut self, ks: KeySpace, key: &[u8]) -> &mut Self {
+        self.push(ks, Message::Delete { key: key.to_vec() })
+    }
+    pub fn upsert(&mut self, ks: KeySpace, key: &[u8], func: u8, arg: &[u8]) -> &mut Self {
+        self.push(ks, Message::Upsert { key: key.to_vec(), func, arg: arg.to_vec() })
+    }
+    pub fn range_delete(&mut self, ks: KeySpace, start: &[u8], end: &[u8]) -> &mut Self {
+        self.push(ks, Message::RangeDelete { start: start.to_vec(), end: end.to_vec() })
+    }
+    pub fn push(&mut self, ks: KeySpace, message: Message) -> &mut Self {
+        self.messages.push((ks, message));
+        self
+    }
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+    pub fn messages(&self) -> &[(KeySpace, Message)] {
+        &self.messages
+    }
+
+    /// The log record payload: varint count, then per message
+    /// `u8 key_space, u8 tag, fields` with fields
+    /// put = key, value; delete = key; upsert = key, u8 func, arg;
+    /// range delete = start, end (each a varint length and bytes).
+    pub fn encode(&self) -> Vec<u8> {
+        let size: usize = self.messages.iter().map(|(_, m)| m.user_bytes() as usize + 12).sum();
+        let mut e = Encoder::with_capacity(size + 4);
+        e.varint(self.messages.len() as u64);
+        for (ks, m) in &self.messages {
+            e.u8(*ks as u8);
+            match m {
+                Message::Put { key, value } => {
+                    e.u8(TAG_PUT);
+                    e.bytes(key);
+                    e.bytes(value);
+                }
+                Message::Delete { key } => {
+                    e.u8(TAG_DELETE);
+                    e.bytes(key);
+                }
+                Message::Upsert { key, func, arg } => {
+                    e.u8(TAG_UPSERT);
+                    e.bytes(key);
+                    e.u8(*func);
+                    e.bytes(arg);
+                }
+                Message::RangeDelete { start, end } => {
+                    e.u8(TAG_RANGE_DELETE);
+                    e.bytes(start);
+                    e.bytes(end);
+                }
+            }
+        }
+        e.buf
+    }
+
+    pub fn decode(payload: &[u8]) -> DecodeResult<WriteBatch> {
+        let mut d = Decoder::new(payload);
+        let count = d.varint()?;
+        if count > payload.len() as u64 {
+            return Err(DecodeError(format!("batch claims {count} messages")));
+        }
+        let mut messages = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let ks_raw = d.u8()?;
+            let ks = KeySpace::from_index(ks_raw)
+                .ok_or_else(|| DecodeError(format!("unknown key space {ks_raw}")))?;
+            let m = match d.u8()? {
+                TAG_PUT => Message::Put { key: d.bytes()?.to_vec(), value: d.bytes()?.to_vec() },
+                TAG_DELETE => Message::Delete { key: d.bytes()?.to_vec() },
+                TAG_UPSERT => Message::Upsert {
+                    key: d.bytes()?.to_vec(),
+                    func: d.u8()?,
+                    arg: d.bytes()?.to_vec(),
+                },
+                TAG_RANGE_DELETE => Message::RangeDelete {
+                    start: d.bytes()?.to_vec(),
+                    end: d.bytes()?.to_vec(),
+                },
+                tag => return Err(DecodeError(format!("unknown message tag {tag}"))),
+            };
+            messages.push((ks, m));
+        }
+        if !d.is_empty() {
+            return Err(DecodeError(format!("{} trailing bytes after batch", d.remaining())));
+        }
+        Ok(WriteBatch { messages })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_round_trip_and_garbage() {
+        let mut b = WriteBatch::new();
+        b.put(KeySpace::Meta, b"a", b"1")
+            .delete(KeySpace::Data, b"\0\xff")
+            .upsert(KeySpace::Meta, b"k", 1, b"arg")
+            .range_delete(KeySpace::Data, b"a", b"z");
+        let enc = b.encode();
+        assert_eq!(WriteBatch::decode(&enc).unwrap(), b);
+        for cut in 0..enc.len() {
+            assert!(WriteBatch::decode(&enc[..cut]).is_err());
+        }
+        let mut bad = enc.clone();
+        bad[1] = 9;
+        assert!(WriteBatch::decode(&bad).is_err());
+    }
+}
