@@ -91,7 +91,8 @@ pub struct NodeImage {
 }
 
 /// Serialises a node. Leaves must be fully loaded.
-pub fn encode_node(node: &Node, num: u64, tree: u8) -> NodeImage {
+pub fn encode_node(node: &Node, num: u64) -> NodeImage {
+    let tree = node.tree;
     let prefix = node.prefix.as_slice();
     let mut meta = Encoder::with_capacity(4096);
     let mut basement_bytes: Vec<Vec<u8>> = Vec::new();
@@ -302,7 +303,7 @@ pub fn decode_meta(header: &NodeHeader, meta: &[u8], prefix: &[u8]) -> DecodeRes
     if !d.is_empty() {
         return Err(DecodeError("trailing bytes after node meta".into()));
     }
-    Ok(Node { body, prefix: prefix.to_vec(), dirty: false, last_used: 0 })
+    Ok(Node { body, prefix: prefix.to_vec(), tree: header.tree, dirty: false, last_used: 0 })
 }
 
 fn decode_interior(d: &mut Decoder<'_>, height: u32, prefix: &[u8]) -> DecodeResult<Interior> {
@@ -384,7 +385,7 @@ mod tests {
     use crate::node::Bounds;
 
     fn round_trip(node: &Node, num: u64) -> Node {
-        let img = encode_node(node, num, 1);
+        let img = encode_node(node, num);
         let h = decode_header(&img.buf, img.crc, num, &node.prefix).unwrap();
         assert_eq!(h.total_len, img.len);
         let mut back = decode_meta(&h, &img.buf[HEADER_BYTES..meta_end(&h)], &node.prefix).unwrap();
@@ -406,6 +407,7 @@ mod tests {
         Node {
             body: NodeBody::Leaf(Leaf::from_sorted(entries, 2000)),
             prefix: bounds.lifted_prefix(),
+            tree: 1,
             dirty: true,
             last_used: 0,
         }
@@ -422,7 +424,7 @@ mod tests {
         let eb: Vec<_> = b.basements.iter().flat_map(|x| x.entries.clone().unwrap()).collect();
         assert_eq!(ea, eb);
         // Stored keys omit the prefix: the image has no "dir\0f" runs.
-        let img = encode_node(&node, 9, 1);
+        let img = encode_node(&node, 9);
         assert!(!img.buf.windows(5).any(|w| w == b"dir\x00f"));
     }
 
@@ -439,7 +441,7 @@ mod tests {
         int.insert_point(b"a".to_vec(), PointMsg::put(4, b"v".to_vec()), &merges);
         int.insert_point(b"z".to_vec(), PointMsg::upsert(5, 1, vec![0, 1]), &merges);
         int.insert_point(b"y".to_vec(), PointMsg::delete(6), &merges);
-        let node = Node { body: NodeBody::Interior(int.clone()), prefix: Vec::new(), dirty: true, last_used: 0 };
+        let node = Node { body: NodeBody::Interior(int.clone()), prefix: Vec::new(), tree: 0, dirty: true, last_used: 0 };
         let back = round_trip(&node, 3);
         let NodeBody::Interior(b) = back.body else { panic!() };
         assert_eq!((b.pivots, b.children, b.buffers), (int.pivots, int.children, int.buffers));
@@ -448,7 +450,7 @@ mod tests {
     #[test]
     fn every_flipped_byte_is_caught() {
         let node = lifted_leaf();
-        let img = encode_node(&node, 9, 1);
+        let img = encode_node(&node, 9);
         let step = (img.len as usize / 300).max(1);
         for at in (0..img.len as usize).step_by(step) {
             let mut bad = img.buf.to_vec();

@@ -303,6 +303,8 @@ pub struct Node {
     pub body: NodeBody,
     /// The lifted prefix: what the parent's pivots say every key here begins with.
     pub prefix: Vec<u8>,
+    /// The key space (tree) the node belongs to.
+    pub tree: u8,
     pub dirty: bool,
     pub last_used: u64,
 }

@@ -76,6 +76,15 @@ enum CopyProblem {
     Corrupt(String),
 }
 
+fn describe(copy: &Result<Superblock, CopyProblem>) -> String {
+    match copy {
+        Ok(sb) => format!("valid (generation {})", sb.generation),
+        Err(CopyProblem::NoMagic) => "no betreefs magic".into(),
+        Err(CopyProblem::NewerVersion(v)) => format!("format version {v}"),
+        Err(CopyProblem::Corrupt(why)) => why.clone(),
+    }
+}
+
 impl Superblock {
     pub fn encode(&self) -> AlignedBuf {
         debug_assert!(self.roots.len() <= MAX_TREES);
@@ -196,7 +205,9 @@ impl Superblock {
                 })
             }
             (a, b) => Err(StoreError::CorruptSuperblock(format!(
-                "copy A: {a:?}; copy B: {b:?}"
+                "copy A: {}; copy B: {}",
+                describe(a),
+                describe(b)
             ))),
         }
     }

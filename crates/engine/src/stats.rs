@@ -1,0 +1,123 @@
+//! IO and work counters, for write-amplification reports on any workload.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+/// Tree levels tracked separately; deeper levels are counted in the last.
+pub const LEVELS_TRACKED: usize = 8;
+
+#[derive(Default)]
+pub struct Stats {
+    pub user_bytes_written: AtomicU64,
+    pub user_messages: AtomicU64,
+    pub node_bytes_written: [AtomicU64; LEVELS_TRACKED],
+    pub node_bytes_read: [AtomicU64; LEVELS_TRACKED],
+    pub nodes_written: AtomicU64,
+    pub nodes_read: AtomicU64,
+    pub superblock_bytes_written: AtomicU64,
+    pub block_table_bytes_written: AtomicU64,
+    pub messages_inserted: AtomicU64,
+    pub messages_flushed: AtomicU64,
+    pub messages_obviated: AtomicU64,
+    pub flushes: AtomicU64,
+    pub splits: AtomicU64,
+    pub merges: AtomicU64,
+    pub subtrees_dropped: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
+    pub evictions: AtomicU64,
+    pub checkpoints: AtomicU64,
+    pub log_replayed_records: AtomicU64,
+}
+
+pub(crate) fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+pub(crate) fn level(height: u32) -> usize {
+    (height as usize).min(LEVELS_TRACKED - 1)
+}
+
+/// A point-in-time copy of the counters.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct StatsSnapshot {
+    pub user_bytes_written: u64,
+    pub user_messages: u64,
+    pub log_bytes_written: u64,
+    pub log_flushes: u64,
+    /// Index = height above the leaves (0 = leaves).
+    pub node_bytes_written_per_level: Vec<u64>,
+    pub node_bytes_read_per_level: Vec<u64>,
+    pub nodes_written: u64,
+    pub nodes_read: u64,
+    pub superblock_bytes_written: u64,
+    pub block_table_bytes_written: u64,
+    pub device_bytes_written: u64,
+    pub device_bytes_read: u64,
+    pub write_amplification: f64,
+    pub messages_inserted: u64,
+    pub messages_flushed: u64,
+    pub messages_obviated: u64,
+    pub flushes: u64,
+    pub splits: u64,
+    pub merges: u64,
+    pub subtrees_dropped: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub evictions: u64,
+    pub checkpoints: u64,
+    pub log_replayed_records: u64,
+    pub cache_bytes: u64,
+    pub cache_dirty_bytes: u64,
+    pub tree_heights: Vec<u32>,
+    pub node_region_bytes: u64,
+    pub node_region_used_bytes: u64,
+}
+
+impl Stats {
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let written: Vec<u64> = self.node_bytes_written.iter().map(get).collect();
+        let read: Vec<u64> = self.node_bytes_read.iter().map(get).collect();
+        StatsSnapshot {
+            user_bytes_written: get(&self.user_bytes_written),
+            user_messages: get(&self.user_messages),
+            device_bytes_read: read.iter().sum(),
+            node_bytes_written_per_level: written,
+            node_bytes_read_per_level: read,
+            nodes_written: get(&self.nodes_written),
+            nodes_read: get(&self.nodes_read),
+            superblock_bytes_written: get(&self.superblock_bytes_written),
+            block_table_bytes_written: get(&self.block_table_bytes_written),
+            messages_inserted: get(&self.messages_inserted),
+            messages_flushed: get(&self.messages_flushed),
+            messages_obviated: get(&self.messages_obviated),
+            flushes: get(&self.flushes),
+            splits: get(&self.splits),
+            merges: get(&self.merges),
+            subtrees_dropped: get(&self.subtrees_dropped),
+            cache_hits: get(&self.cache_hits),
+            cache_misses: get(&self.cache_misses),
+            evictions: get(&self.evictions),
+            checkpoints: get(&self.checkpoints),
+            log_replayed_records: get(&self.log_replayed_records),
+            ..StatsSnapshot::default()
+        }
+    }
+}
+
+impl StatsSnapshot {
+    /// Fills the derived totals.
+    pub(crate) fn finish(&mut self) {
+        self.device_bytes_written = self.log_bytes_written
+            + self.node_bytes_written_per_level.iter().sum::<u64>()
+            + self.superblock_bytes_written
+            + self.block_table_bytes_written;
+        self.write_amplification = if self.user_bytes_written == 0 {
+            0.0
+        } else {
+            self.device_bytes_written as f64 / self.user_bytes_written as f64
+        };
+    }
+}

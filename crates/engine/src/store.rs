@@ -1,0 +1,563 @@
+//! The public face of the engine: a durable key-value store over one
+//! device, safe to share between threads.
+//!
+//! Concurrency: one mutex guards the trees (cache, block table, allocator);
+//! the redo log has its own lock, so `sync` (a log flush with group commit)
+//! never waits for tree work, and writers only wait for a flush when the
+//! log region is full. A background thread flushes the log at least once a
+//! `log_flush_interval` and checkpoints every `checkpoint_interval` or when
+//! half the log is in use. Checkpoints are sharp: they hold the tree lock
+//! while dirty nodes are written (see docs/design.md for the cost).
+
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use betreefs_store::{replay_log, AlignedBuf, Device, FileDevice, Layout, LogWriter, StoreError, Superblock, BLOCK_SIZE};
+
+use crate::error::{EngineError, EngineResult};
+use crate::merge::MergeRegistry;
+use crate::message::{KeySpace, Message, WriteBatch, MAX_KEY_BYTES, MAX_VALUE_BYTES};
+use crate::stats::{add, Stats, StatsSnapshot};
+use crate::tree::{Tree, TreeOptions};
+
+/// Tunables. The defaults were chosen by measurement on the reference
+/// machine (docs/benchmarks/engine-tuning.md).
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub node_size: usize,
+    pub basement_size: usize,
+    pub fanout: usize,
+    pub cache_bytes: usize,
+    /// Flush the log at least this often (None: only on `sync`).
+    pub log_flush_interval: Option<Duration>,
+    /// Checkpoint at least this often (None: only when the log fills, on
+    /// `checkpoint` and on close).
+    pub checkpoint_interval: Option<Duration>,
+    /// Size of the log region when creating a store (None: 1/16 of the
+    /// device, clamped to [1 MiB, 512 MiB]).
+    pub log_bytes: Option<u64>,
+    pub merges: MergeRegistry,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            node_size: 4 << 20,
+            basement_size: 128 << 10,
+            fanout: 16,
+            cache_bytes: 256 << 20,
+            log_flush_interval: Some(Duration::from_secs(1)),
+            checkpoint_interval: Some(Duration::from_secs(60)),
+            log_bytes: None,
+            merges: MergeRegistry::default(),
+        }
+    }
+}
+
+impl Options {
+    fn validate(&self) -> EngineResult<()> {
+        let bad = |s: String| Err(EngineError::InvalidOption(s));
+        if !(16 << 10..=64 << 20).contains(&self.node_size) {
+            return bad(format!("node_size {} must be within [16 KiB, 64 MiB]", self.node_size));
+        }
+        if self.basement_size < 1024 || self.basement_size > self.node_size {
+            return bad(format!("basement_size {} must be within [1 KiB, node_size]", self.basement_size));
+        }
+        if !(4..=1024).contains(&self.fanout) {
+            return bad(format!("fanout {} must be within [4, 1024]", self.fanout));
+        }
+        if self.cache_bytes < 4 * self.node_size {
+            return bad(format!("cache_bytes {} must hold at least four nodes", self.cache_bytes));
+        }
+        Ok(())
+    }
+
+    fn tree_options(&self) -> TreeOptions {
+        TreeOptions {
+            node_size: self.node_size,
+            basement_size: self.basement_size,
+            fanout: self.fanout,
+            cache_bytes: self.cache_bytes,
+        }
+    }
+}
+
+#[derive(Default)]
+struct BackgroundState {
+    shutdown: bool,
+    checkpoint_wanted: bool,
+}
+
+struct Inner {
+    tree: Mutex<Tree>,
+    log: LogWriter,
+    stats: Arc<Stats>,
+    merges: Arc<MergeRegistry>,
+    failure: Mutex<Option<String>>,
+    background: Mutex<BackgroundState>,
+    wake: Condvar,
+    options: Options,
+}
+
+/// A durable B^ε-tree key-value store with two key spaces.
+pub struct Store {
+    inner: Arc<Inner>,
+    worker: Option<JoinHandle<()>>,
+}
+
+fn fresh_epoch() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u32);
+    (nanos ^ (std::process::id() << 16)).max(1)
+}
+
+impl Store {
+    /// Formats `path` (a new sparse file of `size` bytes, or an existing
+    /// block device) and opens the empty store.
+    pub fn create(path: &Path, size: u64, options: Options) -> EngineResult<Store> {
+        use std::os::unix::fs::FileTypeExt;
+        let is_block_device = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+        let device = if is_block_device { FileDevice::open(path) } else { FileDevice::create_file(path, size) }
+            .map_err(|e| StoreError::io("creating image", e))?;
+        Self::create_on(Arc::new(device), options)
+    }
+
+    /// Opens an existing store, recovering from its newest checkpoint and log.
+    pub fn open(path: &Path, options: Options) -> EngineResult<Store> {
+        let device = FileDevice::open(path).map_err(|e| StoreError::io("opening image", e))?;
+        Self::open_on(Arc::new(device), options)
+    }
+
+    /// Formats any device.
+    pub fn create_on(device: Arc<dyn Device>, options: Options) -> EngineResult<Store> {
+        options.validate()?;
+        let layout = Layout::plan(device.len_bytes(), options.log_bytes)?;
+        if layout.nodes_bytes < 8 * options.node_size as u64 {
+            return Err(EngineError::InvalidOption(format!(
+                "a {} byte node region is too small for {} byte nodes",
+                layout.nodes_bytes, options.node_size
+            )));
+        }
+        // Old superblocks or log records of a previous image must not survive.
+        device
+            .write_at(&AlignedBuf::zeroed(3 * BLOCK_SIZE), 0)
+            .map_err(|e| StoreError::io("wiping superblocks", e))?;
+        let stats = Arc::new(Stats::default());
+        let merges = Arc::new(options.merges.clone());
+        let tree = Tree::create(device.clone(), layout, options.tree_options(), merges.clone(), stats.clone());
+        let log = LogWriter::new(device.clone(), layout.log_offset, layout.log_bytes, fresh_epoch(), 0)?;
+        let store = Self::assemble(device, tree, log, stats, merges, options);
+        store.checkpoint()?;
+        Ok(store)
+    }
+
+    /// Opens any device holding a store.
+    pub fn open_on(device: Arc<dyn Device>, options: Options) -> EngineResult<Store> {
+        options.validate()?;
+        let sb = Superblock::read_newest(device.as_ref())?;
+        let stats = Arc::new(Stats::default());
+        let merges = Arc::new(options.merges.clone());
+        let mut tree = Tree::open(device.clone(), &sb, options.tree_options(), merges.clone(), stats.clone())?;
+        let layout = sb.layout;
+        let mut replay_error: Option<EngineError> = None;
+        let replayed = replay_log(
+            device.as_ref(),
+            layout.log_offset,
+            layout.log_bytes,
+            sb.log_head,
+            sb.log_epoch,
+            sb.checkpoint_seq + 1,
+            |seq, payload| {
+                let applied = WriteBatch::decode(payload)
+                    .map_err(|e| EngineError::CorruptLogRecord { seq, reason: e.0 })
+                    .and_then(|batch| {
+                        validate_batch(&batch, &merges)?;
+                        tree.next_seq = seq;
+                        tree.apply_batch(seq, &batch)?;
+                        tree.next_seq = seq + 1;
+                        match tree.evict_if_needed() {
+                            Err(e) if !e.is_no_space() => Err(e),
+                            _ => Ok(()),
+                        }
+                    });
+                applied.map_err(|e| {
+                    replay_error = Some(e);
+                    StoreError::Failed("log replay stopped".into())
+                })
+            },
+        );
+        let end = match (replayed, replay_error) {
+            (_, Some(e)) => return Err(e),
+            (Err(e), None) => return Err(e.into()),
+            (Ok(end), None) => end,
+        };
+        add(&stats.log_replayed_records, end.records);
+        tree.next_seq = end.next_seq;
+        // A new epoch: records of the crashed run that lie beyond the end
+        // of replay must never be mistaken for new ones.
+        let epoch = sb.log_epoch.wrapping_add(1).max(1);
+        let log = LogWriter::new(device.clone(), layout.log_offset, layout.log_bytes, epoch, end.end_pos)?;
+        let store = Self::assemble(device, tree, log, stats, merges, options);
+        store.checkpoint()?;
+        Ok(store)
+    }
+
+    fn assemble(device: Arc<dyn Device>, tree: Tree, log: LogWriter, stats: Arc<Stats>, merges: Arc<MergeRegistry>, options: Options) -> Store {
+        drop(device);
+        let inner = Arc::new(Inner {
+            tree: Mutex::new(tree),
+            log,
+            stats,
+            merges,
+            failure: Mutex::new(None),
+            background: Mutex::new(BackgroundState::default()),
+            wake: Condvar::new(),
+            options,
+        });
+        let needs_worker = inner.options.log_flush_interval.is_some() || inner.options.checkpoint_interval.is_some();
+        let worker = needs_worker.then(|| {
+            let inner = inner.clone();
+            std::thread::Builder::new()
+                .name("betreefs-flusher".into())
+                .spawn(move || inner.run_background())
+        });
+        let worker = match worker {
+            Some(Ok(handle)) => Some(handle),
+            Some(Err(e)) => {
+                tracing::error!("could not start the background flusher: {e}; relying on explicit syncs");
+                None
+            }
+            None => None,
+        };
+        Store { inner, worker }
+    }
+
+    pub fn put(&self, ks: KeySpace, key: &[u8], value: &[u8]) -> EngineResult<u64> {
+        self.write(WriteBatch::new().put(ks, key, value))
+    }
+
+    pub fn delete(&self, ks: KeySpace, key: &[u8]) -> EngineResult<u64> {
+        self.write(WriteBatch::new().delete(ks, key))
+    }
+
+    /// Blind read-modify-write with merge function `func` (see [`crate::merge`]).
+    pub fn upsert(&self, ks: KeySpace, key: &[u8], func: u8, arg: &[u8]) -> EngineResult<u64> {
+        self.write(WriteBatch::new().upsert(ks, key, func, arg))
+    }
+
+    /// Deletes every key in [start, end).
+    pub fn range_delete(&self, ks: KeySpace, start: &[u8], end: &[u8]) -> EngineResult<u64> {
+        self.write(WriteBatch::new().range_delete(ks, start, end))
+    }
+
+    /// Applies a batch atomically; returns its sequence number. Visible to
+    /// readers on return, durable after the next [`Store::sync`] (or log
+    /// flush interval).
+    pub fn write(&self, batch: &WriteBatch) -> EngineResult<u64> {
+        self.inner.write(batch)
+    }
+
+    pub fn get(&self, ks: KeySpace, key: &[u8]) -> EngineResult<Option<Vec<u8>>> {
+        let mut tree = self.inner.lock_tree();
+        self.inner.check_failed()?;
+        tree.get(ks, key)
+    }
+
+    /// Iterates [start, end) in key order (`end == None`: to the last key).
+    /// Each leaf's worth of results is read atomically; writes made while
+    /// iterating may or may not be seen in later leaves.
+    pub fn range(&self, ks: KeySpace, start: &[u8], end: Option<&[u8]>) -> RangeIter<'_> {
+        RangeIter {
+            store: self,
+            ks,
+            next: Some(start.to_vec()),
+            end: end.map(|e| e.to_vec()),
+            chunk: Vec::new().into_iter(),
+        }
+    }
+
+    /// Makes every write that returned before this call durable.
+    pub fn sync(&self) -> EngineResult<()> {
+        self.inner.check_failed()?;
+        self.inner.log.flush().map_err(|e| self.inner.poison(e.into()))
+    }
+
+    /// Writes a checkpoint now; the log before it becomes reusable.
+    pub fn checkpoint(&self) -> EngineResult<()> {
+        self.inner.checkpoint()
+    }
+
+    /// The counters, with derived totals.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.stats_snapshot()
+    }
+
+    /// Verifies every node of both trees (checksums, order, bounds, heights).
+    /// Returns how many nodes were checked.
+    pub fn verify(&self) -> EngineResult<u64> {
+        let mut tree = self.inner.lock_tree();
+        tree.verify()
+    }
+
+    /// Stops the background thread and writes a final checkpoint.
+    pub fn close(mut self) -> EngineResult<()> {
+        self.stop_worker();
+        self.inner.check_failed()?;
+        self.inner.checkpoint()
+    }
+
+    fn stop_worker(&mut self) {
+        if let Some(worker) = self.worker.take() {
+            self.inner.lock_background().shutdown = true;
+            self.inner.wake.notify_all();
+            if worker.join().is_err() {
+                tracing::error!("background flusher panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if self.worker.is_some() {
+            self.stop_worker();
+            if self.inner.check_failed().is_ok() {
+                if let Err(e) = self.inner.checkpoint() {
+                    tracing::error!("final checkpoint failed: {e}");
+                }
+            }
+        }
+    }
+}
+
+fn validate_batch(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<()> {
+    for (_, m) in batch.messages() {
+        let (keys, value_len): (&[&Vec<u8>], usize) = match m {
+            Message::Put { key, value } => (&[key], value.len()),
+            Message::Delete { key } => (&[key], 0),
+            Message::Upsert { key, func, arg } => {
+                if !merges.knows(*func) {
+                    return Err(EngineError::UnknownMergeFunction(*func));
+                }
+                (&[key], arg.len())
+            }
+            Message::RangeDelete { start, end } => {
+                for k in [start, end] {
+                    if k.len() > MAX_KEY_BYTES {
+                        return Err(EngineError::KeyTooLarge(k.len()));
+                    }
+                }
+                (&[], 0)
+            }
+        };
+        if let Some(k) = keys.iter().find(|k| k.len() > MAX_KEY_BYTES) {
+            return Err(EngineError::KeyTooLarge(k.len()));
+        }
+        if value_len > MAX_VALUE_BYTES {
+            return Err(EngineError::ValueTooLarge(value_len));
+        }
+    }
+    Ok(())
+}
+
+impl Inner {
+    fn lock_tree(&self) -> MutexGuard<'_, Tree> {
+        self.tree.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_background(&self) -> MutexGuard<'_, BackgroundState> {
+        self.background.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn check_failed(&self) -> EngineResult<()> {
+        match &*self.failure.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(why) => Err(EngineError::Failed(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a failure after which the in-memory state may differ from
+    /// what recovery would produce: refuse everything until reopened.
+    fn poison(&self, e: EngineError) -> EngineError {
+        if !e.is_no_space() {
+            let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+            failure.get_or_insert_with(|| e.to_string());
+            self.log.fail(e.to_string());
+        }
+        e
+    }
+
+    fn write(&self, batch: &WriteBatch) -> EngineResult<u64> {
+        validate_batch(batch, &self.merges)?;
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        let payload = batch.encode();
+        let mut tree = self.lock_tree();
+        self.check_failed()?;
+        let adds_data = batch.messages().iter().any(|(_, m)| !m.is_removal());
+        if adds_data && tree.space_low() {
+            self.reclaim_space(&mut tree)?;
+            if tree.space_low() {
+                return Err(EngineError::NoSpace);
+            }
+        }
+        let seq = tree.next_seq;
+        let mut attempts = 0;
+        loop {
+            match self.log.append(seq, &payload) {
+                Ok(_) => break,
+                Err(StoreError::LogFull { .. }) if attempts == 0 => {
+                    attempts += 1;
+                    self.checkpoint_locked(&mut tree)?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        tree.next_seq = seq + 1;
+        if let Err(e) = tree.apply_batch(seq, batch) {
+            return Err(self.poison(e));
+        }
+        let user_bytes: u64 = batch.messages().iter().map(|(_, m)| m.user_bytes()).sum();
+        add(&self.stats.user_bytes_written, user_bytes);
+        add(&self.stats.user_messages, batch.len() as u64);
+        match tree.evict_if_needed() {
+            Ok(()) => {}
+            Err(e) if e.is_no_space() => tracing::warn!("cache over budget: no space to write back dirty nodes"),
+            Err(e) => return Err(self.poison(e)),
+        }
+        let wants_checkpoint = self.log.used() > self.log.capacity() / 2;
+        drop(tree);
+        if wants_checkpoint {
+            self.lock_background().checkpoint_wanted = true;
+            self.wake.notify_all();
+        }
+        Ok(seq)
+    }
+
+    /// Before refusing a write for lack of space: push pending deletes down
+    /// to the leaves and checkpoint, which frees what they deleted.
+    fn reclaim_space(&self, tree: &mut Tree) -> EngineResult<()> {
+        if tree.removals_since_reclaim == 0 {
+            return Ok(());
+        }
+        tree.removals_since_reclaim = 0;
+        if let Err(e) = tree.flush_everything() {
+            return Err(self.poison(e));
+        }
+        match self.checkpoint_locked(tree) {
+            Err(e) if e.is_no_space() => Ok(()),
+            other => other,
+        }
+    }
+
+    fn checkpoint(&self) -> EngineResult<()> {
+        let mut tree = self.lock_tree();
+        self.check_failed()?;
+        self.checkpoint_locked(&mut tree)
+    }
+
+    fn checkpoint_locked(&self, tree: &mut Tree) -> EngineResult<()> {
+        let head = self.log.append_pos();
+        tree.write_checkpoint(head, self.log.epoch()).map_err(|e| self.poison(e))?;
+        self.log.set_head(head);
+        Ok(())
+    }
+
+    fn stats_snapshot(&self) -> StatsSnapshot {
+        let mut snap = self.stats.snapshot();
+        snap.log_bytes_written = self.log.bytes_written();
+        snap.log_flushes = self.log.flush_count();
+        {
+            let tree = self.lock_tree();
+            snap.cache_bytes = tree.cache_bytes() as u64;
+            snap.cache_dirty_bytes = tree.dirty_bytes() as u64;
+            snap.tree_heights = tree.heights();
+            snap.node_region_bytes = tree.layout.nodes_bytes;
+            snap.node_region_used_bytes = tree.alloc.live_blocks() * BLOCK_SIZE as u64;
+        }
+        snap.finish();
+        snap
+    }
+
+    fn run_background(&self) {
+        let tick = Duration::from_millis(50);
+        let mut last_flush = Instant::now();
+        let mut last_checkpoint = Instant::now();
+        loop {
+            let checkpoint_wanted = {
+                let mut state = self.lock_background();
+                if !state.shutdown && !state.checkpoint_wanted {
+                    state = self.wake.wait_timeout(state, tick).map(|(s, _)| s).unwrap_or_else(|e| e.into_inner().0);
+                }
+                if state.shutdown {
+                    return;
+                }
+                std::mem::take(&mut state.checkpoint_wanted)
+            };
+            if self.check_failed().is_err() {
+                continue;
+            }
+            if let Some(interval) = self.options.log_flush_interval {
+                if last_flush.elapsed() >= interval {
+                    if self.log.has_unflushed() {
+                        if let Err(e) = self.log.flush() {
+                            tracing::error!("background log flush failed: {e}");
+                            self.poison(e.into());
+                        }
+                    }
+                    last_flush = Instant::now();
+                }
+            }
+            let due = self.options.checkpoint_interval.is_some_and(|i| last_checkpoint.elapsed() >= i);
+            if checkpoint_wanted || due {
+                if let Err(e) = self.checkpoint() {
+                    tracing::error!("background checkpoint failed: {e}");
+                }
+                last_checkpoint = Instant::now();
+            }
+        }
+    }
+}
+
+/// Iterator over a key range; see [`Store::range`].
+pub struct RangeIter<'a> {
+    store: &'a Store,
+    ks: KeySpace,
+    next: Option<Vec<u8>>,
+    end: Option<Vec<u8>>,
+    chunk: std::vec::IntoIter<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Iterator for RangeIter<'_> {
+    type Item = EngineResult<(Vec<u8>, Vec<u8>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(kv) = self.chunk.next() {
+                return Some(Ok(kv));
+            }
+            let start = self.next.take()?;
+            if self.end.as_ref().is_some_and(|e| *e <= start) {
+                return None;
+            }
+            let scanned = {
+                let mut tree = self.store.inner.lock_tree();
+                if let Err(e) = self.store.inner.check_failed() {
+                    return Some(Err(e));
+                }
+                tree.scan_leaf(self.ks, &start, self.end.as_deref())
+            };
+            match scanned {
+                Ok((items, next)) => {
+                    self.chunk = items.into_iter();
+                    self.next = next;
+                }
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+}

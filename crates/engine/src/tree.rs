@@ -1,0 +1,1068 @@
+//! The B^ε-trees of one store, their node cache, block table and allocator.
+//!
+//! All mutation happens under the store's lock, one operation at a time.
+//! Nodes move out of the cache while they are changed ([`Tree::take`]) and
+//! back in afterwards ([`Tree::put`]) so memory accounting stays exact.
+//! Every step that can fail (reading a node) runs before the step that
+//! changes anything, so an error leaves a consistent tree behind.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
+use std::sync::Arc;
+
+use betreefs_store::{crc32c_of, AlignedBuf, BlockAllocator, Device, Extent, Layout, Superblock, BLOCK_SIZE};
+
+use crate::btt::{BlockTable, Slot};
+use crate::buffer::{MessageBuffer, PointMsg, RangeDel};
+use crate::codec::DecodeError;
+use crate::error::{EngineError, EngineResult};
+use crate::format::{decode_basement, decode_header, decode_meta, encode_node, meta_end, HEADER_BYTES};
+use crate::merge::MergeRegistry;
+use crate::message::{KeySpace, Message, WriteBatch, KEY_SPACES};
+use crate::node::{Bounds, Interior, Leaf, Node, NodeBody};
+use crate::stats::{add, level, Stats};
+
+/// Shape and memory parameters of the trees.
+#[derive(Clone, Debug)]
+pub struct TreeOptions {
+    /// A leaf holding more than this splits; an interior node whose buffers
+    /// hold more than this flushes to its heaviest child.
+    pub node_size: usize,
+    /// Target size of the independently readable pieces of a leaf.
+    pub basement_size: usize,
+    /// Most children an interior node keeps before it splits.
+    pub fanout: usize,
+    /// Memory the node cache may use before clean nodes are dropped and dirty
+    /// ones written back.
+    pub cache_bytes: usize,
+}
+
+/// What part of a leaf a reader needs.
+#[derive(Clone, Copy)]
+enum Want<'a> {
+    Whole,
+    Key(&'a [u8]),
+    Range(&'a [u8], Option<&'a [u8]>),
+}
+
+/// New right siblings produced by a split: (separator pivot, node number).
+type Splits = Vec<(Vec<u8>, u64)>;
+
+/// Key/value pairs of one scanned leaf range.
+pub type ScanChunk = (Vec<(Vec<u8>, Vec<u8>)>, Option<Vec<u8>>);
+
+/// Estimated on-disk bytes of a dirty node (header, meta and padding).
+fn dirty_estimate(node: &Node) -> usize {
+    if node.dirty {
+        node.content_bytes() + 2 * BLOCK_SIZE
+    } else {
+        0
+    }
+}
+
+fn point_msg(seq: u64, msg: &Message) -> Option<(Vec<u8>, PointMsg)> {
+    match msg {
+        Message::Put { key, value } => Some((key.clone(), PointMsg::put(seq, value.clone()))),
+        Message::Delete { key } => Some((key.clone(), PointMsg::delete(seq))),
+        Message::Upsert { key, func, arg } => Some((key.clone(), PointMsg::upsert(seq, *func, arg.clone()))),
+        Message::RangeDelete { .. } => None,
+    }
+}
+
+/// The shortest key `s` with `left < s <= right` (suffix truncation keeps
+/// pivots short, which makes lifted prefixes long).
+fn separator(left: &[u8], right: &[u8]) -> Vec<u8> {
+    debug_assert!(left < right);
+    let common = left.iter().zip(right).take_while(|(a, b)| a == b).count();
+    right[..(common + 1).min(right.len())].to_vec()
+}
+
+fn min_end<'a>(a: Option<&'a [u8]>, b: Option<&'a [u8]>) -> Option<&'a [u8]> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+/// The messages of `buffer` that concern [lo, hi), range deletes clamped.
+fn restricted(buffer: &MessageBuffer, lo: &[u8], hi: Option<&[u8]>) -> MessageBuffer {
+    let mut out = MessageBuffer::default();
+    let upper = hi.map_or(Bound::Unbounded, Bound::Excluded);
+    if let Some((start, r)) = buffer.covering(lo) {
+        if start.as_slice() < lo {
+            let end = min_end(Some(&r.end), hi).unwrap_or(&r.end).to_vec();
+            out.push_decoded_range(lo.to_vec(), RangeDel { end, seq: r.seq });
+        }
+    }
+    for (start, r) in buffer.ranges().range::<[u8], _>((Bound::Included(lo), upper)) {
+        let end = min_end(Some(&r.end), hi).unwrap_or(&r.end).to_vec();
+        out.push_decoded_range(start.clone(), RangeDel { end, seq: r.seq });
+    }
+    for (k, m) in buffer.points().range::<[u8], _>((Bound::Included(lo), upper)) {
+        out.push_decoded_point(k.clone(), m.clone());
+    }
+    out
+}
+
+pub(crate) struct Tree {
+    pub opts: TreeOptions,
+    device: Arc<dyn Device>,
+    pub layout: Layout,
+    merges: Arc<MergeRegistry>,
+    stats: Arc<Stats>,
+    btt: BlockTable,
+    pub alloc: BlockAllocator,
+    pub roots: [u64; KEY_SPACES],
+    cache: HashMap<u64, Node>,
+    cache_bytes: usize,
+    dirty_bytes: usize,
+    tick: u64,
+    /// The sequence number the next batch gets.
+    pub next_seq: u64,
+    /// Generation of the newest durable superblock.
+    pub generation: u64,
+    btt_extent: Option<Extent>,
+    /// Removal messages since the last attempt to reclaim space.
+    pub removals_since_reclaim: u64,
+}
+
+impl Tree {
+    /// A new, empty pair of trees (one leaf root each), all dirty.
+    pub fn create(device: Arc<dyn Device>, layout: Layout, opts: TreeOptions, merges: Arc<MergeRegistry>, stats: Arc<Stats>) -> Tree {
+        let mut tree = Tree {
+            alloc: BlockAllocator::new(layout.node_blocks()),
+            opts,
+            device,
+            layout,
+            merges,
+            stats,
+            btt: BlockTable::default(),
+            roots: [0; KEY_SPACES],
+            cache: HashMap::new(),
+            cache_bytes: 0,
+            dirty_bytes: 0,
+            tick: 0,
+            next_seq: 1,
+            generation: 0,
+            btt_extent: None,
+            removals_since_reclaim: 0,
+        };
+        for ks in KeySpace::ALL {
+            tree.roots[ks.index()] = tree.new_node(ks, NodeBody::Leaf(Leaf::default()), Vec::new());
+        }
+        tree
+    }
+
+    /// The trees as of a durable checkpoint.
+    pub fn open(device: Arc<dyn Device>, sb: &Superblock, opts: TreeOptions, merges: Arc<MergeRegistry>, stats: Arc<Stats>) -> EngineResult<Tree> {
+        let layout = sb.layout;
+        let mut buf = AlignedBuf::zeroed(sb.btt.len as usize);
+        device
+            .read_at(&mut buf, layout.extent_offset(sb.btt))
+            .map_err(|e| betreefs_store::StoreError::io("reading block table", e))?;
+        let bytes = &buf[..sb.btt.len as usize];
+        if crc32c_of(&[bytes]) != sb.btt_crc {
+            return Err(EngineError::CorruptBlockTable("checksum mismatch".into()));
+        }
+        let btt = BlockTable::decode(bytes).map_err(|e| EngineError::CorruptBlockTable(e.0))?;
+        let mut alloc = BlockAllocator::new(layout.node_blocks());
+        if !alloc.mark_loaded(sb.btt) {
+            return Err(EngineError::CorruptBlockTable("table extent outside the node region".into()));
+        }
+        for (num, extent) in btt.extents() {
+            if !alloc.mark_loaded(extent) {
+                return Err(EngineError::CorruptBlockTable(format!("node {num} at {extent:?} overlaps another or lies outside the region")));
+            }
+        }
+        let mut roots = [0; KEY_SPACES];
+        for ks in KeySpace::ALL {
+            let root = *sb.roots.get(ks.index()).ok_or_else(|| EngineError::CorruptBlockTable("missing root".into()))?;
+            if !matches!(btt.get(root), Slot::OnDisk { .. }) {
+                return Err(EngineError::CorruptBlockTable(format!("root {root} of tree {} is not a written node", ks.index())));
+            }
+            roots[ks.index()] = root;
+        }
+        Ok(Tree {
+            opts,
+            device,
+            layout,
+            merges,
+            stats,
+            btt,
+            alloc,
+            roots,
+            cache: HashMap::new(),
+            cache_bytes: 0,
+            dirty_bytes: 0,
+            tick: 0,
+            next_seq: sb.checkpoint_seq + 1,
+            generation: sb.generation,
+            btt_extent: Some(sb.btt),
+            removals_since_reclaim: 0,
+        })
+    }
+
+    pub fn cache_bytes(&self) -> usize {
+        self.cache_bytes
+    }
+
+    pub fn dirty_bytes(&self) -> usize {
+        self.dirty_bytes
+    }
+
+    pub fn heights(&self) -> Vec<u32> {
+        self.roots.iter().map(|r| self.cache.get(r).map_or(0, |n| n.height())).collect()
+    }
+
+    // ---- cache bookkeeping -------------------------------------------------
+
+    fn take(&mut self, num: u64) -> Node {
+        let node = match self.cache.remove(&num) {
+            Some(node) => node,
+            None => panic!("tree invariant: node {num} must be cached here"),
+        };
+        self.cache_bytes -= node.mem_bytes();
+        self.dirty_bytes -= dirty_estimate(&node);
+        node
+    }
+
+    fn put(&mut self, num: u64, mut node: Node) {
+        self.tick += 1;
+        node.last_used = self.tick;
+        self.cache_bytes += node.mem_bytes();
+        self.dirty_bytes += dirty_estimate(&node);
+        let previous = self.cache.insert(num, node);
+        debug_assert!(previous.is_none(), "node {num} cached twice");
+    }
+
+    fn new_node(&mut self, ks: KeySpace, body: NodeBody, prefix: Vec<u8>) -> u64 {
+        let num = self.btt.allocate();
+        self.put(num, Node { body, prefix, tree: ks as u8, dirty: true, last_used: 0 });
+        num
+    }
+
+    fn node(&self, num: u64) -> &Node {
+        match self.cache.get(&num) {
+            Some(node) => node,
+            None => panic!("tree invariant: node {num} must be cached here"),
+        }
+    }
+
+    fn interior(&self, num: u64) -> &Interior {
+        match &self.node(num).body {
+            NodeBody::Interior(int) => int,
+            NodeBody::Leaf(_) => panic!("tree invariant: node {num} must be interior"),
+        }
+    }
+
+    /// Changes an interior node in place (marking it dirty).
+    fn with_interior<R>(&mut self, num: u64, f: impl FnOnce(&mut Interior) -> R) -> R {
+        let mut node = self.take(num);
+        let result = match &mut node.body {
+            NodeBody::Interior(int) => f(int),
+            NodeBody::Leaf(_) => panic!("tree invariant: node {num} must be interior"),
+        };
+        node.dirty = true;
+        self.put(num, node);
+        result
+    }
+
+    /// Drops a node from the cache and the block table, releasing its extent.
+    fn free_node(&mut self, num: u64) {
+        if self.cache.contains_key(&num) {
+            drop(self.take(num));
+        }
+        if let Some(extent) = self.btt.release(num) {
+            self.alloc.free(extent);
+        }
+    }
+
+    // ---- reading nodes ----------------------------------------------------
+
+    fn corrupt(ks: KeySpace, num: u64, reason: impl Into<String>) -> EngineError {
+        EngineError::CorruptNode { tree: ks as u8, num, reason: reason.into() }
+    }
+
+    fn read_extent_bytes(&self, extent: Extent, offset: u64, len: usize, height: u32) -> EngineResult<AlignedBuf> {
+        let mut buf = AlignedBuf::zeroed(len);
+        self.device
+            .read_at(&mut buf, self.layout.extent_offset(extent) + offset)
+            .map_err(|e| betreefs_store::StoreError::io("reading node", e))?;
+        add(&self.stats.node_bytes_read[level(height)], buf.len() as u64);
+        Ok(buf)
+    }
+
+    /// Makes sure node `num` is cached with what `want` needs loaded, and
+    /// (when known) that it sits at `height`.
+    fn load(&mut self, ks: KeySpace, num: u64, prefix: &[u8], want: Want<'_>, height: Option<u32>) -> EngineResult<()> {
+        if self.cache.contains_key(&num) {
+            self.tick += 1;
+            let tick = self.tick;
+            let node = self.cache.get_mut(&num).map(|n| {
+                n.last_used = tick;
+                &*n
+            });
+            let Some(node) = node else { unreachable!() };
+            debug_assert_eq!(node.prefix, prefix, "cached node {num} has a stale lifted prefix");
+            if let Some(h) = height {
+                if node.height() != h {
+                    return Err(Self::corrupt(ks, num, format!("at height {} where {h} was expected", node.height())));
+                }
+            }
+            let missing = match &node.body {
+                NodeBody::Leaf(leaf) => !Self::basements_wanted(leaf, want).is_empty(),
+                NodeBody::Interior(_) => false,
+            };
+            if !missing {
+                add(&self.stats.cache_hits, 1);
+                return Ok(());
+            }
+            add(&self.stats.cache_misses, 1);
+            let mut node = self.take(num);
+            let result = self.read_basements(ks, num, &mut node, want);
+            self.put(num, node);
+            return result;
+        }
+        add(&self.stats.cache_misses, 1);
+        let Slot::OnDisk { extent, crc } = self.btt.get(num) else {
+            return Err(Self::corrupt(ks, num, "referenced but never written"));
+        };
+        let bad = |e: DecodeError| Self::corrupt(ks, num, e.0);
+        let whole = matches!(want, Want::Whole);
+        let first_len = if whole { extent.len as usize } else { (extent.len as usize).min(BLOCK_SIZE) };
+        let mut head = self.read_extent_bytes(extent, 0, first_len, height.unwrap_or(0))?;
+        let header = decode_header(&head, crc, num, prefix).map_err(bad)?;
+        if header.tree != ks as u8 {
+            return Err(Self::corrupt(ks, num, format!("belongs to tree {}", header.tree)));
+        }
+        if header.total_len > extent.len {
+            return Err(Self::corrupt(ks, num, "longer than its extent"));
+        }
+        if let Some(h) = height {
+            if header.height != h {
+                return Err(Self::corrupt(ks, num, format!("at height {} where {h} was expected", header.height)));
+            }
+        }
+        if meta_end(&header) > head.len() {
+            head = self.read_extent_bytes(extent, 0, meta_end(&header), header.height)?;
+        }
+        let mut node = decode_meta(&header, &head[HEADER_BYTES..meta_end(&header)], prefix).map_err(bad)?;
+        add(&self.stats.nodes_read, 1);
+        let result = if let (true, NodeBody::Leaf(leaf)) = (whole, &mut node.body) {
+            // The whole extent is in memory already: decode every basement from it.
+            leaf.basements.iter_mut().try_for_each(|b| {
+                let Some(loc) = b.loc else { return Err(Self::corrupt(ks, num, "basement without location")) };
+                let bytes = head
+                    .get(loc.offset as usize..(loc.offset + loc.len) as usize)
+                    .ok_or_else(|| Self::corrupt(ks, num, "basement beyond node"))?;
+                b.entries = Some(decode_basement(bytes, &loc, b.count, prefix).map_err(bad)?);
+                Ok(())
+            })
+        } else {
+            self.read_basements(ks, num, &mut node, want)
+        };
+        result?;
+        self.put(num, node);
+        Ok(())
+    }
+
+    fn basements_wanted(leaf: &Leaf, want: Want<'_>) -> Vec<usize> {
+        let (first, last) = match want {
+            Want::Whole => (0, leaf.basements.len() - 1),
+            Want::Key(k) => (leaf.basement_for(k), leaf.basement_for(k)),
+            Want::Range(s, e) => (leaf.basement_for(s), e.map_or(leaf.basements.len() - 1, |e| leaf.basement_for(e))),
+        };
+        (first..=last).filter(|&i| leaf.basements[i].entries.is_none()).collect()
+    }
+
+    fn read_basements(&self, ks: KeySpace, num: u64, node: &mut Node, want: Want<'_>) -> EngineResult<()> {
+        let NodeBody::Leaf(leaf) = &mut node.body else { return Ok(()) };
+        let Slot::OnDisk { extent, .. } = self.btt.get(num) else {
+            return Err(Self::corrupt(ks, num, "partly loaded leaf has no extent"));
+        };
+        for i in Self::basements_wanted(leaf, want) {
+            let b = &mut leaf.basements[i];
+            let Some(loc) = b.loc else { return Err(Self::corrupt(ks, num, "basement without location")) };
+            let buf = self.read_extent_bytes(extent, loc.offset as u64, loc.len as usize, 0)?;
+            let entries = decode_basement(&buf[..loc.len as usize], &loc, b.count, &node.prefix)
+                .map_err(|e| Self::corrupt(ks, num, e.0))?;
+            b.entries = Some(entries);
+        }
+        Ok(())
+    }
+
+    // ---- queries ----------------------------------------------------------
+
+    /// Point query: the leaf value with the pending messages on the
+    /// root-to-leaf path applied on the fly. Queries never change the tree
+    /// (the 0.6 apply-on-query policy taken to its end: flushes alone move
+    /// messages down, so a read never dirties a node).
+    pub fn get(&mut self, ks: KeySpace, key: &[u8]) -> EngineResult<Option<Vec<u8>>> {
+        let mut pending: Vec<PointMsg> = Vec::new();
+        let mut num = self.roots[ks.index()];
+        let mut bounds = Bounds::full();
+        let mut height = None;
+        let base = loop {
+            self.load(ks, num, &bounds.lifted_prefix(), Want::Key(key), height)?;
+            match &self.node(num).body {
+                NodeBody::Interior(int) => {
+                    let i = int.child_index(key);
+                    let buf = &int.buffers[i];
+                    if let Some(m) = buf.points().get(key) {
+                        pending.push(m.clone());
+                        if m.hides_older() {
+                            break None;
+                        }
+                    }
+                    if buf.covering(key).is_some() {
+                        break None;
+                    }
+                    bounds = int.child_bounds(i, &bounds);
+                    height = Some(int.height - 1);
+                    num = int.children[i];
+                }
+                NodeBody::Leaf(leaf) => break leaf.get(key).flatten().map(|v| v.to_vec()),
+            }
+        };
+        let mut value = base;
+        for m in pending.iter().rev() {
+            value = m.apply(value.as_deref(), &self.merges).map_err(EngineError::UnknownMergeFunction)?;
+        }
+        Ok(value)
+    }
+
+    /// Scans [start, end) within the leaf holding `start`: returns its pairs
+    /// and where the next leaf begins (if still before `end`).
+    pub fn scan_leaf(&mut self, ks: KeySpace, start: &[u8], end: Option<&[u8]>) -> EngineResult<ScanChunk> {
+        let mut levels: Vec<MessageBuffer> = Vec::new();
+        let mut num = self.roots[ks.index()];
+        let mut bounds = Bounds::full();
+        let mut height = None;
+        loop {
+            let hi = min_end(end, bounds.hi.as_deref()).map(|h| h.to_vec());
+            self.load(ks, num, &bounds.lifted_prefix(), Want::Range(start, hi.as_deref()), height)?;
+            match &self.node(num).body {
+                NodeBody::Interior(int) => {
+                    let i = int.child_index(start);
+                    let child_bounds = int.child_bounds(i, &bounds);
+                    let hi = min_end(end, child_bounds.hi.as_deref());
+                    levels.push(restricted(&int.buffers[i], start, hi));
+                    height = Some(int.height - 1);
+                    num = int.children[i];
+                    bounds = child_bounds;
+                }
+                NodeBody::Leaf(leaf) => {
+                    let hi = min_end(end, bounds.hi.as_deref());
+                    let mut result: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+                    let last = hi.map_or(leaf.basements.len() - 1, |h| leaf.basement_for(h));
+                    for b in &leaf.basements[leaf.basement_for(start)..=last] {
+                        for (k, v) in b.entries.as_deref().unwrap_or_default() {
+                            if k.as_slice() >= start && hi.is_none_or(|h| k.as_slice() < h) {
+                                result.insert(k.clone(), v.clone());
+                            }
+                        }
+                    }
+                    for level in levels.iter().rev() {
+                        for (s, r) in level.ranges() {
+                            let mut doomed = result.split_off(s);
+                            let mut kept = doomed.split_off(&r.end);
+                            result.append(&mut kept);
+                        }
+                        for (k, m) in level.points() {
+                            match m.apply(result.get(k).map(|v| v.as_slice()), &self.merges) {
+                                Ok(Some(v)) => {
+                                    result.insert(k.clone(), v);
+                                }
+                                Ok(None) => {
+                                    result.remove(k);
+                                }
+                                Err(id) => return Err(EngineError::UnknownMergeFunction(id)),
+                            }
+                        }
+                    }
+                    // Upper levels were restricted to their child's range, which
+                    // is wider than this leaf's: drop what belongs to later leaves.
+                    if let Some(h) = hi {
+                        result.split_off(h);
+                    }
+                    let next = match (&bounds.hi, end) {
+                        (Some(h), Some(e)) if h.as_slice() < e => Some(h.clone()),
+                        (Some(h), None) => Some(h.clone()),
+                        _ => None,
+                    };
+                    return Ok((result.into_iter().collect(), next));
+                }
+            }
+        }
+    }
+
+    // ---- updates ----------------------------------------------------------
+
+    /// Applies one batch (already logged) with sequence number `seq`.
+    pub fn apply_batch(&mut self, seq: u64, batch: &WriteBatch) -> EngineResult<()> {
+        let mut touched = [false; KEY_SPACES];
+        for (ks, msg) in batch.messages() {
+            self.apply_message(*ks, seq, msg)?;
+            touched[ks.index()] = true;
+            if msg.is_removal() {
+                self.removals_since_reclaim += 1;
+            }
+        }
+        for ks in KeySpace::ALL {
+            if touched[ks.index()] {
+                self.settle_root(ks)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_message(&mut self, ks: KeySpace, seq: u64, msg: &Message) -> EngineResult<()> {
+        let root = self.roots[ks.index()];
+        self.load(ks, root, &[], Want::Whole, None)?;
+        let mut node = self.take(root);
+        let merges = self.merges.clone();
+        let result = match &mut node.body {
+            NodeBody::Interior(int) => {
+                let eaten = match (msg, point_msg(seq, msg)) {
+                    (Message::RangeDelete { start, end }, _) => int.insert_range_delete(start, end, seq, &Bounds::full()),
+                    (_, Some((key, m))) => int.insert_point(key, m, &merges),
+                    (_, None) => 0,
+                };
+                add(&self.stats.messages_obviated, eaten as u64);
+                Ok(())
+            }
+            NodeBody::Leaf(leaf) => {
+                let mut buf = MessageBuffer::default();
+                match (msg, point_msg(seq, msg)) {
+                    (Message::RangeDelete { start, end }, _) => {
+                        buf.insert_range_delete(start.clone(), end.clone(), seq);
+                    }
+                    (_, Some((key, m))) => {
+                        buf.insert_point(key, m, &merges);
+                    }
+                    (_, None) => {}
+                }
+                let result = leaf.apply_buffer(buf, &merges);
+                leaf.rebalance_basements(self.opts.basement_size);
+                result.map_err(EngineError::UnknownMergeFunction)
+            }
+        };
+        node.dirty = true;
+        self.put(root, node);
+        add(&self.stats.messages_inserted, 1);
+        result
+    }
+
+    /// Flushes, splits and collapses at the root until it is within bounds.
+    fn settle_root(&mut self, ks: KeySpace) -> EngineResult<()> {
+        let root = self.roots[ks.index()];
+        let splits = self.settle(ks, root, &Bounds::full())?;
+        if !splits.is_empty() {
+            let height = self.node(root).height() + 1;
+            let mut int = Interior { height, pivots: Vec::new(), children: vec![root], buffers: vec![MessageBuffer::default()] };
+            for (pivot, num) in splits {
+                int.pivots.push(pivot);
+                int.children.push(num);
+                int.buffers.push(MessageBuffer::default());
+            }
+            self.roots[ks.index()] = self.new_node(ks, NodeBody::Interior(int), Vec::new());
+        }
+        // A root with one child is only a detour: empty its buffer and drop it.
+        loop {
+            let root = self.roots[ks.index()];
+            let NodeBody::Interior(int) = &self.node(root).body else { break };
+            if int.children.len() != 1 {
+                break;
+            }
+            if !int.buffers[0].is_empty() {
+                self.flush_child(ks, root, 0, &Bounds::full())?;
+                continue;
+            }
+            let child = int.children[0];
+            self.load(ks, child, &[], Want::Whole, Some(int.height - 1))?;
+            self.free_node(root);
+            self.roots[ks.index()] = child;
+        }
+        Ok(())
+    }
+
+    /// Flushes node `num` until its buffers fit, then splits it if it is too
+    /// big. Returns the new right siblings for the parent to adopt.
+    fn settle(&mut self, ks: KeySpace, num: u64, bounds: &Bounds) -> EngineResult<Splits> {
+        loop {
+            let NodeBody::Interior(int) = &self.node(num).body else { break };
+            if int.buffer_bytes() <= self.opts.node_size {
+                break;
+            }
+            let heaviest = (0..int.buffers.len()).max_by_key(|&i| int.buffers[i].bytes()).unwrap_or(0);
+            self.flush_child(ks, num, heaviest, bounds)?;
+        }
+        self.split_if_needed(ks, num, bounds)
+    }
+
+    /// Moves the buffer for child `i` of `parent` into the child, settles
+    /// the child, adopts its splits and merges it if it became too small.
+    fn flush_child(&mut self, ks: KeySpace, parent: u64, i: usize, parent_bounds: &Bounds) -> EngineResult<()> {
+        let int = self.interior(parent);
+        let child_bounds = int.child_bounds(i, parent_bounds);
+        let child_height = int.height - 1;
+        let mut child = int.children[i];
+        let prefix = child_bounds.lifted_prefix();
+        if int.buffers[i].covers_whole(&child_bounds.lo, child_bounds.hi.as_deref()) {
+            // A range delete covers the whole child: drop its subtree without
+            // reading a single leaf and start over with an empty one.
+            let doomed = self.collect_subtree(ks, child, &child_bounds, child_height)?;
+            let fresh = self.empty_subtree(ks, child_height, &prefix);
+            for num in doomed {
+                self.free_node(num);
+            }
+            self.with_interior(parent, |int| int.children[i] = fresh);
+            add(&self.stats.subtrees_dropped, 1);
+            child = fresh;
+        } else {
+            self.load(ks, child, &prefix, Want::Whole, Some(child_height))?;
+        }
+        let batch = self.with_interior(parent, |int| int.buffers[i].take());
+        let count = batch.message_count() as u64;
+        let merges = self.merges.clone();
+        let mut node = self.take(child);
+        let result = match &mut node.body {
+            NodeBody::Leaf(leaf) => {
+                let r = leaf.apply_buffer(batch, &merges);
+                leaf.rebalance_basements(self.opts.basement_size);
+                r.map_err(EngineError::UnknownMergeFunction)
+            }
+            NodeBody::Interior(int) => {
+                let eaten = int.absorb_batch(batch, &child_bounds, &merges);
+                add(&self.stats.messages_obviated, eaten as u64);
+                Ok(())
+            }
+        };
+        node.dirty = true;
+        self.put(child, node);
+        result?;
+        add(&self.stats.flushes, 1);
+        add(&self.stats.messages_flushed, count);
+        let splits = self.settle(ks, child, &child_bounds)?;
+        self.adopt_splits(parent, i, splits);
+        self.maybe_merge(ks, parent, i, parent_bounds)
+    }
+
+    fn adopt_splits(&mut self, parent: u64, i: usize, splits: Splits) {
+        if splits.is_empty() {
+            return;
+        }
+        self.with_interior(parent, |int| {
+            for (k, (pivot, num)) in splits.into_iter().enumerate() {
+                int.pivots.insert(i + k, pivot);
+                int.children.insert(i + 1 + k, num);
+                int.buffers.insert(i + 1 + k, MessageBuffer::default());
+            }
+        });
+    }
+
+    /// Every node number in a subtree; leaves are not read.
+    fn collect_subtree(&mut self, ks: KeySpace, num: u64, bounds: &Bounds, height: u32) -> EngineResult<Vec<u64>> {
+        let mut out = vec![num];
+        if height > 0 {
+            self.load(ks, num, &bounds.lifted_prefix(), Want::Whole, Some(height))?;
+            let int = self.interior(num);
+            let kids: Vec<(u64, Bounds)> = (0..int.children.len()).map(|j| (int.children[j], int.child_bounds(j, bounds))).collect();
+            for (child, child_bounds) in kids {
+                out.extend(self.collect_subtree(ks, child, &child_bounds, height - 1)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// An empty subtree of the given height: a chain of single-child
+    /// interior nodes over an empty leaf (merges heal it later).
+    fn empty_subtree(&mut self, ks: KeySpace, height: u32, prefix: &[u8]) -> u64 {
+        let mut num = self.new_node(ks, NodeBody::Leaf(Leaf::default()), prefix.to_vec());
+        for h in 1..=height {
+            let int = Interior { height: h, pivots: Vec::new(), children: vec![num], buffers: vec![MessageBuffer::default()] };
+            num = self.new_node(ks, NodeBody::Interior(int), prefix.to_vec());
+        }
+        num
+    }
+
+    fn is_underfull(&self, node: &Node) -> bool {
+        match &node.body {
+            NodeBody::Leaf(leaf) => leaf.bytes() < self.opts.node_size / 4,
+            NodeBody::Interior(int) => int.children.len() < (self.opts.fanout / 4).max(2),
+        }
+    }
+
+    /// Merges child `i` with a neighbour when it has become too small; the
+    /// merged node splits again if it is now too big (a rebalance).
+    fn maybe_merge(&mut self, ks: KeySpace, parent: u64, i: usize, parent_bounds: &Bounds) -> EngineResult<()> {
+        let int = self.interior(parent);
+        let len = int.children.len();
+        if len < 2 || i >= len {
+            return Ok(());
+        }
+        let underfull = self.cache.get(&int.children[i]).is_some_and(|n| self.is_underfull(n));
+        if !underfull {
+            return Ok(());
+        }
+        let (l, r) = if i + 1 < len { (i, i + 1) } else { (i - 1, i) };
+        let (left_num, right_num) = (int.children[l], int.children[r]);
+        let (lb, rb) = (int.child_bounds(l, parent_bounds), int.child_bounds(r, parent_bounds));
+        let height = int.height - 1;
+        self.load(ks, left_num, &lb.lifted_prefix(), Want::Whole, Some(height))?;
+        self.load(ks, right_num, &rb.lifted_prefix(), Want::Whole, Some(height))?;
+        let merged_bounds = Bounds { lo: lb.lo, hi: rb.hi };
+        let mut left = self.take(left_num);
+        let right = self.take(right_num);
+        let separator = self.with_interior(parent, |int| {
+            let sep = int.pivots.remove(l);
+            int.children.remove(r);
+            let right_buffer = int.buffers.remove(r);
+            int.buffers[l].absorb_disjoint(right_buffer);
+            sep
+        });
+        match (&mut left.body, right.body) {
+            (NodeBody::Leaf(a), NodeBody::Leaf(mut b)) => {
+                let mut entries = a.take_entries();
+                entries.extend(b.take_entries());
+                *a = Leaf::from_sorted(entries, self.opts.basement_size);
+            }
+            (NodeBody::Interior(a), NodeBody::Interior(b)) => {
+                a.pivots.push(separator);
+                a.pivots.extend(b.pivots);
+                a.children.extend(b.children);
+                a.buffers.extend(b.buffers);
+            }
+            _ => unreachable!("both children were checked to be at height {height}"),
+        }
+        left.prefix = merged_bounds.lifted_prefix();
+        left.dirty = true;
+        self.put(left_num, left);
+        self.free_node(right_num);
+        add(&self.stats.merges, 1);
+        let splits = self.split_if_needed(ks, left_num, &merged_bounds)?;
+        self.adopt_splits(parent, l, splits);
+        Ok(())
+    }
+
+    /// Splits an over-full node; returns the new right siblings.
+    fn split_if_needed(&mut self, ks: KeySpace, num: u64, bounds: &Bounds) -> EngineResult<Splits> {
+        let over = match &self.node(num).body {
+            NodeBody::Leaf(leaf) => leaf.bytes() > self.opts.node_size && leaf.entry_count() > 1,
+            NodeBody::Interior(int) => int.children.len() > self.opts.fanout,
+        };
+        if !over {
+            return Ok(Vec::new());
+        }
+        let mut node = self.take(num);
+        let mut pieces: Vec<(Vec<u8>, NodeBody)> = Vec::new();
+        match &mut node.body {
+            NodeBody::Leaf(leaf) => {
+                let entries = leaf.take_entries();
+                let total: usize = entries.iter().map(|(k, v)| crate::node::entry_bytes(k, v)).sum();
+                let target_piece = (self.opts.node_size * 3 / 4).max(1);
+                let k = total.div_ceil(target_piece).clamp(2, entries.len());
+                let per = total.div_ceil(k);
+                let mut groups: Vec<Vec<(Vec<u8>, Vec<u8>)>> = vec![Vec::new()];
+                let mut acc = 0;
+                let n = entries.len();
+                for (idx, (key, value)) in entries.into_iter().enumerate() {
+                    let remaining_entries = n - idx;
+                    let remaining_groups = k - groups.len();
+                    let current_nonempty = groups.last().is_some_and(|g| !g.is_empty());
+                    if current_nonempty && remaining_groups > 0 && (acc >= per * groups.len() || remaining_entries <= remaining_groups) {
+                        groups.push(Vec::new());
+                    }
+                    acc += crate::node::entry_bytes(&key, &value);
+                    if let Some(g) = groups.last_mut() {
+                        g.push((key, value));
+                    }
+                }
+                let mut groups = groups.into_iter();
+                let first = groups.next().unwrap_or_default();
+                let mut prev_last = first.last().map(|(k, _)| k.clone()).unwrap_or_default();
+                *leaf = Leaf::from_sorted(first, self.opts.basement_size);
+                for g in groups {
+                    let Some((first_key, _)) = g.first() else { continue };
+                    let sep = separator(&prev_last, first_key);
+                    prev_last = g.last().map(|(k, _)| k.clone()).unwrap_or_default();
+                    pieces.push((sep, NodeBody::Leaf(Leaf::from_sorted(g, self.opts.basement_size))));
+                }
+            }
+            NodeBody::Interior(int) => {
+                let n = int.children.len();
+                let k = n.div_ceil((self.opts.fanout * 3 / 4).max(2)).max(2);
+                let per = n.div_ceil(k);
+                let mut cut = (k - 1) * per;
+                while cut > 0 {
+                    if cut < n {
+                        let pivots = int.pivots.split_off(cut);
+                        let sep = int.pivots.pop().unwrap_or_default();
+                        let right = Interior {
+                            height: int.height,
+                            pivots,
+                            children: int.children.split_off(cut),
+                            buffers: int.buffers.split_off(cut),
+                        };
+                        pieces.push((sep, NodeBody::Interior(right)));
+                    }
+                    cut -= per;
+                }
+                pieces.reverse();
+            }
+        }
+        let his: Vec<Option<Vec<u8>>> = pieces.iter().skip(1).map(|(p, _)| Some(p.clone())).chain([bounds.hi.clone()]).collect();
+        node.prefix = Bounds { lo: bounds.lo.clone(), hi: pieces.first().map(|(p, _)| p.clone()) }.lifted_prefix();
+        node.dirty = true;
+        self.put(num, node);
+        let mut splits = Vec::with_capacity(pieces.len());
+        for ((sep, body), hi) in pieces.into_iter().zip(his) {
+            let prefix = Bounds { lo: sep.clone(), hi }.lifted_prefix();
+            let new = self.new_node(ks, body, prefix);
+            splits.push((sep, new));
+        }
+        add(&self.stats.splits, splits.len() as u64);
+        Ok(splits)
+    }
+
+    /// Pushes every buffered message down to the leaves (space reclaim:
+    /// pending deletes free nothing until they reach the leaves).
+    pub fn flush_everything(&mut self) -> EngineResult<()> {
+        for ks in KeySpace::ALL {
+            let root = self.roots[ks.index()];
+            self.load(ks, root, &[], Want::Whole, None)?;
+            self.flush_subtree(ks, root, &Bounds::full())?;
+            let splits = self.split_if_needed(ks, root, &Bounds::full())?;
+            if !splits.is_empty() {
+                // Reuse the root-growing path.
+                let height = self.node(root).height() + 1;
+                let mut int = Interior { height, pivots: Vec::new(), children: vec![root], buffers: vec![MessageBuffer::default()] };
+                for (pivot, num) in splits {
+                    int.pivots.push(pivot);
+                    int.children.push(num);
+                    int.buffers.push(MessageBuffer::default());
+                }
+                self.roots[ks.index()] = self.new_node(ks, NodeBody::Interior(int), Vec::new());
+            }
+            self.settle_root(ks)?;
+        }
+        Ok(())
+    }
+
+    fn flush_subtree(&mut self, ks: KeySpace, num: u64, bounds: &Bounds) -> EngineResult<()> {
+        let mut i = 0;
+        loop {
+            let NodeBody::Interior(int) = &self.node(num).body else { return Ok(()) };
+            if i >= int.children.len() {
+                return Ok(());
+            }
+            if !int.buffers[i].is_empty() {
+                self.flush_child(ks, num, i, bounds)?;
+            }
+            let int = self.interior(num);
+            let i_now = i.min(int.children.len() - 1);
+            let child = int.children[i_now];
+            let child_bounds = int.child_bounds(i_now, bounds);
+            let height = int.height - 1;
+            if height > 0 {
+                self.load(ks, child, &child_bounds.lifted_prefix(), Want::Whole, Some(height))?;
+                self.flush_subtree(ks, child, &child_bounds)?;
+                let splits = self.split_if_needed(ks, child, &child_bounds)?;
+                self.adopt_splits(num, i_now, splits);
+            }
+            i = i_now + 1;
+        }
+    }
+
+    // ---- writing ------------------------------------------------------------
+
+    /// Writes a dirty node to a fresh extent (copy-on-write).
+    fn write_node(&mut self, num: u64) -> EngineResult<()> {
+        let node = self.node(num);
+        debug_assert!(node.dirty);
+        if let NodeBody::Leaf(leaf) = &node.body {
+            assert!(leaf.is_fully_loaded(), "tree invariant: dirty leaf {num} must be fully loaded");
+        }
+        let height = node.height();
+        let img = encode_node(node, num);
+        let extent = self.alloc.allocate(img.len).ok_or(EngineError::NoSpace)?;
+        if let Err(e) = self.device.write_at(&img.buf, self.layout.extent_offset(extent)) {
+            self.alloc.free(extent);
+            return Err(betreefs_store::StoreError::io("writing node", e).into());
+        }
+        if let Some(old) = self.btt.set(num, extent, img.crc) {
+            self.alloc.free(old);
+        }
+        add(&self.stats.node_bytes_written[level(height)], img.buf.len() as u64);
+        add(&self.stats.nodes_written, 1);
+        let mut node = self.take(num);
+        node.dirty = false;
+        if let NodeBody::Leaf(leaf) = &mut node.body {
+            for (b, loc) in leaf.basements.iter_mut().zip(img.basement_locs) {
+                b.loc = Some(loc);
+            }
+        }
+        self.put(num, node);
+        Ok(())
+    }
+
+    /// Drops least recently used nodes (writing dirty ones back) until the
+    /// cache is under 90% of its budget. Roots stay.
+    pub fn evict_if_needed(&mut self) -> EngineResult<()> {
+        if self.cache_bytes <= self.opts.cache_bytes {
+            return Ok(());
+        }
+        let target = self.opts.cache_bytes / 10 * 9;
+        let mut order: Vec<(u64, u64)> = self.cache.iter().map(|(num, n)| (n.last_used, *num)).collect();
+        order.sort_unstable();
+        for (_, num) in order {
+            if self.cache_bytes <= target {
+                break;
+            }
+            if self.roots.contains(&num) {
+                continue;
+            }
+            if self.node(num).dirty {
+                self.write_node(num)?;
+            }
+            drop(self.take(num));
+            add(&self.stats.evictions, 1);
+        }
+        Ok(())
+    }
+
+    /// Writes every dirty node, the block table and a new superblock naming
+    /// them; `log_head` is where replay must start for what comes after.
+    pub fn write_checkpoint(&mut self, log_head: u64, log_epoch: u32) -> EngineResult<()> {
+        let mut dirty: Vec<(u32, u64)> = self.cache.iter().filter(|(_, n)| n.dirty).map(|(num, n)| (n.height(), *num)).collect();
+        dirty.sort_unstable();
+        for (_, num) in dirty {
+            self.write_node(num)?;
+        }
+        let table = self.btt.encode();
+        let extent = self.alloc.allocate(table.len() as u32).ok_or(EngineError::NoSpace)?;
+        let buf = AlignedBuf::from_slice(&table);
+        let io = |context| move |e| EngineError::from(betreefs_store::StoreError::io(context, e));
+        let written = self
+            .device
+            .write_at(&buf, self.layout.extent_offset(extent))
+            .map_err(io("writing block table"))
+            .and_then(|()| self.device.sync().map_err(io("syncing nodes")));
+        if let Err(e) = written {
+            self.alloc.free(extent);
+            return Err(e);
+        }
+        add(&self.stats.block_table_bytes_written, buf.len() as u64);
+        let sb = Superblock {
+            generation: self.generation + 1,
+            layout: self.layout,
+            checkpoint_seq: self.next_seq - 1,
+            log_head,
+            log_epoch,
+            btt: extent,
+            btt_crc: crc32c_of(&[&table]),
+            roots: self.roots.to_vec(),
+        };
+        sb.write(self.device.as_ref())?;
+        add(&self.stats.superblock_bytes_written, BLOCK_SIZE as u64);
+        self.generation = sb.generation;
+        if let Some(old) = self.btt_extent.replace(extent) {
+            self.alloc.free(old);
+        }
+        self.alloc.commit_checkpoint();
+        add(&self.stats.checkpoints, 1);
+        Ok(())
+    }
+
+    /// Whether writes that add data should be refused: the node region
+    /// could not absorb the dirty nodes plus a reserve for copy-on-write.
+    pub fn space_low(&self) -> bool {
+        let capacity = self.layout.nodes_bytes;
+        let reserve = (capacity / 32).max(2 * self.opts.node_size as u64);
+        let used = self.alloc.used_blocks() * BLOCK_SIZE as u64
+            + self.dirty_bytes as u64
+            + (self.btt.live_count() as u64 * 16).next_multiple_of(BLOCK_SIZE as u64);
+        used + reserve > capacity
+    }
+
+    // ---- verification (fsck and tests) -------------------------------------
+
+    /// Walks every node of every tree, reading all of them, and checks
+    /// ordering, bounds, heights, buffer placement and fanout. Returns the
+    /// number of nodes visited.
+    pub fn verify(&mut self) -> EngineResult<u64> {
+        let mut visited = 0;
+        for ks in KeySpace::ALL {
+            let root = self.roots[ks.index()];
+            self.load(ks, root, &[], Want::Whole, None)?;
+            let height = self.node(root).height();
+            visited += self.verify_subtree(ks, root, &Bounds::full(), height)?;
+        }
+        Ok(visited)
+    }
+
+    fn verify_subtree(&mut self, ks: KeySpace, num: u64, bounds: &Bounds, height: u32) -> EngineResult<u64> {
+        self.load(ks, num, &bounds.lifted_prefix(), Want::Whole, Some(height))?;
+        let bad = |reason: String| Self::corrupt(ks, num, reason);
+        let kids: Vec<(u64, Bounds)> = match &self.node(num).body {
+            NodeBody::Leaf(leaf) => {
+                let mut prev: Option<&[u8]> = None;
+                for (bi, b) in leaf.basements.iter().enumerate() {
+                    for (k, _) in b.entries.as_deref().unwrap_or_default() {
+                        if !bounds.contains(k) || prev.is_some_and(|p| p >= k.as_slice()) {
+                            return Err(bad(format!("key {k:?} out of order or outside {bounds:?}")));
+                        }
+                        if bi > 0 && k < &leaf.pivots[bi - 1] || bi < leaf.pivots.len() && k >= &leaf.pivots[bi] {
+                            return Err(bad(format!("key {k:?} in the wrong basement")));
+                        }
+                        prev = Some(k);
+                    }
+                }
+                Vec::new()
+            }
+            NodeBody::Interior(int) => {
+                if int.children.len() != int.pivots.len() + 1 || int.buffers.len() != int.children.len() {
+                    return Err(bad("pivot, child and buffer counts disagree".into()));
+                }
+                if int.children.len() > self.opts.fanout.max(2) * 2 {
+                    return Err(bad(format!("fanout {} far over the limit", int.children.len())));
+                }
+                for (i, p) in int.pivots.iter().enumerate() {
+                    if !bounds.contains(p) || (i > 0 && int.pivots[i - 1] >= *p) {
+                        return Err(bad(format!("pivot {p:?} out of order or outside {bounds:?}")));
+                    }
+                }
+                for i in 0..int.children.len() {
+                    let cb = int.child_bounds(i, bounds);
+                    let buf = &int.buffers[i];
+                    let keys_ok = buf.points().keys().all(|k| cb.contains(k));
+                    let ranges_ok = buf.ranges().iter().all(|(s, r)| {
+                        cb.contains(s) && s < &r.end && cb.hi.as_ref().is_none_or(|hi| r.end <= *hi)
+                    });
+                    if !keys_ok || !ranges_ok {
+                        return Err(bad(format!("buffer of child {i} holds messages outside {cb:?}")));
+                    }
+                }
+                (0..int.children.len()).map(|i| (int.children[i], int.child_bounds(i, bounds))).collect()
+            }
+        };
+        let mut visited = 1;
+        for (child, child_bounds) in kids {
+            visited += self.verify_subtree(ks, child, &child_bounds, height - 1)?;
+        }
+        Ok(visited)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn separators_are_short_and_between() {
+        assert_eq!(separator(b"apple", b"banana"), b"b");
+        assert_eq!(separator(b"dir\x00cat", b"dir\x00dog"), b"dir\x00d");
+        assert_eq!(separator(b"ab", b"abc"), b"abc");
+    }
+}

@@ -1,0 +1,97 @@
+//! Shared pieces of the engine's integration tests: a reference model and
+//! small-tree options that make every code path run on little data.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use betreefs_engine::{KeySpace, Message, MergeRegistry, Options, Store, WriteBatch, KEY_SPACES};
+use betreefs_store::MemDevice;
+
+/// Tiny nodes, basements and cache, no background thread: splits, merges,
+/// evictions and log-full checkpoints happen after a few hundred writes.
+pub fn small_options() -> Options {
+    Options {
+        node_size: 16 << 10,
+        basement_size: 2 << 10,
+        fanout: 4,
+        cache_bytes: 96 << 10,
+        log_flush_interval: None,
+        checkpoint_interval: None,
+        log_bytes: Some(1 << 20),
+        merges: MergeRegistry::default(),
+    }
+}
+
+pub fn mem_store(bytes: u64, options: Options) -> (MemDevice, Store) {
+    let dev = MemDevice::new(bytes);
+    let store = Store::create_on(Arc::new(dev.clone()), options).expect("create store");
+    (dev, store)
+}
+
+/// What the store should contain.
+#[derive(Clone, Default, Debug, PartialEq, Eq)]
+pub struct Model {
+    pub spaces: [BTreeMap<Vec<u8>, Vec<u8>>; KEY_SPACES],
+}
+
+impl Model {
+    pub fn apply(&mut self, batch: &WriteBatch) {
+        let merges = MergeRegistry::default();
+        for (ks, m) in batch.messages() {
+            let map = &mut self.spaces[ks.index()];
+            match m {
+                Message::Put { key, value } => {
+                    map.insert(key.clone(), value.clone());
+                }
+                Message::Delete { key } => {
+                    map.remove(key);
+                }
+                Message::Upsert { key, func, arg } => {
+                    let new = merges.apply(*func, map.get(key).map(|v| v.as_slice()), arg).expect("known function");
+                    map.insert(key.clone(), new);
+                }
+                Message::RangeDelete { start, end } => {
+                    if start < end {
+                        let doomed: Vec<_> = map.range(start.clone()..end.clone()).map(|(k, _)| k.clone()).collect();
+                        for k in doomed {
+                            map.remove(&k);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn get(&self, ks: KeySpace, key: &[u8]) -> Option<Vec<u8>> {
+        self.spaces[ks.index()].get(key).cloned()
+    }
+}
+
+/// Everything in one key space, through the range iterator.
+pub fn scan_all(store: &Store, ks: KeySpace) -> Vec<(Vec<u8>, Vec<u8>)> {
+    store.range(ks, b"", None).collect::<Result<Vec<_>, _>>().expect("scan")
+}
+
+/// Asserts the store holds exactly the model, by full scans and point reads.
+pub fn assert_matches(store: &Store, model: &Model) {
+    for ks in KeySpace::ALL {
+        let expected: Vec<_> = model.spaces[ks.index()].clone().into_iter().collect();
+        let actual = scan_all(store, ks);
+        if actual != expected {
+            let have: BTreeMap<_, _> = actual.iter().cloned().collect();
+            let want = &model.spaces[ks.index()];
+            let extra: Vec<_> = have.keys().filter(|k| !want.contains_key(*k)).take(5).collect();
+            let missing: Vec<_> = want.keys().filter(|k| !have.contains_key(*k)).take(5).collect();
+            let wrong: Vec<_> = want.iter().filter(|(k, v)| have.get(*k).is_some_and(|h| h != *v)).map(|(k, _)| k).take(5).collect();
+            panic!(
+                "key space {ks:?}: store has {} entries, model {}; extra {extra:?}, missing {missing:?}, wrong values {wrong:?}",
+                actual.len(),
+                expected.len(),
+            );
+        }
+        for (k, v) in expected.iter().step_by(7) {
+            assert_eq!(store.get(ks, k).expect("get").as_ref(), Some(v), "get {k:?}");
+        }
+    }
+}
