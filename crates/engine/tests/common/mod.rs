@@ -95,3 +95,43 @@ pub fn assert_matches(store: &Store, model: &Model) {
         }
     }
 }
+
+/// The whole contents of a store, as a model.
+pub fn dump(store: &Store) -> Model {
+    let mut model = Model::default();
+    for ks in KeySpace::ALL {
+        model.spaces[ks.index()] = scan_all(store, ks).into_iter().collect();
+    }
+    model
+}
+
+/// A random batch over a small key alphabet (1 to 3 messages of every kind).
+pub fn random_batch(rng: &mut impl rand::Rng) -> WriteBatch {
+    use betreefs_engine::merge::{patch_arg, record_arg};
+    use betreefs_engine::{RecordOp, MERGE_PATCH, MERGE_RECORD};
+    let mut batch = WriteBatch::new();
+    for _ in 0..rng.gen_range(1..=3) {
+        let ks = if rng.gen_bool(0.5) { KeySpace::Meta } else { KeySpace::Data };
+        let key = random_key(rng);
+        match rng.gen_range(0..20) {
+            0..=10 => {
+                let len = if rng.gen_bool(0.05) { rng.gen_range(2000..9000) } else { rng.gen_range(0..300) };
+                batch.put(ks, &key, &vec![rng.gen(); len])
+            }
+            11..=13 => batch.delete(ks, &key),
+            14..=16 => batch.upsert(ks, &key, MERGE_PATCH, &patch_arg(rng.gen_range(0..400), &[rng.gen(); 7])),
+            17 => batch.upsert(ks, &key, MERGE_RECORD, &record_arg(&[RecordOp::Add(rng.gen_range(0..4), 3)])),
+            _ => {
+                let other = random_key(rng);
+                let (a, b) = if key <= other { (key, other) } else { (other, key) };
+                batch.range_delete(ks, &a, &b)
+            }
+        };
+    }
+    batch
+}
+
+pub fn random_key(rng: &mut impl rand::Rng) -> Vec<u8> {
+    const ALPHABET: [u8; 6] = [0, 1, 2, b'a', b'b', 0xff];
+    (0..rng.gen_range(0..6)).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())]).collect()
+}

@@ -1,0 +1,67 @@
+//! Several threads writing, reading, scanning and syncing at once, with the
+//! background flusher and checkpoints running.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use betreefs_engine::{KeySpace, Store};
+use betreefs_store::MemDevice;
+use common::small_options;
+use rand::{rngs::SmallRng, Rng, SeedableRng};
+
+#[test]
+fn threads_share_one_store() {
+    let mut options = small_options();
+    options.log_flush_interval = Some(Duration::from_millis(5));
+    options.checkpoint_interval = Some(Duration::from_millis(50));
+    let dev = MemDevice::new(64 << 20);
+    let store = Arc::new(Store::create_on(Arc::new(dev.clone()), options.clone()).unwrap());
+    let workers: Vec<_> = (0..4u8)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(t as u64);
+                let mut mine = BTreeMap::new();
+                for i in 0..3000u32 {
+                    let key = [t, rng.gen_range(0..200u8), rng.gen()].to_vec();
+                    match rng.gen_range(0..10) {
+                        0..=5 => {
+                            let v = vec![t; rng.gen_range(1..200)];
+                            store.put(KeySpace::Data, &key, &v).unwrap();
+                            mine.insert(key, v);
+                        }
+                        6 => {
+                            store.delete(KeySpace::Data, &key).unwrap();
+                            mine.remove(&key);
+                        }
+                        7 => assert_eq!(store.get(KeySpace::Data, &key).unwrap(), mine.get(&key).cloned()),
+                        8 => {
+                            let got: Vec<_> = store.range(KeySpace::Data, &[t], Some(&[t + 1])).collect::<Result<_, _>>().unwrap();
+                            assert_eq!(got, mine.clone().into_iter().collect::<Vec<_>>());
+                        }
+                        _ => {
+                            if i % 7 == 0 {
+                                store.sync().unwrap();
+                            }
+                        }
+                    }
+                }
+                mine
+            })
+        })
+        .collect();
+    let mut expected = BTreeMap::new();
+    for w in workers {
+        expected.extend(w.join().unwrap());
+    }
+    assert!(store.stats().checkpoints > 1);
+    store.sync().unwrap();
+    let image = dev.current_image();
+    drop(store);
+    let reopened = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options()).unwrap();
+    let all: BTreeMap<_, _> = common::scan_all(&reopened, KeySpace::Data).into_iter().collect();
+    assert_eq!(all, expected);
+}

@@ -1,0 +1,44 @@
+//! A full device: writes get a no-space error, the store stays consistent,
+//! deletes still work, and after them writes succeed again.
+
+mod common;
+
+use std::sync::Arc;
+
+use betreefs_engine::{KeySpace, Store};
+use betreefs_store::MemDevice;
+use common::{scan_all, small_options};
+
+#[test]
+fn full_device_refuses_writes_then_recovers_after_deletes() {
+    let dev = MemDevice::new(12 << 20);
+    let store = Store::create_on(Arc::new(dev.clone()), small_options()).unwrap();
+    let value = vec![0x5a; 1000];
+    let mut written = 0u32;
+    let err = loop {
+        match store.put(KeySpace::Data, &written.to_be_bytes(), &value) {
+            Ok(_) => written += 1,
+            Err(e) => break e,
+        }
+        assert!(written < 100_000, "a 12 MiB device cannot hold 100 MB");
+    };
+    assert!(err.is_no_space(), "expected no space, got {err}");
+    assert!(written > 3000, "only {written} KiB-sized values fit in 12 MiB");
+    store.verify().unwrap();
+    assert_eq!(scan_all(&store, KeySpace::Data).len(), written as usize);
+    // Still refusing, still consistent.
+    assert!(store.put(KeySpace::Meta, b"more", &value).unwrap_err().is_no_space());
+    store.sync().unwrap();
+
+    // Deletes are accepted on a full device and give the space back.
+    store.range_delete(KeySpace::Data, &0u32.to_be_bytes(), &(written / 2).to_be_bytes()).unwrap();
+    for i in 0..1000u32 {
+        store.put(KeySpace::Meta, &i.to_be_bytes(), &value).expect("space freed by the delete");
+    }
+    store.close().unwrap();
+
+    let reopened = Store::open_on(Arc::new(dev), small_options()).unwrap();
+    reopened.verify().unwrap();
+    assert_eq!(scan_all(&reopened, KeySpace::Data).len(), (written - written / 2) as usize);
+    assert_eq!(scan_all(&reopened, KeySpace::Meta).len(), 1000);
+}
