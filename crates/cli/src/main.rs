@@ -1,1 +1,38 @@
-fn main() {}
+//! `betreefs`: the command-line entry point.
+
+mod kv_bench;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "betreefs",
+    version,
+    about = "A write-optimized file system on a B^e-tree"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a key-value benchmark (TRIAD WS1-WS3 and db_bench-style workloads)
+    /// against the engine and print one JSON line of results.
+    KvBench(kv_bench::Args),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::KvBench(args) => kv_bench::run(args),
+    };
+    if let Err(e) = result {
+        eprintln!("betreefs: {e:#}");
+        std::process::exit(1);
+    }
+}

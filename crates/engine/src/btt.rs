@@ -22,7 +22,10 @@ pub enum Slot {
     Free,
     /// Allocated but never written (exists only in the cache).
     Unwritten,
-    OnDisk { extent: Extent, crc: u32 },
+    OnDisk {
+        extent: Extent,
+        crc: u32,
+    },
 }
 
 #[derive(Default)]
@@ -73,7 +76,10 @@ impl BlockTable {
     }
 
     pub fn live_count(&self) -> usize {
-        self.slots.iter().filter(|s| !matches!(s, Slot::Free)).count()
+        self.slots
+            .iter()
+            .filter(|s| !matches!(s, Slot::Free))
+            .count()
     }
 
     /// Serialises the table; every live node must have been written.
@@ -107,11 +113,16 @@ impl BlockTable {
         }
         let version = d.u32()?;
         if version != BTT_VERSION {
-            return Err(DecodeError(format!("unsupported block table version {version}")));
+            return Err(DecodeError(format!(
+                "unsupported block table version {version}"
+            )));
         }
         let count = d.u64()?;
         if count.saturating_mul(16) != d.remaining() as u64 {
-            return Err(DecodeError(format!("block table of {count} entries has {} bytes", d.remaining())));
+            return Err(DecodeError(format!(
+                "block table of {count} entries has {} bytes",
+                d.remaining()
+            )));
         }
         let mut table = BlockTable::default();
         for i in 0..count {
@@ -120,7 +131,10 @@ impl BlockTable {
                 table.slots.push(Slot::Free);
                 table.free.push(i);
             } else {
-                table.slots.push(Slot::OnDisk { extent: Extent { block, len }, crc });
+                table.slots.push(Slot::OnDisk {
+                    extent: Extent { block, len },
+                    crc,
+                });
             }
         }
         table.free.reverse();
@@ -137,7 +151,14 @@ mod tests {
         let mut t = BlockTable::default();
         let a = t.allocate();
         let b = t.allocate();
-        t.set(a, Extent { block: 3, len: 5000 }, 7);
+        t.set(
+            a,
+            Extent {
+                block: 3,
+                len: 5000,
+            },
+            7,
+        );
         t.set(b, Extent { block: 9, len: 10 }, 8);
         assert_eq!(t.release(b), Some(Extent { block: 9, len: 10 }));
         let back = BlockTable::decode(&t.encode()).unwrap();

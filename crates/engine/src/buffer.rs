@@ -53,13 +53,22 @@ pub const MESSAGE_OVERHEAD_BYTES: usize = 16;
 
 impl PointMsg {
     pub fn put(seq: u64, value: Vec<u8>) -> PointMsg {
-        PointMsg { base: Some(Base::Put { seq, value }), upserts: Vec::new() }
+        PointMsg {
+            base: Some(Base::Put { seq, value }),
+            upserts: Vec::new(),
+        }
     }
     pub fn delete(seq: u64) -> PointMsg {
-        PointMsg { base: Some(Base::Delete { seq }), upserts: Vec::new() }
+        PointMsg {
+            base: Some(Base::Delete { seq }),
+            upserts: Vec::new(),
+        }
     }
     pub fn upsert(seq: u64, func: u8, arg: Vec<u8>) -> PointMsg {
-        PointMsg { base: None, upserts: vec![Upsert { seq, func, arg }] }
+        PointMsg {
+            base: None,
+            upserts: vec![Upsert { seq, func, arg }],
+        }
     }
 
     pub fn bytes(&self, key_len: usize) -> usize {
@@ -80,7 +89,11 @@ impl PointMsg {
             None => old.map(|v| v.to_vec()),
         };
         for u in &self.upserts {
-            value = Some(merges.apply(u.func, value.as_deref(), &u.arg).ok_or(u.func)?);
+            value = Some(
+                merges
+                    .apply(u.func, value.as_deref(), &u.arg)
+                    .ok_or(u.func)?,
+            );
         }
         Ok(value)
     }
@@ -178,7 +191,13 @@ impl MessageBuffer {
             }
         }
         self.bytes += new_start.len() + new_end.len() + MESSAGE_OVERHEAD_BYTES;
-        self.ranges.insert(new_start, RangeDel { end: new_end, seq: new_seq });
+        self.ranges.insert(
+            new_start,
+            RangeDel {
+                end: new_end,
+                seq: new_seq,
+            },
+        );
         eaten
     }
 
@@ -251,7 +270,13 @@ impl MessageBuffer {
                 let right_end = std::mem::replace(&mut r.end, pivot.to_vec());
                 let seq = r.seq;
                 debug_assert!(start.as_slice() < pivot);
-                right.ranges.insert(pivot.to_vec(), RangeDel { end: right_end, seq });
+                right.ranges.insert(
+                    pivot.to_vec(),
+                    RangeDel {
+                        end: right_end,
+                        seq,
+                    },
+                );
             }
         }
         self.recount();
@@ -260,7 +285,11 @@ impl MessageBuffer {
     }
 
     fn recount(&mut self) {
-        self.bytes = self.points.iter().map(|(k, m)| m.bytes(k.len())).sum::<usize>()
+        self.bytes = self
+            .points
+            .iter()
+            .map(|(k, m)| m.bytes(k.len()))
+            .sum::<usize>()
             + self
                 .ranges
                 .iter()
@@ -277,7 +306,8 @@ impl MessageBuffer {
     /// (`hi == None` means unbounded, which no range delete covers).
     pub fn covers_whole(&self, lo: &[u8], hi: Option<&[u8]>) -> bool {
         let Some(hi) = hi else { return false };
-        self.covering(lo).is_some_and(|(_, r)| r.end.as_slice() >= hi)
+        self.covering(lo)
+            .is_some_and(|(_, r)| r.end.as_slice() >= hi)
     }
 
     /// Inserts decoded messages (node deserialisation) without PacMan.
@@ -312,7 +342,11 @@ mod tests {
         let mut b = MessageBuffer::default();
         b.insert_point(k("a"), PointMsg::put(1, k("x")), &merges);
         b.insert_point(k("b"), PointMsg::put(2, k("y")), &merges);
-        b.insert_point(k("d"), PointMsg::upsert(3, MERGE_PATCH, patch_arg(0, b"u")), &merges);
+        b.insert_point(
+            k("d"),
+            PointMsg::upsert(3, MERGE_PATCH, patch_arg(0, b"u")),
+            &merges,
+        );
         assert_eq!(b.insert_range_delete(k("a"), k("c"), 4), 2);
         assert_eq!(b.message_count(), 2);
         // Adjacent and overlapping range deletes coalesce.
@@ -320,11 +354,23 @@ mod tests {
         assert_eq!(b.ranges().len(), 1);
         assert_eq!(b.covering(b"dz").unwrap().1.end, k("e"));
         // An upsert under a covering range delete becomes a put.
-        b.insert_point(k("b"), PointMsg::upsert(6, MERGE_PATCH, patch_arg(1, b"z")), &merges);
+        b.insert_point(
+            k("b"),
+            PointMsg::upsert(6, MERGE_PATCH, patch_arg(1, b"z")),
+            &merges,
+        );
         assert_eq!(b.points()[&k("b")], PointMsg::put(6, k("\0z")));
         // A put hides an older upsert chain.
-        b.insert_point(k("q"), PointMsg::upsert(7, MERGE_PATCH, patch_arg(0, b"1")), &merges);
-        b.insert_point(k("q"), PointMsg::upsert(8, MERGE_PATCH, patch_arg(1, b"2")), &merges);
+        b.insert_point(
+            k("q"),
+            PointMsg::upsert(7, MERGE_PATCH, patch_arg(0, b"1")),
+            &merges,
+        );
+        b.insert_point(
+            k("q"),
+            PointMsg::upsert(8, MERGE_PATCH, patch_arg(1, b"2")),
+            &merges,
+        );
         assert_eq!(b.points()[&k("q")].upserts.len(), 2);
         b.insert_point(k("q"), PointMsg::delete(9), &merges);
         assert_eq!(b.points()[&k("q")], PointMsg::delete(9));

@@ -140,7 +140,11 @@ mod tests {
         assert!(d.is_empty());
         for cut in 0..e.buf.len() {
             let mut d = Decoder::new(&e.buf[..cut]);
-            let ok = d.varint().and_then(|_| d.bytes().map(|_| ())).and_then(|_| d.u64()).and_then(|_| d.varint());
+            let ok = d
+                .varint()
+                .and_then(|_| d.bytes().map(|_| ()))
+                .and_then(|_| d.u64())
+                .and_then(|_| d.varint());
             assert!(ok.is_err());
         }
     }

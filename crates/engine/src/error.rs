@@ -28,7 +28,10 @@ pub enum EngineError {
 impl EngineError {
     /// Whether this is the device-full condition (the store stays usable).
     pub fn is_no_space(&self) -> bool {
-        matches!(self, EngineError::NoSpace | EngineError::Store(StoreError::NoSpace { .. }))
+        matches!(
+            self,
+            EngineError::NoSpace | EngineError::Store(StoreError::NoSpace { .. })
+        )
     }
 }
 

@@ -124,7 +124,11 @@ pub fn encode_node(node: &Node, num: u64) -> NodeImage {
                 if i > 0 {
                     m.bytes(strip(&leaf.pivots[i - 1], prefix));
                 }
-                let loc = locs.get(i).copied().unwrap_or(BasementLoc { offset: 0, len: 0, crc: 0 });
+                let loc = locs.get(i).copied().unwrap_or(BasementLoc {
+                    offset: 0,
+                    len: 0,
+                    crc: 0,
+                });
                 m.u32(loc.offset);
                 m.u32(loc.len);
                 m.u32(loc.crc);
@@ -170,7 +174,12 @@ pub fn encode_node(node: &Node, num: u64) -> NodeImage {
     let crc = crc32c_of(&[&h.buf]);
     h.u32(crc);
     buf[..HEADER_BYTES].copy_from_slice(&h.buf);
-    NodeImage { buf, len: total as u32, crc, basement_locs: locs }
+    NodeImage {
+        buf,
+        len: total as u32,
+        crc,
+        basement_locs: locs,
+    }
 }
 
 fn encode_interior_meta(m: &mut Encoder, int: &Interior, prefix: &[u8]) {
@@ -212,7 +221,12 @@ fn encode_interior_meta(m: &mut Encoder, int: &Interior, prefix: &[u8]) {
 }
 
 /// Parses and checks a header. `expect_crc` comes from the block table.
-pub fn decode_header(bytes: &[u8], expect_crc: u32, num: u64, prefix: &[u8]) -> DecodeResult<NodeHeader> {
+pub fn decode_header(
+    bytes: &[u8],
+    expect_crc: u32,
+    num: u64,
+    prefix: &[u8],
+) -> DecodeResult<NodeHeader> {
     if bytes.len() < HEADER_BYTES {
         return Err(DecodeError("node shorter than its header".into()));
     }
@@ -226,7 +240,9 @@ pub fn decode_header(bytes: &[u8], expect_crc: u32, num: u64, prefix: &[u8]) -> 
         return Err(DecodeError("node header checksum mismatch".into()));
     }
     if stored_crc != expect_crc {
-        return Err(DecodeError("node header differs from the block table's record (stale or misplaced node)".into()));
+        return Err(DecodeError(
+            "node header differs from the block table's record (stale or misplaced node)".into(),
+        ));
     }
     let version = u16::from_le_bytes([bytes[4], bytes[5]]);
     if version != NODE_FORMAT_VERSION {
@@ -251,10 +267,15 @@ pub fn decode_header(bytes: &[u8], expect_crc: u32, num: u64, prefix: &[u8]) -> 
         crc: stored_crc,
     };
     if header.num != num {
-        return Err(DecodeError(format!("node claims number {} but was read as {num}", header.num)));
+        return Err(DecodeError(format!(
+            "node claims number {} but was read as {num}",
+            header.num
+        )));
     }
     if header.prefix_len as usize != prefix.len() || header.prefix_crc != crc32c_of(&[prefix]) {
-        return Err(DecodeError("lifted prefix does not match the parent's pivots".into()));
+        return Err(DecodeError(
+            "lifted prefix does not match the parent's pivots".into(),
+        ));
     }
     if header.kind_leaf != (header.height == 0) {
         return Err(DecodeError("node kind and height disagree".into()));
@@ -281,17 +302,31 @@ pub fn decode_meta(header: &NodeHeader, meta: &[u8], prefix: &[u8]) -> DecodeRes
         if count == 0 || count > meta.len() {
             return Err(DecodeError(format!("bad basement count {count}")));
         }
-        let mut leaf = Leaf { pivots: Vec::with_capacity(count - 1), basements: Vec::with_capacity(count) };
+        let mut leaf = Leaf {
+            pivots: Vec::with_capacity(count - 1),
+            basements: Vec::with_capacity(count),
+        };
         for i in 0..count {
             if i > 0 {
                 leaf.pivots.push(unlift(prefix, d.bytes()?));
             }
-            let loc = BasementLoc { offset: d.u32()?, len: d.u32()?, crc: d.u32()? };
-            if loc.offset as u64 + loc.len as u64 > header.total_len as u64 || loc.offset % BLOCK_SIZE as u32 != 0 {
+            let loc = BasementLoc {
+                offset: d.u32()?,
+                len: d.u32()?,
+                crc: d.u32()?,
+            };
+            if loc.offset as u64 + loc.len as u64 > header.total_len as u64
+                || !loc.offset.is_multiple_of(BLOCK_SIZE as u32)
+            {
                 return Err(DecodeError(format!("basement {i} lies outside its node")));
             }
             let entries = d.varint()? as usize;
-            leaf.basements.push(Basement { entries: None, loc: Some(loc), bytes: loc.len as usize, count: entries });
+            leaf.basements.push(Basement {
+                entries: None,
+                loc: Some(loc),
+                bytes: loc.len as usize,
+                count: entries,
+            });
         }
         if leaf.pivots.windows(2).any(|w| w[0] >= w[1]) {
             return Err(DecodeError("basement pivots out of order".into()));
@@ -303,7 +338,13 @@ pub fn decode_meta(header: &NodeHeader, meta: &[u8], prefix: &[u8]) -> DecodeRes
     if !d.is_empty() {
         return Err(DecodeError("trailing bytes after node meta".into()));
     }
-    Ok(Node { body, prefix: prefix.to_vec(), tree: header.tree, dirty: false, last_used: 0 })
+    Ok(Node {
+        body,
+        prefix: prefix.to_vec(),
+        tree: header.tree,
+        dirty: false,
+        last_used: 0,
+    })
 }
 
 fn decode_interior(d: &mut Decoder<'_>, height: u32, prefix: &[u8]) -> DecodeResult<Interior> {
@@ -338,7 +379,10 @@ fn decode_interior(d: &mut Decoder<'_>, height: u32, prefix: &[u8]) -> DecodeRes
             let key = unlift(prefix, d.bytes()?);
             let base = match d.u8()? {
                 0 => None,
-                1 => Some(Base::Put { seq: d.varint()?, value: d.bytes()?.to_vec() }),
+                1 => Some(Base::Put {
+                    seq: d.varint()?,
+                    value: d.bytes()?.to_vec(),
+                }),
                 2 => Some(Base::Delete { seq: d.varint()? }),
                 b => return Err(DecodeError(format!("bad base tag {b}"))),
             };
@@ -348,7 +392,11 @@ fn decode_interior(d: &mut Decoder<'_>, height: u32, prefix: &[u8]) -> DecodeRes
             }
             let mut upserts = Vec::with_capacity(n as usize);
             for _ in 0..n {
-                upserts.push(Upsert { seq: d.varint()?, func: d.u8()?, arg: d.bytes()?.to_vec() });
+                upserts.push(Upsert {
+                    seq: d.varint()?,
+                    func: d.u8()?,
+                    arg: d.bytes()?.to_vec(),
+                });
             }
             buffer.push_decoded_point(key, PointMsg { base, upserts });
         }
@@ -358,9 +406,17 @@ fn decode_interior(d: &mut Decoder<'_>, height: u32, prefix: &[u8]) -> DecodeRes
 }
 
 /// Decodes one basement's bytes (already cut to `loc.len`).
-pub fn decode_basement(bytes: &[u8], loc: &BasementLoc, count: usize, prefix: &[u8]) -> DecodeResult<Vec<(Vec<u8>, Vec<u8>)>> {
+pub fn decode_basement(
+    bytes: &[u8],
+    loc: &BasementLoc,
+    count: usize,
+    prefix: &[u8],
+) -> DecodeResult<Vec<(Vec<u8>, Vec<u8>)>> {
     if crc32c_of(&[bytes]) != loc.crc {
-        return Err(DecodeError(format!("basement at offset {} fails its checksum", loc.offset)));
+        return Err(DecodeError(format!(
+            "basement at offset {} fails its checksum",
+            loc.offset
+        )));
     }
     let mut d = Decoder::new(bytes);
     let mut entries: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(count.min(bytes.len()));
@@ -373,7 +429,10 @@ pub fn decode_basement(bytes: &[u8], loc: &BasementLoc, count: usize, prefix: &[
         entries.push((key, value));
     }
     if entries.len() != count {
-        return Err(DecodeError(format!("basement holds {} entries, meta says {count}", entries.len())));
+        return Err(DecodeError(format!(
+            "basement holds {} entries, meta says {count}",
+            entries.len()
+        )));
     }
     Ok(entries)
 }
@@ -400,9 +459,17 @@ mod tests {
     }
 
     fn lifted_leaf() -> Node {
-        let bounds = Bounds { lo: b"dir\x00a".to_vec(), hi: Some(b"dir\x00z".to_vec()) };
+        let bounds = Bounds {
+            lo: b"dir\x00a".to_vec(),
+            hi: Some(b"dir\x00z".to_vec()),
+        };
         let entries: Vec<_> = (0..300u32)
-            .map(|i| (format!("dir\x00f{i:05}").into_bytes(), vec![i as u8; (i % 50) as usize]))
+            .map(|i| {
+                (
+                    format!("dir\x00f{i:05}").into_bytes(),
+                    vec![i as u8; (i % 50) as usize],
+                )
+            })
             .collect();
         Node {
             body: NodeBody::Leaf(Leaf::from_sorted(entries, 2000)),
@@ -418,10 +485,20 @@ mod tests {
         let node = lifted_leaf();
         assert_eq!(node.prefix, b"dir\x00");
         let back = round_trip(&node, 9);
-        let (NodeBody::Leaf(a), NodeBody::Leaf(b)) = (&node.body, &back.body) else { panic!() };
+        let (NodeBody::Leaf(a), NodeBody::Leaf(b)) = (&node.body, &back.body) else {
+            panic!()
+        };
         assert_eq!(a.pivots, b.pivots);
-        let ea: Vec<_> = a.basements.iter().flat_map(|x| x.entries.clone().unwrap()).collect();
-        let eb: Vec<_> = b.basements.iter().flat_map(|x| x.entries.clone().unwrap()).collect();
+        let ea: Vec<_> = a
+            .basements
+            .iter()
+            .flat_map(|x| x.entries.clone().unwrap())
+            .collect();
+        let eb: Vec<_> = b
+            .basements
+            .iter()
+            .flat_map(|x| x.entries.clone().unwrap())
+            .collect();
         assert_eq!(ea, eb);
         // Stored keys omit the prefix: the image has no "dir\0f" runs.
         let img = encode_node(&node, 9);
@@ -441,10 +518,21 @@ mod tests {
         int.insert_point(b"a".to_vec(), PointMsg::put(4, b"v".to_vec()), &merges);
         int.insert_point(b"z".to_vec(), PointMsg::upsert(5, 1, vec![0, 1]), &merges);
         int.insert_point(b"y".to_vec(), PointMsg::delete(6), &merges);
-        let node = Node { body: NodeBody::Interior(int.clone()), prefix: Vec::new(), tree: 0, dirty: true, last_used: 0 };
+        let node = Node {
+            body: NodeBody::Interior(int.clone()),
+            prefix: Vec::new(),
+            tree: 0,
+            dirty: true,
+            last_used: 0,
+        };
         let back = round_trip(&node, 3);
-        let NodeBody::Interior(b) = back.body else { panic!() };
-        assert_eq!((b.pivots, b.children, b.buffers), (int.pivots, int.children, int.buffers));
+        let NodeBody::Interior(b) = back.body else {
+            panic!()
+        };
+        assert_eq!(
+            (b.pivots, b.children, b.buffers),
+            (int.pivots, int.children, int.buffers)
+        );
     }
 
     #[test]
@@ -468,10 +556,18 @@ mod tests {
             });
             // Padding bytes are not covered by any checksum and are never read.
             let in_padding = {
-                let NodeBody::Leaf(leaf) = &node.body else { unreachable!() };
-                let meta_end = HEADER_BYTES + decode_header(&img.buf, img.crc, 9, &node.prefix).unwrap().meta_len as usize;
+                let NodeBody::Leaf(leaf) = &node.body else {
+                    unreachable!()
+                };
+                let meta_end = HEADER_BYTES
+                    + decode_header(&img.buf, img.crc, 9, &node.prefix)
+                        .unwrap()
+                        .meta_len as usize;
                 let covered = at < meta_end
-                    || img.basement_locs.iter().any(|l| (l.offset as usize..(l.offset + l.len) as usize).contains(&at));
+                    || img
+                        .basement_locs
+                        .iter()
+                        .any(|l| (l.offset as usize..(l.offset + l.len) as usize).contains(&at));
                 let _ = leaf;
                 !covered
             };

@@ -49,7 +49,9 @@ impl MergeRegistry {
     /// Registers a user function under an id of 128 or more.
     pub fn register(&mut self, id: u8, f: Arc<MergeFn>) -> Result<(), String> {
         if id < 128 {
-            return Err(format!("merge function ids below 128 are reserved (got {id})"));
+            return Err(format!(
+                "merge function ids below 128 are reserved (got {id})"
+            ));
         }
         self.functions.insert(id, f);
         Ok(())
@@ -168,7 +170,9 @@ mod tests {
         let r = MergeRegistry::default();
         let v = r.apply(MERGE_PATCH, None, &patch_arg(3, b"ab")).unwrap();
         assert_eq!(v, b"\0\0\0ab");
-        let v = r.apply(MERGE_PATCH, Some(b"xyzxyz"), &patch_arg(1, b"Q")).unwrap();
+        let v = r
+            .apply(MERGE_PATCH, Some(b"xyzxyz"), &patch_arg(1, b"Q"))
+            .unwrap();
         assert_eq!(v, b"xQzxyz");
     }
 
@@ -176,12 +180,20 @@ mod tests {
     fn record_updates() {
         let r = MergeRegistry::default();
         let v = r
-            .apply(MERGE_RECORD, None, &record_arg(&[RecordOp::Set(2, 7), RecordOp::Add(0, 5)]))
+            .apply(
+                MERGE_RECORD,
+                None,
+                &record_arg(&[RecordOp::Set(2, 7), RecordOp::Add(0, 5)]),
+            )
             .unwrap();
         assert_eq!(v.len(), 24);
         assert_eq!((record_slot(&v, 0), record_slot(&v, 2)), (5, 7));
         let v = r
-            .apply(MERGE_RECORD, Some(&v), &record_arg(&[RecordOp::Max(2, 3), RecordOp::Sub(0, 9)]))
+            .apply(
+                MERGE_RECORD,
+                Some(&v),
+                &record_arg(&[RecordOp::Max(2, 3), RecordOp::Sub(0, 9)]),
+            )
             .unwrap();
         assert_eq!((record_slot(&v, 0), record_slot(&v, 2)), (0, 7));
         assert!(r.apply(99, None, b"").is_none());

@@ -39,12 +39,24 @@ impl KeySpace {
 /// One change to one key space.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Message {
-    Put { key: Vec<u8>, value: Vec<u8> },
-    Delete { key: Vec<u8> },
+    Put {
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    Delete {
+        key: Vec<u8>,
+    },
     /// Blind read-modify-write with merge function `func` (see [`crate::merge`]).
-    Upsert { key: Vec<u8>, func: u8, arg: Vec<u8> },
+    Upsert {
+        key: Vec<u8>,
+        func: u8,
+        arg: Vec<u8>,
+    },
     /// Deletes every key in [start, end).
-    RangeDelete { start: Vec<u8>, end: Vec<u8> },
+    RangeDelete {
+        start: Vec<u8>,
+        end: Vec<u8>,
+    },
 }
 
 const TAG_PUT: u8 = 1;
@@ -82,16 +94,35 @@ impl WriteBatch {
         Self::default()
     }
     pub fn put(&mut self, ks: KeySpace, key: &[u8], value: &[u8]) -> &mut Self {
-        self.push(ks, Message::Put { key: key.to_vec(), value: value.to_vec() })
+        self.push(
+            ks,
+            Message::Put {
+                key: key.to_vec(),
+                value: value.to_vec(),
+            },
+        )
     }
     pub fn delete(&mut self, ks: KeySpace, key: &[u8]) -> &mut Self {
         self.push(ks, Message::Delete { key: key.to_vec() })
     }
     pub fn upsert(&mut self, ks: KeySpace, key: &[u8], func: u8, arg: &[u8]) -> &mut Self {
-        self.push(ks, Message::Upsert { key: key.to_vec(), func, arg: arg.to_vec() })
+        self.push(
+            ks,
+            Message::Upsert {
+                key: key.to_vec(),
+                func,
+                arg: arg.to_vec(),
+            },
+        )
     }
     pub fn range_delete(&mut self, ks: KeySpace, start: &[u8], end: &[u8]) -> &mut Self {
-        self.push(ks, Message::RangeDelete { start: start.to_vec(), end: end.to_vec() })
+        self.push(
+            ks,
+            Message::RangeDelete {
+                start: start.to_vec(),
+                end: end.to_vec(),
+            },
+        )
     }
     pub fn push(&mut self, ks: KeySpace, message: Message) -> &mut Self {
         self.messages.push((ks, message));
@@ -112,7 +143,11 @@ impl WriteBatch {
     /// put = key, value; delete = key; upsert = key, u8 func, arg;
     /// range delete = start, end (each a varint length and bytes).
     pub fn encode(&self) -> Vec<u8> {
-        let size: usize = self.messages.iter().map(|(_, m)| m.user_bytes() as usize + 12).sum();
+        let size: usize = self
+            .messages
+            .iter()
+            .map(|(_, m)| m.user_bytes() as usize + 12)
+            .sum();
         let mut e = Encoder::with_capacity(size + 4);
         e.varint(self.messages.len() as u64);
         for (ks, m) in &self.messages {
@@ -155,8 +190,13 @@ impl WriteBatch {
             let ks = KeySpace::from_index(ks_raw)
                 .ok_or_else(|| DecodeError(format!("unknown key space {ks_raw}")))?;
             let m = match d.u8()? {
-                TAG_PUT => Message::Put { key: d.bytes()?.to_vec(), value: d.bytes()?.to_vec() },
-                TAG_DELETE => Message::Delete { key: d.bytes()?.to_vec() },
+                TAG_PUT => Message::Put {
+                    key: d.bytes()?.to_vec(),
+                    value: d.bytes()?.to_vec(),
+                },
+                TAG_DELETE => Message::Delete {
+                    key: d.bytes()?.to_vec(),
+                },
                 TAG_UPSERT => Message::Upsert {
                     key: d.bytes()?.to_vec(),
                     func: d.u8()?,
@@ -171,7 +211,10 @@ impl WriteBatch {
             messages.push((ks, m));
         }
         if !d.is_empty() {
-            return Err(DecodeError(format!("{} trailing bytes after batch", d.remaining())));
+            return Err(DecodeError(format!(
+                "{} trailing bytes after batch",
+                d.remaining()
+            )));
         }
         Ok(WriteBatch { messages })
     }

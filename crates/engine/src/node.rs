@@ -15,7 +15,7 @@ pub fn entry_bytes(key: &[u8], value: &[u8]) -> usize {
 
 /// Rough heap overhead per stored entry or message (allocation headers,
 /// map nodes), so the cache budget tracks real memory.
-const ENTRY_MEM_OVERHEAD: usize = 64;
+const ENTRY_MEM_OVERHEAD: usize = 112;
 
 /// The key range a node covers: [lo, hi), `hi == None` meaning unbounded.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -35,7 +35,12 @@ impl Bounds {
         match &self.hi {
             None => Vec::new(),
             Some(hi) => {
-                let n = self.lo.iter().zip(hi.iter()).take_while(|(a, b)| a == b).count();
+                let n = self
+                    .lo
+                    .iter()
+                    .zip(hi.iter())
+                    .take_while(|(a, b)| a == b)
+                    .count();
                 self.lo[..n].to_vec()
             }
         }
@@ -68,7 +73,12 @@ pub struct Basement {
 impl Basement {
     pub fn from_entries(entries: Vec<(Vec<u8>, Vec<u8>)>) -> Basement {
         let bytes = entries.iter().map(|(k, v)| entry_bytes(k, v)).sum();
-        Basement { count: entries.len(), entries: Some(entries), loc: None, bytes }
+        Basement {
+            count: entries.len(),
+            entries: Some(entries),
+            loc: None,
+            bytes,
+        }
     }
 }
 
@@ -81,7 +91,10 @@ pub struct Leaf {
 
 impl Default for Leaf {
     fn default() -> Self {
-        Leaf { pivots: Vec::new(), basements: vec![Basement::from_entries(Vec::new())] }
+        Leaf {
+            pivots: Vec::new(),
+            basements: vec![Basement::from_entries(Vec::new())],
+        }
     }
 }
 
@@ -126,7 +139,11 @@ impl Leaf {
 
     /// Applies a flushed buffer. Requires every basement loaded. Returns
     /// `Err(id)` for an unknown merge function.
-    pub fn apply_buffer(&mut self, buffer: MessageBuffer, merges: &MergeRegistry) -> Result<(), u8> {
+    pub fn apply_buffer(
+        &mut self,
+        buffer: MessageBuffer,
+        merges: &MergeRegistry,
+    ) -> Result<(), u8> {
         debug_assert!(self.is_fully_loaded());
         let (ranges, points) = buffer.into_parts();
         for (start, r) in ranges {
@@ -147,7 +164,9 @@ impl Leaf {
         for (key, msg) in points {
             let bi = self.basement_for(&key);
             let b = &mut self.basements[bi];
-            let Some(entries) = b.entries.as_mut() else { continue };
+            let Some(entries) = b.entries.as_mut() else {
+                continue;
+            };
             b.loc = None;
             let found = entries.binary_search_by(|(k, _)| k.as_slice().cmp(&key));
             let old = found.ok().map(|i| entries[i].1.as_slice());
@@ -177,7 +196,10 @@ impl Leaf {
     /// Re-chunks basements so each holds about `basement_size` bytes.
     pub fn rebalance_basements(&mut self, basement_size: usize) {
         debug_assert!(self.is_fully_loaded());
-        let needs = self.basements.iter().any(|b| b.bytes > 2 * basement_size || b.count == 0)
+        let needs = self
+            .basements
+            .iter()
+            .any(|b| b.bytes > 2 * basement_size || b.count == 0)
             && !(self.basements.len() == 1 && self.basements[0].count == 0);
         if !needs {
             return;
@@ -197,14 +219,18 @@ impl Leaf {
 
     /// A fully loaded leaf chunked into basements of about `basement_size`.
     pub fn from_sorted(entries: Vec<(Vec<u8>, Vec<u8>)>, basement_size: usize) -> Leaf {
-        let mut leaf = Leaf { pivots: Vec::new(), basements: Vec::new() };
+        let mut leaf = Leaf {
+            pivots: Vec::new(),
+            basements: Vec::new(),
+        };
         let mut current = Vec::new();
         let mut bytes = 0;
         for (k, v) in entries {
             let eb = entry_bytes(&k, &v);
             if bytes + eb > basement_size && !current.is_empty() {
                 leaf.pivots.push(k.clone());
-                leaf.basements.push(Basement::from_entries(std::mem::take(&mut current)));
+                leaf.basements
+                    .push(Basement::from_entries(std::mem::take(&mut current)));
                 bytes = 0;
             }
             bytes += eb;
@@ -232,8 +258,16 @@ impl Interior {
 
     pub fn child_bounds(&self, i: usize, own: &Bounds) -> Bounds {
         Bounds {
-            lo: if i == 0 { own.lo.clone() } else { self.pivots[i - 1].clone() },
-            hi: if i == self.pivots.len() { own.hi.clone() } else { Some(self.pivots[i].clone()) },
+            lo: if i == 0 {
+                own.lo.clone()
+            } else {
+                self.pivots[i - 1].clone()
+            },
+            hi: if i == self.pivots.len() {
+                own.hi.clone()
+            } else {
+                Some(self.pivots[i].clone())
+            },
         }
     }
 
@@ -242,7 +276,10 @@ impl Interior {
     }
 
     pub fn mem_bytes(&self) -> usize {
-        self.buffers.iter().map(|b| b.bytes() + b.message_count() * ENTRY_MEM_OVERHEAD).sum::<usize>()
+        self.buffers
+            .iter()
+            .map(|b| b.bytes() + b.message_count() * ENTRY_MEM_OVERHEAD)
+            .sum::<usize>()
             + self.pivots.iter().map(|p| p.len() + 32).sum::<usize>()
             + self.children.len() * 16
             + 128
@@ -250,7 +287,13 @@ impl Interior {
 
     /// Puts a message into the buffer(s) of the child(ren) it concerns,
     /// clamping range deletes to each child's range. Returns messages eaten.
-    pub fn insert_range_delete(&mut self, start: &[u8], end: &[u8], seq: u64, own: &Bounds) -> usize {
+    pub fn insert_range_delete(
+        &mut self,
+        start: &[u8],
+        end: &[u8],
+        seq: u64,
+        own: &Bounds,
+    ) -> usize {
         if start >= end {
             return 0;
         }
@@ -278,7 +321,12 @@ impl Interior {
 
     /// Distributes a batch flushed from the parent into our children's
     /// buffers. Returns messages eaten.
-    pub fn absorb_batch(&mut self, batch: MessageBuffer, own: &Bounds, merges: &MergeRegistry) -> usize {
+    pub fn absorb_batch(
+        &mut self,
+        batch: MessageBuffer,
+        own: &Bounds,
+        merges: &MergeRegistry,
+    ) -> usize {
         let (ranges, points) = batch.into_parts();
         let mut eaten = 0;
         for (start, r) in ranges {
@@ -328,7 +376,9 @@ impl Node {
     pub fn content_bytes(&self) -> usize {
         match &self.body {
             NodeBody::Leaf(l) => l.bytes(),
-            NodeBody::Interior(i) => i.buffer_bytes() + i.pivots.iter().map(|p| p.len() + 12).sum::<usize>(),
+            NodeBody::Interior(i) => {
+                i.buffer_bytes() + i.pivots.iter().map(|p| p.len() + 12).sum::<usize>()
+            }
         }
     }
 }
@@ -339,7 +389,10 @@ mod tests {
 
     #[test]
     fn lifted_prefix_of_bounds() {
-        let b = Bounds { lo: b"a\x01b\x00c".to_vec(), hi: Some(b"a\x01b\x00q".to_vec()) };
+        let b = Bounds {
+            lo: b"a\x01b\x00c".to_vec(),
+            hi: Some(b"a\x01b\x00q".to_vec()),
+        };
         assert_eq!(b.lifted_prefix(), b"a\x01b\x00");
         assert!(b.contains(b"a\x01b\x00d"));
         assert!(!b.contains(b"a\x01b\x00q"));
@@ -352,14 +405,22 @@ mod tests {
         let mut leaf = Leaf::default();
         let mut buf = MessageBuffer::default();
         for i in 0..100u32 {
-            buf.insert_point(i.to_be_bytes().to_vec(), PointMsg::put(1, vec![7; 100]), &merges);
+            buf.insert_point(
+                i.to_be_bytes().to_vec(),
+                PointMsg::put(1, vec![7; 100]),
+                &merges,
+            );
         }
         leaf.apply_buffer(buf, &merges).unwrap();
         leaf.rebalance_basements(1000);
         assert!(leaf.basements.len() > 5);
         assert_eq!(leaf.entry_count(), 100);
         let mut del = MessageBuffer::default();
-        del.insert_range_delete(10u32.to_be_bytes().to_vec(), 90u32.to_be_bytes().to_vec(), 2);
+        del.insert_range_delete(
+            10u32.to_be_bytes().to_vec(),
+            90u32.to_be_bytes().to_vec(),
+            2,
+        );
         leaf.apply_buffer(del, &merges).unwrap();
         leaf.rebalance_basements(1000);
         assert_eq!(leaf.entry_count(), 20);

@@ -14,7 +14,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use betreefs_store::{replay_log, AlignedBuf, Device, FileDevice, Layout, LogWriter, StoreError, Superblock, BLOCK_SIZE};
+use betreefs_store::{
+    replay_log, AlignedBuf, Device, FileDevice, Layout, LogWriter, StoreError, Superblock,
+    BLOCK_SIZE,
+};
 
 use crate::error::{EngineError, EngineResult};
 use crate::merge::MergeRegistry;
@@ -60,16 +63,25 @@ impl Options {
     fn validate(&self) -> EngineResult<()> {
         let bad = |s: String| Err(EngineError::InvalidOption(s));
         if !(16 << 10..=64 << 20).contains(&self.node_size) {
-            return bad(format!("node_size {} must be within [16 KiB, 64 MiB]", self.node_size));
+            return bad(format!(
+                "node_size {} must be within [16 KiB, 64 MiB]",
+                self.node_size
+            ));
         }
         if self.basement_size < 1024 || self.basement_size > self.node_size {
-            return bad(format!("basement_size {} must be within [1 KiB, node_size]", self.basement_size));
+            return bad(format!(
+                "basement_size {} must be within [1 KiB, node_size]",
+                self.basement_size
+            ));
         }
         if !(4..=1024).contains(&self.fanout) {
             return bad(format!("fanout {} must be within [4, 1024]", self.fanout));
         }
         if self.cache_bytes < 4 * self.node_size {
-            return bad(format!("cache_bytes {} must hold at least four nodes", self.cache_bytes));
+            return bad(format!(
+                "cache_bytes {} must hold at least four nodes",
+                self.cache_bytes
+            ));
         }
         Ok(())
     }
@@ -119,9 +131,14 @@ impl Store {
     /// block device) and opens the empty store.
     pub fn create(path: &Path, size: u64, options: Options) -> EngineResult<Store> {
         use std::os::unix::fs::FileTypeExt;
-        let is_block_device = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
-        let device = if is_block_device { FileDevice::open(path) } else { FileDevice::create_file(path, size) }
-            .map_err(|e| StoreError::io("creating image", e))?;
+        let is_block_device =
+            std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+        let device = if is_block_device {
+            FileDevice::open(path)
+        } else {
+            FileDevice::create_file(path, size)
+        }
+        .map_err(|e| StoreError::io("creating image", e))?;
         Self::create_on(Arc::new(device), options)
     }
 
@@ -147,8 +164,20 @@ impl Store {
             .map_err(|e| StoreError::io("wiping superblocks", e))?;
         let stats = Arc::new(Stats::default());
         let merges = Arc::new(options.merges.clone());
-        let tree = Tree::create(device.clone(), layout, options.tree_options(), merges.clone(), stats.clone());
-        let log = LogWriter::new(device.clone(), layout.log_offset, layout.log_bytes, fresh_epoch(), 0)?;
+        let tree = Tree::create(
+            device.clone(),
+            layout,
+            options.tree_options(),
+            merges.clone(),
+            stats.clone(),
+        );
+        let log = LogWriter::new(
+            device.clone(),
+            layout.log_offset,
+            layout.log_bytes,
+            fresh_epoch(),
+            0,
+        )?;
         let store = Self::assemble(device, tree, log, stats, merges, options);
         store.checkpoint()?;
         Ok(store)
@@ -160,7 +189,13 @@ impl Store {
         let sb = Superblock::read_newest(device.as_ref())?;
         let stats = Arc::new(Stats::default());
         let merges = Arc::new(options.merges.clone());
-        let mut tree = Tree::open(device.clone(), &sb, options.tree_options(), merges.clone(), stats.clone())?;
+        let mut tree = Tree::open(
+            device.clone(),
+            &sb,
+            options.tree_options(),
+            merges.clone(),
+            stats.clone(),
+        )?;
         let layout = sb.layout;
         let mut replay_error: Option<EngineError> = None;
         let replayed = replay_log(
@@ -199,13 +234,26 @@ impl Store {
         // A new epoch: records of the crashed run that lie beyond the end
         // of replay must never be mistaken for new ones.
         let epoch = sb.log_epoch.wrapping_add(1).max(1);
-        let log = LogWriter::new(device.clone(), layout.log_offset, layout.log_bytes, epoch, end.end_pos)?;
+        let log = LogWriter::new(
+            device.clone(),
+            layout.log_offset,
+            layout.log_bytes,
+            epoch,
+            end.end_pos,
+        )?;
         let store = Self::assemble(device, tree, log, stats, merges, options);
         store.checkpoint()?;
         Ok(store)
     }
 
-    fn assemble(device: Arc<dyn Device>, tree: Tree, log: LogWriter, stats: Arc<Stats>, merges: Arc<MergeRegistry>, options: Options) -> Store {
+    fn assemble(
+        device: Arc<dyn Device>,
+        tree: Tree,
+        log: LogWriter,
+        stats: Arc<Stats>,
+        merges: Arc<MergeRegistry>,
+        options: Options,
+    ) -> Store {
         drop(device);
         let inner = Arc::new(Inner {
             tree: Mutex::new(tree),
@@ -217,7 +265,8 @@ impl Store {
             wake: Condvar::new(),
             options,
         });
-        let needs_worker = inner.options.log_flush_interval.is_some() || inner.options.checkpoint_interval.is_some();
+        let needs_worker = inner.options.log_flush_interval.is_some()
+            || inner.options.checkpoint_interval.is_some();
         let worker = needs_worker.then(|| {
             let inner = inner.clone();
             std::thread::Builder::new()
@@ -227,7 +276,9 @@ impl Store {
         let worker = match worker {
             Some(Ok(handle)) => Some(handle),
             Some(Err(e)) => {
-                tracing::error!("could not start the background flusher: {e}; relying on explicit syncs");
+                tracing::error!(
+                    "could not start the background flusher: {e}; relying on explicit syncs"
+                );
                 None
             }
             None => None,
@@ -282,7 +333,10 @@ impl Store {
     /// Makes every write that returned before this call durable.
     pub fn sync(&self) -> EngineResult<()> {
         self.inner.check_failed()?;
-        self.inner.log.flush().map_err(|e| self.inner.poison(e.into()))
+        self.inner
+            .log
+            .flush()
+            .map_err(|e| self.inner.poison(e.into()))
     }
 
     /// Writes a checkpoint now; the log before it becomes reusable.
@@ -426,7 +480,9 @@ impl Inner {
         add(&self.stats.user_messages, batch.len() as u64);
         match tree.evict_if_needed() {
             Ok(()) => {}
-            Err(e) if e.is_no_space() => tracing::warn!("cache over budget: no space to write back dirty nodes"),
+            Err(e) if e.is_no_space() => {
+                tracing::warn!("cache over budget: no space to write back dirty nodes")
+            }
             Err(e) => return Err(self.poison(e)),
         }
         let wants_checkpoint = self.log.used() > self.log.capacity() / 2;
@@ -462,7 +518,8 @@ impl Inner {
 
     fn checkpoint_locked(&self, tree: &mut Tree) -> EngineResult<()> {
         let head = self.log.append_pos();
-        tree.write_checkpoint(head, self.log.epoch()).map_err(|e| self.poison(e))?;
+        tree.write_checkpoint(head, self.log.epoch())
+            .map_err(|e| self.poison(e))?;
         self.log.set_head(head);
         Ok(())
     }
@@ -491,7 +548,11 @@ impl Inner {
             let checkpoint_wanted = {
                 let mut state = self.lock_background();
                 if !state.shutdown && !state.checkpoint_wanted {
-                    state = self.wake.wait_timeout(state, tick).map(|(s, _)| s).unwrap_or_else(|e| e.into_inner().0);
+                    state = self
+                        .wake
+                        .wait_timeout(state, tick)
+                        .map(|(s, _)| s)
+                        .unwrap_or_else(|e| e.into_inner().0);
                 }
                 if state.shutdown {
                     return;
@@ -512,7 +573,10 @@ impl Inner {
                     last_flush = Instant::now();
                 }
             }
-            let due = self.options.checkpoint_interval.is_some_and(|i| last_checkpoint.elapsed() >= i);
+            let due = self
+                .options
+                .checkpoint_interval
+                .is_some_and(|i| last_checkpoint.elapsed() >= i);
             if checkpoint_wanted || due {
                 if let Err(e) = self.checkpoint() {
                     tracing::error!("background checkpoint failed: {e}");

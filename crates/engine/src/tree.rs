@@ -10,13 +10,17 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::Arc;
 
-use betreefs_store::{crc32c_of, AlignedBuf, BlockAllocator, Device, Extent, Layout, Superblock, BLOCK_SIZE};
+use betreefs_store::{
+    crc32c_of, AlignedBuf, BlockAllocator, Device, Extent, Layout, Superblock, BLOCK_SIZE,
+};
 
 use crate::btt::{BlockTable, Slot};
 use crate::buffer::{MessageBuffer, PointMsg, RangeDel};
 use crate::codec::DecodeError;
 use crate::error::{EngineError, EngineResult};
-use crate::format::{decode_basement, decode_header, decode_meta, encode_node, meta_end, HEADER_BYTES};
+use crate::format::{
+    decode_basement, decode_header, decode_meta, encode_node, meta_end, HEADER_BYTES,
+};
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, WriteBatch, KEY_SPACES};
 use crate::node::{Bounds, Interior, Leaf, Node, NodeBody};
@@ -64,7 +68,9 @@ fn point_msg(seq: u64, msg: &Message) -> Option<(Vec<u8>, PointMsg)> {
     match msg {
         Message::Put { key, value } => Some((key.clone(), PointMsg::put(seq, value.clone()))),
         Message::Delete { key } => Some((key.clone(), PointMsg::delete(seq))),
-        Message::Upsert { key, func, arg } => Some((key.clone(), PointMsg::upsert(seq, *func, arg.clone()))),
+        Message::Upsert { key, func, arg } => {
+            Some((key.clone(), PointMsg::upsert(seq, *func, arg.clone())))
+        }
         Message::RangeDelete { .. } => None,
     }
 }
@@ -95,11 +101,17 @@ fn restricted(buffer: &MessageBuffer, lo: &[u8], hi: Option<&[u8]>) -> MessageBu
             out.push_decoded_range(lo.to_vec(), RangeDel { end, seq: r.seq });
         }
     }
-    for (start, r) in buffer.ranges().range::<[u8], _>((Bound::Included(lo), upper)) {
+    for (start, r) in buffer
+        .ranges()
+        .range::<[u8], _>((Bound::Included(lo), upper))
+    {
         let end = min_end(Some(&r.end), hi).unwrap_or(&r.end).to_vec();
         out.push_decoded_range(start.clone(), RangeDel { end, seq: r.seq });
     }
-    for (k, m) in buffer.points().range::<[u8], _>((Bound::Included(lo), upper)) {
+    for (k, m) in buffer
+        .points()
+        .range::<[u8], _>((Bound::Included(lo), upper))
+    {
         out.push_decoded_point(k.clone(), m.clone());
     }
     out
@@ -129,7 +141,13 @@ pub(crate) struct Tree {
 
 impl Tree {
     /// A new, empty pair of trees (one leaf root each), all dirty.
-    pub fn create(device: Arc<dyn Device>, layout: Layout, opts: TreeOptions, merges: Arc<MergeRegistry>, stats: Arc<Stats>) -> Tree {
+    pub fn create(
+        device: Arc<dyn Device>,
+        layout: Layout,
+        opts: TreeOptions,
+        merges: Arc<MergeRegistry>,
+        stats: Arc<Stats>,
+    ) -> Tree {
         let mut tree = Tree {
             alloc: BlockAllocator::new(layout.node_blocks()),
             opts,
@@ -155,7 +173,13 @@ impl Tree {
     }
 
     /// The trees as of a durable checkpoint.
-    pub fn open(device: Arc<dyn Device>, sb: &Superblock, opts: TreeOptions, merges: Arc<MergeRegistry>, stats: Arc<Stats>) -> EngineResult<Tree> {
+    pub fn open(
+        device: Arc<dyn Device>,
+        sb: &Superblock,
+        opts: TreeOptions,
+        merges: Arc<MergeRegistry>,
+        stats: Arc<Stats>,
+    ) -> EngineResult<Tree> {
         let layout = sb.layout;
         let mut buf = AlignedBuf::zeroed(sb.btt.len as usize);
         device
@@ -168,18 +192,28 @@ impl Tree {
         let btt = BlockTable::decode(bytes).map_err(|e| EngineError::CorruptBlockTable(e.0))?;
         let mut alloc = BlockAllocator::new(layout.node_blocks());
         if !alloc.mark_loaded(sb.btt) {
-            return Err(EngineError::CorruptBlockTable("table extent outside the node region".into()));
+            return Err(EngineError::CorruptBlockTable(
+                "table extent outside the node region".into(),
+            ));
         }
         for (num, extent) in btt.extents() {
             if !alloc.mark_loaded(extent) {
-                return Err(EngineError::CorruptBlockTable(format!("node {num} at {extent:?} overlaps another or lies outside the region")));
+                return Err(EngineError::CorruptBlockTable(format!(
+                    "node {num} at {extent:?} overlaps another or lies outside the region"
+                )));
             }
         }
         let mut roots = [0; KEY_SPACES];
         for ks in KeySpace::ALL {
-            let root = *sb.roots.get(ks.index()).ok_or_else(|| EngineError::CorruptBlockTable("missing root".into()))?;
+            let root = *sb
+                .roots
+                .get(ks.index())
+                .ok_or_else(|| EngineError::CorruptBlockTable("missing root".into()))?;
             if !matches!(btt.get(root), Slot::OnDisk { .. }) {
-                return Err(EngineError::CorruptBlockTable(format!("root {root} of tree {} is not a written node", ks.index())));
+                return Err(EngineError::CorruptBlockTable(format!(
+                    "root {root} of tree {} is not a written node",
+                    ks.index()
+                )));
             }
             roots[ks.index()] = root;
         }
@@ -212,7 +246,10 @@ impl Tree {
     }
 
     pub fn heights(&self) -> Vec<u32> {
-        self.roots.iter().map(|r| self.cache.get(r).map_or(0, |n| n.height())).collect()
+        self.roots
+            .iter()
+            .map(|r| self.cache.get(r).map_or(0, |n| n.height()))
+            .collect()
     }
 
     // ---- cache bookkeeping -------------------------------------------------
@@ -238,7 +275,16 @@ impl Tree {
 
     fn new_node(&mut self, ks: KeySpace, body: NodeBody, prefix: Vec<u8>) -> u64 {
         let num = self.btt.allocate();
-        self.put(num, Node { body, prefix, tree: ks as u8, dirty: true, last_used: 0 });
+        self.put(
+            num,
+            Node {
+                body,
+                prefix,
+                tree: ks as u8,
+                dirty: true,
+                last_used: 0,
+            },
+        );
         num
     }
 
@@ -281,10 +327,20 @@ impl Tree {
     // ---- reading nodes ----------------------------------------------------
 
     fn corrupt(ks: KeySpace, num: u64, reason: impl Into<String>) -> EngineError {
-        EngineError::CorruptNode { tree: ks as u8, num, reason: reason.into() }
+        EngineError::CorruptNode {
+            tree: ks as u8,
+            num,
+            reason: reason.into(),
+        }
     }
 
-    fn read_extent_bytes(&self, extent: Extent, offset: u64, len: usize, height: u32) -> EngineResult<AlignedBuf> {
+    fn read_extent_bytes(
+        &self,
+        extent: Extent,
+        offset: u64,
+        len: usize,
+        height: u32,
+    ) -> EngineResult<AlignedBuf> {
         let mut buf = AlignedBuf::zeroed(len);
         self.device
             .read_at(&mut buf, self.layout.extent_offset(extent) + offset)
@@ -295,7 +351,14 @@ impl Tree {
 
     /// Makes sure node `num` is cached with what `want` needs loaded, and
     /// (when known) that it sits at `height`.
-    fn load(&mut self, ks: KeySpace, num: u64, prefix: &[u8], want: Want<'_>, height: Option<u32>) -> EngineResult<()> {
+    fn load(
+        &mut self,
+        ks: KeySpace,
+        num: u64,
+        prefix: &[u8],
+        want: Want<'_>,
+        height: Option<u32>,
+    ) -> EngineResult<()> {
         if self.cache.contains_key(&num) {
             self.tick += 1;
             let tick = self.tick;
@@ -304,10 +367,17 @@ impl Tree {
                 &*n
             });
             let Some(node) = node else { unreachable!() };
-            debug_assert_eq!(node.prefix, prefix, "cached node {num} has a stale lifted prefix");
+            debug_assert_eq!(
+                node.prefix, prefix,
+                "cached node {num} has a stale lifted prefix"
+            );
             if let Some(h) = height {
                 if node.height() != h {
-                    return Err(Self::corrupt(ks, num, format!("at height {} where {h} was expected", node.height())));
+                    return Err(Self::corrupt(
+                        ks,
+                        num,
+                        format!("at height {} where {h} was expected", node.height()),
+                    ));
                 }
             }
             let missing = match &node.body {
@@ -330,29 +400,44 @@ impl Tree {
         };
         let bad = |e: DecodeError| Self::corrupt(ks, num, e.0);
         let whole = matches!(want, Want::Whole);
-        let first_len = if whole { extent.len as usize } else { (extent.len as usize).min(BLOCK_SIZE) };
+        let first_len = if whole {
+            extent.len as usize
+        } else {
+            (extent.len as usize).min(BLOCK_SIZE)
+        };
         let mut head = self.read_extent_bytes(extent, 0, first_len, height.unwrap_or(0))?;
         let header = decode_header(&head, crc, num, prefix).map_err(bad)?;
         if header.tree != ks as u8 {
-            return Err(Self::corrupt(ks, num, format!("belongs to tree {}", header.tree)));
+            return Err(Self::corrupt(
+                ks,
+                num,
+                format!("belongs to tree {}", header.tree),
+            ));
         }
         if header.total_len > extent.len {
             return Err(Self::corrupt(ks, num, "longer than its extent"));
         }
         if let Some(h) = height {
             if header.height != h {
-                return Err(Self::corrupt(ks, num, format!("at height {} where {h} was expected", header.height)));
+                return Err(Self::corrupt(
+                    ks,
+                    num,
+                    format!("at height {} where {h} was expected", header.height),
+                ));
             }
         }
         if meta_end(&header) > head.len() {
             head = self.read_extent_bytes(extent, 0, meta_end(&header), header.height)?;
         }
-        let mut node = decode_meta(&header, &head[HEADER_BYTES..meta_end(&header)], prefix).map_err(bad)?;
+        let mut node =
+            decode_meta(&header, &head[HEADER_BYTES..meta_end(&header)], prefix).map_err(bad)?;
         add(&self.stats.nodes_read, 1);
         let result = if let (true, NodeBody::Leaf(leaf)) = (whole, &mut node.body) {
             // The whole extent is in memory already: decode every basement from it.
             leaf.basements.iter_mut().try_for_each(|b| {
-                let Some(loc) = b.loc else { return Err(Self::corrupt(ks, num, "basement without location")) };
+                let Some(loc) = b.loc else {
+                    return Err(Self::corrupt(ks, num, "basement without location"));
+                };
                 let bytes = head
                     .get(loc.offset as usize..(loc.offset + loc.len) as usize)
                     .ok_or_else(|| Self::corrupt(ks, num, "basement beyond node"))?;
@@ -371,19 +456,34 @@ impl Tree {
         let (first, last) = match want {
             Want::Whole => (0, leaf.basements.len() - 1),
             Want::Key(k) => (leaf.basement_for(k), leaf.basement_for(k)),
-            Want::Range(s, e) => (leaf.basement_for(s), e.map_or(leaf.basements.len() - 1, |e| leaf.basement_for(e))),
+            Want::Range(s, e) => (
+                leaf.basement_for(s),
+                e.map_or(leaf.basements.len() - 1, |e| leaf.basement_for(e)),
+            ),
         };
-        (first..=last).filter(|&i| leaf.basements[i].entries.is_none()).collect()
+        (first..=last)
+            .filter(|&i| leaf.basements[i].entries.is_none())
+            .collect()
     }
 
-    fn read_basements(&self, ks: KeySpace, num: u64, node: &mut Node, want: Want<'_>) -> EngineResult<()> {
-        let NodeBody::Leaf(leaf) = &mut node.body else { return Ok(()) };
+    fn read_basements(
+        &self,
+        ks: KeySpace,
+        num: u64,
+        node: &mut Node,
+        want: Want<'_>,
+    ) -> EngineResult<()> {
+        let NodeBody::Leaf(leaf) = &mut node.body else {
+            return Ok(());
+        };
         let Slot::OnDisk { extent, .. } = self.btt.get(num) else {
             return Err(Self::corrupt(ks, num, "partly loaded leaf has no extent"));
         };
         for i in Self::basements_wanted(leaf, want) {
             let b = &mut leaf.basements[i];
-            let Some(loc) = b.loc else { return Err(Self::corrupt(ks, num, "basement without location")) };
+            let Some(loc) = b.loc else {
+                return Err(Self::corrupt(ks, num, "basement without location"));
+            };
             let buf = self.read_extent_bytes(extent, loc.offset as u64, loc.len as usize, 0)?;
             let entries = decode_basement(&buf[..loc.len as usize], &loc, b.count, &node.prefix)
                 .map_err(|e| Self::corrupt(ks, num, e.0))?;
@@ -427,21 +527,34 @@ impl Tree {
         };
         let mut value = base;
         for m in pending.iter().rev() {
-            value = m.apply(value.as_deref(), &self.merges).map_err(EngineError::UnknownMergeFunction)?;
+            value = m
+                .apply(value.as_deref(), &self.merges)
+                .map_err(EngineError::UnknownMergeFunction)?;
         }
         Ok(value)
     }
 
     /// Scans [start, end) within the leaf holding `start`: returns its pairs
     /// and where the next leaf begins (if still before `end`).
-    pub fn scan_leaf(&mut self, ks: KeySpace, start: &[u8], end: Option<&[u8]>) -> EngineResult<ScanChunk> {
+    pub fn scan_leaf(
+        &mut self,
+        ks: KeySpace,
+        start: &[u8],
+        end: Option<&[u8]>,
+    ) -> EngineResult<ScanChunk> {
         let mut levels: Vec<MessageBuffer> = Vec::new();
         let mut num = self.roots[ks.index()];
         let mut bounds = Bounds::full();
         let mut height = None;
         loop {
             let hi = min_end(end, bounds.hi.as_deref()).map(|h| h.to_vec());
-            self.load(ks, num, &bounds.lifted_prefix(), Want::Range(start, hi.as_deref()), height)?;
+            self.load(
+                ks,
+                num,
+                &bounds.lifted_prefix(),
+                Want::Range(start, hi.as_deref()),
+                height,
+            )?;
             match &self.node(num).body {
                 NodeBody::Interior(int) => {
                     let i = int.child_index(start);
@@ -525,7 +638,9 @@ impl Tree {
         let result = match &mut node.body {
             NodeBody::Interior(int) => {
                 let eaten = match (msg, point_msg(seq, msg)) {
-                    (Message::RangeDelete { start, end }, _) => int.insert_range_delete(start, end, seq, &Bounds::full()),
+                    (Message::RangeDelete { start, end }, _) => {
+                        int.insert_range_delete(start, end, seq, &Bounds::full())
+                    }
                     (_, Some((key, m))) => int.insert_point(key, m, &merges),
                     (_, None) => 0,
                 };
@@ -560,7 +675,12 @@ impl Tree {
         let splits = self.settle(ks, root, &Bounds::full())?;
         if !splits.is_empty() {
             let height = self.node(root).height() + 1;
-            let mut int = Interior { height, pivots: Vec::new(), children: vec![root], buffers: vec![MessageBuffer::default()] };
+            let mut int = Interior {
+                height,
+                pivots: Vec::new(),
+                children: vec![root],
+                buffers: vec![MessageBuffer::default()],
+            };
             for (pivot, num) in splits {
                 int.pivots.push(pivot);
                 int.children.push(num);
@@ -571,7 +691,9 @@ impl Tree {
         // A root with one child is only a detour: empty its buffer and drop it.
         loop {
             let root = self.roots[ks.index()];
-            let NodeBody::Interior(int) = &self.node(root).body else { break };
+            let NodeBody::Interior(int) = &self.node(root).body else {
+                break;
+            };
             if int.children.len() != 1 {
                 break;
             }
@@ -590,12 +712,13 @@ impl Tree {
     /// Flushes node `num` until its buffers fit, then splits it if it is too
     /// big. Returns the new right siblings for the parent to adopt.
     fn settle(&mut self, ks: KeySpace, num: u64, bounds: &Bounds) -> EngineResult<Splits> {
-        loop {
-            let NodeBody::Interior(int) = &self.node(num).body else { break };
+        while let NodeBody::Interior(int) = &self.node(num).body {
             if int.buffer_bytes() <= self.opts.node_size {
                 break;
             }
-            let heaviest = (0..int.buffers.len()).max_by_key(|&i| int.buffers[i].bytes()).unwrap_or(0);
+            let heaviest = (0..int.buffers.len())
+                .max_by_key(|&i| int.buffers[i].bytes())
+                .unwrap_or(0);
             self.flush_child(ks, num, heaviest, bounds)?;
         }
         self.split_if_needed(ks, num, bounds)
@@ -603,7 +726,13 @@ impl Tree {
 
     /// Moves the buffer for child `i` of `parent` into the child, settles
     /// the child, adopts its splits and merges it if it became too small.
-    fn flush_child(&mut self, ks: KeySpace, parent: u64, i: usize, parent_bounds: &Bounds) -> EngineResult<()> {
+    fn flush_child(
+        &mut self,
+        ks: KeySpace,
+        parent: u64,
+        i: usize,
+        parent_bounds: &Bounds,
+    ) -> EngineResult<()> {
         let int = self.interior(parent);
         let child_bounds = int.child_bounds(i, parent_bounds);
         let child_height = int.height - 1;
@@ -663,12 +792,20 @@ impl Tree {
     }
 
     /// Every node number in a subtree; leaves are not read.
-    fn collect_subtree(&mut self, ks: KeySpace, num: u64, bounds: &Bounds, height: u32) -> EngineResult<Vec<u64>> {
+    fn collect_subtree(
+        &mut self,
+        ks: KeySpace,
+        num: u64,
+        bounds: &Bounds,
+        height: u32,
+    ) -> EngineResult<Vec<u64>> {
         let mut out = vec![num];
         if height > 0 {
             self.load(ks, num, &bounds.lifted_prefix(), Want::Whole, Some(height))?;
             let int = self.interior(num);
-            let kids: Vec<(u64, Bounds)> = (0..int.children.len()).map(|j| (int.children[j], int.child_bounds(j, bounds))).collect();
+            let kids: Vec<(u64, Bounds)> = (0..int.children.len())
+                .map(|j| (int.children[j], int.child_bounds(j, bounds)))
+                .collect();
             for (child, child_bounds) in kids {
                 out.extend(self.collect_subtree(ks, child, &child_bounds, height - 1)?);
             }
@@ -681,7 +818,12 @@ impl Tree {
     fn empty_subtree(&mut self, ks: KeySpace, height: u32, prefix: &[u8]) -> u64 {
         let mut num = self.new_node(ks, NodeBody::Leaf(Leaf::default()), prefix.to_vec());
         for h in 1..=height {
-            let int = Interior { height: h, pivots: Vec::new(), children: vec![num], buffers: vec![MessageBuffer::default()] };
+            let int = Interior {
+                height: h,
+                pivots: Vec::new(),
+                children: vec![num],
+                buffers: vec![MessageBuffer::default()],
+            };
             num = self.new_node(ks, NodeBody::Interior(int), prefix.to_vec());
         }
         num
@@ -696,23 +838,44 @@ impl Tree {
 
     /// Merges child `i` with a neighbour when it has become too small; the
     /// merged node splits again if it is now too big (a rebalance).
-    fn maybe_merge(&mut self, ks: KeySpace, parent: u64, i: usize, parent_bounds: &Bounds) -> EngineResult<()> {
+    fn maybe_merge(
+        &mut self,
+        ks: KeySpace,
+        parent: u64,
+        i: usize,
+        parent_bounds: &Bounds,
+    ) -> EngineResult<()> {
         let int = self.interior(parent);
         let len = int.children.len();
         if len < 2 || i >= len {
             return Ok(());
         }
-        let underfull = self.cache.get(&int.children[i]).is_some_and(|n| self.is_underfull(n));
+        let underfull = self
+            .cache
+            .get(&int.children[i])
+            .is_some_and(|n| self.is_underfull(n));
         if !underfull {
             return Ok(());
         }
         let (l, r) = if i + 1 < len { (i, i + 1) } else { (i - 1, i) };
         let (left_num, right_num) = (int.children[l], int.children[r]);
-        let (lb, rb) = (int.child_bounds(l, parent_bounds), int.child_bounds(r, parent_bounds));
+        let (lb, rb) = (
+            int.child_bounds(l, parent_bounds),
+            int.child_bounds(r, parent_bounds),
+        );
         let height = int.height - 1;
         self.load(ks, left_num, &lb.lifted_prefix(), Want::Whole, Some(height))?;
-        self.load(ks, right_num, &rb.lifted_prefix(), Want::Whole, Some(height))?;
-        let merged_bounds = Bounds { lo: lb.lo, hi: rb.hi };
+        self.load(
+            ks,
+            right_num,
+            &rb.lifted_prefix(),
+            Want::Whole,
+            Some(height),
+        )?;
+        let merged_bounds = Bounds {
+            lo: lb.lo,
+            hi: rb.hi,
+        };
         let mut left = self.take(left_num);
         let right = self.take(right_num);
         let separator = self.with_interior(parent, |int| {
@@ -760,7 +923,10 @@ impl Tree {
         match &mut node.body {
             NodeBody::Leaf(leaf) => {
                 let entries = leaf.take_entries();
-                let total: usize = entries.iter().map(|(k, v)| crate::node::entry_bytes(k, v)).sum();
+                let total: usize = entries
+                    .iter()
+                    .map(|(k, v)| crate::node::entry_bytes(k, v))
+                    .sum();
                 let target_piece = (self.opts.node_size * 3 / 4).max(1);
                 let k = total.div_ceil(target_piece).clamp(2, entries.len());
                 let per = total.div_ceil(k);
@@ -771,7 +937,10 @@ impl Tree {
                     let remaining_entries = n - idx;
                     let remaining_groups = k - groups.len();
                     let current_nonempty = groups.last().is_some_and(|g| !g.is_empty());
-                    if current_nonempty && remaining_groups > 0 && (acc >= per * groups.len() || remaining_entries <= remaining_groups) {
+                    if current_nonempty
+                        && remaining_groups > 0
+                        && (acc >= per * groups.len() || remaining_entries <= remaining_groups)
+                    {
                         groups.push(Vec::new());
                     }
                     acc += crate::node::entry_bytes(&key, &value);
@@ -784,10 +953,15 @@ impl Tree {
                 let mut prev_last = first.last().map(|(k, _)| k.clone()).unwrap_or_default();
                 *leaf = Leaf::from_sorted(first, self.opts.basement_size);
                 for g in groups {
-                    let Some((first_key, _)) = g.first() else { continue };
+                    let Some((first_key, _)) = g.first() else {
+                        continue;
+                    };
                     let sep = separator(&prev_last, first_key);
                     prev_last = g.last().map(|(k, _)| k.clone()).unwrap_or_default();
-                    pieces.push((sep, NodeBody::Leaf(Leaf::from_sorted(g, self.opts.basement_size))));
+                    pieces.push((
+                        sep,
+                        NodeBody::Leaf(Leaf::from_sorted(g, self.opts.basement_size)),
+                    ));
                 }
             }
             NodeBody::Interior(int) => {
@@ -812,13 +986,26 @@ impl Tree {
                 pieces.reverse();
             }
         }
-        let his: Vec<Option<Vec<u8>>> = pieces.iter().skip(1).map(|(p, _)| Some(p.clone())).chain([bounds.hi.clone()]).collect();
-        node.prefix = Bounds { lo: bounds.lo.clone(), hi: pieces.first().map(|(p, _)| p.clone()) }.lifted_prefix();
+        let his: Vec<Option<Vec<u8>>> = pieces
+            .iter()
+            .skip(1)
+            .map(|(p, _)| Some(p.clone()))
+            .chain([bounds.hi.clone()])
+            .collect();
+        node.prefix = Bounds {
+            lo: bounds.lo.clone(),
+            hi: pieces.first().map(|(p, _)| p.clone()),
+        }
+        .lifted_prefix();
         node.dirty = true;
         self.put(num, node);
         let mut splits = Vec::with_capacity(pieces.len());
         for ((sep, body), hi) in pieces.into_iter().zip(his) {
-            let prefix = Bounds { lo: sep.clone(), hi }.lifted_prefix();
+            let prefix = Bounds {
+                lo: sep.clone(),
+                hi,
+            }
+            .lifted_prefix();
             let new = self.new_node(ks, body, prefix);
             splits.push((sep, new));
         }
@@ -837,7 +1024,12 @@ impl Tree {
             if !splits.is_empty() {
                 // Reuse the root-growing path.
                 let height = self.node(root).height() + 1;
-                let mut int = Interior { height, pivots: Vec::new(), children: vec![root], buffers: vec![MessageBuffer::default()] };
+                let mut int = Interior {
+                    height,
+                    pivots: Vec::new(),
+                    children: vec![root],
+                    buffers: vec![MessageBuffer::default()],
+                };
                 for (pivot, num) in splits {
                     int.pivots.push(pivot);
                     int.children.push(num);
@@ -853,7 +1045,9 @@ impl Tree {
     fn flush_subtree(&mut self, ks: KeySpace, num: u64, bounds: &Bounds) -> EngineResult<()> {
         let mut i = 0;
         loop {
-            let NodeBody::Interior(int) = &self.node(num).body else { return Ok(()) };
+            let NodeBody::Interior(int) = &self.node(num).body else {
+                return Ok(());
+            };
             if i >= int.children.len() {
                 return Ok(());
             }
@@ -866,7 +1060,13 @@ impl Tree {
             let child_bounds = int.child_bounds(i_now, bounds);
             let height = int.height - 1;
             if height > 0 {
-                self.load(ks, child, &child_bounds.lifted_prefix(), Want::Whole, Some(height))?;
+                self.load(
+                    ks,
+                    child,
+                    &child_bounds.lifted_prefix(),
+                    Want::Whole,
+                    Some(height),
+                )?;
                 self.flush_subtree(ks, child, &child_bounds)?;
                 let splits = self.split_if_needed(ks, child, &child_bounds)?;
                 self.adopt_splits(num, i_now, splits);
@@ -882,19 +1082,28 @@ impl Tree {
         let node = self.node(num);
         debug_assert!(node.dirty);
         if let NodeBody::Leaf(leaf) = &node.body {
-            assert!(leaf.is_fully_loaded(), "tree invariant: dirty leaf {num} must be fully loaded");
+            assert!(
+                leaf.is_fully_loaded(),
+                "tree invariant: dirty leaf {num} must be fully loaded"
+            );
         }
         let height = node.height();
         let img = encode_node(node, num);
         let extent = self.alloc.allocate(img.len).ok_or(EngineError::NoSpace)?;
-        if let Err(e) = self.device.write_at(&img.buf, self.layout.extent_offset(extent)) {
+        if let Err(e) = self
+            .device
+            .write_at(&img.buf, self.layout.extent_offset(extent))
+        {
             self.alloc.free(extent);
             return Err(betreefs_store::StoreError::io("writing node", e).into());
         }
         if let Some(old) = self.btt.set(num, extent, img.crc) {
             self.alloc.free(old);
         }
-        add(&self.stats.node_bytes_written[level(height)], img.buf.len() as u64);
+        add(
+            &self.stats.node_bytes_written[level(height)],
+            img.buf.len() as u64,
+        );
         add(&self.stats.nodes_written, 1);
         let mut node = self.take(num);
         node.dirty = false;
@@ -914,7 +1123,11 @@ impl Tree {
             return Ok(());
         }
         let target = self.opts.cache_bytes / 10 * 9;
-        let mut order: Vec<(u64, u64)> = self.cache.iter().map(|(num, n)| (n.last_used, *num)).collect();
+        let mut order: Vec<(u64, u64)> = self
+            .cache
+            .iter()
+            .map(|(num, n)| (n.last_used, *num))
+            .collect();
         order.sort_unstable();
         for (_, num) in order {
             if self.cache_bytes <= target {
@@ -935,13 +1148,21 @@ impl Tree {
     /// Writes every dirty node, the block table and a new superblock naming
     /// them; `log_head` is where replay must start for what comes after.
     pub fn write_checkpoint(&mut self, log_head: u64, log_epoch: u32) -> EngineResult<()> {
-        let mut dirty: Vec<(u32, u64)> = self.cache.iter().filter(|(_, n)| n.dirty).map(|(num, n)| (n.height(), *num)).collect();
+        let mut dirty: Vec<(u32, u64)> = self
+            .cache
+            .iter()
+            .filter(|(_, n)| n.dirty)
+            .map(|(num, n)| (n.height(), *num))
+            .collect();
         dirty.sort_unstable();
         for (_, num) in dirty {
             self.write_node(num)?;
         }
         let table = self.btt.encode();
-        let extent = self.alloc.allocate(table.len() as u32).ok_or(EngineError::NoSpace)?;
+        let extent = self
+            .alloc
+            .allocate(table.len() as u32)
+            .ok_or(EngineError::NoSpace)?;
         let buf = AlignedBuf::from_slice(&table);
         let io = |context| move |e| EngineError::from(betreefs_store::StoreError::io(context, e));
         let written = self
@@ -1002,7 +1223,13 @@ impl Tree {
         Ok(visited)
     }
 
-    fn verify_subtree(&mut self, ks: KeySpace, num: u64, bounds: &Bounds, height: u32) -> EngineResult<u64> {
+    fn verify_subtree(
+        &mut self,
+        ks: KeySpace,
+        num: u64,
+        bounds: &Bounds,
+        height: u32,
+    ) -> EngineResult<u64> {
         self.load(ks, num, &bounds.lifted_prefix(), Want::Whole, Some(height))?;
         let bad = |reason: String| Self::corrupt(ks, num, reason);
         let kids: Vec<(u64, Bounds)> = match &self.node(num).body {
@@ -1011,9 +1238,13 @@ impl Tree {
                 for (bi, b) in leaf.basements.iter().enumerate() {
                     for (k, _) in b.entries.as_deref().unwrap_or_default() {
                         if !bounds.contains(k) || prev.is_some_and(|p| p >= k.as_slice()) {
-                            return Err(bad(format!("key {k:?} out of order or outside {bounds:?}")));
+                            return Err(bad(format!(
+                                "key {k:?} out of order or outside {bounds:?}"
+                            )));
                         }
-                        if bi > 0 && k < &leaf.pivots[bi - 1] || bi < leaf.pivots.len() && k >= &leaf.pivots[bi] {
+                        if bi > 0 && k < &leaf.pivots[bi - 1]
+                            || bi < leaf.pivots.len() && k >= &leaf.pivots[bi]
+                        {
                             return Err(bad(format!("key {k:?} in the wrong basement")));
                         }
                         prev = Some(k);
@@ -1022,15 +1253,22 @@ impl Tree {
                 Vec::new()
             }
             NodeBody::Interior(int) => {
-                if int.children.len() != int.pivots.len() + 1 || int.buffers.len() != int.children.len() {
+                if int.children.len() != int.pivots.len() + 1
+                    || int.buffers.len() != int.children.len()
+                {
                     return Err(bad("pivot, child and buffer counts disagree".into()));
                 }
                 if int.children.len() > self.opts.fanout.max(2) * 2 {
-                    return Err(bad(format!("fanout {} far over the limit", int.children.len())));
+                    return Err(bad(format!(
+                        "fanout {} far over the limit",
+                        int.children.len()
+                    )));
                 }
                 for (i, p) in int.pivots.iter().enumerate() {
                     if !bounds.contains(p) || (i > 0 && int.pivots[i - 1] >= *p) {
-                        return Err(bad(format!("pivot {p:?} out of order or outside {bounds:?}")));
+                        return Err(bad(format!(
+                            "pivot {p:?} out of order or outside {bounds:?}"
+                        )));
                     }
                 }
                 for i in 0..int.children.len() {
@@ -1041,10 +1279,14 @@ impl Tree {
                         cb.contains(s) && s < &r.end && cb.hi.as_ref().is_none_or(|hi| r.end <= *hi)
                     });
                     if !keys_ok || !ranges_ok {
-                        return Err(bad(format!("buffer of child {i} holds messages outside {cb:?}")));
+                        return Err(bad(format!(
+                            "buffer of child {i} holds messages outside {cb:?}"
+                        )));
                     }
                 }
-                (0..int.children.len()).map(|i| (int.children[i], int.child_bounds(i, bounds))).collect()
+                (0..int.children.len())
+                    .map(|i| (int.children[i], int.child_bounds(i, bounds)))
+                    .collect()
             }
         };
         let mut visited = 1;

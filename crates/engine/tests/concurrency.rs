@@ -37,9 +37,15 @@ fn threads_share_one_store() {
                             store.delete(KeySpace::Data, &key).unwrap();
                             mine.remove(&key);
                         }
-                        7 => assert_eq!(store.get(KeySpace::Data, &key).unwrap(), mine.get(&key).cloned()),
+                        7 => assert_eq!(
+                            store.get(KeySpace::Data, &key).unwrap(),
+                            mine.get(&key).cloned()
+                        ),
                         8 => {
-                            let got: Vec<_> = store.range(KeySpace::Data, &[t], Some(&[t + 1])).collect::<Result<_, _>>().unwrap();
+                            let got: Vec<_> = store
+                                .range(KeySpace::Data, &[t], Some(&[t + 1]))
+                                .collect::<Result<_, _>>()
+                                .unwrap();
                             assert_eq!(got, mine.clone().into_iter().collect::<Vec<_>>());
                         }
                         _ => {
@@ -62,6 +68,8 @@ fn threads_share_one_store() {
     let image = dev.current_image();
     drop(store);
     let reopened = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options()).unwrap();
-    let all: BTreeMap<_, _> = common::scan_all(&reopened, KeySpace::Data).into_iter().collect();
+    let all: BTreeMap<_, _> = common::scan_all(&reopened, KeySpace::Data)
+        .into_iter()
+        .collect();
     assert_eq!(all, expected);
 }

@@ -17,8 +17,18 @@ fn populated_image() -> Vec<u8> {
     let dev = MemDevice::new(32 << 20);
     let store = Store::create_on(Arc::new(dev.clone()), small_options()).unwrap();
     for i in 0..3000u32 {
-        let ks = if i % 4 == 0 { KeySpace::Meta } else { KeySpace::Data };
-        store.put(ks, format!("dir\x01sub\x00file{i:05}").as_bytes(), &[i as u8; 150]).unwrap();
+        let ks = if i % 4 == 0 {
+            KeySpace::Meta
+        } else {
+            KeySpace::Data
+        };
+        store
+            .put(
+                ks,
+                format!("dir\x01sub\x00file{i:05}").as_bytes(),
+                &[i as u8; 150],
+            )
+            .unwrap();
     }
     store.close().unwrap();
     dev.current_image()
@@ -53,10 +63,16 @@ fn flipped_bytes_in_every_node_are_reported() {
     let table_at = (sb.layout.extent_offset(sb.btt)) as usize;
     let table = BlockTable::decode(&image[table_at..table_at + sb.btt.len as usize]).unwrap();
     let nodes: Vec<_> = table.extents().collect();
-    assert!(nodes.len() > 10, "the tree should have many nodes, has {}", nodes.len());
+    assert!(
+        nodes.len() > 10,
+        "the tree should have many nodes, has {}",
+        nodes.len()
+    );
     let mut checked = 0;
     for (num, extent) in nodes {
-        let Slot::OnDisk { crc, .. } = table.get(num) else { unreachable!() };
+        let Slot::OnDisk { crc, .. } = table.get(num) else {
+            unreachable!()
+        };
         let at = sb.layout.extent_offset(extent) as usize;
         let node_bytes = &image[at..at + extent.len as usize];
         // The lifted prefix is the start of some key of ours: find the one
@@ -72,7 +88,9 @@ fn flipped_bytes_in_every_node_are_reported() {
         let mut targets = vec![0, 8, 30, 61];
         if let Ok(h) = decode_header(node_bytes, crc, num, &guess_prefix) {
             targets.push(HEADER_BYTES + h.meta_len as usize / 2);
-            if let Ok(node) = decode_meta(&h, &node_bytes[HEADER_BYTES..meta_end(&h)], &guess_prefix) {
+            if let Ok(node) =
+                decode_meta(&h, &node_bytes[HEADER_BYTES..meta_end(&h)], &guess_prefix)
+            {
                 if let NodeBody::Leaf(leaf) = node.body {
                     for b in leaf.basements.iter().take(2) {
                         let loc = b.loc.unwrap();
@@ -84,7 +102,9 @@ fn flipped_bytes_in_every_node_are_reported() {
         for offset in targets {
             let mut bad = image.clone();
             bad[at + offset] ^= 0x20;
-            expect_error(bad, &format!("node {num} byte {offset}"), |e| matches!(e, EngineError::CorruptNode { .. }));
+            expect_error(bad, &format!("node {num} byte {offset}"), |e| {
+                matches!(e, EngineError::CorruptNode { .. })
+            });
             checked += 1;
         }
     }
@@ -99,7 +119,9 @@ fn corrupt_block_table_is_refused_at_open() {
     for offset in [0, 5, 20, sb.btt.len as usize - 1] {
         let mut bad = image.clone();
         bad[at + offset] ^= 1;
-        expect_error(bad, "block table", |e| matches!(e, EngineError::CorruptBlockTable(_)));
+        expect_error(bad, "block table", |e| {
+            matches!(e, EngineError::CorruptBlockTable(_))
+        });
     }
 }
 
@@ -109,7 +131,9 @@ fn corrupt_superblocks_and_foreign_images_are_refused() {
     let mut both = image.clone();
     both[20] ^= 1;
     both[BLOCK_SIZE + 20] ^= 1;
-    expect_error(both, "both superblocks", |e| matches!(e, EngineError::Store(StoreError::CorruptSuperblock(_))));
+    expect_error(both, "both superblocks", |e| {
+        matches!(e, EngineError::Store(StoreError::CorruptSuperblock(_)))
+    });
 
     // One damaged copy falls back to the other, which still opens.
     let mut one = image.clone();
@@ -119,9 +143,15 @@ fn corrupt_superblocks_and_foreign_images_are_refused() {
     let fallback = Store::open_on(Arc::new(MemDevice::from_image(one)), small_options());
     assert!(fallback.is_ok() || matches!(fallback, Err(EngineError::CorruptNode { .. })));
 
-    expect_error(vec![0; 16 << 20], "zeroed image", |e| matches!(e, EngineError::Store(StoreError::NotBetreefs(_))));
-    let noise: Vec<u8> = (0..16u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
-    expect_error(noise, "random bytes", |e| matches!(e, EngineError::Store(StoreError::NotBetreefs(_))));
+    expect_error(vec![0; 16 << 20], "zeroed image", |e| {
+        matches!(e, EngineError::Store(StoreError::NotBetreefs(_)))
+    });
+    let noise: Vec<u8> = (0..16u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    expect_error(noise, "random bytes", |e| {
+        matches!(e, EngineError::Store(StoreError::NotBetreefs(_)))
+    });
 
     let mut newer = image.clone();
     for slot in 0..2 {
@@ -130,7 +160,9 @@ fn corrupt_superblocks_and_foreign_images_are_refused() {
         let crc = crc32c_of(&[&block[..BLOCK_SIZE - 4]]);
         block[BLOCK_SIZE - 4..].copy_from_slice(&crc.to_le_bytes());
     }
-    expect_error(newer, "newer format", |e| matches!(e, EngineError::Store(StoreError::UnsupportedVersion { .. })));
+    expect_error(newer, "newer format", |e| {
+        matches!(e, EngineError::Store(StoreError::UnsupportedVersion { .. }))
+    });
 }
 
 #[test]
@@ -138,7 +170,9 @@ fn corrupt_log_record_in_the_middle_is_refused() {
     let dev = MemDevice::new(32 << 20);
     let store = Store::create_on(Arc::new(dev.clone()), small_options()).unwrap();
     for i in 0..20u32 {
-        store.put(KeySpace::Meta, &i.to_be_bytes(), &[3; 40]).unwrap();
+        store
+            .put(KeySpace::Meta, &i.to_be_bytes(), &[3; 40])
+            .unwrap();
     }
     store.sync().unwrap();
     let sb = Superblock::read_newest(&dev).unwrap();
@@ -148,7 +182,9 @@ fn corrupt_log_record_in_the_middle_is_refused() {
     let at = (sb.layout.log_offset + sb.log_head % sb.layout.log_bytes) as usize + 25;
     let mut bad = image.clone();
     bad[at] ^= 1;
-    expect_error(bad, "log record", |e| matches!(e, EngineError::Store(StoreError::CorruptLog { .. })));
+    expect_error(bad, "log record", |e| {
+        matches!(e, EngineError::Store(StoreError::CorruptLog { .. }))
+    });
     // The undamaged image recovers all 20 records.
     let ok = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options()).unwrap();
     assert_eq!(scan_all(&ok, KeySpace::Meta).len(), 20);

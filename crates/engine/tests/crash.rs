@@ -49,7 +49,9 @@ fn crash_once(seed: u64) -> bool {
     dev.power_off();
     let mode = match rng.gen_range(0..3) {
         0 => CrashMode::DropUnsynced,
-        1 => CrashMode::TearLast { sectors_kept: rng.gen_range(0..8) },
+        1 => CrashMode::TearLast {
+            sectors_kept: rng.gen_range(0..8),
+        },
         _ => CrashMode::KeepSome { mask: rng.gen() },
     };
     let image = dev.crash_image(mode);
@@ -59,7 +61,9 @@ fn crash_once(seed: u64) -> bool {
     let restarted = MemDevice::from_image(image);
     let recovered = Store::open_on(Arc::new(restarted.clone()), small_options())
         .unwrap_or_else(|e| panic!("{context}: recovery failed: {e}"));
-    recovered.verify().unwrap_or_else(|e| panic!("{context}: tree invalid after recovery: {e}"));
+    recovered
+        .verify()
+        .unwrap_or_else(|e| panic!("{context}: tree invalid after recovery: {e}"));
     let state = dump(&recovered);
     let prefix = (synced..models.len()).find(|&p| models[p] == state);
     assert!(
@@ -79,17 +83,27 @@ fn crash_once(seed: u64) -> bool {
     restarted.power_off();
     let again = MemDevice::from_image(restarted.crash_image(CrashMode::DropUnsynced));
     drop(recovered);
-    let second = Store::open_on(Arc::new(again), small_options()).unwrap_or_else(|e| panic!("{context}: second recovery: {e}"));
-    assert!(dump(&second) == model, "{context}: second crash lost synced writes");
+    let second = Store::open_on(Arc::new(again), small_options())
+        .unwrap_or_else(|e| panic!("{context}: second recovery: {e}"));
+    assert!(
+        dump(&second) == model,
+        "{context}: second crash lost synced writes"
+    );
     crashed_mid_workload
 }
 
 #[test]
 fn recovery_after_crash_at_random_writes() {
-    let seeds: u64 = std::env::var("BETREEFS_CRASH_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+    let seeds: u64 = std::env::var("BETREEFS_CRASH_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300);
     let crashed = (0..seeds).filter(|&seed| crash_once(seed)).count();
     // Most runs must really lose power in the middle, or the test tests little.
-    assert!(crashed as u64 * 2 > seeds, "only {crashed} of {seeds} runs crashed mid-workload");
+    assert!(
+        crashed as u64 * 2 > seeds,
+        "only {crashed} of {seeds} runs crashed mid-workload"
+    );
     eprintln!("{crashed} of {seeds} runs crashed mid-workload");
 }
 
@@ -99,16 +113,25 @@ fn crash_during_checkpoint_keeps_previous_checkpoint() {
         let dev = MemDevice::new(32 << 20);
         let store = Store::create_on(Arc::new(dev.clone()), small_options()).unwrap();
         for i in 0..2000u32 {
-            store.put(KeySpace::Data, &i.to_be_bytes(), &[7; 64]).unwrap();
+            store
+                .put(KeySpace::Data, &i.to_be_bytes(), &[7; 64])
+                .unwrap();
         }
         store.sync().unwrap();
         dev.fail_after_writes(crash_after);
         let _ = store.checkpoint();
         dev.power_off();
-        let image = dev.crash_image(CrashMode::TearLast { sectors_kept: (crash_after % 8) as usize });
+        let image = dev.crash_image(CrashMode::TearLast {
+            sectors_kept: (crash_after % 8) as usize,
+        });
         drop(store);
-        let recovered = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options()).unwrap();
+        let recovered =
+            Store::open_on(Arc::new(MemDevice::from_image(image)), small_options()).unwrap();
         recovered.verify().unwrap();
-        assert_eq!(common::scan_all(&recovered, KeySpace::Data).len(), 2000, "crash after {crash_after}");
+        assert_eq!(
+            common::scan_all(&recovered, KeySpace::Data).len(),
+            2000,
+            "crash after {crash_after}"
+        );
     }
 }

@@ -25,7 +25,10 @@ enum Op {
 /// Keys from a tiny alphabet (including the bytes a file system reserves)
 /// so that operations collide and prefixes nest.
 fn key_strategy() -> impl Strategy<Value = Vec<u8>> {
-    prop::collection::vec(prop::sample::select(vec![0u8, 1, 2, b'a', b'b', 0xff]), 0..7)
+    prop::collection::vec(
+        prop::sample::select(vec![0u8, 1, 2, b'a', b'b', 0xff]),
+        0..7,
+    )
 }
 
 fn value_strategy() -> impl Strategy<Value = Vec<u8>> {
@@ -41,19 +44,49 @@ fn ks_strategy() -> impl Strategy<Value = KeySpace> {
 
 fn message_strategy() -> impl Strategy<Value = (KeySpace, betreefs_engine::Message)> {
     use betreefs_engine::Message;
-    let put = (ks_strategy(), key_strategy(), value_strategy()).prop_map(|(ks, key, value)| (ks, Message::Put { key, value }));
-    let delete = (ks_strategy(), key_strategy()).prop_map(|(ks, key)| (ks, Message::Delete { key }));
-    let patch = (ks_strategy(), key_strategy(), 0u64..5000, prop::collection::vec(any::<u8>(), 0..64))
-        .prop_map(|(ks, key, off, bytes)| (ks, Message::Upsert { key, func: MERGE_PATCH, arg: patch_arg(off, &bytes) }));
-    let record = (ks_strategy(), key_strategy(), 0usize..6, any::<u64>(), 0u8..4).prop_map(|(ks, key, slot, v, op)| {
-        let op = match op {
-            0 => RecordOp::Set(slot, v),
-            1 => RecordOp::Max(slot, v),
-            2 => RecordOp::Add(slot, v),
-            _ => RecordOp::Sub(slot, v),
-        };
-        (ks, Message::Upsert { key, func: MERGE_RECORD, arg: record_arg(&[op]) })
-    });
+    let put = (ks_strategy(), key_strategy(), value_strategy())
+        .prop_map(|(ks, key, value)| (ks, Message::Put { key, value }));
+    let delete =
+        (ks_strategy(), key_strategy()).prop_map(|(ks, key)| (ks, Message::Delete { key }));
+    let patch = (
+        ks_strategy(),
+        key_strategy(),
+        0u64..5000,
+        prop::collection::vec(any::<u8>(), 0..64),
+    )
+        .prop_map(|(ks, key, off, bytes)| {
+            (
+                ks,
+                Message::Upsert {
+                    key,
+                    func: MERGE_PATCH,
+                    arg: patch_arg(off, &bytes),
+                },
+            )
+        });
+    let record = (
+        ks_strategy(),
+        key_strategy(),
+        0usize..6,
+        any::<u64>(),
+        0u8..4,
+    )
+        .prop_map(|(ks, key, slot, v, op)| {
+            let op = match op {
+                0 => RecordOp::Set(slot, v),
+                1 => RecordOp::Max(slot, v),
+                2 => RecordOp::Add(slot, v),
+                _ => RecordOp::Sub(slot, v),
+            };
+            (
+                ks,
+                Message::Upsert {
+                    key,
+                    func: MERGE_RECORD,
+                    arg: record_arg(&[op]),
+                },
+            )
+        });
     let range = (ks_strategy(), key_strategy(), key_strategy()).prop_map(|(ks, a, b)| {
         let (start, end) = if a <= b { (a, b) } else { (b, a) };
         (ks, Message::RangeDelete { start, end })
@@ -87,11 +120,21 @@ fn run_ops(ops: &[Op]) {
                 store.write(batch).expect("write");
                 model.apply(batch);
             }
-            Op::Get(ks, key) => assert_eq!(store.get(*ks, key).expect("get"), model.get(*ks, key), "get {key:?}"),
+            Op::Get(ks, key) => assert_eq!(
+                store.get(*ks, key).expect("get"),
+                model.get(*ks, key),
+                "get {key:?}"
+            ),
             Op::Scan(ks, a, b) => {
-                let got: Vec<_> = store.range(*ks, a, Some(b)).collect::<Result<_, _>>().expect("scan");
+                let got: Vec<_> = store
+                    .range(*ks, a, Some(b))
+                    .collect::<Result<_, _>>()
+                    .expect("scan");
                 let want: Vec<_> = if a < b {
-                    model.spaces[ks.index()].range(a.clone()..b.clone()).map(|(k, v)| (k.clone(), v.clone())).collect()
+                    model.spaces[ks.index()]
+                        .range(a.clone()..b.clone())
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect()
                 } else {
                     Vec::new()
                 };
@@ -110,7 +153,11 @@ fn run_ops(ops: &[Op]) {
     store.sync().expect("sync");
     let image = dev.current_image();
     drop(store);
-    let recovered = Store::open_on(Arc::new(betreefs_store::MemDevice::from_image(image)), small_options()).expect("recover");
+    let recovered = Store::open_on(
+        Arc::new(betreefs_store::MemDevice::from_image(image)),
+        small_options(),
+    )
+    .expect("recover");
     assert_matches(&recovered, &model);
     recovered.verify().expect("tree invariants after recovery");
 }
@@ -132,11 +179,20 @@ fn deep_tree_grows_and_shrinks() {
     for i in 0..6000u32 {
         let mut b = WriteBatch::new();
         let key = format!("k{:06}", rng.gen_range(0..4000u32)).into_bytes();
-        let ks = if i % 3 == 0 { KeySpace::Meta } else { KeySpace::Data };
+        let ks = if i % 3 == 0 {
+            KeySpace::Meta
+        } else {
+            KeySpace::Data
+        };
         match rng.gen_range(0..10) {
             0..=6 => b.put(ks, &key, &vec![i as u8; rng.gen_range(10..400)]),
             7 => b.delete(ks, &key),
-            8 => b.upsert(ks, &key, MERGE_PATCH, &patch_arg(rng.gen_range(0..300), b"patch")),
+            8 => b.upsert(
+                ks,
+                &key,
+                MERGE_PATCH,
+                &patch_arg(rng.gen_range(0..300), b"patch"),
+            ),
             _ => b.upsert(ks, &key, MERGE_RECORD, &record_arg(&[RecordOp::Add(1, 1)])),
         };
         ops.push(Op::Write(b));
@@ -146,7 +202,11 @@ fn deep_tree_grows_and_shrinks() {
     }
     for lo in (0..4000u32).step_by(400) {
         let mut b = WriteBatch::new();
-        b.range_delete(KeySpace::Data, format!("k{lo:06}").as_bytes(), format!("k{:06}", lo + 390).as_bytes());
+        b.range_delete(
+            KeySpace::Data,
+            format!("k{lo:06}").as_bytes(),
+            format!("k{:06}", lo + 390).as_bytes(),
+        );
         ops.push(Op::Write(b));
     }
     ops.push(Op::Checkpoint);
@@ -157,7 +217,9 @@ fn deep_tree_grows_and_shrinks() {
 fn stats_count_what_happened() {
     let (_dev, store) = mem_store(48 << 20, small_options());
     for i in 0..3000u32 {
-        store.put(KeySpace::Data, &i.to_be_bytes(), &[1; 100]).unwrap();
+        store
+            .put(KeySpace::Data, &i.to_be_bytes(), &[1; 100])
+            .unwrap();
     }
     store.checkpoint().unwrap();
     let s = store.stats();
@@ -176,9 +238,15 @@ fn seeded_runs_checked_after_every_operation() {
     for seed in 0..6u64 {
         let mut runner = proptest::test_runner::TestRunner::new_with_rng(
             ProptestConfig::default(),
-            proptest::test_runner::TestRng::from_seed(proptest::test_runner::RngAlgorithm::ChaCha, &[seed as u8; 32]),
+            proptest::test_runner::TestRng::from_seed(
+                proptest::test_runner::RngAlgorithm::ChaCha,
+                &[seed as u8; 32],
+            ),
         );
-        let ops = prop::collection::vec(op_strategy(), 300).new_tree(&mut runner).unwrap().current();
+        let ops = prop::collection::vec(op_strategy(), 300)
+            .new_tree(&mut runner)
+            .unwrap()
+            .current();
         let (dev, mut store) = mem_store(48 << 20, small_options());
         let mut model = Model::default();
         for (i, op) in ops.iter().enumerate() {
@@ -194,8 +262,12 @@ fn seeded_runs_checked_after_every_operation() {
                 }
                 _ => continue,
             }
-            if let Err(e) = store.verify() { panic!("seed {seed}: tree invalid after operation {i}: {e}"); }
-            let check = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| assert_matches(&store, &model)));
+            if let Err(e) = store.verify() {
+                panic!("seed {seed}: tree invalid after operation {i}: {e}");
+            }
+            let check = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                assert_matches(&store, &model)
+            }));
             if check.is_err() {
                 panic!("seed {seed}: diverged after operation {i}: {op:?}");
             }

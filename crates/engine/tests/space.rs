@@ -23,22 +23,39 @@ fn full_device_refuses_writes_then_recovers_after_deletes() {
         assert!(written < 100_000, "a 12 MiB device cannot hold 100 MB");
     };
     assert!(err.is_no_space(), "expected no space, got {err}");
-    assert!(written > 3000, "only {written} KiB-sized values fit in 12 MiB");
+    assert!(
+        written > 3000,
+        "only {written} KiB-sized values fit in 12 MiB"
+    );
     store.verify().unwrap();
     assert_eq!(scan_all(&store, KeySpace::Data).len(), written as usize);
     // Still refusing, still consistent.
-    assert!(store.put(KeySpace::Meta, b"more", &value).unwrap_err().is_no_space());
+    assert!(store
+        .put(KeySpace::Meta, b"more", &value)
+        .unwrap_err()
+        .is_no_space());
     store.sync().unwrap();
 
     // Deletes are accepted on a full device and give the space back.
-    store.range_delete(KeySpace::Data, &0u32.to_be_bytes(), &(written / 2).to_be_bytes()).unwrap();
+    store
+        .range_delete(
+            KeySpace::Data,
+            &0u32.to_be_bytes(),
+            &(written / 2).to_be_bytes(),
+        )
+        .unwrap();
     for i in 0..1000u32 {
-        store.put(KeySpace::Meta, &i.to_be_bytes(), &value).expect("space freed by the delete");
+        store
+            .put(KeySpace::Meta, &i.to_be_bytes(), &value)
+            .expect("space freed by the delete");
     }
     store.close().unwrap();
 
     let reopened = Store::open_on(Arc::new(dev), small_options()).unwrap();
     reopened.verify().unwrap();
-    assert_eq!(scan_all(&reopened, KeySpace::Data).len(), (written - written / 2) as usize);
+    assert_eq!(
+        scan_all(&reopened, KeySpace::Data).len(),
+        (written - written / 2) as usize
+    );
     assert_eq!(scan_all(&reopened, KeySpace::Meta).len(), 1000);
 }

@@ -85,7 +85,8 @@ impl BlockAllocator {
         if want > self.blocks {
             return None;
         }
-        let start = self.find_run(self.cursor, self.blocks, want)
+        let start = self
+            .find_run(self.cursor, self.blocks, want)
             .or_else(|| self.find_run(0, self.cursor.min(self.blocks), want))?;
         for b in start..start + want {
             set(&mut self.current, b, true);
@@ -100,7 +101,7 @@ impl BlockAllocator {
         let mut b = from;
         while b < to && b + want <= self.blocks {
             // Skip whole words that are completely used in either map.
-            if b % 64 == 0 {
+            if b.is_multiple_of(64) {
                 let w = (b / 64) as usize;
                 if (self.current[w] | self.checkpointed[w]) == u64::MAX {
                     b += 64;

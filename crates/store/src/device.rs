@@ -24,7 +24,7 @@ pub trait Device: Send + Sync {
 }
 
 fn check_aligned(len: usize, offset: u64) -> io::Result<()> {
-    if len % BLOCK_SIZE != 0 || offset % BLOCK_SIZE as u64 != 0 {
+    if !len.is_multiple_of(BLOCK_SIZE) || !offset.is_multiple_of(BLOCK_SIZE as u64) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("unaligned IO: {len} bytes at offset {offset}"),
@@ -91,7 +91,7 @@ impl FileDevice {
     }
 
     fn bounce_needed(&self, ptr: *const u8) -> bool {
-        self.direct && (ptr as usize) % BLOCK_SIZE != 0
+        self.direct && !(ptr as usize).is_multiple_of(BLOCK_SIZE)
     }
 }
 

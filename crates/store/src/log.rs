@@ -177,7 +177,8 @@ impl LogWriter {
         let epoch = self.epoch.to_le_bytes();
         let seq_bytes = seq.to_le_bytes();
         let crc = crc32c_of(&[&epoch, &seq_bytes, payload]);
-        s.buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        s.buf
+            .extend_from_slice(&(payload.len() as u32).to_le_bytes());
         s.buf.extend_from_slice(&crc.to_le_bytes());
         s.buf.extend_from_slice(&epoch);
         s.buf.extend_from_slice(&seq_bytes);
@@ -423,7 +424,12 @@ mod tests {
 
     const REGION: u64 = 64 * 1024;
 
-    fn collect(dev: &MemDevice, head: u64, epoch: u32, first: u64) -> StoreResult<Vec<(u64, Vec<u8>)>> {
+    fn collect(
+        dev: &MemDevice,
+        head: u64,
+        epoch: u32,
+        first: u64,
+    ) -> StoreResult<Vec<(u64, Vec<u8>)>> {
         let mut out = Vec::new();
         replay_log(dev, BLOCK, REGION, head, epoch, first, |seq, p| {
             out.push((seq, p.to_vec()));
@@ -485,7 +491,10 @@ mod tests {
             }
             dev.fail_after_writes(0);
             assert!(log.flush().is_err());
-            assert!(log.append(10, b"x").is_err(), "a failed log refuses appends");
+            assert!(
+                log.append(10, b"x").is_err(),
+                "a failed log refuses appends"
+            );
             let crashed = MemDevice::from_image(dev.crash_image(CrashMode::TearLast {
                 sectors_kept: sectors,
             }));
@@ -511,7 +520,10 @@ mod tests {
         let at = BLOCK as usize + 120 + LOG_RECORD_HEADER_BYTES + 10;
         dev.mutate(|img| img[at] ^= 1);
         let err = collect(&dev, 0, 1, 1).unwrap_err();
-        assert!(matches!(err, StoreError::CorruptLog { position: 120, .. }), "{err}");
+        assert!(
+            matches!(err, StoreError::CorruptLog { position: 120, .. }),
+            "{err}"
+        );
     }
 
     #[test]

@@ -138,7 +138,9 @@ impl Superblock {
             nodes_offset: u64_at(b, 48),
             nodes_bytes: u64_at(b, 56),
         };
-        layout.validate(device_bytes).map_err(CopyProblem::Corrupt)?;
+        layout
+            .validate(device_bytes)
+            .map_err(CopyProblem::Corrupt)?;
         let tree_count = u32_at(b, 84) as usize;
         if tree_count == 0 || tree_count > MAX_TREES {
             return Err(CopyProblem::Corrupt(format!("tree count {tree_count}")));
@@ -148,7 +150,9 @@ impl Superblock {
             len: u32_at(b, 96),
         };
         if btt.block + btt.blocks() > layout.node_blocks() {
-            return Err(CopyProblem::Corrupt("block table outside the node region".into()));
+            return Err(CopyProblem::Corrupt(
+                "block table outside the node region".into(),
+            ));
         }
         Ok(Superblock {
             generation: u64_at(b, 16),
@@ -263,7 +267,10 @@ mod tests {
             dev.mutate(|img| img[byte] ^= 0x40);
             let err = Superblock::read_newest(&dev).unwrap_err();
             assert!(
-                matches!(err, StoreError::CorruptSuperblock(_) | StoreError::NotBetreefs(_)),
+                matches!(
+                    err,
+                    StoreError::CorruptSuperblock(_) | StoreError::NotBetreefs(_)
+                ),
                 "byte {byte}: {err}"
             );
         }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use betreefs_engine::{KeySpace, Message, MergeRegistry, Options, Store, WriteBatch, KEY_SPACES};
+use betreefs_engine::{KeySpace, MergeRegistry, Message, Options, Store, WriteBatch, KEY_SPACES};
 use betreefs_store::MemDevice;
 
 /// Tiny nodes, basements and cache, no background thread: splits, merges,
@@ -48,12 +48,17 @@ impl Model {
                     map.remove(key);
                 }
                 Message::Upsert { key, func, arg } => {
-                    let new = merges.apply(*func, map.get(key).map(|v| v.as_slice()), arg).expect("known function");
+                    let new = merges
+                        .apply(*func, map.get(key).map(|v| v.as_slice()), arg)
+                        .expect("known function");
                     map.insert(key.clone(), new);
                 }
                 Message::RangeDelete { start, end } => {
                     if start < end {
-                        let doomed: Vec<_> = map.range(start.clone()..end.clone()).map(|(k, _)| k.clone()).collect();
+                        let doomed: Vec<_> = map
+                            .range(start.clone()..end.clone())
+                            .map(|(k, _)| k.clone())
+                            .collect();
                         for k in doomed {
                             map.remove(&k);
                         }
@@ -70,7 +75,10 @@ impl Model {
 
 /// Everything in one key space, through the range iterator.
 pub fn scan_all(store: &Store, ks: KeySpace) -> Vec<(Vec<u8>, Vec<u8>)> {
-    store.range(ks, b"", None).collect::<Result<Vec<_>, _>>().expect("scan")
+    store
+        .range(ks, b"", None)
+        .collect::<Result<Vec<_>, _>>()
+        .expect("scan")
 }
 
 /// Asserts the store holds exactly the model, by full scans and point reads.
@@ -81,9 +89,22 @@ pub fn assert_matches(store: &Store, model: &Model) {
         if actual != expected {
             let have: BTreeMap<_, _> = actual.iter().cloned().collect();
             let want = &model.spaces[ks.index()];
-            let extra: Vec<_> = have.keys().filter(|k| !want.contains_key(*k)).take(5).collect();
-            let missing: Vec<_> = want.keys().filter(|k| !have.contains_key(*k)).take(5).collect();
-            let wrong: Vec<_> = want.iter().filter(|(k, v)| have.get(*k).is_some_and(|h| h != *v)).map(|(k, _)| k).take(5).collect();
+            let extra: Vec<_> = have
+                .keys()
+                .filter(|k| !want.contains_key(*k))
+                .take(5)
+                .collect();
+            let missing: Vec<_> = want
+                .keys()
+                .filter(|k| !have.contains_key(*k))
+                .take(5)
+                .collect();
+            let wrong: Vec<_> = want
+                .iter()
+                .filter(|(k, v)| have.get(*k).is_some_and(|h| h != *v))
+                .map(|(k, _)| k)
+                .take(5)
+                .collect();
             panic!(
                 "key space {ks:?}: store has {} entries, model {}; extra {extra:?}, missing {missing:?}, wrong values {wrong:?}",
                 actual.len(),
@@ -91,7 +112,11 @@ pub fn assert_matches(store: &Store, model: &Model) {
             );
         }
         for (k, v) in expected.iter().step_by(7) {
-            assert_eq!(store.get(ks, k).expect("get").as_ref(), Some(v), "get {k:?}");
+            assert_eq!(
+                store.get(ks, k).expect("get").as_ref(),
+                Some(v),
+                "get {k:?}"
+            );
         }
     }
 }
@@ -111,19 +136,41 @@ pub fn random_batch(rng: &mut impl rand::Rng) -> WriteBatch {
     use betreefs_engine::{RecordOp, MERGE_PATCH, MERGE_RECORD};
     let mut batch = WriteBatch::new();
     for _ in 0..rng.gen_range(1..=3) {
-        let ks = if rng.gen_bool(0.5) { KeySpace::Meta } else { KeySpace::Data };
+        let ks = if rng.gen_bool(0.5) {
+            KeySpace::Meta
+        } else {
+            KeySpace::Data
+        };
         let key = random_key(rng);
         match rng.gen_range(0..20) {
             0..=10 => {
-                let len = if rng.gen_bool(0.05) { rng.gen_range(2000..9000) } else { rng.gen_range(0..300) };
+                let len = if rng.gen_bool(0.05) {
+                    rng.gen_range(2000..9000)
+                } else {
+                    rng.gen_range(0..300)
+                };
                 batch.put(ks, &key, &vec![rng.gen(); len])
             }
             11..=13 => batch.delete(ks, &key),
-            14..=16 => batch.upsert(ks, &key, MERGE_PATCH, &patch_arg(rng.gen_range(0..400), &[rng.gen(); 7])),
-            17 => batch.upsert(ks, &key, MERGE_RECORD, &record_arg(&[RecordOp::Add(rng.gen_range(0..4), 3)])),
+            14..=16 => batch.upsert(
+                ks,
+                &key,
+                MERGE_PATCH,
+                &patch_arg(rng.gen_range(0..400), &[rng.gen(); 7]),
+            ),
+            17 => batch.upsert(
+                ks,
+                &key,
+                MERGE_RECORD,
+                &record_arg(&[RecordOp::Add(rng.gen_range(0..4), 3)]),
+            ),
             _ => {
                 let other = random_key(rng);
-                let (a, b) = if key <= other { (key, other) } else { (other, key) };
+                let (a, b) = if key <= other {
+                    (key, other)
+                } else {
+                    (other, key)
+                };
                 batch.range_delete(ks, &a, &b)
             }
         };
@@ -133,5 +180,7 @@ pub fn random_batch(rng: &mut impl rand::Rng) -> WriteBatch {
 
 pub fn random_key(rng: &mut impl rand::Rng) -> Vec<u8> {
     const ALPHABET: [u8; 6] = [0, 1, 2, b'a', b'b', 0xff];
-    (0..rng.gen_range(0..6)).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())]).collect()
+    (0..rng.gen_range(0..6))
+        .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())])
+        .collect()
 }
