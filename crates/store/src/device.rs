@@ -33,6 +33,25 @@ fn check_aligned(len: usize, offset: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// Takes an advisory exclusive lock so two processes never run a store on
+/// the same image (it is released when the file is closed).
+fn lock_exclusive(file: &File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a valid, owned file descriptor has no memory effects.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Err(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            "the image is in use by another betreefs process",
+        ));
+    }
+    Err(err)
+}
+
 /// A regular file or block device, opened with `O_DIRECT` so that the OS
 /// page cache does not hold a second copy of what the node cache holds.
 /// File systems that refuse `O_DIRECT` (tmpfs) fall back to buffered IO.
@@ -49,8 +68,11 @@ impl FileDevice {
             .read(true)
             .write(true)
             .create(true)
-            .truncate(true)
+            .truncate(false)
             .open(path)?;
+        // Never truncate an image another process is using.
+        lock_exclusive(&file)?;
+        file.set_len(0)?;
         file.set_len(len)?;
         drop(file);
         Self::open(path)
@@ -74,6 +96,7 @@ impl FileDevice {
             }
             Err(err) => return Err(err),
         };
+        lock_exclusive(&file)?;
         let meta = file.metadata()?;
         let len = if meta.file_type().is_block_device() {
             use std::io::Seek;
@@ -361,6 +384,11 @@ mod tests {
         assert_eq!(&plain[1..9], b"betreefs");
         assert!(dev.write_at(&buf[..100], 0).is_err());
         assert!(dev.write_at(&buf, 1 << 20).is_err());
+        // A second opener is refused while the first holds the image.
+        let err = FileDevice::open(&path).err().unwrap();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        drop(dev);
+        assert!(FileDevice::open(&path).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
