@@ -39,6 +39,7 @@ use betreefs_store::{crc32c_of, AlignedBuf, BLOCK_SIZE};
 
 use crate::buffer::{Base, MessageBuffer, PointMsg, RangeDel, Upsert};
 use crate::codec::{DecodeError, DecodeResult, Decoder, Encoder};
+use crate::entries::Entries;
 use crate::node::{Basement, BasementLoc, Interior, Leaf, Node, NodeBody};
 
 pub const NODE_MAGIC: u32 = u32::from_le_bytes(*b"BNOD");
@@ -100,9 +101,11 @@ pub fn encode_node(node: &Node, num: u64) -> NodeImage {
         NodeBody::Leaf(leaf) => {
             for b in &leaf.basements {
                 let mut e = Encoder::with_capacity(b.bytes + 16);
-                for (k, v) in b.entries.as_deref().unwrap_or_default() {
-                    e.bytes(strip(k, prefix));
-                    e.bytes(v);
+                if let Some(entries) = &b.entries {
+                    for (k, v) in entries.iter() {
+                        e.bytes(strip(k, prefix));
+                        e.bytes(v);
+                    }
                 }
                 basement_bytes.push(e.buf);
             }
@@ -411,7 +414,7 @@ pub fn decode_basement(
     loc: &BasementLoc,
     count: usize,
     prefix: &[u8],
-) -> DecodeResult<Vec<(Vec<u8>, Vec<u8>)>> {
+) -> DecodeResult<Entries> {
     if crc32c_of(&[bytes]) != loc.crc {
         return Err(DecodeError(format!(
             "basement at offset {} fails its checksum",
@@ -419,14 +422,20 @@ pub fn decode_basement(
         )));
     }
     let mut d = Decoder::new(bytes);
-    let mut entries: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(count.min(bytes.len()));
+    let mut entries = Entries::with_capacity(
+        count.min(bytes.len()),
+        bytes.len() + count.min(bytes.len()) * prefix.len(),
+    );
+    let mut previous: Option<&[u8]> = None;
     while !d.is_empty() {
-        let key = unlift(prefix, d.bytes()?);
-        let value = d.bytes()?.to_vec();
-        if entries.last().is_some_and(|(last, _)| *last >= key) {
+        let suffix = d.bytes()?;
+        let value = d.bytes()?;
+        // Every key shares the prefix, so suffix order is key order.
+        if previous.is_some_and(|p| p >= suffix) {
             return Err(DecodeError("basement keys out of order".into()));
         }
-        entries.push((key, value));
+        previous = Some(suffix);
+        entries.push_parts(prefix, suffix, value);
     }
     if entries.len() != count {
         return Err(DecodeError(format!(
@@ -463,16 +472,15 @@ mod tests {
             lo: b"dir\x00a".to_vec(),
             hi: Some(b"dir\x00z".to_vec()),
         };
-        let entries: Vec<_> = (0..300u32)
-            .map(|i| {
-                (
-                    format!("dir\x00f{i:05}").into_bytes(),
-                    vec![i as u8; (i % 50) as usize],
-                )
-            })
-            .collect();
+        let mut entries = Entries::default();
+        for i in 0..300u32 {
+            entries.push(
+                format!("dir\x00f{i:05}").as_bytes(),
+                &vec![i as u8; (i % 50) as usize],
+            );
+        }
         Node {
-            body: NodeBody::Leaf(Leaf::from_sorted(entries, 2000)),
+            body: NodeBody::Leaf(Leaf::from_sorted(&entries, 2000)),
             prefix: bounds.lifted_prefix(),
             tree: 1,
             dirty: true,
@@ -492,12 +500,12 @@ mod tests {
         let ea: Vec<_> = a
             .basements
             .iter()
-            .flat_map(|x| x.entries.clone().unwrap())
+            .map(|x| x.entries.clone().unwrap())
             .collect();
         let eb: Vec<_> = b
             .basements
             .iter()
-            .flat_map(|x| x.entries.clone().unwrap())
+            .map(|x| x.entries.clone().unwrap())
             .collect();
         assert_eq!(ea, eb);
         // Stored keys omit the prefix: the image has no "dir\0f" runs.

@@ -11,6 +11,7 @@
 pub mod btt;
 pub mod buffer;
 pub mod codec;
+pub mod entries;
 pub mod error;
 pub mod format;
 pub mod merge;

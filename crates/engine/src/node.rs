@@ -5,17 +5,15 @@
 //! its basement table is always present, each basement's entries only once
 //! read.
 
+use std::ops::Bound;
+
 use crate::buffer::{Base, MessageBuffer, PointMsg};
+use crate::entries::Entries;
 use crate::merge::MergeRegistry;
 
-/// Serialised size of one key/value entry in a basement, near enough.
-pub fn entry_bytes(key: &[u8], value: &[u8]) -> usize {
-    key.len() + value.len() + 4
-}
-
-/// Rough heap overhead per stored entry or message (allocation headers,
-/// map nodes), so the cache budget tracks real memory.
-const ENTRY_MEM_OVERHEAD: usize = 112;
+/// Rough heap overhead per buffered message (map node, allocation
+/// headers), so the cache budget tracks real memory.
+const MESSAGE_MEM_OVERHEAD: usize = 112;
 
 /// The key range a node covers: [lo, hi), `hi == None` meaning unbounded.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -62,7 +60,7 @@ pub struct BasementLoc {
 #[derive(Clone, Debug, Default)]
 pub struct Basement {
     /// Sorted entries, or `None` while only on disk.
-    pub entries: Option<Vec<(Vec<u8>, Vec<u8>)>>,
+    pub entries: Option<Entries>,
     /// Location in the node's on-disk image (valid while the node is clean).
     pub loc: Option<BasementLoc>,
     /// Serialised size of the entries.
@@ -71,15 +69,76 @@ pub struct Basement {
 }
 
 impl Basement {
-    pub fn from_entries(entries: Vec<(Vec<u8>, Vec<u8>)>) -> Basement {
-        let bytes = entries.iter().map(|(k, v)| entry_bytes(k, v)).sum();
+    pub fn from_entries(entries: Entries) -> Basement {
         Basement {
             count: entries.len(),
+            bytes: entries.bytes(),
             entries: Some(entries),
             loc: None,
-            bytes,
         }
     }
+}
+
+/// Walks sorted, disjoint range deletes alongside increasing keys.
+struct RangeCursor<'a> {
+    ranges: &'a [(&'a [u8], &'a [u8])],
+    at: usize,
+}
+
+impl RangeCursor<'_> {
+    /// Whether `key` is deleted; keys must be asked in increasing order.
+    fn covers(&mut self, key: &[u8]) -> bool {
+        while self.at < self.ranges.len() && self.ranges[self.at].1 <= key {
+            self.at += 1;
+        }
+        self.at < self.ranges.len() && self.ranges[self.at].0 <= key
+    }
+}
+
+/// Merges one basement's entries with the messages that concern it, in one
+/// pass. `Err(id)` names an unknown merge function.
+fn merge_basement(
+    old: &Entries,
+    ranges: &[(&[u8], &[u8])],
+    points: &[(&Vec<u8>, &PointMsg)],
+    merges: &MergeRegistry,
+) -> Result<Entries, u8> {
+    let extra: usize = points.iter().map(|(k, m)| m.bytes(k.len())).sum();
+    let mut out = Entries::with_capacity(old.len() + points.len(), old.bytes() + extra);
+    let mut deleted = RangeCursor { ranges, at: 0 };
+    let mut i = 0;
+    for (key, msg) in points {
+        let key = key.as_slice();
+        while i < old.len() && old.key(i) < key {
+            if !deleted.covers(old.key(i)) {
+                out.push(old.key(i), old.value(i));
+            }
+            i += 1;
+        }
+        let covered = deleted.covers(key);
+        let base = if i < old.len() && old.key(i) == key {
+            i += 1;
+            (!covered).then(|| old.value(i - 1))
+        } else {
+            None
+        };
+        match (&msg.base, msg.upserts.is_empty()) {
+            (Some(Base::Put { value, .. }), true) => out.push(key, value),
+            (Some(Base::Delete { .. }), true) => {}
+            _ => {
+                if let Some(v) = msg.apply(base, merges)? {
+                    out.push(key, &v);
+                }
+            }
+        }
+    }
+    while i < old.len() {
+        if !deleted.covers(old.key(i)) {
+            out.push(old.key(i), old.value(i));
+        }
+        i += 1;
+    }
+    Ok(out)
 }
 
 #[derive(Clone, Debug)]
@@ -93,7 +152,7 @@ impl Default for Leaf {
     fn default() -> Self {
         Leaf {
             pivots: Vec::new(),
-            basements: vec![Basement::from_entries(Vec::new())],
+            basements: vec![Basement::from_entries(Entries::default())],
         }
     }
 }
@@ -118,127 +177,159 @@ impl Leaf {
     pub fn mem_bytes(&self) -> usize {
         self.basements
             .iter()
-            .filter(|b| b.entries.is_some())
-            .map(|b| b.bytes + b.count * ENTRY_MEM_OVERHEAD)
+            .filter_map(|b| b.entries.as_ref())
+            .map(Entries::mem_bytes)
             .sum::<usize>()
+            + self.basements.len() * 64
             + self.pivots.iter().map(|p| p.len() + 32).sum::<usize>()
             + 128
     }
 
-    /// Looks a key up in a loaded basement.
+    /// Looks a key up in a loaded basement (`None` if that basement is not loaded).
     pub fn get(&self, key: &[u8]) -> Option<Option<&[u8]>> {
         let b = &self.basements[self.basement_for(key)];
-        let entries = b.entries.as_ref()?;
-        Some(
-            entries
-                .binary_search_by(|(k, _)| k.as_slice().cmp(key))
-                .ok()
-                .map(|i| entries[i].1.as_slice()),
-        )
+        Some(b.entries.as_ref()?.get(key))
     }
 
-    /// Applies a flushed buffer. Requires every basement loaded. Returns
-    /// `Err(id)` for an unknown merge function.
+    /// Applies a flushed buffer, rewriting only the basements it touches.
+    /// Requires every basement loaded. `Err(id)` names an unknown merge function.
     pub fn apply_buffer(
         &mut self,
         buffer: MessageBuffer,
         merges: &MergeRegistry,
     ) -> Result<(), u8> {
-        debug_assert!(self.is_fully_loaded());
+        assert!(
+            self.is_fully_loaded(),
+            "messages applied to a partly loaded leaf"
+        );
         let (ranges, points) = buffer.into_parts();
-        for (start, r) in ranges {
-            let first = self.basement_for(&start);
-            let last = self.basement_for(&r.end);
-            for bi in first..=last.min(self.basements.len() - 1) {
-                let b = &mut self.basements[bi];
-                if let Some(entries) = b.entries.as_mut() {
-                    let lo = entries.partition_point(|(k, _)| k.as_slice() < start.as_slice());
-                    let hi = entries.partition_point(|(k, _)| k.as_slice() < r.end.as_slice());
-                    if lo < hi {
-                        entries.drain(lo..hi);
-                        b.loc = None;
-                    }
-                }
-            }
-        }
-        for (key, msg) in points {
-            let bi = self.basement_for(&key);
-            let b = &mut self.basements[bi];
-            let Some(entries) = b.entries.as_mut() else {
+        let ranges: Vec<(&[u8], &[u8])> = ranges
+            .iter()
+            .map(|(s, r)| (s.as_slice(), r.end.as_slice()))
+            .collect();
+        for bi in 0..self.basements.len() {
+            let lo = if bi == 0 {
+                None
+            } else {
+                Some(self.pivots[bi - 1].as_slice())
+            };
+            let hi = self.pivots.get(bi).map(|p| p.as_slice());
+            let lower = lo.map_or(Bound::Unbounded, Bound::Included);
+            let upper = hi.map_or(Bound::Unbounded, Bound::Excluded);
+            let pts: Vec<(&Vec<u8>, &PointMsg)> = points.range::<[u8], _>((lower, upper)).collect();
+            let rs: Vec<(&[u8], &[u8])> = ranges
+                .iter()
+                .filter(|(s, e)| lo.is_none_or(|lo| *e > lo) && hi.is_none_or(|hi| *s < hi))
+                .copied()
+                .collect();
+            if pts.is_empty() && rs.is_empty() {
                 continue;
-            };
-            b.loc = None;
-            let found = entries.binary_search_by(|(k, _)| k.as_slice().cmp(&key));
-            let old = found.ok().map(|i| entries[i].1.as_slice());
-            let new = match (&msg.base, msg.upserts.is_empty()) {
-                (Some(Base::Put { value, .. }), true) => Some(value.clone()),
-                (Some(Base::Delete { .. }), true) => None,
-                _ => msg.apply(old, merges)?,
-            };
-            match (found, new) {
-                (Ok(i), Some(v)) => entries[i].1 = v,
-                (Ok(i), None) => {
-                    entries.remove(i);
-                }
-                (Err(i), Some(v)) => entries.insert(i, (key, v)),
-                (Err(_), None) => {}
             }
-        }
-        for b in &mut self.basements {
-            if let Some(entries) = &b.entries {
-                b.count = entries.len();
-                b.bytes = entries.iter().map(|(k, v)| entry_bytes(k, v)).sum();
-            }
+            let b = &mut self.basements[bi];
+            let Some(old) = b.entries.as_ref() else {
+                unreachable!("checked fully loaded")
+            };
+            let merged = merge_basement(old, &rs, &pts, merges)?;
+            *b = Basement::from_entries(merged);
         }
         Ok(())
     }
 
-    /// Re-chunks basements so each holds about `basement_size` bytes.
+    /// Splits oversized basements and drops empty ones, leaving the rest.
     pub fn rebalance_basements(&mut self, basement_size: usize) {
         debug_assert!(self.is_fully_loaded());
-        let needs = self
-            .basements
-            .iter()
-            .any(|b| b.bytes > 2 * basement_size || b.count == 0)
-            && !(self.basements.len() == 1 && self.basements[0].count == 0);
+        let oversized = |b: &Basement| b.bytes > 2 * basement_size;
+        let needs = self.basements.iter().any(oversized)
+            || (self.basements.len() > 1 && self.basements.iter().any(|b| b.count == 0));
         if !needs {
             return;
         }
-        let entries = self.take_entries();
-        *self = Leaf::from_sorted(entries, basement_size);
+        let old_pivots = std::mem::take(&mut self.pivots);
+        let old = std::mem::take(&mut self.basements);
+        for (bi, b) in old.into_iter().enumerate() {
+            if b.count == 0 {
+                continue;
+            }
+            let Some(entries) = b.entries else {
+                unreachable!("checked fully loaded")
+            };
+            let lower_pivot = if bi == 0 {
+                None
+            } else {
+                Some(old_pivots[bi - 1].clone())
+            };
+            let pieces = if b.bytes > 2 * basement_size {
+                chunk(&entries, basement_size)
+            } else {
+                vec![entries]
+            };
+            for (pi, piece) in pieces.into_iter().enumerate() {
+                if !self.basements.is_empty() {
+                    let pivot = if pi == 0 { lower_pivot.clone() } else { None };
+                    self.pivots
+                        .push(pivot.unwrap_or_else(|| piece.key(0).to_vec()));
+                }
+                self.basements.push(Basement::from_entries(piece));
+            }
+        }
+        if self.basements.is_empty() {
+            *self = Leaf::default();
+        }
     }
 
-    /// Takes all entries out in order.
-    pub fn take_entries(&mut self) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let mut all = Vec::with_capacity(self.entry_count());
+    /// All entries in order (consumes the basements' contents).
+    pub fn take_entries(&mut self) -> Entries {
+        let mut all = Entries::with_capacity(self.entry_count(), self.bytes());
         for b in &mut self.basements {
-            all.extend(b.entries.take().unwrap_or_default());
+            if let Some(e) = b.entries.take() {
+                all.extend_from(&e, 0, e.len());
+            }
         }
         all
     }
 
     /// A fully loaded leaf chunked into basements of about `basement_size`.
-    pub fn from_sorted(entries: Vec<(Vec<u8>, Vec<u8>)>, basement_size: usize) -> Leaf {
+    pub fn from_sorted(entries: &Entries, basement_size: usize) -> Leaf {
+        let pieces = chunk(entries, basement_size);
         let mut leaf = Leaf {
             pivots: Vec::new(),
-            basements: Vec::new(),
+            basements: Vec::with_capacity(pieces.len()),
         };
-        let mut current = Vec::new();
-        let mut bytes = 0;
-        for (k, v) in entries {
-            let eb = entry_bytes(&k, &v);
-            if bytes + eb > basement_size && !current.is_empty() {
-                leaf.pivots.push(k.clone());
-                leaf.basements
-                    .push(Basement::from_entries(std::mem::take(&mut current)));
-                bytes = 0;
+        for piece in pieces {
+            if !leaf.basements.is_empty() {
+                leaf.pivots.push(piece.key(0).to_vec());
             }
-            bytes += eb;
-            current.push((k, v));
+            leaf.basements.push(Basement::from_entries(piece));
         }
-        leaf.basements.push(Basement::from_entries(current));
+        if leaf.basements.is_empty() {
+            return Leaf::default();
+        }
         leaf
     }
+}
+
+/// Cuts sorted entries into pieces of about `size` serialised bytes.
+fn chunk(entries: &Entries, size: usize) -> Vec<Entries> {
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for i in 0..entries.len() {
+        let eb = entries.entry_bytes(i);
+        if bytes + eb > size && i > start {
+            let mut piece = Entries::with_capacity(i - start, bytes);
+            piece.extend_from(entries, start, i);
+            pieces.push(piece);
+            start = i;
+            bytes = 0;
+        }
+        bytes += eb;
+    }
+    if start < entries.len() || pieces.is_empty() {
+        let mut piece = Entries::with_capacity(entries.len() - start, bytes);
+        piece.extend_from(entries, start, entries.len());
+        pieces.push(piece);
+    }
+    pieces
 }
 
 #[derive(Clone, Debug)]
@@ -278,7 +369,7 @@ impl Interior {
     pub fn mem_bytes(&self) -> usize {
         self.buffers
             .iter()
-            .map(|b| b.bytes() + b.message_count() * ENTRY_MEM_OVERHEAD)
+            .map(|b| b.bytes() + b.message_count() * MESSAGE_MEM_OVERHEAD)
             .sum::<usize>()
             + self.pivots.iter().map(|p| p.len() + 32).sum::<usize>()
             + self.children.len() * 16
@@ -414,6 +505,7 @@ mod tests {
         leaf.apply_buffer(buf, &merges).unwrap();
         leaf.rebalance_basements(1000);
         assert!(leaf.basements.len() > 5);
+        assert_eq!(leaf.pivots.len() + 1, leaf.basements.len());
         assert_eq!(leaf.entry_count(), 100);
         let mut del = MessageBuffer::default();
         del.insert_range_delete(

@@ -570,10 +570,15 @@ impl Tree {
                     let mut result: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
                     let last = hi.map_or(leaf.basements.len() - 1, |h| leaf.basement_for(h));
                     for b in &leaf.basements[leaf.basement_for(start)..=last] {
-                        for (k, v) in b.entries.as_deref().unwrap_or_default() {
-                            if k.as_slice() >= start && hi.is_none_or(|h| k.as_slice() < h) {
-                                result.insert(k.clone(), v.clone());
+                        let Some(entries) = &b.entries else {
+                            unreachable!("loaded above")
+                        };
+                        for i in entries.lower_bound(start)..entries.len() {
+                            let k = entries.key(i);
+                            if hi.is_some_and(|h| k >= h) {
+                                break;
                             }
+                            result.insert(k.to_vec(), entries.value(i).to_vec());
                         }
                     }
                     for level in levels.iter().rev() {
@@ -888,8 +893,9 @@ impl Tree {
         match (&mut left.body, right.body) {
             (NodeBody::Leaf(a), NodeBody::Leaf(mut b)) => {
                 let mut entries = a.take_entries();
-                entries.extend(b.take_entries());
-                *a = Leaf::from_sorted(entries, self.opts.basement_size);
+                let right = b.take_entries();
+                entries.extend_from(&right, 0, right.len());
+                *a = Leaf::from_sorted(&entries, self.opts.basement_size);
             }
             (NodeBody::Interior(a), NodeBody::Interior(b)) => {
                 a.pivots.push(separator);
@@ -923,45 +929,40 @@ impl Tree {
         match &mut node.body {
             NodeBody::Leaf(leaf) => {
                 let entries = leaf.take_entries();
-                let total: usize = entries
-                    .iter()
-                    .map(|(k, v)| crate::node::entry_bytes(k, v))
-                    .sum();
+                let total = entries.bytes();
                 let target_piece = (self.opts.node_size * 3 / 4).max(1);
                 let k = total.div_ceil(target_piece).clamp(2, entries.len());
                 let per = total.div_ceil(k);
-                let mut groups: Vec<Vec<(Vec<u8>, Vec<u8>)>> = vec![Vec::new()];
+                // Cut points: entry indices where pieces 1..k begin.
+                let mut cuts = Vec::with_capacity(k - 1);
                 let mut acc = 0;
-                let n = entries.len();
-                for (idx, (key, value)) in entries.into_iter().enumerate() {
-                    let remaining_entries = n - idx;
-                    let remaining_groups = k - groups.len();
-                    let current_nonempty = groups.last().is_some_and(|g| !g.is_empty());
-                    if current_nonempty
-                        && remaining_groups > 0
-                        && (acc >= per * groups.len() || remaining_entries <= remaining_groups)
+                for i in 0..entries.len() {
+                    let pieces_left = k - 1 - cuts.len();
+                    let must_cut = entries.len() - i <= pieces_left;
+                    if pieces_left > 0
+                        && i > cuts.last().copied().unwrap_or(0)
+                        && (acc >= per * (cuts.len() + 1) || must_cut)
                     {
-                        groups.push(Vec::new());
+                        cuts.push(i);
                     }
-                    acc += crate::node::entry_bytes(&key, &value);
-                    if let Some(g) = groups.last_mut() {
-                        g.push((key, value));
-                    }
+                    acc += entries.entry_bytes(i);
                 }
-                let mut groups = groups.into_iter();
-                let first = groups.next().unwrap_or_default();
-                let mut prev_last = first.last().map(|(k, _)| k.clone()).unwrap_or_default();
-                *leaf = Leaf::from_sorted(first, self.opts.basement_size);
-                for g in groups {
-                    let Some((first_key, _)) = g.first() else {
-                        continue;
-                    };
-                    let sep = separator(&prev_last, first_key);
-                    prev_last = g.last().map(|(k, _)| k.clone()).unwrap_or_default();
-                    pieces.push((
-                        sep,
-                        NodeBody::Leaf(Leaf::from_sorted(g, self.opts.basement_size)),
-                    ));
+                let bounds_of = |j: usize| -> (usize, usize) {
+                    let from = if j == 0 { 0 } else { cuts[j - 1] };
+                    let to = cuts.get(j).copied().unwrap_or(entries.len());
+                    (from, to)
+                };
+                let piece = |from: usize, to: usize| {
+                    let mut e = crate::entries::Entries::with_capacity(to - from, 0);
+                    e.extend_from(&entries, from, to);
+                    Leaf::from_sorted(&e, self.opts.basement_size)
+                };
+                let (from, to) = bounds_of(0);
+                *leaf = piece(from, to);
+                for j in 1..=cuts.len() {
+                    let (from, to) = bounds_of(j);
+                    let sep = separator(entries.key(from - 1), entries.key(from));
+                    pieces.push((sep, NodeBody::Leaf(piece(from, to))));
                 }
             }
             NodeBody::Interior(int) => {
@@ -1236,8 +1237,11 @@ impl Tree {
             NodeBody::Leaf(leaf) => {
                 let mut prev: Option<&[u8]> = None;
                 for (bi, b) in leaf.basements.iter().enumerate() {
-                    for (k, _) in b.entries.as_deref().unwrap_or_default() {
-                        if !bounds.contains(k) || prev.is_some_and(|p| p >= k.as_slice()) {
+                    let Some(entries) = &b.entries else {
+                        unreachable!("loaded whole")
+                    };
+                    for (k, _) in entries.iter() {
+                        if !bounds.contains(k) || prev.is_some_and(|p| p >= k) {
                             return Err(bad(format!(
                                 "key {k:?} out of order or outside {bounds:?}"
                             )));

@@ -1,0 +1,148 @@
+//! Sorted key/value pairs packed in one buffer: the in-memory form of a
+//! leaf basement. One allocation for the bytes and one for a 12-byte index
+//! per entry, instead of two allocations per entry, keeps the node cache's
+//! memory close to the data it holds and makes (de)serialisation a copy.
+
+use std::cmp::Ordering;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Slot {
+    offset: u32,
+    key_len: u32,
+    value_len: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Entries {
+    data: Vec<u8>,
+    index: Vec<Slot>,
+}
+
+/// Per-entry overhead counted in serialised sizes (two varint lengths).
+pub const ENTRY_OVERHEAD_BYTES: usize = 4;
+
+impl Entries {
+    pub fn with_capacity(entries: usize, bytes: usize) -> Entries {
+        Entries {
+            data: Vec::with_capacity(bytes),
+            index: Vec::with_capacity(entries),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// Serialised size: keys, values and length fields.
+    pub fn bytes(&self) -> usize {
+        self.data.len() + self.index.len() * ENTRY_OVERHEAD_BYTES
+    }
+
+    /// Heap memory held.
+    pub fn mem_bytes(&self) -> usize {
+        self.data.capacity() + self.index.capacity() * std::mem::size_of::<Slot>() + 48
+    }
+
+    pub fn key(&self, i: usize) -> &[u8] {
+        let s = self.index[i];
+        &self.data[s.offset as usize..(s.offset + s.key_len) as usize]
+    }
+
+    pub fn value(&self, i: usize) -> &[u8] {
+        let s = self.index[i];
+        let start = (s.offset + s.key_len) as usize;
+        &self.data[start..start + s.value_len as usize]
+    }
+
+    pub fn entry_bytes(&self, i: usize) -> usize {
+        let s = self.index[i];
+        (s.key_len + s.value_len) as usize + ENTRY_OVERHEAD_BYTES
+    }
+
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&[u8], &[u8])> + ExactSizeIterator + '_ {
+        (0..self.len()).map(|i| (self.key(i), self.value(i)))
+    }
+
+    /// Binary search by key.
+    pub fn search(&self, key: &[u8]) -> Result<usize, usize> {
+        self.index.binary_search_by(|s| {
+            let k = &self.data[s.offset as usize..(s.offset + s.key_len) as usize];
+            k.cmp(key)
+        })
+    }
+
+    /// Index of the first key not less than `key`.
+    pub fn lower_bound(&self, key: &[u8]) -> usize {
+        match self.search(key) {
+            Ok(i) | Err(i) => i,
+        }
+    }
+
+    pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        self.search(key).ok().map(|i| self.value(i))
+    }
+
+    /// Appends an entry whose key is `prefix ++ suffix`; keys must arrive in
+    /// increasing order.
+    pub fn push_parts(&mut self, prefix: &[u8], suffix: &[u8], value: &[u8]) {
+        let offset = self.data.len() as u32;
+        self.data.extend_from_slice(prefix);
+        self.data.extend_from_slice(suffix);
+        self.data.extend_from_slice(value);
+        self.index.push(Slot {
+            offset,
+            key_len: (prefix.len() + suffix.len()) as u32,
+            value_len: value.len() as u32,
+        });
+        debug_assert!(
+            self.len() < 2 || self.key(self.len() - 2) < self.key(self.len() - 1),
+            "entries out of order"
+        );
+    }
+
+    pub fn push(&mut self, key: &[u8], value: &[u8]) {
+        self.push_parts(&[], key, value);
+    }
+
+    /// Appends entries [from, to) of `other`.
+    pub fn extend_from(&mut self, other: &Entries, from: usize, to: usize) {
+        for i in from..to {
+            self.push(other.key(i), other.value(i));
+        }
+    }
+
+    /// Compares entry `i`'s key with `key`.
+    pub fn cmp_key(&self, i: usize, key: &[u8]) -> Ordering {
+        self.key(i).cmp(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_entries() {
+        let mut e = Entries::default();
+        e.push(b"a", b"1");
+        e.push_parts(b"b", b"c", b"22");
+        e.push(b"d", b"");
+        assert_eq!(e.len(), 3);
+        assert_eq!(e.key(1), b"bc");
+        assert_eq!(e.value(1), b"22");
+        assert_eq!(e.get(b"d"), Some(&b""[..]));
+        assert_eq!(e.search(b"c"), Err(2));
+        assert_eq!(e.lower_bound(b"bc"), 1);
+        assert_eq!(e.bytes(), 1 + 1 + 2 + 2 + 1 + 3 * ENTRY_OVERHEAD_BYTES);
+        let mut f = Entries::default();
+        f.extend_from(&e, 1, 3);
+        assert_eq!(
+            f.iter().map(|(k, _)| k.to_vec()).collect::<Vec<_>>(),
+            vec![b"bc".to_vec(), b"d".to_vec()]
+        );
+    }
+}
