@@ -74,6 +74,9 @@ pub struct Args {
     engine: Engine,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Also print the engine's counters (JSON) to stderr at the end.
+    #[arg(long)]
+    stats: bool,
 }
 
 /// Parses sizes like `4096`, `64K`, `512M`, `8G`, `1T`.
@@ -108,6 +111,8 @@ trait KvEngine {
     /// Makes everything durable and returns device bytes written/read so far.
     fn finish(&mut self) -> Result<DeviceBytes>;
     fn device_bytes(&self) -> DeviceBytes;
+    /// Engine-specific counters, for --stats.
+    fn stats_json(&self) -> String;
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize)]
@@ -158,6 +163,10 @@ impl KvEngine for BetreefsKv {
     fn finish(&mut self) -> Result<DeviceBytes> {
         self.store()?.checkpoint()?;
         Ok(self.device_bytes())
+    }
+    fn stats_json(&self) -> String {
+        let s = self.store.as_ref().map(|s| s.stats()).unwrap_or_default();
+        serde_json::to_string(&s).unwrap_or_default()
     }
     fn device_bytes(&self) -> DeviceBytes {
         let s = self.store.as_ref().map(|s| s.stats()).unwrap_or_default();
@@ -241,6 +250,13 @@ mod rocks {
             db.flush_wal(true)?;
             db.flush()?;
             Ok(self.device_bytes())
+        }
+        fn stats_json(&self) -> String {
+            let stats = self
+                .db
+                .as_ref()
+                .and_then(|db| db.property_value("rocksdb.stats").ok().flatten());
+            serde_json::to_string(&stats).unwrap_or_default()
         }
         fn device_bytes(&self) -> DeviceBytes {
             let Some(db) = self.db.as_ref() else {
@@ -456,6 +472,9 @@ pub fn run(args: Args) -> Result<()> {
         cache_mb: args.cache_mb,
         found,
     };
+    if args.stats {
+        eprintln!("{}", engine.stats_json());
+    }
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }

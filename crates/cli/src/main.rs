@@ -22,7 +22,20 @@ enum Command {
     KvBench(kv_bench::Args),
 }
 
+/// Large buffers (nodes are megabytes) go straight to mmap and back to the
+/// kernel when freed; glibc's adaptive threshold would otherwise keep them
+/// in the heap and inflate the resident set far beyond the node cache.
+fn tune_allocator() {
+    // SAFETY: mallopt only adjusts allocator parameters; called before any
+    // other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 20);
+    }
+}
+
 fn main() {
+    tune_allocator();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)

@@ -96,10 +96,15 @@ impl Options {
     }
 }
 
+/// Unflushed log bytes at which the background thread flushes without
+/// waiting for its interval: bounds the memory a burst of writes holds.
+const LOG_FLUSH_EAGER_BYTES: u64 = 4 << 20;
+
 #[derive(Default)]
 struct BackgroundState {
     shutdown: bool,
     checkpoint_wanted: bool,
+    flush_wanted: bool,
 }
 
 struct Inner {
@@ -486,9 +491,12 @@ impl Inner {
             Err(e) => return Err(self.poison(e)),
         }
         let wants_checkpoint = self.log.used() > self.log.capacity() / 2;
+        let wants_flush = self.log.unflushed_bytes() > LOG_FLUSH_EAGER_BYTES;
         drop(tree);
-        if wants_checkpoint {
-            self.lock_background().checkpoint_wanted = true;
+        if wants_checkpoint || wants_flush {
+            let mut state = self.lock_background();
+            state.checkpoint_wanted |= wants_checkpoint;
+            state.flush_wanted |= wants_flush;
             self.wake.notify_all();
         }
         Ok(seq)
@@ -545,9 +553,9 @@ impl Inner {
         let mut last_flush = Instant::now();
         let mut last_checkpoint = Instant::now();
         loop {
-            let checkpoint_wanted = {
+            let (checkpoint_wanted, flush_wanted) = {
                 let mut state = self.lock_background();
-                if !state.shutdown && !state.checkpoint_wanted {
+                if !state.shutdown && !state.checkpoint_wanted && !state.flush_wanted {
                     state = self
                         .wake
                         .wait_timeout(state, tick)
@@ -557,21 +565,26 @@ impl Inner {
                 if state.shutdown {
                     return;
                 }
-                std::mem::take(&mut state.checkpoint_wanted)
+                (
+                    std::mem::take(&mut state.checkpoint_wanted),
+                    std::mem::take(&mut state.flush_wanted),
+                )
             };
             if self.check_failed().is_err() {
                 continue;
             }
-            if let Some(interval) = self.options.log_flush_interval {
-                if last_flush.elapsed() >= interval {
-                    if self.log.has_unflushed() {
-                        if let Err(e) = self.log.flush() {
-                            tracing::error!("background log flush failed: {e}");
-                            self.poison(e.into());
-                        }
+            let interval_due = self
+                .options
+                .log_flush_interval
+                .is_some_and(|i| last_flush.elapsed() >= i);
+            if flush_wanted || interval_due {
+                if self.log.has_unflushed() {
+                    if let Err(e) = self.log.flush() {
+                        tracing::error!("background log flush failed: {e}");
+                        self.poison(e.into());
                     }
-                    last_flush = Instant::now();
                 }
+                last_flush = Instant::now();
             }
             let due = self
                 .options

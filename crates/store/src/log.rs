@@ -140,8 +140,13 @@ impl LogWriter {
 
     /// Whether records were appended that are not durable yet.
     pub fn has_unflushed(&self) -> bool {
+        self.unflushed_bytes() > 0
+    }
+
+    /// Bytes appended but not yet durable.
+    pub fn unflushed_bytes(&self) -> u64 {
         let s = self.lock();
-        s.append_pos > s.durable_pos
+        s.append_pos.saturating_sub(s.durable_pos)
     }
 
     pub fn bytes_written(&self) -> u64 {
@@ -220,6 +225,11 @@ impl LogWriter {
             Ok(()) => {
                 s.durable_pos = s.durable_pos.max(end);
                 s.advance_buf_start(floor_block(end));
+                // Do not keep the peak of a burst allocated.
+                if s.buf.capacity() > 4 * s.buf.len().max(1 << 20) {
+                    let keep = s.buf.len().max(1 << 20);
+                    s.buf.shrink_to(keep);
+                }
                 self.flush_count.fetch_add(1, Ordering::Relaxed);
             }
             Err(err) => s.failure = Some(format!("log flush failed: {err}")),
