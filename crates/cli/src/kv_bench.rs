@@ -190,17 +190,17 @@ mod rocks {
     }
 
     impl RocksKv {
-        pub fn options(cache_bytes: usize) -> rocksdb::Options {
+        pub fn options(cache_bytes: usize) -> Result<rocksdb::Options> {
             let mut o = rocksdb::Options::default();
             o.create_if_missing(true);
             o.set_write_buffer_size(4 << 20);
             o.enable_statistics();
             let mut table = rocksdb::BlockBasedOptions::default();
-            table.set_block_cache(&rocksdb::Cache::new_lru_cache(cache_bytes));
+            table.set_block_cache(&rocksdb::Cache::new_lru_cache(cache_bytes)?);
             o.set_block_based_table_factory(&table);
             o.set_use_direct_io_for_flush_and_compaction(true);
             o.set_use_direct_reads(true);
-            o
+            Ok(o)
         }
         fn db(&self) -> Result<&rocksdb::DB> {
             self.db.as_ref().context("db closed")
@@ -240,7 +240,7 @@ mod rocks {
         fn reopen(&mut self) -> Result<()> {
             self.db = None;
             self.db = Some(rocksdb::DB::open(
-                &Self::options(self.cache_bytes),
+                &Self::options(self.cache_bytes)?,
                 &self.path,
             )?);
             Ok(())
@@ -357,7 +357,7 @@ fn open_engine(args: &Args) -> Result<Box<dyn KvEngine>> {
         #[cfg(feature = "rocksdb")]
         Engine::Rocksdb => {
             let _ = std::fs::remove_dir_all(&args.path);
-            let db = rocksdb::DB::open(&rocks::RocksKv::options(args.cache_mb << 20), &args.path)?;
+            let db = rocksdb::DB::open(&rocks::RocksKv::options(args.cache_mb << 20)?, &args.path)?;
             Ok(Box::new(rocks::RocksKv {
                 db: Some(db),
                 path: args.path.clone(),
