@@ -1117,27 +1117,31 @@ impl Tree {
         Ok(())
     }
 
-    /// Drops least recently used nodes (writing dirty ones back) until the
-    /// cache is under 90% of its budget. Roots stay.
+    /// Drops nodes until the cache is under 90% of its budget: clean ones
+    /// first in least-recently-used order (dropping them costs a later
+    /// re-read at most), then dirty ones, which must be written back (a
+    /// write now, and another when they are dirtied again). Interior nodes
+    /// stay longer than leaves of the same age: every query and flush passes
+    /// through them. Roots stay.
     pub fn evict_if_needed(&mut self) -> EngineResult<()> {
         if self.cache_bytes <= self.opts.cache_bytes {
             return Ok(());
         }
         let target = self.opts.cache_bytes / 10 * 9;
-        let mut order: Vec<(u64, u64)> = self
+        let mut order: Vec<(bool, bool, u64, u64)> = self
             .cache
             .iter()
-            .map(|(num, n)| (n.last_used, *num))
+            .map(|(num, n)| (n.dirty, n.height() > 0, n.last_used, *num))
             .collect();
         order.sort_unstable();
-        for (_, num) in order {
+        for (dirty, _, _, num) in order {
             if self.cache_bytes <= target {
                 break;
             }
             if self.roots.contains(&num) {
                 continue;
             }
-            if self.node(num).dirty {
+            if dirty {
                 self.write_node(num)?;
             }
             drop(self.take(num));
