@@ -46,7 +46,14 @@ fn threads_share_one_store() {
                                 .range(KeySpace::Data, &[t], Some(&[t + 1]))
                                 .collect::<Result<_, _>>()
                                 .unwrap();
-                            assert_eq!(got, mine.clone().into_iter().collect::<Vec<_>>());
+                            let want: Vec<_> = mine.clone().into_iter().collect();
+                            if got != want {
+                                let have: BTreeMap<_, _> = got.iter().cloned().collect();
+                                let extra: Vec<_> = have.keys().filter(|k| !mine.contains_key(*k)).take(4).collect();
+                                let missing: Vec<_> = mine.keys().filter(|k| !have.contains_key(*k)).take(4).collect();
+                                let wrong: Vec<_> = mine.iter().filter(|(k, v)| have.get(*k).is_some_and(|h| h != *v)).map(|(k, _)| k).take(4).collect();
+                                panic!("thread {t} op {i}: scan got {} entries, expected {}; extra {extra:?} missing {missing:?} wrong {wrong:?}; verify: {:?}", got.len(), want.len(), store.verify());
+                            }
                         }
                         _ => {
                             if i % 7 == 0 {

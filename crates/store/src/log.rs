@@ -212,6 +212,10 @@ impl LogWriter {
             s = self.flushed.wait(s).unwrap_or_else(|e| e.into_inner());
         }
         s.flushing = true;
+        // Bytes before the head belong to a checkpoint already: never
+        // rewrite them (they could lie a whole lap behind the live tail).
+        let head_block = floor_block(s.head);
+        s.advance_buf_start(head_block);
         let start = s.buf_start;
         let end = s.append_pos;
         let data = AlignedBuf::from_slice(&s.buf);
@@ -242,6 +246,12 @@ impl LogWriter {
     /// the end of the region. A wrapped write is synced in order (end of the
     /// region first) so a crash never keeps the later half without the first.
     fn write_stream(&self, start: u64, data: &AlignedBuf) -> StoreResult<()> {
+        assert!(
+            data.len() as u64 <= self.region_bytes,
+            "log write of {} bytes exceeds the {} byte region",
+            data.len(),
+            self.region_bytes
+        );
         let physical = start % self.region_bytes;
         let first = ((self.region_bytes - physical) as usize).min(data.len());
         let io = |e| StoreError::io("writing log", e);
@@ -268,9 +278,8 @@ impl LogWriter {
         s.head = pos;
         // Records before the head are in the checkpoint: no need to write them.
         s.durable_pos = s.durable_pos.max(pos);
-        if !s.flushing {
-            s.advance_buf_start(floor_block(pos));
-        }
+        // A flush in flight works on its own copy, so this is safe anyway.
+        s.advance_buf_start(floor_block(pos));
     }
 
     /// Marks the log failed: later appends and flushes return an error.
@@ -561,5 +570,80 @@ mod tests {
         }
         assert_eq!(collect(&dev, 0, 1, 1).unwrap().len(), 80);
         assert!(log.flush_count() <= 80);
+    }
+}
+
+#[cfg(test)]
+mod head_tests {
+    use super::*;
+    use crate::MemDevice;
+    use std::sync::mpsc;
+
+    /// A device whose first write waits until the test lets it go, so a
+    /// flush can be held in flight.
+    struct GatedDevice {
+        inner: MemDevice,
+        gate: Mutex<Option<mpsc::Receiver<()>>>,
+        entered: Mutex<Option<mpsc::Sender<()>>>,
+    }
+
+    impl Device for GatedDevice {
+        fn len_bytes(&self) -> u64 {
+            self.inner.len_bytes()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            if let Some(entered) = self.entered.lock().unwrap().take() {
+                entered.send(()).unwrap();
+                let gate = self.gate.lock().unwrap().take().unwrap();
+                gate.recv().unwrap();
+            }
+            self.inner.write_at(buf, offset)
+        }
+        fn sync(&self) -> std::io::Result<()> {
+            self.inner.sync()
+        }
+    }
+
+    /// A checkpoint that moves the head while a flush is in flight must not
+    /// leave stale bytes that make the next flush longer than the region
+    /// (it would write past the log into the node region).
+    #[test]
+    fn head_moving_during_a_flush_never_overruns_the_region() {
+        let region = 64 * 1024;
+        let mem = MemDevice::new(BLOCK + region + BLOCK);
+        let (release, gate) = mpsc::channel();
+        let (entered_tx, entered) = mpsc::channel();
+        let dev = Arc::new(GatedDevice {
+            inner: mem.clone(),
+            gate: Mutex::new(Some(gate)),
+            entered: Mutex::new(Some(entered_tx)),
+        });
+        let log = Arc::new(LogWriter::new(dev, BLOCK, region, 1, 0).unwrap());
+        log.append(1, &[1; 700]).unwrap();
+        let flusher = {
+            let log = log.clone();
+            std::thread::spawn(move || log.flush())
+        };
+        entered.recv().unwrap();
+        // While that flush is held: fill, checkpoint, fill again.
+        let mut seq = 2;
+        while log.append(seq, &[seq as u8; 700]).is_ok() {
+            seq += 1;
+        }
+        log.set_head(log.append_pos());
+        while log.append(seq, &[seq as u8; 700]).is_ok() {
+            seq += 1;
+        }
+        release.send(()).unwrap();
+        flusher.join().unwrap().unwrap();
+        log.flush().unwrap();
+        let image = mem.current_image();
+        assert!(
+            image[(BLOCK + region) as usize..].iter().all(|&b| b == 0),
+            "wrote past the log region"
+        );
     }
 }
