@@ -14,6 +14,16 @@ use rand::{rngs::SmallRng, Rng, SeedableRng};
 
 #[test]
 fn threads_share_one_store() {
+    let rounds: u64 = std::env::var("BETREEFS_STRESS_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    for round in 0..rounds {
+        share_one_store(round);
+    }
+}
+
+fn share_one_store(round: u64) {
     let mut options = small_options();
     options.log_flush_interval = Some(Duration::from_millis(5));
     options.checkpoint_interval = Some(Duration::from_millis(50));
@@ -22,8 +32,9 @@ fn threads_share_one_store() {
     let workers: Vec<_> = (0..4u8)
         .map(|t| {
             let store = store.clone();
+            let round = round;
             std::thread::spawn(move || {
-                let mut rng = SmallRng::seed_from_u64(t as u64);
+                let mut rng = SmallRng::seed_from_u64(t as u64 + 100 * round);
                 let mut mine = BTreeMap::new();
                 for i in 0..3000u32 {
                     let key = [t, rng.gen_range(0..200u8), rng.gen()].to_vec();
