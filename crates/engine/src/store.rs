@@ -344,6 +344,16 @@ impl Store {
             .map_err(|e| self.inner.poison(e.into()))
     }
 
+    /// Pushes every buffered message down to the leaves (and merges the
+    /// leaves it empties), then checkpoints. Frees the space of pending
+    /// deletes; costs a pass over every node that holds messages.
+    pub fn compact(&self) -> EngineResult<()> {
+        let mut tree = self.inner.lock_tree();
+        self.inner.check_failed()?;
+        tree.flush_everything().map_err(|e| self.inner.poison(e))?;
+        self.inner.checkpoint_locked(&mut tree)
+    }
+
     /// Writes a checkpoint now; the log before it becomes reusable.
     pub fn checkpoint(&self) -> EngineResult<()> {
         self.inner.checkpoint()

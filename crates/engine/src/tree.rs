@@ -783,15 +783,20 @@ impl Tree {
         self.maybe_merge(ks, parent, i, parent_bounds)
     }
 
+    /// Inserts the right siblings a split of child `i` produced. The
+    /// parent's buffer for child `i` is cut at the new pivots so every
+    /// message stays with the child whose range holds its key (after a
+    /// merge-then-resplit that buffer is not empty).
     fn adopt_splits(&mut self, parent: u64, i: usize, splits: Splits) {
         if splits.is_empty() {
             return;
         }
         self.with_interior(parent, |int| {
             for (k, (pivot, num)) in splits.into_iter().enumerate() {
+                let right = int.buffers[i + k].split_off(&pivot);
                 int.pivots.insert(i + k, pivot);
                 int.children.insert(i + 1 + k, num);
-                int.buffers.insert(i + 1 + k, MessageBuffer::default());
+                int.buffers.insert(i + 1 + k, right);
             }
         });
     }

@@ -274,3 +274,48 @@ fn seeded_runs_checked_after_every_operation() {
         }
     }
 }
+
+/// Deletes shrink leaves until they merge, while new puts for the same
+/// range wait in the parent's buffers; merged leaves that are too big split
+/// again. Every buffered message must stay reachable (a merge-then-resplit
+/// once left them in the wrong child's buffer).
+#[test]
+fn merges_and_resplits_keep_buffered_messages_reachable() {
+    for seed in 0..20u64 {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let (_dev, store) = mem_store(48 << 20, small_options());
+        let mut model = Model::default();
+        for i in 0..6000u32 {
+            let mut b = WriteBatch::new();
+            // First fill 1500 keys, then mostly delete with a few puts mixed in.
+            let key = if i < 1500 {
+                i
+            } else {
+                rng.gen_range(0..1500u32)
+            }
+            .to_be_bytes();
+            if i >= 1500 && rng.gen_range(0..100) < 85 {
+                b.delete(KeySpace::Data, &key);
+            } else {
+                b.put(
+                    KeySpace::Data,
+                    &key,
+                    &vec![i as u8; rng.gen_range(100..400)],
+                );
+            }
+            store.write(&b).unwrap();
+            model.apply(&b);
+            if i % 50 == 0 {
+                if let Err(e) = store.verify() {
+                    panic!("seed {seed} op {i}: {e}");
+                }
+            }
+            if i % 400 == 399 {
+                store.compact().unwrap();
+            }
+        }
+        assert_matches(&store, &model);
+        let s = store.stats();
+        assert!(s.merges > 0, "the workload must merge nodes: {s:?}");
+    }
+}
