@@ -32,7 +32,6 @@ fn share_one_store(round: u64) {
     let workers: Vec<_> = (0..4u8)
         .map(|t| {
             let store = store.clone();
-            let round = round;
             std::thread::spawn(move || {
                 let mut rng = SmallRng::seed_from_u64(t as u64 + 100 * round);
                 let mut mine = BTreeMap::new();
