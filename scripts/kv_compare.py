@@ -65,15 +65,16 @@ def main():
         f"Machine: {os.uname().nodename}, {os.cpu_count()} cores; date {time.strftime('%Y-%m-%d')}; "
         f"{args.keys} keys, {args.ops} ops, {args.repeat} runs each, medians.",
         "",
-        "| workload | reads % | engine | kops/s | write amp. | device GB written | device GB read | peak RSS MiB | seconds |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| workload | reads % | engine | kops/s | write amp. | steady write amp. | device GB written | device GB read | peak RSS MiB | seconds |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for workload, reads, results in rows:
         for engine, _ in engines:
             rs = results[engine]
             lines.append(
                 f"| {workload} | {reads} | {engine} | {med(rs, 'ops_per_sec') / 1000:.1f} | "
-                f"{med(rs, 'write_amplification'):.2f} | {med(rs, 'device_bytes_written') / 1e9:.2f} | "
+                f"{med(rs, 'write_amplification'):.2f} | {med(rs, 'write_amplification_steady'):.2f} | "
+                f"{med(rs, 'device_bytes_written') / 1e9:.2f} | "
                 f"{med(rs, 'device_bytes_read') / 1e9:.2f} | {med(rs, 'peak_rss_bytes') / 2**20:.0f} | "
                 f"{med(rs, 'seconds'):.1f} |")
         if len(engines) == 2:
@@ -82,7 +83,7 @@ def main():
             wa_ratio = med(b, "write_amplification") / wa_r if wa_r else float("nan")
             lines.append(
                 f"| {workload} | {reads} | **ratio b/r** | **{med(b, 'ops_per_sec') / med(r, 'ops_per_sec'):.2f}×** | "
-                f"**{wa_ratio:.2f}×** | | | | |")
+                f"**{wa_ratio:.2f}×** | | | | | |")
     lines += ["", "Commands (one of each):", "", "```"]
     lines += [commands[k] for k in sorted(commands)]
     lines += ["```"]

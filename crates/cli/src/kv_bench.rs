@@ -286,6 +286,9 @@ struct Report {
     device_bytes_written: u64,
     device_bytes_read: u64,
     write_amplification: f64,
+    /// Device bytes written while the operations ran, before the final
+    /// checkpoint (betreefs) or memtable flush (RocksDB), per user byte.
+    write_amplification_steady: f64,
     peak_rss_bytes: u64,
     /// Bytes this process sent to the block layer (from /proc/self/io), a
     /// cross-check of device_bytes_written measured the same way for all engines.
@@ -304,6 +307,14 @@ fn key_of(id: u64, spread: bool) -> [u8; 8] {
         id
     };
     k.to_be_bytes()
+}
+
+fn ratio(bytes: u64, user_bytes: u64) -> f64 {
+    if user_bytes == 0 {
+        0.0
+    } else {
+        bytes as f64 / user_bytes as f64
+    }
 }
 
 fn peak_rss_bytes() -> u64 {
@@ -446,6 +457,7 @@ pub fn run(args: Args) -> Result<()> {
             ops
         }
     };
+    let steady = engine.device_bytes();
     let after = engine.finish()?;
     let seconds = start.elapsed().as_secs_f64();
     let written = after.written - before.written;
@@ -461,11 +473,8 @@ pub fn run(args: Args) -> Result<()> {
         user_bytes_written: user_bytes,
         device_bytes_written: written,
         device_bytes_read: after.read - before.read,
-        write_amplification: if user_bytes == 0 {
-            0.0
-        } else {
-            written as f64 / user_bytes as f64
-        },
+        write_amplification: ratio(written, user_bytes),
+        write_amplification_steady: ratio(steady.written - before.written, user_bytes),
         peak_rss_bytes: peak_rss_bytes(),
         process_write_bytes: process_write_bytes() - io_before,
         node_kb: args.node_kb.unwrap_or(Options::default().node_size >> 10),
