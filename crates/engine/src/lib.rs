@@ -5,7 +5,7 @@
 //! Writes are messages (put, delete, upsert, range delete) that enter at the
 //! root and sink through per-child buffers in batches; see docs/design.md.
 //!
-//! Limits: keys up to [`MAX_KEY_BYTES`] (4 KiB), values and upsert arguments
+//! Limits: keys up to [`MAX_KEY_BYTES`] (12 KiB), values and upsert arguments
 //! up to [`MAX_VALUE_BYTES`] (128 KiB), keys compare by memcmp.
 
 pub mod btt;

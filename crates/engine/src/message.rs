@@ -2,8 +2,10 @@
 
 use crate::codec::{DecodeError, DecodeResult, Decoder, Encoder};
 
-/// Keys longer than this are refused.
-pub const MAX_KEY_BYTES: usize = 4096;
+/// Keys longer than this are refused. Large enough for the file system's
+/// worst case: a 4095-byte path whose every name byte needs escaping
+/// (doubling it), plus a block number.
+pub const MAX_KEY_BYTES: usize = 12 * 1024;
 /// Values (and upsert arguments) longer than this are refused.
 pub const MAX_VALUE_BYTES: usize = 128 * 1024;
 
