@@ -122,6 +122,7 @@ struct Inner {
 pub struct Store {
     inner: Arc<Inner>,
     worker: Option<JoinHandle<()>>,
+    closed: bool,
 }
 
 fn fresh_epoch() -> u32 {
@@ -288,7 +289,11 @@ impl Store {
             }
             None => None,
         };
-        Store { inner, worker }
+        Store {
+            inner,
+            worker,
+            closed: false,
+        }
     }
 
     pub fn put(&self, ks: KeySpace, key: &[u8], value: &[u8]) -> EngineResult<u64> {
@@ -374,6 +379,7 @@ impl Store {
     /// Stops the background thread and writes a final checkpoint.
     pub fn close(mut self) -> EngineResult<()> {
         self.stop_worker();
+        self.closed = true;
         self.inner.check_failed()?;
         self.inner.checkpoint()
     }
@@ -390,13 +396,16 @@ impl Store {
 }
 
 impl Drop for Store {
+    /// Dropping without [`Store::close`] still stops the flusher and tries a
+    /// final checkpoint; its error can only be logged.
     fn drop(&mut self) {
-        if self.worker.is_some() {
-            self.stop_worker();
-            if self.inner.check_failed().is_ok() {
-                if let Err(e) = self.inner.checkpoint() {
-                    tracing::error!("final checkpoint failed: {e}");
-                }
+        if self.closed {
+            return;
+        }
+        self.stop_worker();
+        if self.inner.check_failed().is_ok() {
+            if let Err(e) = self.inner.checkpoint() {
+                tracing::error!("final checkpoint failed: {e}");
             }
         }
     }

@@ -319,3 +319,23 @@ fn merges_and_resplits_keep_buffered_messages_reachable() {
         assert!(s.merges > 0, "the workload must merge nodes: {s:?}");
     }
 }
+
+/// Dropping a store without `close` (and without any sync) still makes
+/// what it holds durable through a final checkpoint.
+#[test]
+fn drop_without_close_checkpoints() {
+    let (dev, store) = mem_store(48 << 20, small_options());
+    for i in 0..500u32 {
+        store
+            .put(KeySpace::Meta, &i.to_be_bytes(), b"kept")
+            .unwrap();
+    }
+    drop(store);
+    let reopened = Store::open_on(Arc::new(dev), small_options()).unwrap();
+    assert_eq!(common::scan_all(&reopened, KeySpace::Meta).len(), 500);
+    assert_eq!(
+        reopened.stats().log_replayed_records,
+        0,
+        "the final checkpoint covered everything"
+    );
+}
