@@ -1026,23 +1026,7 @@ impl Tree {
             let root = self.roots[ks.index()];
             self.load(ks, root, &[], Want::Whole, None)?;
             self.flush_subtree(ks, root, &Bounds::full())?;
-            let splits = self.split_if_needed(ks, root, &Bounds::full())?;
-            if !splits.is_empty() {
-                // Reuse the root-growing path.
-                let height = self.node(root).height() + 1;
-                let mut int = Interior {
-                    height,
-                    pivots: Vec::new(),
-                    children: vec![root],
-                    buffers: vec![MessageBuffer::default()],
-                };
-                for (pivot, num) in splits {
-                    int.pivots.push(pivot);
-                    int.children.push(num);
-                    int.buffers.push(MessageBuffer::default());
-                }
-                self.roots[ks.index()] = self.new_node(ks, NodeBody::Interior(int), Vec::new());
-            }
+            // Splits the root, and grows the tree, if flushing filled it.
             self.settle_root(ks)?;
         }
         Ok(())

@@ -134,13 +134,20 @@ pub fn data_block(entry: &[u8], key: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(rest.try_into().ok()?))
 }
 
+/// The half-open range [`prefix lo`, `prefix hi`).
+fn range_after(prefix: &[u8], lo: u8, hi: u8) -> (Vec<u8>, Vec<u8>) {
+    let with = |b: u8| {
+        let mut k = Vec::with_capacity(prefix.len() + 1);
+        k.extend_from_slice(prefix);
+        k.push(b);
+        k
+    };
+    (with(lo), with(hi))
+}
+
 /// All data keys of a file, as a half-open range.
 pub fn data_range(entry: &[u8]) -> (Vec<u8>, Vec<u8>) {
-    let mut start = entry.to_vec();
-    start.push(SEP_ENTRY);
-    let mut end = entry.to_vec();
-    end.push(SEP_DIR);
-    (start, end)
+    range_after(entry, SEP_ENTRY, SEP_DIR)
 }
 
 /// Data keys of blocks `from` and above of a file (truncate).
@@ -150,20 +157,12 @@ pub fn data_range_from(entry: &[u8], from: u64) -> (Vec<u8>, Vec<u8>) {
 
 /// The direct children of a directory (readdir), as a half-open range.
 pub fn children_range(dir: &[u8]) -> (Vec<u8>, Vec<u8>) {
-    let mut start = dir.to_vec();
-    start.push(SEP_ENTRY);
-    let mut end = dir.to_vec();
-    end.push(SEP_DIR);
-    (start, end)
+    range_after(dir, SEP_ENTRY, SEP_DIR)
 }
 
 /// Every descendant of a directory in either key space, as a half-open range.
 pub fn subtree_range(dir: &[u8]) -> (Vec<u8>, Vec<u8>) {
-    let mut start = dir.to_vec();
-    start.push(SEP_ENTRY);
-    let mut end = dir.to_vec();
-    end.push(RANGE_END);
-    (start, end)
+    range_after(dir, SEP_ENTRY, RANGE_END)
 }
 
 #[cfg(test)]
