@@ -28,6 +28,9 @@ pub struct Stats {
     pub cache_misses: AtomicU64,
     pub evictions: AtomicU64,
     pub checkpoints: AtomicU64,
+    /// Time checkpoints held the tree lock (writers wait that long).
+    pub checkpoint_micros_total: AtomicU64,
+    pub checkpoint_micros_max: AtomicU64,
     pub log_replayed_records: AtomicU64,
 }
 
@@ -67,6 +70,8 @@ pub struct StatsSnapshot {
     pub cache_misses: u64,
     pub evictions: u64,
     pub checkpoints: u64,
+    pub checkpoint_micros_total: u64,
+    pub checkpoint_micros_max: u64,
     pub log_replayed_records: u64,
     pub cache_bytes: u64,
     pub cache_dirty_bytes: u64,
@@ -101,6 +106,8 @@ impl Stats {
             cache_misses: get(&self.cache_misses),
             evictions: get(&self.evictions),
             checkpoints: get(&self.checkpoints),
+            checkpoint_micros_total: get(&self.checkpoint_micros_total),
+            checkpoint_micros_max: get(&self.checkpoint_micros_max),
             log_replayed_records: get(&self.log_replayed_records),
             ..StatsSnapshot::default()
         }

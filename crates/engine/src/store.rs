@@ -544,10 +544,16 @@ impl Inner {
     }
 
     fn checkpoint_locked(&self, tree: &mut Tree) -> EngineResult<()> {
+        let started = Instant::now();
         let head = self.log.append_pos();
         tree.write_checkpoint(head, self.log.epoch())
             .map_err(|e| self.poison(e))?;
         self.log.set_head(head);
+        let micros = started.elapsed().as_micros() as u64;
+        add(&self.stats.checkpoint_micros_total, micros);
+        self.stats
+            .checkpoint_micros_max
+            .fetch_max(micros, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 

@@ -228,6 +228,7 @@ fn stats_count_what_happened() {
     assert!(s.flushes > 0 && s.splits > 0 && s.checkpoints >= 2);
     assert!(s.node_bytes_written_per_level[0] > 0 && s.node_bytes_written_per_level[1] > 0);
     assert!(s.write_amplification > 1.0, "{}", s.write_amplification);
+    assert!(s.checkpoint_micros_max > 0 && s.checkpoint_micros_total >= s.checkpoint_micros_max);
     assert!(s.tree_heights[KeySpace::Data.index()] >= 2);
 }
 
