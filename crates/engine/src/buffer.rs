@@ -83,19 +83,27 @@ impl PointMsg {
     /// Applies this message to the value below it. `Err(id)` names a merge
     /// function the registry does not know.
     pub fn apply(&self, old: Option<&[u8]>, merges: &MergeRegistry) -> Result<Option<Vec<u8>>, u8> {
-        let mut value: Option<Vec<u8>> = match &self.base {
+        let start = match &self.base {
             Some(Base::Put { value, .. }) => Some(value.clone()),
             Some(Base::Delete { .. }) => None,
             None => old.map(|v| v.to_vec()),
         };
-        for u in &self.upserts {
-            value = Some(
-                merges
-                    .apply(u.func, value.as_deref(), &u.arg)
-                    .ok_or(u.func)?,
-            );
-        }
-        Ok(value)
+        fold_upserts(&self.upserts, start, merges)
+    }
+
+    /// [`PointMsg::apply`] for a message the caller owns: the put's value is
+    /// moved, not copied.
+    pub fn into_value(
+        self,
+        old: Option<Vec<u8>>,
+        merges: &MergeRegistry,
+    ) -> Result<Option<Vec<u8>>, u8> {
+        let start = match self.base {
+            Some(Base::Put { value, .. }) => Some(value),
+            Some(Base::Delete { .. }) => None,
+            None => old,
+        };
+        fold_upserts(&self.upserts, start, merges)
     }
 
     /// Whether the value below this message is irrelevant.
@@ -122,6 +130,22 @@ impl PointMsg {
             self.upserts.clear();
         }
     }
+}
+
+/// Applies upserts, oldest first, to a value.
+fn fold_upserts(
+    upserts: &[Upsert],
+    mut value: Option<Vec<u8>>,
+    merges: &MergeRegistry,
+) -> Result<Option<Vec<u8>>, u8> {
+    for u in upserts {
+        value = Some(
+            merges
+                .apply(u.func, value.as_deref(), &u.arg)
+                .ok_or(u.func)?,
+        );
+    }
+    Ok(value)
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -232,18 +256,6 @@ impl MessageBuffer {
         entry.collapse(merges);
         self.bytes += entry.bytes(key_len);
         self.points.insert(key, entry);
-        eaten
-    }
-
-    /// Adds everything from `newer`, whose messages are all newer than ours.
-    pub fn absorb_newer(&mut self, newer: MessageBuffer, merges: &MergeRegistry) -> usize {
-        let mut eaten = 0;
-        for (start, r) in newer.ranges {
-            eaten += self.insert_range_delete(start, r.end, r.seq);
-        }
-        for (key, m) in newer.points {
-            eaten += self.insert_point(key, m, merges);
-        }
         eaten
     }
 

@@ -3,8 +3,6 @@
 //! per entry, instead of two allocations per entry, keeps the node cache's
 //! memory close to the data it holds and makes (de)serialisation a copy.
 
-use std::cmp::Ordering;
-
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Slot {
     offset: u32,
@@ -113,11 +111,6 @@ impl Entries {
         for i in from..to {
             self.push(other.key(i), other.value(i));
         }
-    }
-
-    /// Compares entry `i`'s key with `key`.
-    pub fn cmp_key(&self, i: usize, key: &[u8]) -> Ordering {
-        self.key(i).cmp(key)
     }
 }
 

@@ -216,9 +216,7 @@ impl Store {
                     .map_err(|e| EngineError::CorruptLogRecord { seq, reason: e.0 })
                     .and_then(|batch| {
                         validate_batch(&batch, &merges)?;
-                        tree.next_seq = seq;
                         tree.apply_batch(seq, &batch)?;
-                        tree.next_seq = seq + 1;
                         match tree.evict_if_needed() {
                             Err(e) if !e.is_no_space() => Err(e),
                             _ => Ok(()),

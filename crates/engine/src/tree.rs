@@ -140,22 +140,24 @@ pub(crate) struct Tree {
 }
 
 impl Tree {
-    /// A new, empty pair of trees (one leaf root each), all dirty.
-    pub fn create(
+    /// The fields every tree starts with; `create` and `open` fill the rest.
+    fn with_parts(
         device: Arc<dyn Device>,
         layout: Layout,
         opts: TreeOptions,
         merges: Arc<MergeRegistry>,
         stats: Arc<Stats>,
+        btt: BlockTable,
+        alloc: BlockAllocator,
     ) -> Tree {
-        let mut tree = Tree {
-            alloc: BlockAllocator::new(layout.node_blocks()),
+        Tree {
             opts,
             device,
             layout,
             merges,
             stats,
-            btt: BlockTable::default(),
+            btt,
+            alloc,
             roots: [0; KEY_SPACES],
             cache: HashMap::new(),
             cache_bytes: 0,
@@ -165,7 +167,27 @@ impl Tree {
             generation: 0,
             btt_extent: None,
             removals_since_reclaim: 0,
-        };
+        }
+    }
+
+    /// A new, empty pair of trees (one leaf root each), all dirty.
+    pub fn create(
+        device: Arc<dyn Device>,
+        layout: Layout,
+        opts: TreeOptions,
+        merges: Arc<MergeRegistry>,
+        stats: Arc<Stats>,
+    ) -> Tree {
+        let alloc = BlockAllocator::new(layout.node_blocks());
+        let mut tree = Self::with_parts(
+            device,
+            layout,
+            opts,
+            merges,
+            stats,
+            BlockTable::default(),
+            alloc,
+        );
         for ks in KeySpace::ALL {
             tree.roots[ks.index()] = tree.new_node(ks, NodeBody::Leaf(Leaf::default()), Vec::new());
         }
@@ -217,24 +239,12 @@ impl Tree {
             }
             roots[ks.index()] = root;
         }
-        Ok(Tree {
-            opts,
-            device,
-            layout,
-            merges,
-            stats,
-            btt,
-            alloc,
-            roots,
-            cache: HashMap::new(),
-            cache_bytes: 0,
-            dirty_bytes: 0,
-            tick: 0,
-            next_seq: sb.checkpoint_seq + 1,
-            generation: sb.generation,
-            btt_extent: Some(sb.btt),
-            removals_since_reclaim: 0,
-        })
+        let mut tree = Self::with_parts(device, layout, opts, merges, stats, btt, alloc);
+        tree.roots = roots;
+        tree.next_seq = sb.checkpoint_seq + 1;
+        tree.generation = sb.generation;
+        tree.btt_extent = Some(sb.btt);
+        Ok(tree)
     }
 
     pub fn cache_bytes(&self) -> usize {
@@ -350,38 +360,35 @@ impl Tree {
     }
 
     /// Makes sure node `num` is cached with what `want` needs loaded, and
-    /// (when known) that it sits at `height`.
+    /// (when known) that it sits at `height`. `bounds` are the node's key
+    /// range from its parent; its lifted prefix is only needed to read.
     fn load(
         &mut self,
         ks: KeySpace,
         num: u64,
-        prefix: &[u8],
+        bounds: &Bounds,
         want: Want<'_>,
         height: Option<u32>,
     ) -> EngineResult<()> {
-        if self.cache.contains_key(&num) {
+        if let Some(node) = self.cache.get_mut(&num) {
             self.tick += 1;
-            let tick = self.tick;
-            let node = self.cache.get_mut(&num).map(|n| {
-                n.last_used = tick;
-                &*n
-            });
-            let Some(node) = node else { unreachable!() };
+            node.last_used = self.tick;
             debug_assert_eq!(
-                node.prefix, prefix,
+                node.prefix,
+                bounds.lifted_prefix(),
                 "cached node {num} has a stale lifted prefix"
             );
-            if let Some(h) = height {
-                if node.height() != h {
-                    return Err(Self::corrupt(
-                        ks,
-                        num,
-                        format!("at height {} where {h} was expected", node.height()),
-                    ));
-                }
+            if let Some(h) = height.filter(|&h| h != node.height()) {
+                return Err(Self::corrupt(
+                    ks,
+                    num,
+                    format!("at height {} where {h} was expected", node.height()),
+                ));
             }
             let missing = match &node.body {
-                NodeBody::Leaf(leaf) => !Self::basements_wanted(leaf, want).is_empty(),
+                NodeBody::Leaf(leaf) => {
+                    Self::basement_span(leaf, want).any(|i| leaf.basements[i].entries.is_none())
+                }
                 NodeBody::Interior(_) => false,
             };
             if !missing {
@@ -394,6 +401,8 @@ impl Tree {
             self.put(num, node);
             return result;
         }
+        let prefix = bounds.lifted_prefix();
+        let prefix = prefix.as_slice();
         add(&self.stats.cache_misses, 1);
         let Slot::OnDisk { extent, crc } = self.btt.get(num) else {
             return Err(Self::corrupt(ks, num, "referenced but never written"));
@@ -452,7 +461,8 @@ impl Tree {
         Ok(())
     }
 
-    fn basements_wanted(leaf: &Leaf, want: Want<'_>) -> Vec<usize> {
+    /// The basements `want` covers.
+    fn basement_span(leaf: &Leaf, want: Want<'_>) -> std::ops::RangeInclusive<usize> {
         let (first, last) = match want {
             Want::Whole => (0, leaf.basements.len() - 1),
             Want::Key(k) => (leaf.basement_for(k), leaf.basement_for(k)),
@@ -461,9 +471,7 @@ impl Tree {
                 e.map_or(leaf.basements.len() - 1, |e| leaf.basement_for(e)),
             ),
         };
-        (first..=last)
-            .filter(|&i| leaf.basements[i].entries.is_none())
-            .collect()
+        first..=last
     }
 
     fn read_basements(
@@ -479,8 +487,11 @@ impl Tree {
         let Slot::OnDisk { extent, .. } = self.btt.get(num) else {
             return Err(Self::corrupt(ks, num, "partly loaded leaf has no extent"));
         };
-        for i in Self::basements_wanted(leaf, want) {
+        for i in Self::basement_span(leaf, want) {
             let b = &mut leaf.basements[i];
+            if b.entries.is_some() {
+                continue;
+            }
             let Some(loc) = b.loc else {
                 return Err(Self::corrupt(ks, num, "basement without location"));
             };
@@ -504,7 +515,7 @@ impl Tree {
         let mut bounds = Bounds::full();
         let mut height = None;
         let base = loop {
-            self.load(ks, num, &bounds.lifted_prefix(), Want::Key(key), height)?;
+            self.load(ks, num, &bounds, Want::Key(key), height)?;
             match &self.node(num).body {
                 NodeBody::Interior(int) => {
                     let i = int.child_index(key);
@@ -525,13 +536,10 @@ impl Tree {
                 NodeBody::Leaf(leaf) => break leaf.get(key).flatten().map(|v| v.to_vec()),
             }
         };
-        let mut value = base;
-        for m in pending.iter().rev() {
-            value = m
-                .apply(value.as_deref(), &self.merges)
-                .map_err(EngineError::UnknownMergeFunction)?;
-        }
-        Ok(value)
+        pending.into_iter().rev().try_fold(base, |value, m| {
+            m.into_value(value, &self.merges)
+                .map_err(EngineError::UnknownMergeFunction)
+        })
     }
 
     /// Scans [start, end) within the leaf holding `start`: returns its pairs
@@ -548,13 +556,7 @@ impl Tree {
         let mut height = None;
         loop {
             let hi = min_end(end, bounds.hi.as_deref()).map(|h| h.to_vec());
-            self.load(
-                ks,
-                num,
-                &bounds.lifted_prefix(),
-                Want::Range(start, hi.as_deref()),
-                height,
-            )?;
+            self.load(ks, num, &bounds, Want::Range(start, hi.as_deref()), height)?;
             match &self.node(num).body {
                 NodeBody::Interior(int) => {
                     let i = int.child_index(start);
@@ -567,49 +569,56 @@ impl Tree {
                 }
                 NodeBody::Leaf(leaf) => {
                     let hi = min_end(end, bounds.hi.as_deref());
-                    let mut result: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
                     let last = hi.map_or(leaf.basements.len() - 1, |h| leaf.basement_for(h));
-                    for b in &leaf.basements[leaf.basement_for(start)..=last] {
-                        let Some(entries) = &b.entries else {
-                            unreachable!("loaded above")
-                        };
-                        for i in entries.lower_bound(start)..entries.len() {
-                            let k = entries.key(i);
-                            if hi.is_some_and(|h| k >= h) {
-                                break;
-                            }
-                            result.insert(k.to_vec(), entries.value(i).to_vec());
-                        }
-                    }
-                    for level in levels.iter().rev() {
-                        for (s, r) in level.ranges() {
-                            let mut doomed = result.split_off(s);
-                            let mut kept = doomed.split_off(&r.end);
-                            result.append(&mut kept);
-                        }
-                        for (k, m) in level.points() {
-                            match m.apply(result.get(k).map(|v| v.as_slice()), &self.merges) {
-                                Ok(Some(v)) => {
-                                    result.insert(k.clone(), v);
-                                }
-                                Ok(None) => {
-                                    result.remove(k);
-                                }
-                                Err(id) => return Err(EngineError::UnknownMergeFunction(id)),
-                            }
-                        }
-                    }
+                    let entries = leaf.basements[leaf.basement_for(start)..=last]
+                        .iter()
+                        .flat_map(|b| {
+                            let Some(entries) = &b.entries else {
+                                unreachable!("loaded above")
+                            };
+                            (entries.lower_bound(start)..entries.len())
+                                .map(move |i| (entries.key(i), entries.value(i)))
+                        });
+                    let entries = entries.take_while(|(k, _)| hi.is_none_or(|h| *k < h));
                     // Upper levels were restricted to their child's range, which
-                    // is wider than this leaf's: drop what belongs to later leaves.
-                    if let Some(h) = hi {
-                        result.split_off(h);
-                    }
+                    // is wider than this leaf's: cut them to the leaf's.
+                    let levels: Vec<MessageBuffer> = levels
+                        .iter()
+                        .map(|l| restricted(l, start, hi))
+                        .filter(|l| !l.is_empty())
+                        .collect();
+                    let result: Vec<(Vec<u8>, Vec<u8>)> = if levels.is_empty() {
+                        // The common case: nothing pending here, copy once.
+                        entries.map(|(k, v)| (k.to_vec(), v.to_vec())).collect()
+                    } else {
+                        let mut merged: BTreeMap<Vec<u8>, Vec<u8>> =
+                            entries.map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
+                        for level in levels.iter().rev() {
+                            for (s, r) in level.ranges() {
+                                let mut doomed = merged.split_off(s);
+                                let mut kept = doomed.split_off(&r.end);
+                                merged.append(&mut kept);
+                            }
+                            for (k, m) in level.points() {
+                                match m.apply(merged.get(k).map(|v| v.as_slice()), &self.merges) {
+                                    Ok(Some(v)) => {
+                                        merged.insert(k.clone(), v);
+                                    }
+                                    Ok(None) => {
+                                        merged.remove(k);
+                                    }
+                                    Err(id) => return Err(EngineError::UnknownMergeFunction(id)),
+                                }
+                            }
+                        }
+                        merged.into_iter().collect()
+                    };
                     let next = match (&bounds.hi, end) {
                         (Some(h), Some(e)) if h.as_slice() < e => Some(h.clone()),
                         (Some(h), None) => Some(h.clone()),
                         _ => None,
                     };
-                    return Ok((result.into_iter().collect(), next));
+                    return Ok((result, next));
                 }
             }
         }
@@ -637,7 +646,7 @@ impl Tree {
 
     fn apply_message(&mut self, ks: KeySpace, seq: u64, msg: &Message) -> EngineResult<()> {
         let root = self.roots[ks.index()];
-        self.load(ks, root, &[], Want::Whole, None)?;
+        self.load(ks, root, &Bounds::full(), Want::Whole, None)?;
         let mut node = self.take(root);
         let merges = self.merges.clone();
         let result = match &mut node.body {
@@ -707,7 +716,13 @@ impl Tree {
                 continue;
             }
             let child = int.children[0];
-            self.load(ks, child, &[], Want::Whole, Some(int.height - 1))?;
+            self.load(
+                ks,
+                child,
+                &Bounds::full(),
+                Want::Whole,
+                Some(int.height - 1),
+            )?;
             self.free_node(root);
             self.roots[ks.index()] = child;
         }
@@ -755,7 +770,7 @@ impl Tree {
             add(&self.stats.subtrees_dropped, 1);
             child = fresh;
         } else {
-            self.load(ks, child, &prefix, Want::Whole, Some(child_height))?;
+            self.load(ks, child, &child_bounds, Want::Whole, Some(child_height))?;
         }
         let batch = self.with_interior(parent, |int| int.buffers[i].take());
         let count = batch.message_count() as u64;
@@ -811,7 +826,7 @@ impl Tree {
     ) -> EngineResult<Vec<u64>> {
         let mut out = vec![num];
         if height > 0 {
-            self.load(ks, num, &bounds.lifted_prefix(), Want::Whole, Some(height))?;
+            self.load(ks, num, bounds, Want::Whole, Some(height))?;
             let int = self.interior(num);
             let kids: Vec<(u64, Bounds)> = (0..int.children.len())
                 .map(|j| (int.children[j], int.child_bounds(j, bounds)))
@@ -874,14 +889,8 @@ impl Tree {
             int.child_bounds(r, parent_bounds),
         );
         let height = int.height - 1;
-        self.load(ks, left_num, &lb.lifted_prefix(), Want::Whole, Some(height))?;
-        self.load(
-            ks,
-            right_num,
-            &rb.lifted_prefix(),
-            Want::Whole,
-            Some(height),
-        )?;
+        self.load(ks, left_num, &lb, Want::Whole, Some(height))?;
+        self.load(ks, right_num, &rb, Want::Whole, Some(height))?;
         let merged_bounds = Bounds {
             lo: lb.lo,
             hi: rb.hi,
@@ -1024,7 +1033,7 @@ impl Tree {
     pub fn flush_everything(&mut self) -> EngineResult<()> {
         for ks in KeySpace::ALL {
             let root = self.roots[ks.index()];
-            self.load(ks, root, &[], Want::Whole, None)?;
+            self.load(ks, root, &Bounds::full(), Want::Whole, None)?;
             self.flush_subtree(ks, root, &Bounds::full())?;
             // Splits the root, and grows the tree, if flushing filled it.
             self.settle_root(ks)?;
@@ -1050,13 +1059,7 @@ impl Tree {
             let child_bounds = int.child_bounds(i_now, bounds);
             let height = int.height - 1;
             if height > 0 {
-                self.load(
-                    ks,
-                    child,
-                    &child_bounds.lifted_prefix(),
-                    Want::Whole,
-                    Some(height),
-                )?;
+                self.load(ks, child, &child_bounds, Want::Whole, Some(height))?;
                 self.flush_subtree(ks, child, &child_bounds)?;
                 let splits = self.split_if_needed(ks, child, &child_bounds)?;
                 self.adopt_splits(num, i_now, splits);
@@ -1210,7 +1213,7 @@ impl Tree {
         let mut visited = 0;
         for ks in KeySpace::ALL {
             let root = self.roots[ks.index()];
-            self.load(ks, root, &[], Want::Whole, None)?;
+            self.load(ks, root, &Bounds::full(), Want::Whole, None)?;
             let height = self.node(root).height();
             visited += self.verify_subtree(ks, root, &Bounds::full(), height)?;
         }
@@ -1224,7 +1227,7 @@ impl Tree {
         bounds: &Bounds,
         height: u32,
     ) -> EngineResult<u64> {
-        self.load(ks, num, &bounds.lifted_prefix(), Want::Whole, Some(height))?;
+        self.load(ks, num, bounds, Want::Whole, Some(height))?;
         let bad = |reason: String| Self::corrupt(ks, num, reason);
         let kids: Vec<(u64, Bounds)> = match &self.node(num).body {
             NodeBody::Leaf(leaf) => {

@@ -14,10 +14,7 @@ use rand::{rngs::SmallRng, Rng, SeedableRng};
 
 #[test]
 fn threads_share_one_store() {
-    let rounds: u64 = std::env::var("BETREEFS_STRESS_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
+    let rounds: u64 = common::env_count("BETREEFS_STRESS_ROUNDS", 1);
     for round in 0..rounds {
         share_one_store(round);
     }
@@ -27,8 +24,8 @@ fn share_one_store(round: u64) {
     let mut options = small_options();
     options.log_flush_interval = Some(Duration::from_millis(5));
     options.checkpoint_interval = Some(Duration::from_millis(50));
-    let dev = MemDevice::new(64 << 20);
-    let store = Arc::new(Store::create_on(Arc::new(dev.clone()), options.clone()).unwrap());
+    let (dev, store) = common::mem_store(64 << 20, options.clone());
+    let store = Arc::new(store);
     let workers: Vec<_> = (0..4u8)
         .map(|t| {
             let store = store.clone();

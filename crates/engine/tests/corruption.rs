@@ -14,8 +14,7 @@ use common::{scan_all, small_options};
 
 /// A closed store with trees a few levels deep in both key spaces.
 fn populated_image() -> Vec<u8> {
-    let dev = MemDevice::new(32 << 20);
-    let store = Store::create_on(Arc::new(dev.clone()), small_options()).unwrap();
+    let (dev, store) = common::mem_store(32 << 20, small_options());
     for i in 0..3000u32 {
         let ks = if i % 4 == 0 {
             KeySpace::Meta
@@ -167,8 +166,7 @@ fn corrupt_superblocks_and_foreign_images_are_refused() {
 
 #[test]
 fn corrupt_log_record_in_the_middle_is_refused() {
-    let dev = MemDevice::new(32 << 20);
-    let store = Store::create_on(Arc::new(dev.clone()), small_options()).unwrap();
+    let (dev, store) = common::mem_store(32 << 20, small_options());
     for i in 0..20u32 {
         store
             .put(KeySpace::Meta, &i.to_be_bytes(), &[3; 40])

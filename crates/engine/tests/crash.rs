@@ -15,8 +15,7 @@ use rand::{rngs::SmallRng, Rng, SeedableRng};
 /// Returns whether the device failed before the workload ended.
 fn crash_once(seed: u64) -> bool {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let dev = MemDevice::new(32 << 20);
-    let store = Store::create_on(Arc::new(dev.clone()), small_options()).expect("create");
+    let (dev, store) = common::mem_store(32 << 20, small_options());
     let crash_after = rng.gen_range(0..60);
     dev.fail_after_writes(crash_after);
     let mut models = vec![Model::default()];
@@ -94,10 +93,7 @@ fn crash_once(seed: u64) -> bool {
 
 #[test]
 fn recovery_after_crash_at_random_writes() {
-    let seeds: u64 = std::env::var("BETREEFS_CRASH_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(300);
+    let seeds: u64 = common::env_count("BETREEFS_CRASH_SEEDS", 300);
     let crashed = (0..seeds).filter(|&seed| crash_once(seed)).count();
     // Most runs must really lose power in the middle, or the test tests little.
     assert!(
@@ -110,8 +106,7 @@ fn recovery_after_crash_at_random_writes() {
 #[test]
 fn crash_during_checkpoint_keeps_previous_checkpoint() {
     for crash_after in 0..40 {
-        let dev = MemDevice::new(32 << 20);
-        let store = Store::create_on(Arc::new(dev.clone()), small_options()).unwrap();
+        let (dev, store) = common::mem_store(32 << 20, small_options());
         for i in 0..2000u32 {
             store
                 .put(KeySpace::Data, &i.to_be_bytes(), &[7; 64])

@@ -6,13 +6,11 @@ mod common;
 use std::sync::Arc;
 
 use betreefs_engine::{KeySpace, Store};
-use betreefs_store::MemDevice;
 use common::{scan_all, small_options};
 
 #[test]
 fn full_device_refuses_writes_then_recovers_after_deletes() {
-    let dev = MemDevice::new(12 << 20);
-    let store = Store::create_on(Arc::new(dev.clone()), small_options()).unwrap();
+    let (dev, store) = common::mem_store(12 << 20, small_options());
     let value = vec![0x5a; 1000];
     let mut written = 0u32;
     let err = loop {

@@ -81,36 +81,30 @@ fn unescape(encoded: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// `prefix`, then `sep` (if any), then the escaped `name`.
+fn join(prefix: &[u8], sep: Option<u8>, name: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + name.len() + 1);
+    out.extend_from_slice(prefix);
+    out.extend(sep);
+    escape_into(&mut out, name);
+    out
+}
+
 /// The encoding of a directory given its path components (root: none).
 pub fn dir_key<'a>(components: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (i, c) in components.into_iter().enumerate() {
-        if i > 0 {
-            out.push(SEP_DIR);
-        }
-        escape_into(&mut out, c);
-    }
-    out
+    components
+        .into_iter()
+        .fold(Vec::new(), |dir, c| child_dir_key(&dir, c))
 }
 
 /// The encoding of the directory that is entry `name` of directory `dir`.
 pub fn child_dir_key(dir: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(dir.len() + name.len() + 1);
-    out.extend_from_slice(dir);
-    if !dir.is_empty() {
-        out.push(SEP_DIR);
-    }
-    escape_into(&mut out, name);
-    out
+    join(dir, (!dir.is_empty()).then_some(SEP_DIR), name)
 }
 
 /// The metadata key of entry `name` in directory `dir`.
 pub fn entry_key(dir: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(dir.len() + name.len() + 1);
-    out.extend_from_slice(dir);
-    out.push(SEP_ENTRY);
-    escape_into(&mut out, name);
-    out
+    join(dir, Some(SEP_ENTRY), name)
 }
 
 /// The name of an entry key within `dir` (for readdir), if it is a child.

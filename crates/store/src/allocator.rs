@@ -45,10 +45,6 @@ impl BlockAllocator {
         }
     }
 
-    pub fn total_blocks(&self) -> u64 {
-        self.blocks
-    }
-
     /// Blocks that may not be allocated (in use now or by the last checkpoint).
     pub fn used_blocks(&self) -> u64 {
         self.used_blocks

@@ -108,11 +108,6 @@ impl FileDevice {
         Ok(FileDevice { file, len, direct })
     }
 
-    /// Whether IO bypasses the page cache.
-    pub fn is_direct(&self) -> bool {
-        self.direct
-    }
-
     fn bounce_needed(&self, ptr: *const u8) -> bool {
         self.direct && !(ptr as usize).is_multiple_of(BLOCK_SIZE)
     }
@@ -224,14 +219,6 @@ impl MemDevice {
 
     pub fn has_crashed(&self) -> bool {
         self.lock().crashed
-    }
-
-    pub fn write_count(&self) -> u64 {
-        self.lock().writes
-    }
-
-    pub fn sync_count(&self) -> u64 {
-        self.lock().syncs
     }
 
     /// The contents a restart would find after a crash now.

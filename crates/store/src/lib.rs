@@ -37,11 +37,6 @@ pub use layout::{Extent, Layout, BLOCK_SIZE};
 pub use log::{replay_log, LogWriter, ReplayEnd, LOG_RECORD_HEADER_BYTES};
 pub use superblock::{Superblock, FORMAT_VERSION, MAGIC, MAX_TREES};
 
-/// Rounds `n` up to a whole number of blocks.
-pub fn round_up_to_block(n: u64) -> u64 {
-    n.div_ceil(BLOCK_SIZE as u64) * BLOCK_SIZE as u64
-}
-
 /// Computes the CRC32C of several byte slices as if they were one.
 pub fn crc32c_of(parts: &[&[u8]]) -> u32 {
     parts

@@ -29,6 +29,14 @@ pub fn mem_store(bytes: u64, options: Options) -> (MemDevice, Store) {
     (dev, store)
 }
 
+/// A count from the environment (to run a test longer), or `default`.
+pub fn env_count(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 /// What the store should contain.
 #[derive(Clone, Default, Debug, PartialEq, Eq)]
 pub struct Model {
