@@ -19,6 +19,8 @@ pub enum EngineError {
     UnknownMergeFunction(u8),
     #[error("no space left on the device")]
     NoSpace,
+    #[error("invalid message: {0}")]
+    InvalidMessage(String),
     #[error("invalid option: {0}")]
     InvalidOption(String),
     #[error("the store failed earlier and refuses writes until reopened: {0}")]

@@ -21,10 +21,10 @@ pub mod stats;
 mod tree;
 
 pub use error::{EngineError, EngineResult};
-pub use message::{KeySpace, Message, WriteBatch, KEY_SPACES, MAX_KEY_BYTES, MAX_VALUE_BYTES};
+pub use message::{KeySpace, Message, RangeRename, WriteBatch, KEY_SPACES, MAX_KEY_BYTES, MAX_VALUE_BYTES};
 pub use tree::TreeOptions;
 mod store;
 
-pub use merge::{MergeRegistry, RecordOp, MERGE_PATCH, MERGE_RECORD};
+pub use merge::{MergeRegistry, RecordOp, MERGE_PATCH, MERGE_RECORD, MERGE_TRUNCATE};
 pub use stats::StatsSnapshot;
 pub use store::{Options, RangeIter, Store};

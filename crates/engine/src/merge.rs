@@ -19,6 +19,10 @@ pub const MERGE_PATCH: u8 = 1;
 /// zero-extended to cover the highest slot touched.
 pub const MERGE_RECORD: u8 = 2;
 
+/// "Cut the value to at most this many bytes" (a file's last block on
+/// truncate). Argument: varint length. A missing value becomes empty.
+pub const MERGE_TRUNCATE: u8 = 3;
+
 pub type MergeFn = dyn Fn(Option<&[u8]>, &[u8]) -> Vec<u8> + Send + Sync;
 
 /// The functions an engine knows; ids must be registered before a store
@@ -33,6 +37,7 @@ impl Default for MergeRegistry {
         let mut functions: HashMap<u8, Arc<MergeFn>> = HashMap::new();
         functions.insert(MERGE_PATCH, Arc::new(merge_patch));
         functions.insert(MERGE_RECORD, Arc::new(merge_record));
+        functions.insert(MERGE_TRUNCATE, Arc::new(merge_truncate));
         MergeRegistry { functions }
     }
 }
@@ -92,6 +97,21 @@ fn merge_patch(old: Option<&[u8]>, arg: &[u8]) -> Vec<u8> {
     }
     value[offset as usize..end].copy_from_slice(bytes);
     value
+}
+
+/// Encodes a [`MERGE_TRUNCATE`] argument.
+pub fn truncate_arg(len: u64) -> Vec<u8> {
+    let mut e = Encoder::with_capacity(10);
+    e.varint(len);
+    e.buf
+}
+
+fn merge_truncate(old: Option<&[u8]>, arg: &[u8]) -> Vec<u8> {
+    let value = old.unwrap_or_default();
+    let keep = Decoder::new(arg)
+        .varint()
+        .map_or(value.len(), |len| value.len().min(len as usize));
+    value[..keep].to_vec()
 }
 
 /// One field update of a [`MERGE_RECORD`] upsert.
@@ -174,6 +194,16 @@ mod tests {
             .apply(MERGE_PATCH, Some(b"xyzxyz"), &patch_arg(1, b"Q"))
             .unwrap();
         assert_eq!(v, b"xQzxyz");
+    }
+
+    #[test]
+    fn truncate_cuts_and_never_grows() {
+        let r = MergeRegistry::default();
+        let cut = |old: Option<&[u8]>, len| r.apply(MERGE_TRUNCATE, old, &truncate_arg(len)).unwrap();
+        assert_eq!(cut(Some(b"abcdef"), 2), b"ab");
+        assert_eq!(cut(Some(b"ab"), 10), b"ab");
+        assert_eq!(cut(None, 3), b"");
+        assert_eq!(r.apply(MERGE_TRUNCATE, Some(b"ab"), b"").unwrap(), b"ab");
     }
 
     #[test]

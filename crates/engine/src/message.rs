@@ -59,12 +59,60 @@ pub enum Message {
         start: Vec<u8>,
         end: Vec<u8>,
     },
+    /// Moves every key of [start, end) (which all share their first
+    /// `old_prefix_len` bytes) to `new_prefix ++ key[old_prefix_len..]`,
+    /// after deleting whatever the destination range held. Source and
+    /// destination must not overlap. Applied by copying inside the engine
+    /// (the log holds only this message); see [`RangeRename::check`].
+    RangeRename(RangeRename),
+}
+
+/// The fields of [`Message::RangeRename`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeRename {
+    pub start: Vec<u8>,
+    pub end: Vec<u8>,
+    pub old_prefix_len: usize,
+    pub new_prefix: Vec<u8>,
+}
+
+impl RangeRename {
+    /// Where `key` (inside the source range) moves to.
+    pub fn destination(&self, key: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.new_prefix.len() + key.len());
+        out.extend_from_slice(&self.new_prefix);
+        out.extend_from_slice(&key[self.old_prefix_len.min(key.len())..]);
+        out
+    }
+
+    /// The destination range [start', end').
+    pub fn destination_range(&self) -> (Vec<u8>, Vec<u8>) {
+        (self.destination(&self.start), self.destination(&self.end))
+    }
+
+    /// Whether the message is well formed: a non-empty source range whose
+    /// bounds share the prefix, and a destination disjoint from it.
+    pub fn check(&self) -> Result<(), String> {
+        let p = self.old_prefix_len;
+        if self.start.len() < p || self.end.len() < p || self.start[..p] != self.end[..p] {
+            return Err(format!("range bounds do not share a {p}-byte prefix"));
+        }
+        if self.start >= self.end {
+            return Err("empty source range".into());
+        }
+        let (ds, de) = self.destination_range();
+        if ds < self.end && self.start < de {
+            return Err("source and destination ranges overlap".into());
+        }
+        Ok(())
+    }
 }
 
 const TAG_PUT: u8 = 1;
 const TAG_DELETE: u8 = 2;
 const TAG_UPSERT: u8 = 3;
 const TAG_RANGE_DELETE: u8 = 4;
+const TAG_RANGE_RENAME: u8 = 5;
 
 impl Message {
     /// Key and value bytes the caller asked to store (write amplification's
@@ -75,6 +123,7 @@ impl Message {
             Message::Delete { key } => key.len() as u64,
             Message::Upsert { key, arg, .. } => (key.len() + arg.len()) as u64,
             Message::RangeDelete { start, end } => (start.len() + end.len()) as u64,
+            Message::RangeRename(r) => (r.start.len() + r.end.len() + r.new_prefix.len()) as u64,
         }
     }
 
@@ -126,6 +175,25 @@ impl WriteBatch {
             },
         )
     }
+    /// See [`Message::RangeRename`].
+    pub fn range_rename(
+        &mut self,
+        ks: KeySpace,
+        start: &[u8],
+        end: &[u8],
+        old_prefix_len: usize,
+        new_prefix: &[u8],
+    ) -> &mut Self {
+        self.push(
+            ks,
+            Message::RangeRename(RangeRename {
+                start: start.to_vec(),
+                end: end.to_vec(),
+                old_prefix_len,
+                new_prefix: new_prefix.to_vec(),
+            }),
+        )
+    }
     pub fn push(&mut self, ks: KeySpace, message: Message) -> &mut Self {
         self.messages.push((ks, message));
         self
@@ -143,7 +211,9 @@ impl WriteBatch {
     /// The log record payload: varint count, then per message
     /// `u8 key_space, u8 tag, fields` with fields
     /// put = key, value; delete = key; upsert = key, u8 func, arg;
-    /// range delete = start, end (each a varint length and bytes).
+    /// range delete = start, end; range rename = start, end,
+    /// varint old prefix length, new prefix (each byte string a varint
+    /// length and bytes).
     pub fn encode(&self) -> Vec<u8> {
         let size: usize = self
             .messages
@@ -174,6 +244,13 @@ impl WriteBatch {
                     e.u8(TAG_RANGE_DELETE);
                     e.bytes(start);
                     e.bytes(end);
+                }
+                Message::RangeRename(r) => {
+                    e.u8(TAG_RANGE_RENAME);
+                    e.bytes(&r.start);
+                    e.bytes(&r.end);
+                    e.varint(r.old_prefix_len as u64);
+                    e.bytes(&r.new_prefix);
                 }
             }
         }
@@ -208,6 +285,12 @@ impl WriteBatch {
                     start: d.bytes()?.to_vec(),
                     end: d.bytes()?.to_vec(),
                 },
+                TAG_RANGE_RENAME => Message::RangeRename(RangeRename {
+                    start: d.bytes()?.to_vec(),
+                    end: d.bytes()?.to_vec(),
+                    old_prefix_len: d.varint()? as usize,
+                    new_prefix: d.bytes()?.to_vec(),
+                }),
                 tag => return Err(DecodeError(format!("unknown message tag {tag}"))),
             };
             messages.push((ks, m));
@@ -232,7 +315,8 @@ mod tests {
         b.put(KeySpace::Meta, b"a", b"1")
             .delete(KeySpace::Data, b"\0\xff")
             .upsert(KeySpace::Meta, b"k", 1, b"arg")
-            .range_delete(KeySpace::Data, b"a", b"z");
+            .range_delete(KeySpace::Data, b"a", b"z")
+            .range_rename(KeySpace::Meta, b"p\0", b"p\x02", 1, b"q");
         let enc = b.encode();
         assert_eq!(WriteBatch::decode(&enc).unwrap(), b);
         for cut in 0..enc.len() {

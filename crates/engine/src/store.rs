@@ -428,6 +428,15 @@ fn validate_batch(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<()
                 }
                 (&[], 0)
             }
+            Message::RangeRename(r) => {
+                r.check().map_err(EngineError::InvalidMessage)?;
+                for k in [&r.start, &r.end, &r.new_prefix] {
+                    if k.len() > MAX_KEY_BYTES {
+                        return Err(EngineError::KeyTooLarge(k.len()));
+                    }
+                }
+                (&[], 0)
+            }
         };
         if let Some(k) = keys.iter().find(|k| k.len() > MAX_KEY_BYTES) {
             return Err(EngineError::KeyTooLarge(k.len()));

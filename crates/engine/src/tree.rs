@@ -22,7 +22,7 @@ use crate::format::{
     decode_basement, decode_header, decode_meta, encode_node, meta_end, HEADER_BYTES,
 };
 use crate::merge::MergeRegistry;
-use crate::message::{KeySpace, Message, WriteBatch, KEY_SPACES};
+use crate::message::{KeySpace, Message, RangeRename, WriteBatch, KEY_SPACES};
 use crate::node::{Bounds, Interior, Leaf, Node, NodeBody};
 use crate::stats::{add, level, Stats};
 
@@ -71,7 +71,7 @@ fn point_msg(seq: u64, msg: &Message) -> Option<(Vec<u8>, PointMsg)> {
         Message::Upsert { key, func, arg } => {
             Some((key.clone(), PointMsg::upsert(seq, *func, arg.clone())))
         }
-        Message::RangeDelete { .. } => None,
+        Message::RangeDelete { .. } | Message::RangeRename(_) => None,
     }
 }
 
@@ -630,7 +630,10 @@ impl Tree {
     pub fn apply_batch(&mut self, seq: u64, batch: &WriteBatch) -> EngineResult<()> {
         let mut touched = [false; KEY_SPACES];
         for (ks, msg) in batch.messages() {
-            self.apply_message(*ks, seq, msg)?;
+            match msg {
+                Message::RangeRename(r) => self.apply_range_rename(*ks, seq, r)?,
+                _ => self.apply_message(*ks, seq, msg)?,
+            }
             touched[ks.index()] = true;
             if msg.is_removal() {
                 self.removals_since_reclaim += 1;
@@ -641,6 +644,36 @@ impl Tree {
                 self.settle_root(ks)?;
             }
         }
+        Ok(())
+    }
+
+    /// A range rename by copying (BetrFS 0.4 §5 before tree surgery): clear
+    /// the destination, put a copy of every source pair there, one leaf at
+    /// a time with the tree settled in between (so a large subtree never
+    /// piles up in the root), then range-delete the source. Every message
+    /// carries the rename's sequence number; they are applied in this order
+    /// exactly as if the batch had listed them, and log replay repeats it
+    /// on the same state, so the result is the same.
+    fn apply_range_rename(&mut self, ks: KeySpace, seq: u64, r: &RangeRename) -> EngineResult<()> {
+        let (start, end) = r.destination_range();
+        self.apply_message(ks, seq, &Message::RangeDelete { start, end })?;
+        let mut next: Option<Vec<u8>> = Some(r.start.clone());
+        while let Some(from) = next {
+            let (items, after) = self.scan_leaf(ks, &from, Some(&r.end))?;
+            for (key, value) in items {
+                let key = r.destination(&key);
+                self.apply_message(ks, seq, &Message::Put { key, value })?;
+            }
+            self.settle_root(ks)?;
+            match self.evict_if_needed() {
+                Err(e) if !e.is_no_space() => return Err(e),
+                _ => {}
+            }
+            next = after;
+        }
+        let (start, end) = (r.start.clone(), r.end.clone());
+        self.apply_message(ks, seq, &Message::RangeDelete { start, end })?;
+        self.removals_since_reclaim += 1;
         Ok(())
     }
 

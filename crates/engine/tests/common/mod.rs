@@ -61,16 +61,16 @@ impl Model {
                         .expect("known function");
                     map.insert(key.clone(), new);
                 }
-                Message::RangeDelete { start, end } => {
-                    if start < end {
-                        let doomed: Vec<_> = map
-                            .range(start.clone()..end.clone())
-                            .map(|(k, _)| k.clone())
-                            .collect();
-                        for k in doomed {
-                            map.remove(&k);
-                        }
-                    }
+                Message::RangeDelete { start, end } => remove_range(map, start, end),
+                Message::RangeRename(r) => {
+                    let (ds, de) = r.destination_range();
+                    remove_range(map, &ds, &de);
+                    let moved: Vec<_> = map
+                        .range(r.start.clone()..r.end.clone())
+                        .map(|(k, v)| (r.destination(k), v.clone()))
+                        .collect();
+                    remove_range(map, &r.start, &r.end);
+                    map.extend(moved);
                 }
             }
         }
@@ -79,6 +79,31 @@ impl Model {
     pub fn get(&self, ks: KeySpace, key: &[u8]) -> Option<Vec<u8>> {
         self.spaces[ks.index()].get(key).cloned()
     }
+}
+
+fn remove_range(map: &mut BTreeMap<Vec<u8>, Vec<u8>>, start: &[u8], end: &[u8]) {
+    if start < end {
+        let doomed: Vec<_> = map
+            .range(start.to_vec()..end.to_vec())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in doomed {
+            map.remove(&k);
+        }
+    }
+}
+
+/// A well-formed range rename of the "subtree" [from 00, from 02) to `to`,
+/// or `None` when the two would overlap.
+pub fn subtree_rename(from: &[u8], to: &[u8]) -> Option<betreefs_engine::RangeRename> {
+    let with = |b: u8| [from, &[b]].concat();
+    let r = betreefs_engine::RangeRename {
+        start: with(0),
+        end: with(2),
+        old_prefix_len: from.len(),
+        new_prefix: to.to_vec(),
+    };
+    r.check().is_ok().then_some(r)
 }
 
 /// Everything in one key space, through the range iterator.
@@ -166,6 +191,10 @@ pub fn random_batch(rng: &mut impl rand::Rng) -> WriteBatch {
                 MERGE_PATCH,
                 &patch_arg(rng.gen_range(0..400), &[rng.gen(); 7]),
             ),
+            18 => match subtree_rename(&key, &random_key(rng)) {
+                Some(r) => batch.push(ks, Message::RangeRename(r)),
+                None => batch.delete(ks, &key),
+            },
             17 => batch.upsert(
                 ks,
                 &key,
