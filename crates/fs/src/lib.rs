@@ -1,8 +1,18 @@
-//! The file system layer of betreefs ("northbound"): how paths become keys
-//! in the engine's two key spaces. No FUSE types live here.
+//! The file system layer of betreefs ("northbound"): POSIX operations over
+//! the engine's two key spaces, with full-path keys. No FUSE types live
+//! here; `betreefs-fuse` adapts [`FileSystem`] to the kernel.
 //!
-//! This first part is the key schema ([`schema`]): full-path indexing with
-//! the five invariants of `shared/DESIGN.md`, so that every directory's
-//! subtree is one contiguous key range in both key spaces.
+//! - [`schema`]: how paths become keys (the five invariants of
+//!   `shared/DESIGN.md`, so that every directory's subtree is one range);
+//! - [`record`]: the stored attribute records (format version 1);
+//! - [`fs`]: the operations and the table of inodes the kernel holds;
+//! - [`fsck`]: the offline checker.
 
+pub mod error;
+pub mod fs;
+pub mod fsck;
+pub mod record;
 pub mod schema;
+
+pub use error::{Errno, FsResult};
+pub use fs::{AtimePolicy, Caller, DirEntry, FileSystem, FsStats, Ino, RenameFlags, SetAttr, SetTime, ROOT_INO};

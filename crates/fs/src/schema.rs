@@ -18,6 +18,21 @@
 //! 4. a file's data keys are the range [`entry 00`, `entry 01`), which no
 //!    other file's key can fall into — see [`data_range`];
 //! 5. names of any bytes but `/` and NUL, up to 255 bytes, round-trip.
+//!
+//! Every path key begins with 0x00 (an entry of the root) or an escaped
+//! name byte (0x03 and above), so keys beginning with 0x01 or 0x02 can never
+//! be a path's: they hold what is not named by a path. 0x01 `i` ino (8 bytes,
+//! big-endian) is a file kept by inode number (hard links, open unlinked
+//! files; [`inode_key`]), and 0x02 keys are file-system records
+//! ([`INFO_KEY`], [`ROOT_KEY`], [`COUNTS_KEY`], [`orphan_key`]).
+//!
+//! Every file, directory and symlink has a "file key" `F` (its entry key,
+//! its inode key, or [`ROOT_KEY`]): its attributes are at `F` in the
+//! metadata key space; in the data key space its blocks are `F 00 block`
+//! and its extended attributes `F 01 name` ([`xattr_key`]), so everything a
+//! file owns there is the one range [`file_range`]. Extended attributes are
+//! kept in the data space, not the metadata space the design suggests, so
+//! that readdir's scan of a directory's children never steps over them.
 
 /// Longest file name, in bytes (as in Linux).
 pub const NAME_MAX: usize = 255;
@@ -126,6 +141,129 @@ pub fn data_key(entry: &[u8], block: u64) -> Vec<u8> {
 pub fn data_block(entry: &[u8], key: &[u8]) -> Option<u64> {
     let rest = key.strip_prefix(entry)?.strip_prefix(&[SEP_ENTRY])?;
     Some(u64::from_be_bytes(rest.try_into().ok()?))
+}
+
+/// Where the file-system identity record lives (magic, version, inode
+/// number reservation).
+pub const INFO_KEY: &[u8] = b"\x02info";
+/// The root directory's attributes (its entries are `00 name`).
+pub const ROOT_KEY: &[u8] = b"\x02root";
+/// The inode count, a `MERGE_RECORD` value updated by upserts.
+pub const COUNTS_KEY: &[u8] = b"\x02count";
+const ORPHAN_PREFIX: &[u8] = b"\x02orphan\x00";
+/// Scratch prefixes for swapping two entries in one batch
+/// (RENAME_EXCHANGE): for each side, a file-key prefix and a directory-key
+/// prefix, whose ranges are disjoint.
+pub const SCRATCH_KEYS: [[&[u8]; 2]; 2] = [
+    [b"\x02swap\x00fa", b"\x02swap\x00da"],
+    [b"\x02swap\x00fb", b"\x02swap\x00db"],
+];
+
+/// The file key of a file kept by inode number.
+pub fn inode_key(ino: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(10);
+    out.extend_from_slice(b"\x01i");
+    out.extend_from_slice(&ino.to_be_bytes());
+    out
+}
+
+/// The marker of an unlinked file still open when it was unlinked: it is
+/// removed on the last close, or at the next mount after a crash.
+pub fn orphan_key(ino: u64) -> Vec<u8> {
+    [ORPHAN_PREFIX, &ino.to_be_bytes()].concat()
+}
+
+/// Every orphan marker.
+pub fn orphan_range() -> (Vec<u8>, Vec<u8>) {
+    let mut end = ORPHAN_PREFIX.to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    (ORPHAN_PREFIX.to_vec(), end)
+}
+
+/// The inode number of an orphan marker key.
+pub fn orphan_ino(key: &[u8]) -> Option<u64> {
+    let rest = key.strip_prefix(ORPHAN_PREFIX)?;
+    Some(u64::from_be_bytes(rest.try_into().ok()?))
+}
+
+/// The key of extended attribute `name` of the file with file key `file`.
+pub fn xattr_key(file: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(file.len() + name.len() + 1);
+    out.extend_from_slice(file);
+    out.push(SEP_DIR);
+    out.extend_from_slice(name);
+    out
+}
+
+/// Every extended attribute of a file (data key space).
+pub fn xattr_range(file: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    range_after(file, SEP_DIR, RANGE_END)
+}
+
+/// Everything a file owns in the data key space: blocks, then xattrs.
+pub fn file_range(file: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    range_after(file, SEP_ENTRY, RANGE_END)
+}
+
+/// How a data-space key divides: the file key it belongs to, and what it is.
+#[derive(Debug, PartialEq, Eq)]
+pub enum DataKey<'a> {
+    Block { file: &'a [u8], block: u64 },
+    Xattr { file: &'a [u8], name: &'a [u8] },
+}
+
+/// Parses a data-space key (for fsck); `None` for keys no file can own.
+pub fn parse_data_key(key: &[u8]) -> Option<DataKey<'_>> {
+    // The file key ends where the first byte below 0x03 after its fixed
+    // part is: the entry separator of a path key, or the 10 bytes of an
+    // inode key, or the root's key.
+    let file_len = if key.starts_with(b"\x01i") {
+        10
+    } else if key.starts_with(ROOT_KEY) {
+        ROOT_KEY.len()
+    } else {
+        let sep = key.iter().position(|&b| b == SEP_ENTRY)?;
+        sep + 1 + key[sep + 1..].iter().position(|&b| b <= RANGE_END)?
+    };
+    let (file, rest) = (key.get(..file_len)?, key.get(file_len..)?);
+    match rest.split_first()? {
+        (&SEP_ENTRY, block) => Some(DataKey::Block {
+            file,
+            block: u64::from_be_bytes(block.try_into().ok()?),
+        }),
+        (&SEP_DIR, name) if !name.is_empty() => Some(DataKey::Xattr { file, name }),
+        _ => None,
+    }
+}
+
+/// How a metadata-space path key divides: its directory's key and the
+/// entry's name; `None` for keys that are not an entry's.
+pub fn parse_entry_key(key: &[u8]) -> Option<(&[u8], Vec<u8>)> {
+    let sep = key.iter().position(|&b| b == SEP_ENTRY)?;
+    let (dir, name) = (&key[..sep], &key[sep + 1..]);
+    if dir.first().is_some_and(|&b| b < ESCAPE) {
+        return None;
+    }
+    Some((dir, unescape(name).filter(|n| !n.is_empty())?))
+}
+
+/// The entry key naming directory `dir` (the inverse of [`child_dir_key`]);
+/// `None` for the root.
+pub fn dir_entry_key(dir: &[u8]) -> Option<Vec<u8>> {
+    if dir.is_empty() {
+        return None;
+    }
+    let (parent, name) = match dir.iter().rposition(|&b| b == SEP_DIR) {
+        Some(i) => (&dir[..i], &dir[i + 1..]),
+        None => (&dir[..0], dir),
+    };
+    let mut out = Vec::with_capacity(dir.len() + 1);
+    out.extend_from_slice(parent);
+    out.push(SEP_ENTRY);
+    out.extend_from_slice(name);
+    Some(out)
 }
 
 /// The half-open range [`prefix lo`, `prefix hi`).
@@ -286,6 +424,44 @@ mod tests {
             "{} bytes",
             key.len()
         );
+    }
+
+    #[test]
+    fn reserved_keys_are_never_path_keys() {
+        let d = dir(&[b"\x01", b"\x02"]);
+        for k in [entry_key(&[], b"\x01"), entry_key(&d, b"\x02"), d.clone()] {
+            assert!(!k.starts_with(b"\x01") && !k.starts_with(b"\x02"), "{k:?}");
+        }
+        let f = entry_key(&d, b"f\x01");
+        assert_eq!(
+            parse_data_key(&data_key(&f, 7)),
+            Some(DataKey::Block { file: &f, block: 7 })
+        );
+        let x = xattr_key(&f, b"user.\x01a");
+        assert_eq!(
+            parse_data_key(&x),
+            Some(DataKey::Xattr { file: &f, name: b"user.\x01a" })
+        );
+        assert!(within(&x, &file_range(&f)) && within(&data_key(&f, 0), &file_range(&f)));
+        assert!(!within(&x, &data_range(&f)));
+        let i = inode_key(0x0200);
+        assert_eq!(
+            parse_data_key(&data_key(&i, 1)),
+            Some(DataKey::Block { file: &i, block: 1 })
+        );
+        let r = xattr_key(ROOT_KEY, b"user.x");
+        assert_eq!(
+            parse_data_key(&r),
+            Some(DataKey::Xattr { file: ROOT_KEY, name: b"user.x" })
+        );
+        assert_eq!(orphan_ino(&orphan_key(99)), Some(99));
+        let (lo, hi) = orphan_range();
+        assert!(orphan_key(u64::MAX) >= lo && orphan_key(u64::MAX) < hi);
+        assert_eq!(parse_entry_key(&f), Some((d.as_slice(), b"f\x01".to_vec())));
+        assert_eq!(parse_entry_key(INFO_KEY), None);
+        assert_eq!(dir_entry_key(&d), Some(entry_key(&dir(&[b"\x01"]), b"\x02")));
+        assert_eq!(dir_entry_key(&dir(&[b"top"])), Some(entry_key(&[], b"top")));
+        assert_eq!(dir_entry_key(&[]), None);
     }
 
     fn name() -> impl Strategy<Value = Vec<u8>> {

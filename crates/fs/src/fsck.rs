@@ -1,0 +1,1 @@
+//! fsck (to come)

@@ -1,0 +1,369 @@
+//! The values stored in the metadata key space.
+//!
+//! # Entry record, format version 1
+//!
+//! The value at a file key (see [`crate::schema`]); integers little-endian.
+//!
+//! ```text
+//! off len  field
+//!   0   1  version = 1
+//!   1   1  kind: 1 = the inode's attributes are here, 2 = hard link (the
+//!          attributes are at inode_key(ino))
+//!   2   8  ino
+//!  10   4  mode (file type and permission bits, as st_mode)
+//! kind 2 ends here (14 bytes). Kind 1 continues:
+//!  14   4  uid
+//!  18   4  gid
+//!  22   4  nlink
+//!  26   4  rdev
+//!  30   8  size in bytes
+//!  38  12  atime  (i64 seconds, u32 nanoseconds)
+//!  50  12  mtime
+//!  62  12  ctime
+//!  74  12  crtime (birth)
+//!  86   4  flags (reserved, 0)
+//!  90   *  symlink target (symlinks only; the rest of the value)
+//! ```
+//!
+//! # File-system record, format version 1 (at `INFO_KEY`)
+//!
+//! ```text
+//!   0   8  magic "betreefs"
+//!   8   4  version = 1
+//!  12   8  inode numbers below this may have been handed out
+//!  20   8  creation time, seconds since the epoch
+//! ```
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub const RECORD_VERSION: u8 = 1;
+const KIND_INODE: u8 = 1;
+const KIND_LINK: u8 = 2;
+const INODE_FIXED: usize = 90;
+const LINK_LEN: usize = 14;
+
+pub const FS_MAGIC: &[u8; 8] = b"betreefs";
+pub const FS_VERSION: u32 = 1;
+const FS_INFO_LEN: usize = 28;
+
+pub const S_IFMT: u32 = libc::S_IFMT;
+pub const S_IFDIR: u32 = libc::S_IFDIR;
+pub const S_IFREG: u32 = libc::S_IFREG;
+pub const S_IFLNK: u32 = libc::S_IFLNK;
+
+/// A point in time as stored (seconds may be negative).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Timespec {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+impl Timespec {
+    pub fn now() -> Timespec {
+        Timespec::from_system(SystemTime::now())
+    }
+
+    pub fn from_system(t: SystemTime) -> Timespec {
+        match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => Timespec {
+                sec: d.as_secs() as i64,
+                nsec: d.subsec_nanos(),
+            },
+            Err(e) => {
+                let d = e.duration();
+                let (sec, nsec) = (d.as_secs() as i64, d.subsec_nanos());
+                if nsec == 0 {
+                    Timespec { sec: -sec, nsec: 0 }
+                } else {
+                    Timespec {
+                        sec: -sec - 1,
+                        nsec: 1_000_000_000 - nsec,
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn to_system(self) -> SystemTime {
+        let nanos = std::time::Duration::from_nanos(self.nsec as u64);
+        if self.sec >= 0 {
+            UNIX_EPOCH + std::time::Duration::from_secs(self.sec as u64) + nanos
+        } else {
+            UNIX_EPOCH - std::time::Duration::from_secs(self.sec.unsigned_abs()) + nanos
+        }
+    }
+}
+
+/// An inode's attributes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub rdev: u32,
+    pub size: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    pub crtime: Timespec,
+}
+
+impl Attr {
+    pub fn file_type(&self) -> u32 {
+        self.mode & S_IFMT
+    }
+    pub fn is_dir(&self) -> bool {
+        self.file_type() == S_IFDIR
+    }
+    /// 512-byte blocks, as `st_blocks` counts them (holes included: the
+    /// engine does not track which blocks exist).
+    pub fn blocks(&self) -> u64 {
+        self.size.div_ceil(512)
+    }
+}
+
+/// What an entry key holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    /// The attributes (and a symlink's target).
+    Inode { attr: Attr, target: Vec<u8> },
+    /// A hard link: the attributes are under the inode key.
+    Link { ino: u64, mode: u32 },
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct RecordError(pub String);
+
+impl Record {
+    pub fn ino(&self) -> u64 {
+        match self {
+            Record::Inode { attr, .. } => attr.ino,
+            Record::Link { ino, .. } => *ino,
+        }
+    }
+    pub fn mode(&self) -> u32 {
+        match self {
+            Record::Inode { attr, .. } => attr.mode,
+            Record::Link { mode, .. } => *mode,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Record::Link { ino, mode } => {
+                let mut out = Vec::with_capacity(LINK_LEN);
+                out.extend_from_slice(&[RECORD_VERSION, KIND_LINK]);
+                out.extend_from_slice(&ino.to_le_bytes());
+                out.extend_from_slice(&mode.to_le_bytes());
+                out
+            }
+            Record::Inode { attr, target } => encode_inode(attr, target),
+        }
+    }
+
+    pub fn decode(value: &[u8]) -> Result<Record, RecordError> {
+        let bad = |why: &str| Err(RecordError(format!("{why} ({} bytes)", value.len())));
+        if value.len() < LINK_LEN {
+            return bad("record too short");
+        }
+        if value[0] != RECORD_VERSION {
+            return bad(&format!("unknown record version {}", value[0]));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes([value[o], value[o + 1], value[o + 2], value[o + 3]]);
+        let u64_at = |o: usize| {
+            let mut raw = [0u8; 8];
+            raw.copy_from_slice(&value[o..o + 8]);
+            u64::from_le_bytes(raw)
+        };
+        let time_at = |o: usize| Timespec {
+            sec: u64_at(o) as i64,
+            nsec: u32_at(o + 8),
+        };
+        match value[1] {
+            KIND_LINK if value.len() == LINK_LEN => Ok(Record::Link {
+                ino: u64_at(2),
+                mode: u32_at(10),
+            }),
+            KIND_INODE if value.len() >= INODE_FIXED => {
+                let attr = Attr {
+                    ino: u64_at(2),
+                    mode: u32_at(10),
+                    uid: u32_at(14),
+                    gid: u32_at(18),
+                    nlink: u32_at(22),
+                    rdev: u32_at(26),
+                    size: u64_at(30),
+                    atime: time_at(38),
+                    mtime: time_at(50),
+                    ctime: time_at(62),
+                    crtime: time_at(74),
+                };
+                if attr.nsecs().any(|n| n >= 1_000_000_000) {
+                    return bad("nanoseconds out of range");
+                }
+                Ok(Record::Inode {
+                    attr,
+                    target: value[INODE_FIXED..].to_vec(),
+                })
+            }
+            kind => bad(&format!("unknown record kind {kind}")),
+        }
+    }
+}
+
+impl Attr {
+    fn nsecs(&self) -> impl Iterator<Item = u32> {
+        [self.atime, self.mtime, self.ctime, self.crtime]
+            .into_iter()
+            .map(|t| t.nsec)
+    }
+}
+
+fn encode_inode(attr: &Attr, target: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(INODE_FIXED + target.len());
+    out.extend_from_slice(&[RECORD_VERSION, KIND_INODE]);
+    out.extend_from_slice(&attr.ino.to_le_bytes());
+    for v in [attr.mode, attr.uid, attr.gid, attr.nlink, attr.rdev] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&attr.size.to_le_bytes());
+    for t in [attr.atime, attr.mtime, attr.ctime, attr.crtime] {
+        out.extend_from_slice(&t.sec.to_le_bytes());
+        out.extend_from_slice(&t.nsec.to_le_bytes());
+    }
+    out.extend_from_slice(&0u32.to_le_bytes());
+    debug_assert_eq!(out.len(), INODE_FIXED);
+    out.extend_from_slice(target);
+    out
+}
+
+/// The file-system identity record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FsInfo {
+    pub ino_reserved: u64,
+    pub created: i64,
+}
+
+impl FsInfo {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(FS_INFO_LEN);
+        out.extend_from_slice(FS_MAGIC);
+        out.extend_from_slice(&FS_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.ino_reserved.to_le_bytes());
+        out.extend_from_slice(&self.created.to_le_bytes());
+        out
+    }
+
+    pub fn decode(value: &[u8]) -> Result<FsInfo, RecordError> {
+        if value.len() != FS_INFO_LEN || &value[..8] != FS_MAGIC {
+            return Err(RecordError(
+                "not a betreefs file system (no identity record)".into(),
+            ));
+        }
+        let version = u32::from_le_bytes([value[8], value[9], value[10], value[11]]);
+        if version != FS_VERSION {
+            return Err(RecordError(format!(
+                "file-system format version {version} is not supported (this build reads version {FS_VERSION})"
+            )));
+        }
+        let mut raw = [0u8; 8];
+        raw.copy_from_slice(&value[12..20]);
+        let ino_reserved = u64::from_le_bytes(raw);
+        raw.copy_from_slice(&value[20..28]);
+        Ok(FsInfo {
+            ino_reserved,
+            created: i64::from_le_bytes(raw),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Attr {
+        Attr {
+            ino: 0x0102030405060708,
+            mode: S_IFLNK | 0o777,
+            uid: 1000,
+            gid: 100,
+            nlink: 1,
+            rdev: 7,
+            size: 3,
+            atime: Timespec { sec: -5, nsec: 1 },
+            mtime: Timespec { sec: 1 << 40, nsec: 999_999_999 },
+            ctime: Timespec { sec: 0, nsec: 0 },
+            crtime: Timespec { sec: 17, nsec: 5 },
+        }
+    }
+
+    #[test]
+    fn records_round_trip() {
+        for r in [
+            Record::Inode {
+                attr: sample(),
+                target: b"a\xff/b".to_vec(),
+            },
+            Record::Link {
+                ino: 42,
+                mode: S_IFREG | 0o644,
+            },
+        ] {
+            assert_eq!(Record::decode(&r.encode()), Ok(r));
+        }
+        let enc = Record::Inode {
+            attr: sample(),
+            target: Vec::new(),
+        }
+        .encode();
+        assert_eq!(enc.len(), INODE_FIXED);
+        assert_eq!(&enc[..2], &[1, 1]);
+        assert_eq!(&enc[2..10], &0x0102030405060708u64.to_le_bytes());
+    }
+
+    #[test]
+    fn corrupt_records_are_refused() {
+        let enc = Record::Inode {
+            attr: sample(),
+            target: Vec::new(),
+        }
+        .encode();
+        for cut in 0..INODE_FIXED {
+            assert!(Record::decode(&enc[..cut]).is_err() || cut == LINK_LEN);
+        }
+        let mut bad = enc.clone();
+        bad[0] = 2;
+        assert!(Record::decode(&bad).is_err());
+        let mut bad = enc.clone();
+        bad[1] = 9;
+        assert!(Record::decode(&bad).is_err());
+        let mut bad = enc;
+        bad[46..50].copy_from_slice(&2_000_000_000u32.to_le_bytes());
+        assert!(Record::decode(&bad).is_err());
+    }
+
+    #[test]
+    fn fs_info_round_trips_and_refuses_foreign() {
+        let info = FsInfo {
+            ino_reserved: 4096,
+            created: 1_700_000_000,
+        };
+        assert_eq!(FsInfo::decode(&info.encode()), Ok(info.clone()));
+        let mut other = info.encode();
+        other[0] = b'x';
+        assert!(FsInfo::decode(&other).is_err());
+        let mut newer = info.encode();
+        newer[8] = 2;
+        assert!(FsInfo::decode(&newer).unwrap_err().0.contains("version 2"));
+    }
+
+    #[test]
+    fn times_before_the_epoch() {
+        let t = Timespec { sec: -2, nsec: 500 };
+        assert_eq!(Timespec::from_system(t.to_system()), t);
+        let t = Timespec { sec: 12, nsec: 7 };
+        assert_eq!(Timespec::from_system(t.to_system()), t);
+    }
+}

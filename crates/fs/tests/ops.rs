@@ -1,0 +1,233 @@
+//! The file-system operations over an in-memory device, without FUSE:
+//! each test drives `FileSystem` as the kernel would and reopens the store
+//! to check what is durable.
+
+use std::sync::Arc;
+
+use betreefs_engine::{Options, Store};
+use betreefs_fs::{AtimePolicy, Caller, Errno, FileSystem, RenameFlags, SetAttr, ROOT_INO};
+use betreefs_store::MemDevice;
+
+const ME: Caller = Caller { uid: 1000, gid: 1000 };
+
+fn options() -> Options {
+    Options {
+        node_size: 64 << 10,
+        basement_size: 8 << 10,
+        cache_bytes: 4 << 20,
+        log_flush_interval: None,
+        checkpoint_interval: None,
+        ..Options::default()
+    }
+}
+
+fn fresh() -> (MemDevice, FileSystem) {
+    let dev = MemDevice::new(64 << 20);
+    let store = Store::create_on(Arc::new(dev.clone()), options()).unwrap();
+    FileSystem::format(&store, ME).unwrap();
+    (dev, FileSystem::mount(store, AtimePolicy::Relatime).unwrap())
+}
+
+fn remount(dev: &MemDevice, fs: FileSystem) -> FileSystem {
+    fs.close().unwrap();
+    let store = Store::open_on(Arc::new(dev.clone()), options()).unwrap();
+    FileSystem::mount(store, AtimePolicy::Relatime).unwrap()
+}
+
+fn names(fs: &FileSystem, dir: u64) -> Vec<Vec<u8>> {
+    let fh = fs.opendir(dir).unwrap();
+    let mut out = Vec::new();
+    fs.readdir(dir, fh, 0, false, |e| {
+        out.push(e.name.to_vec());
+        false
+    })
+    .unwrap();
+    fs.releasedir(fh);
+    out
+}
+
+fn write_file(fs: &FileSystem, dir: u64, name: &[u8], data: &[u8]) -> u64 {
+    let (attr, fh) = fs.create(dir, name, 0o644, 0, ME).unwrap();
+    assert_eq!(fs.write(attr.ino, fh, 0, data).unwrap() as usize, data.len());
+    fs.release(fh).unwrap();
+    attr.ino
+}
+
+fn read_all(fs: &FileSystem, ino: u64) -> Vec<u8> {
+    fs.read(ino, 0, u32::MAX).unwrap()
+}
+
+#[test]
+fn write_read_sparse_and_truncate() {
+    let (dev, fs) = fresh();
+    let (attr, fh) = fs.create(ROOT_INO, b"f", 0o600, 0, ME).unwrap();
+    let ino = attr.ino;
+    fs.write(ino, fh, 10_000, b"hello").unwrap();
+    fs.write(ino, fh, 4094, b"straddle").unwrap();
+    let data = read_all(&fs, ino);
+    assert_eq!(data.len(), 10_005);
+    assert_eq!(&data[4094..4102], b"straddle");
+    assert!(data[..4094].iter().all(|&b| b == 0));
+    assert_eq!(&data[10_000..], b"hello");
+    fs.setattr(ino, &SetAttr { size: Some(4096), ..SetAttr::default() }).unwrap();
+    fs.setattr(ino, &SetAttr { size: Some(12_000), ..SetAttr::default() }).unwrap();
+    let data = read_all(&fs, ino);
+    assert_eq!(&data[4094..4096], b"st");
+    assert!(data[4096..].iter().all(|&b| b == 0), "truncate left stale bytes");
+    fs.setattr(ino, &SetAttr { size: Some(4095), ..SetAttr::default() }).unwrap();
+    fs.setattr(ino, &SetAttr { size: Some(4096), ..SetAttr::default() }).unwrap();
+    assert_eq!(read_all(&fs, ino)[4095], 0);
+    fs.release(fh).unwrap();
+    let fs = remount(&dev, fs);
+    let attr = fs.lookup(ROOT_INO, b"f").unwrap();
+    assert_eq!((attr.ino, attr.size, attr.mode & 0o777), (ino, 4096, 0o600));
+}
+
+#[test]
+fn rename_moves_a_non_empty_directory() {
+    let (dev, fs) = fresh();
+    let a = fs.mkdir(ROOT_INO, b"a", 0o755, ME).unwrap().ino;
+    let b = fs.mkdir(a, b"b", 0o755, ME).unwrap().ino;
+    let f = write_file(&fs, b, b"file", b"content");
+    fs.setxattr(b, b"user.tag", b"v", 0).unwrap();
+    let dest = fs.mkdir(ROOT_INO, b"dest", 0o755, ME).unwrap().ino;
+    fs.rename(a, b"b", dest, b"moved", RenameFlags::default()).unwrap();
+    assert_eq!(names(&fs, a), vec![b".".to_vec(), b"..".to_vec()]);
+    assert_eq!(read_all(&fs, f), b"content");
+    assert_eq!(fs.getattr(a).unwrap().nlink, 2);
+    assert_eq!(fs.getattr(dest).unwrap().nlink, 3);
+    assert_eq!(
+        fs.rename(ROOT_INO, b"dest", b, b"x", RenameFlags::default()),
+        Err(Errno::EINVAL),
+        "into its own subtree"
+    );
+    let fs = remount(&dev, fs);
+    let moved = fs.lookup(fs.lookup(ROOT_INO, b"dest").unwrap().ino, b"moved").unwrap();
+    assert_eq!(moved.ino, b);
+    assert_eq!(fs.getxattr(b, b"user.tag").unwrap(), b"v");
+    let file = fs.lookup(b, b"file").unwrap();
+    assert_eq!((file.ino, read_all(&fs, f)), (f, b"content".to_vec()));
+    let a = fs.lookup(ROOT_INO, b"a").unwrap().ino;
+    assert_eq!(fs.lookup(a, b"b"), Err(Errno::ENOENT));
+}
+
+#[test]
+fn rename_flags_and_replacement() {
+    let (_dev, fs) = fresh();
+    let x = write_file(&fs, ROOT_INO, b"x", b"xx");
+    let y = write_file(&fs, ROOT_INO, b"y", b"yyy");
+    let d = fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
+    write_file(&fs, d, b"inner", b"i");
+    let noreplace = RenameFlags { noreplace: true, exchange: false };
+    let exchange = RenameFlags { noreplace: false, exchange: true };
+    assert_eq!(fs.rename(ROOT_INO, b"x", ROOT_INO, b"y", noreplace), Err(Errno::EEXIST));
+    assert_eq!(fs.rename(ROOT_INO, b"x", ROOT_INO, b"d", RenameFlags::default()), Err(Errno::EISDIR));
+    fs.rename(ROOT_INO, b"x", ROOT_INO, b"d", exchange).unwrap();
+    assert_eq!(fs.lookup(ROOT_INO, b"x").unwrap().ino, d);
+    assert_eq!(fs.lookup(ROOT_INO, b"d").unwrap().ino, x);
+    assert_eq!(names(&fs, d).len(), 3);
+    assert_eq!(fs.lookup(d, b"inner").map(|a| a.size), Ok(1));
+    fs.rename(ROOT_INO, b"y", ROOT_INO, b"d", RenameFlags::default()).unwrap();
+    assert_eq!(read_all(&fs, y), b"yyy");
+    assert_eq!(fs.lookup(ROOT_INO, b"y"), Err(Errno::ENOENT));
+    assert_eq!(fs.rmdir(ROOT_INO, b"x"), Err(Errno::ENOTEMPTY));
+    fs.unlink(d, b"inner").unwrap();
+    fs.rmdir(ROOT_INO, b"x").unwrap();
+}
+
+#[test]
+fn hard_links_share_data_and_count() {
+    let (dev, fs) = fresh();
+    let f = write_file(&fs, ROOT_INO, b"one", b"shared");
+    let attr = fs.link(f, ROOT_INO, b"two").unwrap();
+    assert_eq!((attr.ino, attr.nlink), (f, 2));
+    let fh = fs.open(f, libc::O_WRONLY).unwrap();
+    fs.write(f, fh, 6, b"!").unwrap();
+    fs.release(fh).unwrap();
+    let fs = remount(&dev, fs);
+    let two = fs.lookup(ROOT_INO, b"two").unwrap();
+    assert_eq!((two.ino, two.nlink), (f, 2));
+    assert_eq!(read_all(&fs, f), b"shared!");
+    fs.unlink(ROOT_INO, b"one").unwrap();
+    assert_eq!(fs.getattr(f).unwrap().nlink, 1);
+    assert_eq!(read_all(&fs, f), b"shared!");
+    fs.unlink(ROOT_INO, b"two").unwrap();
+    assert_eq!(names(&fs, ROOT_INO).len(), 2);
+}
+
+#[test]
+fn an_open_unlinked_file_stays_readable_until_closed() {
+    let (dev, fs) = fresh();
+    let f = write_file(&fs, ROOT_INO, b"tmp", b"still here");
+    let fh = fs.open(f, libc::O_RDWR).unwrap();
+    fs.unlink(ROOT_INO, b"tmp").unwrap();
+    assert_eq!(fs.lookup(ROOT_INO, b"tmp"), Err(Errno::ENOENT));
+    assert_eq!(read_all(&fs, f), b"still here");
+    fs.write(f, fh, 0, b"STILL").unwrap();
+    assert_eq!(read_all(&fs, f), b"STILL here");
+    // Crash with the file still open: the next mount removes it.
+    fs.fsync().unwrap();
+    let store_files = fs.statfs().files;
+    let fs = remount(&dev, fs);
+    assert_eq!(fs.statfs().files, store_files - 1, "orphan purged at mount");
+}
+
+#[test]
+fn readdir_offsets_survive_changes() {
+    let (_dev, fs) = fresh();
+    for i in 0..300 {
+        write_file(&fs, ROOT_INO, format!("f{i:03}").as_bytes(), b"");
+    }
+    let fh = fs.opendir(ROOT_INO).unwrap();
+    let mut first = Vec::new();
+    fs.readdir(ROOT_INO, fh, 0, false, |e| {
+        first.push((e.name.to_vec(), e.offset));
+        first.len() == 100
+    })
+    .unwrap();
+    assert_eq!(first.len(), 100, "stops when the buffer is full");
+    let resume = first[98].1; // the last entry actually taken is index 98
+    fs.unlink(ROOT_INO, b"f299").unwrap();
+    write_file(&fs, ROOT_INO, b"f150a", b"");
+    let mut rest = Vec::new();
+    fs.readdir(ROOT_INO, fh, resume, false, |e| {
+        rest.push(e.name.to_vec());
+        false
+    })
+    .unwrap();
+    let all: Vec<Vec<u8>> = first[..99].iter().map(|(n, _)| n.clone()).chain(rest).collect();
+    let expected = names(&fs, ROOT_INO);
+    assert_eq!(all, expected, "no entry lost or repeated");
+    assert!(expected.contains(&b"f150a".to_vec()) && !expected.contains(&b"f299".to_vec()));
+}
+
+#[test]
+fn odd_names_and_limits() {
+    let (dev, fs) = fresh();
+    let long = vec![b'n'; 255];
+    let odd = b"\x01\x02\x03\xff name".to_vec();
+    write_file(&fs, ROOT_INO, &long, b"L");
+    let d = fs.mkdir(ROOT_INO, &odd, 0o700, ME).unwrap().ino;
+    write_file(&fs, d, &odd, b"O");
+    assert_eq!(fs.lookup(ROOT_INO, &[b'n'; 256]), Err(Errno::ENAMETOOLONG));
+    let fs = remount(&dev, fs);
+    assert_eq!(fs.lookup(ROOT_INO, &long).unwrap().size, 1);
+    let d = fs.lookup(ROOT_INO, &odd).unwrap().ino;
+    assert_eq!(names(&fs, d)[2], odd);
+}
+
+#[test]
+fn xattrs_follow_the_flags() {
+    let (_dev, fs) = fresh();
+    let f = write_file(&fs, ROOT_INO, b"f", b"");
+    assert_eq!(fs.getxattr(f, b"user.a"), Err(Errno::ENODATA));
+    assert_eq!(fs.setxattr(f, b"user.a", b"1", libc::XATTR_REPLACE), Err(Errno::ENODATA));
+    fs.setxattr(f, b"user.a", b"1", libc::XATTR_CREATE).unwrap();
+    assert_eq!(fs.setxattr(f, b"user.a", b"2", libc::XATTR_CREATE), Err(Errno::EEXIST));
+    fs.setxattr(f, b"user.b", &[7; 65536], 0).unwrap();
+    assert_eq!(fs.setxattr(f, b"user.c", &[7; 65537], 0), Err(Errno::E2BIG));
+    assert_eq!(fs.listxattr(f).unwrap(), b"user.a\0user.b\0");
+    fs.removexattr(f, b"user.a").unwrap();
+    assert_eq!(fs.removexattr(f, b"user.a"), Err(Errno::ENODATA));
+    assert_eq!(fs.getxattr(f, b"user.b").unwrap().len(), 65536);
+}
