@@ -231,3 +231,34 @@ fn xattrs_follow_the_flags() {
     assert_eq!(fs.removexattr(f, b"user.a"), Err(Errno::ENODATA));
     assert_eq!(fs.getxattr(f, b"user.b").unwrap().len(), 65536);
 }
+
+#[test]
+fn fsck_is_clean_after_every_kind_of_change_and_finds_damage() {
+    let (dev, fs) = fresh();
+    let d = fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
+    let e = fs.mkdir(d, b"e", 0o755, ME).unwrap().ino;
+    let f = write_file(&fs, e, b"f", &[5; 10_000]);
+    fs.link(f, ROOT_INO, b"hard").unwrap();
+    write_file(&fs, d, b"g", b"g");
+    fs.setxattr(d, b"user.x", b"1", 0).unwrap();
+    fs.symlink(ROOT_INO, b"ln", b"d/g", ME).unwrap();
+    fs.rename(ROOT_INO, b"d", ROOT_INO, b"d2", RenameFlags::default()).unwrap();
+    let open = write_file(&fs, ROOT_INO, b"open", b"o");
+    let fh = fs.open(open, libc::O_RDONLY).unwrap();
+    fs.unlink(ROOT_INO, b"open").unwrap();
+    let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(report.directories, 3);
+    fs.release(fh).unwrap();
+    let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+
+    // Damage: a data block without its file, and a wrong link count.
+    fs.store()
+        .put(betreefs_engine::KeySpace::Data, &betreefs_fs::schema::data_key(b"\x00nofile", 0), b"x")
+        .unwrap();
+    let fs = remount(&dev, fs);
+    let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+    assert!(report.problems[0].contains("missing file"));
+}
