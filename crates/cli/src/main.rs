@@ -1,5 +1,7 @@
 //! `betreefs`: the command-line entry point.
 
+mod daemon;
+mod fs_cmds;
 mod kv_bench;
 
 use clap::{Parser, Subcommand};
@@ -17,6 +19,21 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Format an image file (created sparse) or a block device.
+    Mkfs(fs_cmds::MkfsArgs),
+    /// Mount an image (created with a default size when missing); returns
+    /// once the mount answers. Unmount with `umount DIR` or
+    /// `fusermount3 -u DIR`.
+    Mount(daemon::MountArgs),
+    /// Check an unmounted image: checksums, tree and schema invariants.
+    /// Exit status 0 when clean, 1 when not.
+    Fsck(fs_cmds::FsckArgs),
+    /// Print a mounted file system's engine counters and amplification
+    /// figures as JSON.
+    Stats(fs_cmds::StatsArgs),
+    /// Install the mount(8) helper, so that `mount -t fuse.betreefs IMAGE
+    /// DIR` and fstab lines work.
+    InstallHelper(daemon::InstallHelperArgs),
     /// Run a key-value benchmark (TRIAD WS1-WS3 and db_bench-style workloads)
     /// against the engine and print one JSON line of results.
     KvBench(kv_bench::Args),
@@ -40,12 +57,29 @@ fn main() {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::KvBench(args) => kv_bench::run(args),
+    let argv: Vec<String> = std::env::args().collect();
+    let invoked_as = argv
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let result = if invoked_as.starts_with("mount.") {
+        daemon::run_helper(&argv[1..]).map(|()| 0)
+    } else {
+        match Cli::parse().command {
+            Command::Mkfs(args) => fs_cmds::run_mkfs(args).map(|()| 0),
+            Command::Mount(args) => daemon::run_mount(args).map(|()| 0),
+            Command::Fsck(args) => fs_cmds::run_fsck(args),
+            Command::Stats(args) => fs_cmds::run_stats(args).map(|()| 0),
+            Command::InstallHelper(args) => daemon::run_install_helper(args).map(|()| 0),
+            Command::KvBench(args) => kv_bench::run(args).map(|()| 0),
+        }
     };
-    if let Err(e) = result {
-        eprintln!("betreefs: {e:#}");
-        std::process::exit(1);
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("betreefs: {e:#}");
+            std::process::exit(1);
+        }
     }
 }

@@ -1,0 +1,396 @@
+//! `betreefs mount` and the `mount.fuse.betreefs` helper: opens the image,
+//! mounts it, and serves it until it is unmounted or the daemon gets
+//! SIGTERM/SIGINT/SIGHUP; both end in a final checkpoint.
+//!
+//! By default the command forks a daemon and returns only once the mount
+//! answers (or with the daemon's one-line error): the child reports over a
+//! pipe whose descriptor it is given with `--notify-fd`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use betreefs_engine::{Options, Store};
+use betreefs_fs::{AtimePolicy, FileSystem};
+use betreefs_fuse::MountConfig;
+use fuser::MountOption;
+
+use crate::fs_cmds::{self, control_socket, parse_size, DEFAULT_IMAGE_SIZE};
+
+#[derive(clap::Args, Clone)]
+pub struct MountArgs {
+    /// Image file or block device; a default-sized image is created when
+    /// the path does not exist.
+    pub image: PathBuf,
+    /// An existing directory to mount on.
+    pub mountpoint: PathBuf,
+    /// Comma-separated options: noatime, relatime (default), strictatime,
+    /// ro, nosuid, nodev, noexec, allow_other, threads=N, cache=SIZE,
+    /// log=FILE; fstab's defaults, auto, noauto, nofail, _netdev, user(s),
+    /// rw and x-* are accepted and ignored.
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    pub options: Vec<String>,
+    /// Stay in the foreground (logs to stderr).
+    #[arg(short = 'f', long)]
+    pub foreground: bool,
+    /// Size of the image created when it does not exist.
+    #[arg(long, value_parser = parse_size, default_value = "8G")]
+    pub size: u64,
+    /// (internal) report readiness on this descriptor.
+    #[arg(long, hide = true)]
+    pub notify_fd: Option<RawFd>,
+}
+
+/// Parsed `-o` options.
+struct Settings {
+    atime: AtimePolicy,
+    config: MountConfig,
+    cache_bytes: Option<usize>,
+    log: Option<PathBuf>,
+}
+
+fn parse_options(args: &MountArgs) -> Result<Settings> {
+    let mut s = Settings {
+        atime: AtimePolicy::Relatime,
+        config: MountConfig {
+            fs_name: args.image.display().to_string(),
+            ..MountConfig::default()
+        },
+        cache_bytes: None,
+        log: None,
+    };
+    for opt in args.options.iter().flat_map(|o| o.split(',')) {
+        let (key, value) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        let flag = |f: MountOption| -> Result<MountOption> {
+            if value.is_some() {
+                bail!("option {key} takes no value");
+            }
+            Ok(f)
+        };
+        match key {
+            "" | "defaults" | "auto" | "noauto" | "nofail" | "_netdev" | "user" | "users"
+            | "rw" | "async" => {}
+            k if k.starts_with("x-") => {}
+            "noatime" => {
+                s.atime = AtimePolicy::Noatime;
+                s.config.flags.push(flag(MountOption::NoAtime)?);
+            }
+            "relatime" => s.atime = AtimePolicy::Relatime,
+            "strictatime" | "atime" => s.atime = AtimePolicy::Strictatime,
+            "ro" => s.config.flags.push(flag(MountOption::RO)?),
+            "nosuid" => s.config.flags.push(flag(MountOption::NoSuid)?),
+            "suid" => s.config.flags.push(flag(MountOption::Suid)?),
+            "nodev" => s.config.flags.push(flag(MountOption::NoDev)?),
+            "dev" => s.config.flags.push(flag(MountOption::Dev)?),
+            "noexec" => s.config.flags.push(flag(MountOption::NoExec)?),
+            "exec" => s.config.flags.push(flag(MountOption::Exec)?),
+            "allow_other" => s.config.allow_other = true,
+            "threads" => {
+                let n: usize = value
+                    .and_then(|v| v.parse().ok())
+                    .filter(|n| (1..=64).contains(n))
+                    .ok_or_else(|| anyhow!("threads= needs a number from 1 to 64"))?;
+                s.config.threads = n;
+            }
+            "cache" => {
+                let v = value.ok_or_else(|| anyhow!("cache= needs a size"))?;
+                s.cache_bytes = Some(parse_size(v).map_err(|e| anyhow!(e))? as usize);
+            }
+            "log" => s.log = Some(PathBuf::from(value.ok_or_else(|| anyhow!("log= needs a file"))?)),
+            other => bail!("unknown mount option {other:?}"),
+        }
+    }
+    Ok(s)
+}
+
+fn check_mountpoint(mountpoint: &Path) -> Result<()> {
+    match std::fs::metadata(mountpoint) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => bail!("mountpoint {} is not a directory", mountpoint.display()),
+        Err(e) => bail!("mountpoint {}: {e}", mountpoint.display()),
+    }
+}
+
+pub fn run_mount(args: MountArgs) -> Result<()> {
+    let settings = parse_options(&args)?;
+    check_mountpoint(&args.mountpoint)?;
+    if !args.image.exists() {
+        fs_cmds::mkfs(&args.image, args.size.max(64 << 20), false)?;
+        eprintln!(
+            "betreefs: created {} ({} MiB)",
+            args.image.display(),
+            args.size >> 20
+        );
+    }
+    if args.foreground || args.notify_fd.is_some() {
+        return serve(&args, settings);
+    }
+    spawn_daemon(&args, settings.log.as_deref())
+}
+
+/// Starts `betreefs mount ... --notify-fd N` detached, and waits for it to
+/// say the mount answers.
+fn spawn_daemon(args: &MountArgs, log: Option<&Path>) -> Result<()> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: fds is a valid array of two descriptors for pipe2 to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("creating a pipe");
+    }
+    let (read_fd, write_fd) = (fds[0], fds[1]);
+    // SAFETY: read_fd was just created by pipe2 and is owned only here.
+    let mut reader = unsafe { std::fs::File::from_raw_fd(read_fd) };
+    let exe = std::env::current_exe().context("finding the betreefs executable")?;
+    let stderr = match log {
+        Some(path) => std::process::Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("opening log {}", path.display()))?,
+        ),
+        None => std::process::Stdio::null(),
+    };
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("mount")
+        .arg(&args.image)
+        .arg(&args.mountpoint)
+        .arg("--notify-fd")
+        .arg(write_fd.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr);
+    for o in &args.options {
+        cmd.arg("-o").arg(o);
+    }
+    // SAFETY: only async-signal-safe calls (setsid, fcntl) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::setsid();
+            let flags = libc::fcntl(write_fd, libc::F_GETFD);
+            libc::fcntl(write_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().context("starting the daemon");
+    // SAFETY: write_fd is ours; the child has its own copy now.
+    unsafe { libc::close(write_fd) };
+    let mut child = child?;
+    let mut answer = String::new();
+    reader.read_to_string(&mut answer).ok();
+    match answer.lines().next() {
+        Some("ok") => Ok(()),
+        Some(line) => {
+            let _ = child.wait();
+            bail!("{}", line.trim_start_matches("error: "))
+        }
+        None => {
+            let status = child.wait().context("waiting for the daemon")?;
+            bail!("the daemon exited ({status}) before the mount was ready")
+        }
+    }
+}
+
+fn notify(fd: Option<RawFd>, message: &str) {
+    if let Some(fd) = fd {
+        // SAFETY: the parent passed this descriptor for us to own and close.
+        let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+        let _ = f.write_all(message.as_bytes());
+    }
+}
+
+/// Blocks the termination signals in this thread and every thread it
+/// starts later, so that one thread can wait for them with sigwait.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: the set is initialised by sigemptyset before use; the calls
+    // only manipulate this thread's signal mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn unmount(mountpoint: &Path) {
+    let status = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg("-z")
+        .arg(mountpoint)
+        .status();
+    if !matches!(status, Ok(s) if s.success()) {
+        let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes()) else {
+            return;
+        };
+        // SAFETY: path is a valid NUL-terminated string.
+        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// The daemon proper.
+fn serve(args: &MountArgs, settings: Settings) -> Result<()> {
+    let signals = block_signals();
+    let result = start(args, &settings);
+    let (fs, session, socket) = match result {
+        Ok(v) => v,
+        Err(e) => {
+            notify(args.notify_fd, &format!("error: {e:#}\n"));
+            return Err(e);
+        }
+    };
+    notify(args.notify_fd, "ok\n");
+    tracing::info!("mounted {} on {}", args.image.display(), args.mountpoint.display());
+
+    let mountpoint = args.mountpoint.clone();
+    std::thread::Builder::new()
+        .name("betreefs-signals".into())
+        .spawn(move || loop {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: signals is a valid, initialised set; sig is writable.
+            if unsafe { libc::sigwait(&signals, &mut sig) } == 0 {
+                tracing::info!("signal {sig}: unmounting");
+                unmount(&mountpoint);
+            }
+        })
+        .context("starting the signal thread")?;
+
+    if let Err(e) = session.join() {
+        tracing::warn!("session ended with {e}");
+    }
+    let _ = std::fs::remove_file(&socket);
+    match Arc::try_unwrap(fs) {
+        Ok(fs) => fs.close().context("final checkpoint")?,
+        Err(fs) => fs.store().checkpoint().context("final checkpoint")?,
+    }
+    tracing::info!("unmounted; final checkpoint written");
+    Ok(())
+}
+
+type Started = (Arc<FileSystem>, fuser::BackgroundSession, PathBuf);
+
+fn start(args: &MountArgs, settings: &Settings) -> Result<Started> {
+    let mut options = Options::default();
+    if let Some(c) = settings.cache_bytes {
+        options.cache_bytes = c;
+    }
+    let store = Store::open(&args.image, options).map_err(|e| {
+        anyhow!("{}: {e}", args.image.display())
+    })?;
+    let fs = FileSystem::mount(store, settings.atime)
+        .map_err(|e| anyhow!("{}: {e}", args.image.display()))?;
+    let fs = Arc::new(fs);
+    let socket = control_socket(&args.mountpoint)?;
+    let session = betreefs_fuse::mount(fs.clone(), &args.mountpoint, &settings.config)
+        .map_err(|e| anyhow!("mounting on {}: {e}", args.mountpoint.display()))?;
+    serve_control(fs.clone(), &socket)?;
+    Ok((fs, session, socket))
+}
+
+/// Answers `stats` (JSON of the engine's counters and statfs figures) and
+/// `checkpoint` on a Unix socket named after the mountpoint.
+fn serve_control(fs: Arc<FileSystem>, socket: &Path) -> Result<()> {
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let _ = std::fs::remove_file(socket);
+    let listener = UnixListener::bind(socket).with_context(|| format!("binding {}", socket.display()))?;
+    std::thread::Builder::new()
+        .name("betreefs-control".into())
+        .spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let mut line = String::new();
+                let mut reader = BufReader::new(&stream);
+                if reader.read_line(&mut line).is_err() {
+                    continue;
+                }
+                let reply = match line.trim() {
+                    "stats" => stats_json(&fs),
+                    "checkpoint" => match fs.store().checkpoint() {
+                        Ok(()) => "{\"checkpoint\":\"ok\"}".to_string(),
+                        Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
+                    },
+                    other => serde_json::json!({ "error": format!("unknown request {other:?}") }).to_string(),
+                };
+                let _ = (&stream).write_all(reply.as_bytes());
+            }
+        })
+        .context("starting the control thread")?;
+    Ok(())
+}
+
+fn stats_json(fs: &FileSystem) -> String {
+    let s = fs.statfs();
+    serde_json::json!({
+        "engine": fs.store().stats(),
+        "statfs": {
+            "block_size": s.block_size,
+            "blocks": s.blocks,
+            "blocks_free": s.blocks_free,
+            "files": s.files,
+            "files_free": s.files_free,
+        },
+    })
+    .to_string()
+}
+
+/// `mount.fuse.betreefs SOURCE DIR [-sfnv] [-o OPTIONS]`, as mount(8)
+/// calls it for `-t fuse.betreefs` and fstab lines.
+pub fn run_helper(argv: &[String]) -> Result<()> {
+    let mut positional = Vec::new();
+    let mut options = Vec::new();
+    let mut i = 0;
+    while i < argv.len() {
+        match argv[i].as_str() {
+            "-o" => {
+                i += 1;
+                options.push(argv.get(i).cloned().ok_or_else(|| anyhow!("-o needs options"))?);
+            }
+            // -s (sloppy), -f (fake), -n (no mtab), -v (verbose): nothing to do.
+            "-s" | "-n" | "-v" => {}
+            "-f" => return Ok(()),
+            "-t" | "-N" => i += 1,
+            s if s.starts_with("-o") => options.push(s[2..].to_string()),
+            s => positional.push(s.to_string()),
+        }
+        i += 1;
+    }
+    let [image, mountpoint] = positional.as_slice() else {
+        bail!("usage: mount.fuse.betreefs IMAGE MOUNTPOINT [-o OPTIONS]");
+    };
+    let image = image.strip_prefix("betreefs#").unwrap_or(image);
+    run_mount(MountArgs {
+        image: PathBuf::from(image),
+        mountpoint: PathBuf::from(mountpoint),
+        options,
+        foreground: false,
+        size: DEFAULT_IMAGE_SIZE,
+        notify_fd: None,
+    })
+}
+
+#[derive(clap::Args)]
+pub struct InstallHelperArgs {
+    /// Where mount(8) looks for helpers.
+    #[arg(long, default_value = "/sbin")]
+    pub dir: PathBuf,
+}
+
+/// Links `DIR/mount.fuse.betreefs` to this executable.
+pub fn run_install_helper(args: InstallHelperArgs) -> Result<()> {
+    let exe = std::env::current_exe().context("finding the betreefs executable")?;
+    let link = args.dir.join("mount.fuse.betreefs");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&exe, &link)
+        .with_context(|| format!("linking {} to {}", link.display(), exe.display()))?;
+    println!("{} -> {}", link.display(), exe.display());
+    Ok(())
+}

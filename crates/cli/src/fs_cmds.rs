@@ -1,0 +1,195 @@
+//! `mkfs`, `fsck` and `stats`: the commands around a mounted file system.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use betreefs_engine::{Options, Store};
+use betreefs_fs::{Caller, FileSystem};
+
+/// The size of an image created without `--size`.
+pub const DEFAULT_IMAGE_SIZE: u64 = 8 << 30;
+
+/// Parses sizes like `4G`, `512M`, `100k`, `4GiB` or plain bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num.parse().map_err(|_| format!("not a size: {s:?}"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(format!("unknown size unit in {s:?} (use K, M, G or T)")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+#[derive(clap::Args)]
+pub struct MkfsArgs {
+    /// Image file (created sparse) or block device.
+    pub path: PathBuf,
+    /// Size of a new image file, e.g. 4G.
+    #[arg(long, value_parser = parse_size, default_value = "8G")]
+    pub size: u64,
+    /// Overwrite an existing image file.
+    #[arg(long)]
+    pub force: bool,
+}
+
+fn caller() -> Caller {
+    // SAFETY: getuid/getgid have no preconditions and cannot fail.
+    unsafe {
+        Caller {
+            uid: libc::getuid(),
+            gid: libc::getgid(),
+        }
+    }
+}
+
+/// Formats an image: an empty store holding an empty file system.
+pub fn mkfs(path: &Path, size: u64, force: bool) -> Result<()> {
+    if let Ok(meta) = std::fs::metadata(path) {
+        if meta.is_dir() {
+            bail!("{} is a directory", path.display());
+        }
+        if meta.is_file() && meta.len() > 0 {
+            if !force {
+                bail!(
+                    "{} already exists; pass --force to overwrite it",
+                    path.display()
+                );
+            }
+            std::fs::remove_file(path)
+                .with_context(|| format!("removing {}", path.display()))?;
+        }
+    }
+    let store = Store::create(path, size, Options::default())
+        .with_context(|| format!("creating {}", path.display()))?;
+    FileSystem::format(&store, caller()).map_err(|e| anyhow::anyhow!("formatting: {e}"))?;
+    store.close().context("writing the first checkpoint")?;
+    Ok(())
+}
+
+pub fn run_mkfs(args: MkfsArgs) -> Result<()> {
+    mkfs(&args.path, args.size, args.force)?;
+    println!(
+        "betreefs: formatted {} ({} MiB)",
+        args.path.display(),
+        args.size >> 20
+    );
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct FsckArgs {
+    /// Image file or block device (not mounted).
+    pub path: PathBuf,
+}
+
+/// Checks an image; the exit code is 0 when clean, 1 when not.
+pub fn run_fsck(args: FsckArgs) -> Result<i32> {
+    if !args.path.exists() {
+        bail!("{}: no such image", args.path.display());
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    bar.set_message("opening (replaying the log if needed)");
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let store = Store::open(&args.path, Options::default())
+        .with_context(|| format!("opening {}", args.path.display()))?;
+    bar.set_message("verifying the tree (checksums, order, bounds)");
+    let nodes = match store.verify() {
+        Ok(n) => n,
+        Err(e) => {
+            bar.finish_and_clear();
+            println!("{}: tree damaged: {e}", args.path.display());
+            return Ok(1);
+        }
+    };
+    let report = betreefs_fs::fsck::check(&store, |n| {
+        bar.set_message(format!("checking the schema: {n} keys"))
+    })
+    .map_err(|e| anyhow::anyhow!(e))?;
+    bar.finish_and_clear();
+    store.close().context("closing")?;
+    println!(
+        "{}: {} nodes, {} entries, {} directories, {} data blocks, {} xattrs",
+        args.path.display(),
+        nodes,
+        report.entries,
+        report.directories,
+        report.data_keys,
+        report.xattrs
+    );
+    if report.is_clean() {
+        println!("clean");
+        Ok(0)
+    } else {
+        for p in &report.problems {
+            println!("problem: {p}");
+        }
+        println!("{} problem(s) found", report.problems.len());
+        Ok(1)
+    }
+}
+
+/// Where a mounted file system's daemon listens for `stats`.
+pub fn control_socket(mountpoint: &Path) -> Result<PathBuf> {
+    let canonical = mountpoint
+        .canonicalize()
+        .with_context(|| format!("{}", mountpoint.display()))?;
+    // FNV-1a of the path: short and stable; the socket path limit is 108.
+    let hash = canonical
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf29ce484222325u64, |h, &b| {
+            (h ^ b as u64).wrapping_mul(0x100000001b3)
+        });
+    let dir = runtime_dir();
+    Ok(dir.join(format!("{hash:016x}.sock")))
+}
+
+pub fn runtime_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        PathBuf::from("/run/betreefs")
+    } else {
+        std::env::var_os("XDG_RUNTIME_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir)
+            .join("betreefs")
+    }
+}
+
+#[derive(clap::Args)]
+pub struct StatsArgs {
+    /// Where a betreefs is mounted.
+    pub mountpoint: PathBuf,
+}
+
+pub fn run_stats(args: StatsArgs) -> Result<()> {
+    let socket = control_socket(&args.mountpoint)?;
+    let mut stream = UnixStream::connect(&socket).with_context(|| {
+        format!(
+            "{} is not a mounted betreefs (no daemon at {})",
+            args.mountpoint.display(),
+            socket.display()
+        )
+    })?;
+    stream.write_all(b"stats\n")?;
+    stream.shutdown(std::net::Shutdown::Write)?;
+    let mut out = String::new();
+    stream.read_to_string(&mut out)?;
+    println!("{}", out.trim_end());
+    Ok(())
+}
