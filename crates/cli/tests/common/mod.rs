@@ -1,0 +1,218 @@
+//! Mounting a real betreefs for tests: as root, through /dev/fuse, with the
+//! `betreefs` binary cargo built. Each mount runs the daemon in the
+//! foreground as a child of the test, so a test can kill it.
+
+#![allow(dead_code)]
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_betreefs"))
+}
+
+/// FUSE tests need root and /dev/fuse; CI has both. Elsewhere set
+/// BETREEFS_SKIP_FUSE=1 to skip them explicitly (they fail otherwise, so
+/// that a CI without FUSE can never pass silently).
+pub fn fuse_available() -> bool {
+    if std::env::var_os("BETREEFS_SKIP_FUSE").is_some() {
+        eprintln!("BETREEFS_SKIP_FUSE set: skipping a FUSE test");
+        return false;
+    }
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "FUSE tests run as root");
+    assert!(Path::new("/dev/fuse").exists(), "FUSE tests need /dev/fuse");
+    true
+}
+
+/// A scratch directory removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(tag: &str) -> Scratch {
+        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("betreefs-test-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn mkfs(image: &Path, size: &str) {
+    let out = Command::new(binary())
+        .args(["mkfs", "--size", size])
+        .arg(image)
+        .output()
+        .expect("run mkfs");
+    assert!(out.status.success(), "mkfs: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+pub fn is_mounted(mountpoint: &Path) -> bool {
+    let Ok(canon) = mountpoint.canonicalize() else {
+        return false;
+    };
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap_or("")))
+}
+
+/// A mounted betreefs whose daemon is our child.
+pub struct Mount {
+    pub image: PathBuf,
+    pub dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Mount {
+    pub fn start(image: &Path, dir: &Path, options: &[&str]) -> Mount {
+        std::fs::create_dir_all(dir).expect("mountpoint");
+        let mut cmd = Command::new(binary());
+        cmd.arg("mount").arg(image).arg(dir).arg("--foreground");
+        for o in options {
+            cmd.arg("-o").arg(o);
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start daemon");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !is_mounted(dir) {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("daemon exited before mounting: {status}");
+            }
+            assert!(Instant::now() < deadline, "mount did not appear");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The mount is in the table; wait until it answers.
+        while std::fs::metadata(dir).is_err() {
+            assert!(Instant::now() < deadline, "mount does not answer");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Mount {
+            image: image.to_path_buf(),
+            dir: dir.to_path_buf(),
+            child: Some(child),
+        }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.join(rel)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, |c| c.id())
+    }
+
+    /// A clean unmount: the daemon writes its final checkpoint and exits 0.
+    pub fn unmount(mut self) {
+        let status = Command::new("umount").arg(&self.dir).status().expect("umount");
+        assert!(status.success(), "umount failed");
+        let child = self.child.take();
+        if let Some(mut c) = child {
+            let status = c.wait().expect("wait for daemon");
+            assert!(status.success(), "daemon exited with {status}");
+        }
+    }
+
+    /// kill -9 of the daemon; the dead mount is detached.
+    pub fn kill(mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        detach(&self.dir);
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn detach(dir: &Path) {
+    let _ = Command::new("umount").arg("-l").arg(dir).status();
+}
+
+pub fn fsck(image: &Path) -> (bool, String) {
+    let out = Command::new(binary()).arg("fsck").arg(image).output().expect("run fsck");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code() == Some(0), text)
+}
+
+pub fn cstr(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).expect("no NUL in path")
+}
+
+/// The errno of the last failed libc call.
+pub fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// The errno of an io::Error (0 when none).
+pub fn err_of<T>(r: std::io::Result<T>) -> i32 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+    }
+}
+
+/// A checksum of every path, type, size, mode and content under `root`.
+pub fn tree_digest(root: &Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out.sort();
+    out
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir).expect("read_dir").map(|e| e.expect("entry")).collect();
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let p = e.path();
+        let rel = p.strip_prefix(root).expect("under root").to_string_lossy().into_owned();
+        let meta = std::fs::symlink_metadata(&p).expect("lstat");
+        use std::os::unix::fs::MetadataExt;
+        let desc = if meta.is_dir() {
+            walk(root, &p, out);
+            format!("dir {:o}", meta.mode())
+        } else if meta.file_type().is_symlink() {
+            format!("link {:?}", std::fs::read_link(&p).expect("readlink"))
+        } else if meta.is_file() {
+            let data = std::fs::read(&p).expect("read");
+            format!("file {:o} {} {:08x}", meta.mode(), data.len(), crc(&data))
+        } else {
+            format!("other {:o}", meta.mode())
+        };
+        out.push((rel, desc));
+    }
+}
+
+pub fn crc(data: &[u8]) -> u32 {
+    data.iter().fold(0x811c9dc5u32, |h, &b| (h ^ b as u32).wrapping_mul(0x01000193))
+}
