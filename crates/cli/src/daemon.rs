@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use betreefs_engine::{Options, Store};
+use betreefs_engine::Store;
 use betreefs_fs::{AtimePolicy, FileSystem};
 use betreefs_fuse::MountConfig;
 use fuser::MountOption;
@@ -103,7 +103,11 @@ fn parse_options(args: &MountArgs) -> Result<Settings> {
                 let v = value.ok_or_else(|| anyhow!("cache= needs a size"))?;
                 s.cache_bytes = Some(parse_size(v).map_err(|e| anyhow!(e))? as usize);
             }
-            "log" => s.log = Some(PathBuf::from(value.ok_or_else(|| anyhow!("log= needs a file"))?)),
+            "log" => {
+                s.log = Some(PathBuf::from(
+                    value.ok_or_else(|| anyhow!("log= needs a file"))?,
+                ))
+            }
             other => bail!("unknown mount option {other:?}"),
         }
     }
@@ -248,7 +252,11 @@ fn serve(args: &MountArgs, settings: Settings) -> Result<()> {
         }
     };
     notify(args.notify_fd, "ok\n");
-    tracing::info!("mounted {} on {}", args.image.display(), args.mountpoint.display());
+    tracing::info!(
+        "mounted {} on {}",
+        args.image.display(),
+        args.mountpoint.display()
+    );
 
     let mountpoint = args.mountpoint.clone();
     std::thread::Builder::new()
@@ -269,7 +277,12 @@ fn serve(args: &MountArgs, settings: Settings) -> Result<()> {
     let _ = std::fs::remove_file(&socket);
     match Arc::try_unwrap(fs) {
         Ok(fs) => fs.close().context("final checkpoint")?,
-        Err(fs) => fs.store().checkpoint().context("final checkpoint")?,
+        Err(fs) => {
+            // Someone still holds the file system: make the log durable
+            // first, so that a failing checkpoint loses nothing.
+            fs.store().sync().context("final log flush")?;
+            fs.store().checkpoint().context("final checkpoint")?
+        }
     }
     tracing::info!("unmounted; final checkpoint written");
     Ok(())
@@ -278,35 +291,38 @@ fn serve(args: &MountArgs, settings: Settings) -> Result<()> {
 type Started = (Arc<FileSystem>, fuser::BackgroundSession, PathBuf);
 
 fn start(args: &MountArgs, settings: &Settings) -> Result<Started> {
-    let mut options = Options::default();
+    let mut options = fs_cmds::engine_options_for(&args.image);
     if let Some(c) = settings.cache_bytes {
         options.cache_bytes = c;
     }
-    let store = Store::open(&args.image, options).map_err(|e| {
-        anyhow!("{}: {e}", args.image.display())
-    })?;
+    let store =
+        Store::open(&args.image, options).map_err(|e| anyhow!("{}: {e}", args.image.display()))?;
     let fs = FileSystem::mount(store, settings.atime)
         .map_err(|e| anyhow!("{}: {e}", args.image.display()))?;
     let fs = Arc::new(fs);
     let socket = control_socket(&args.mountpoint)?;
     let session = betreefs_fuse::mount(fs.clone(), &args.mountpoint, &settings.config)
         .map_err(|e| anyhow!("mounting on {}: {e}", args.mountpoint.display()))?;
-    serve_control(fs.clone(), &socket)?;
+    serve_control(Arc::downgrade(&fs), &socket)?;
     Ok((fs, session, socket))
 }
 
 /// Answers `stats` (JSON of the engine's counters and statfs figures) and
 /// `checkpoint` on a Unix socket named after the mountpoint.
-fn serve_control(fs: Arc<FileSystem>, socket: &Path) -> Result<()> {
+fn serve_control(fs: std::sync::Weak<FileSystem>, socket: &Path) -> Result<()> {
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let _ = std::fs::remove_file(socket);
-    let listener = UnixListener::bind(socket).with_context(|| format!("binding {}", socket.display()))?;
+    let listener =
+        UnixListener::bind(socket).with_context(|| format!("binding {}", socket.display()))?;
     std::thread::Builder::new()
         .name("betreefs-control".into())
         .spawn(move || {
             for stream in listener.incoming().flatten() {
+                let Some(fs) = fs.upgrade() else {
+                    return;
+                };
                 let mut line = String::new();
                 let mut reader = BufReader::new(&stream);
                 if reader.read_line(&mut line).is_err() {
@@ -318,7 +334,8 @@ fn serve_control(fs: Arc<FileSystem>, socket: &Path) -> Result<()> {
                         Ok(()) => "{\"checkpoint\":\"ok\"}".to_string(),
                         Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
                     },
-                    other => serde_json::json!({ "error": format!("unknown request {other:?}") }).to_string(),
+                    other => serde_json::json!({ "error": format!("unknown request {other:?}") })
+                        .to_string(),
                 };
                 let _ = (&stream).write_all(reply.as_bytes());
             }
@@ -352,7 +369,11 @@ pub fn run_helper(argv: &[String]) -> Result<()> {
         match argv[i].as_str() {
             "-o" => {
                 i += 1;
-                options.push(argv.get(i).cloned().ok_or_else(|| anyhow!("-o needs options"))?);
+                options.push(
+                    argv.get(i)
+                        .cloned()
+                        .ok_or_else(|| anyhow!("-o needs options"))?,
+                );
             }
             // -s (sloppy), -f (fake), -n (no mtab), -v (verbose): nothing to do.
             "-s" | "-n" | "-v" => {}

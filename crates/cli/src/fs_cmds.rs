@@ -12,6 +12,32 @@ use betreefs_fs::{Caller, FileSystem};
 /// The size of an image created without `--size`.
 pub const DEFAULT_IMAGE_SIZE: u64 = 8 << 30;
 
+/// Engine options for an image of `size` bytes: nodes of 1/256 of the
+/// device, between 256 KiB and 4 MiB. Nodes are written copy-on-write as
+/// contiguous extents, so a small device needs small nodes to keep
+/// checkpointing (and deleting) possible when it is nearly full. The node
+/// size is a split threshold, not part of the format: an image opened with
+/// another one stays readable.
+pub fn engine_options(size: u64) -> Options {
+    let node = (size / 256)
+        .clamp(256 << 10, 4 << 20)
+        .next_power_of_two()
+        .min(4 << 20);
+    Options {
+        node_size: node as usize,
+        basement_size: (node as usize / 8).min(128 << 10),
+        ..Options::default()
+    }
+}
+
+/// Engine options for an existing image or device.
+pub fn engine_options_for(path: &Path) -> Options {
+    let size = std::fs::File::open(path)
+        .and_then(|mut f| std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)))
+        .unwrap_or(DEFAULT_IMAGE_SIZE);
+    engine_options(size)
+}
+
 /// Parses sizes like `4G`, `512M`, `100k`, `4GiB` or plain bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -65,11 +91,10 @@ pub fn mkfs(path: &Path, size: u64, force: bool) -> Result<()> {
                     path.display()
                 );
             }
-            std::fs::remove_file(path)
-                .with_context(|| format!("removing {}", path.display()))?;
+            std::fs::remove_file(path).with_context(|| format!("removing {}", path.display()))?;
         }
     }
-    let store = Store::create(path, size, Options::default())
+    let store = Store::create(path, size, engine_options(size))
         .with_context(|| format!("creating {}", path.display()))?;
     FileSystem::format(&store, caller()).map_err(|e| anyhow::anyhow!("formatting: {e}"))?;
     store.close().context("writing the first checkpoint")?;
@@ -104,7 +129,7 @@ pub fn run_fsck(args: FsckArgs) -> Result<i32> {
     );
     bar.set_message("opening (replaying the log if needed)");
     bar.enable_steady_tick(Duration::from_millis(200));
-    let store = Store::open(&args.path, Options::default())
+    let store = Store::open(&args.path, engine_options_for(&args.path))
         .with_context(|| format!("opening {}", args.path.display()))?;
     bar.set_message("verifying the tree (checksums, order, bounds)");
     let nodes = match store.verify() {

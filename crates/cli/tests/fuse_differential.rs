@@ -19,7 +19,10 @@ use common::*;
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
 fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 const NAMES: &[&[u8]] = &[
@@ -64,11 +67,15 @@ fn xattrs(p: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
         return Vec::new();
     }
     let mut out = Vec::new();
-    for name in names[..n as usize].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+    for name in names[..n as usize]
+        .split(|&b| b == 0)
+        .filter(|n| !n.is_empty())
+    {
         let cname = std::ffi::CString::new(name).unwrap();
         let mut v = vec![0u8; 65536];
         // SAFETY: valid path, name and buffer.
-        let len = unsafe { libc::lgetxattr(c.as_ptr(), cname.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+        let len =
+            unsafe { libc::lgetxattr(c.as_ptr(), cname.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
         v.truncate(len.max(0) as usize);
         out.push((name.to_vec(), v));
     }
@@ -89,7 +96,13 @@ fn snapshot(root: &Path) -> Vec<String> {
             format!("symlink {:?}", fs::read_link(&p).unwrap())
         } else {
             let data = fs::read(&p).unwrap();
-            format!("file mode={:o} nlink={} size={} crc={:08x}", m.mode(), m.nlink(), data.len(), crc(&data))
+            format!(
+                "file mode={:o} nlink={} size={} crc={:08x}",
+                m.mode(),
+                m.nlink(),
+                data.len(),
+                crc(&data)
+            )
         };
         out.push(format!("{:?}: {what} xattrs={:?}", rel, xattrs(&p)));
     }
@@ -107,17 +120,51 @@ fn name(rng: &mut SmallRng) -> &'static std::ffi::OsStr {
 /// One random operation, described and applied to a root.
 #[derive(Debug, Clone)]
 enum Op {
-    Write { path: PathBuf, offset: u64, len: usize, byte: u8 },
-    Truncate { path: PathBuf, size: u64 },
-    Mkdir { path: PathBuf },
-    Rmdir { path: PathBuf },
-    Unlink { path: PathBuf },
-    Rename { from: PathBuf, to: PathBuf, flags: u32 },
-    Link { from: PathBuf, to: PathBuf },
-    Symlink { target: PathBuf, path: PathBuf },
-    Chmod { path: PathBuf, mode: u32 },
-    SetXattr { path: PathBuf, name: String, value: Vec<u8> },
-    RemoveXattr { path: PathBuf, name: String },
+    Write {
+        path: PathBuf,
+        offset: u64,
+        len: usize,
+        byte: u8,
+    },
+    Truncate {
+        path: PathBuf,
+        size: u64,
+    },
+    Mkdir {
+        path: PathBuf,
+    },
+    Rmdir {
+        path: PathBuf,
+    },
+    Unlink {
+        path: PathBuf,
+    },
+    Rename {
+        from: PathBuf,
+        to: PathBuf,
+        flags: u32,
+    },
+    Link {
+        from: PathBuf,
+        to: PathBuf,
+    },
+    Symlink {
+        target: PathBuf,
+        path: PathBuf,
+    },
+    Chmod {
+        path: PathBuf,
+        mode: u32,
+    },
+    SetXattr {
+        path: PathBuf,
+        name: String,
+        value: Vec<u8>,
+    },
+    RemoveXattr {
+        path: PathBuf,
+        name: String,
+    },
 }
 
 fn random_op(rng: &mut SmallRng, reference: &Path) -> Op {
@@ -134,28 +181,57 @@ fn random_op(rng: &mut SmallRng, reference: &Path) -> Op {
     match rng.gen_range(0..100) {
         0..=29 => Op::Write {
             path: existing(rng),
-            offset: *pick(rng, &[0u64, 1, 4095, 4096, 8190, 100_000, 1 << 20]) + rng.gen_range(0..3),
+            offset: *pick(rng, &[0u64, 1, 4095, 4096, 8190, 100_000, 1 << 20])
+                + rng.gen_range(0..3),
             len: *pick(rng, &[1usize, 4, 100, 4096, 5000, 70_000]),
             byte: rng.gen(),
         },
-        30..=37 => Op::Truncate { path: existing(rng), size: *pick(rng, &[0u64, 1, 4095, 4097, 50_000]) },
-        38..=49 => Op::Mkdir { path: new_path(rng) },
-        50..=54 => Op::Rmdir { path: existing(rng) },
-        55..=61 => Op::Unlink { path: existing(rng) },
+        30..=37 => Op::Truncate {
+            path: existing(rng),
+            size: *pick(rng, &[0u64, 1, 4095, 4097, 50_000]),
+        },
+        38..=49 => Op::Mkdir {
+            path: new_path(rng),
+        },
+        50..=54 => Op::Rmdir {
+            path: existing(rng),
+        },
+        55..=61 => Op::Unlink {
+            path: existing(rng),
+        },
         62..=77 => Op::Rename {
             from: existing(rng),
-            to: if rng.gen_bool(0.5) { existing(rng) } else { new_path(rng) },
-            flags: *pick(rng, &[0u32, 0, 0, libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE]),
+            to: if rng.gen_bool(0.5) {
+                existing(rng)
+            } else {
+                new_path(rng)
+            },
+            flags: *pick(
+                rng,
+                &[0u32, 0, 0, libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE],
+            ),
         },
-        78..=83 => Op::Link { from: existing(rng), to: new_path(rng) },
-        84..=86 => Op::Symlink { target: existing(rng), path: new_path(rng) },
-        87..=91 => Op::Chmod { path: existing(rng), mode: *pick(rng, &[0o644u32, 0o600, 0o755, 0o2755]) },
+        78..=83 => Op::Link {
+            from: existing(rng),
+            to: new_path(rng),
+        },
+        84..=86 => Op::Symlink {
+            target: existing(rng),
+            path: new_path(rng),
+        },
+        87..=91 => Op::Chmod {
+            path: existing(rng),
+            mode: *pick(rng, &[0o644u32, 0o600, 0o755, 0o2755]),
+        },
         92..=97 => Op::SetXattr {
             path: existing(rng),
             name: pick(rng, &["user.a", "user.b", "user.long.name"]).to_string(),
             value: vec![rng.gen(); rng.gen_range(0..300)],
         },
-        _ => Op::RemoveXattr { path: existing(rng), name: pick(rng, &["user.a", "user.b"]).to_string() },
+        _ => Op::RemoveXattr {
+            path: existing(rng),
+            name: pick(rng, &["user.a", "user.b"]).to_string(),
+        },
     }
 }
 
@@ -174,15 +250,26 @@ fn io_result<T>(r: std::io::Result<T>) -> Result<(), i32> {
 fn apply(root: &Path, op: &Op) -> Result<(), i32> {
     let at = |p: &PathBuf| root.join(p);
     match op {
-        Op::Write { path, offset, len, byte } => {
+        Op::Write {
+            path,
+            offset,
+            len,
+            byte,
+        } => {
             // Never follow symlinks or open directories: they would diverge
             // only in how the test walks, not in the file system.
             let m = fs::symlink_metadata(at(path));
             if m.as_ref().is_ok_and(|m| !m.is_file()) {
                 return Err(libc::EISDIR);
             }
-            let mut f = OpenOptions::new().write(true).create(true).open(at(path)).map_err(|e| e.raw_os_error().unwrap_or(-1))?;
-            f.seek(SeekFrom::Start(*offset)).map_err(|e| e.raw_os_error().unwrap_or(-1))?;
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(at(path))
+                .map_err(|e| e.raw_os_error().unwrap_or(-1))?;
+            f.seek(SeekFrom::Start(*offset))
+                .map_err(|e| e.raw_os_error().unwrap_or(-1))?;
             let data: Vec<u8> = (0..*len).map(|i| byte.wrapping_add(i as u8)).collect();
             io_result(f.write_all(&data))
         }
@@ -201,7 +288,14 @@ fn apply(root: &Path, op: &Op) -> Result<(), i32> {
             let (a, b) = (cstr(&at(from)), cstr(&at(to)));
             // SAFETY: valid paths.
             libc_result(unsafe {
-                libc::syscall(libc::SYS_renameat2, libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), *flags)
+                libc::syscall(
+                    libc::SYS_renameat2,
+                    libc::AT_FDCWD,
+                    a.as_ptr(),
+                    libc::AT_FDCWD,
+                    b.as_ptr(),
+                    *flags,
+                )
             })
         }
         Op::Link { from, to } => io_result(fs::hard_link(at(from), at(to))),
@@ -210,15 +304,32 @@ fn apply(root: &Path, op: &Op) -> Result<(), i32> {
             if fs::symlink_metadata(at(path)).is_ok_and(|m| m.file_type().is_symlink()) {
                 return Err(libc::ELOOP);
             }
-            io_result(fs::set_permissions(at(path), fs::Permissions::from_mode(*mode)))
+            io_result(fs::set_permissions(
+                at(path),
+                fs::Permissions::from_mode(*mode),
+            ))
         }
         Op::SetXattr { path, name, value } => {
-            let (c, n) = (cstr(&at(path)), std::ffi::CString::new(name.as_str()).unwrap());
+            let (c, n) = (
+                cstr(&at(path)),
+                std::ffi::CString::new(name.as_str()).unwrap(),
+            );
             // SAFETY: valid path, name and value.
-            libc_result(unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) } as i64)
+            libc_result(unsafe {
+                libc::lsetxattr(
+                    c.as_ptr(),
+                    n.as_ptr(),
+                    value.as_ptr().cast(),
+                    value.len(),
+                    0,
+                )
+            } as i64)
         }
         Op::RemoveXattr { path, name } => {
-            let (c, n) = (cstr(&at(path)), std::ffi::CString::new(name.as_str()).unwrap());
+            let (c, n) = (
+                cstr(&at(path)),
+                std::ffi::CString::new(name.as_str()).unwrap(),
+            );
             // SAFETY: valid path and name.
             libc_result(unsafe { libc::lremovexattr(c.as_ptr(), n.as_ptr()) } as i64)
         }
@@ -243,7 +354,10 @@ fn random_operations_match_tmpfs() {
     let ops = env_u64("BETREEFS_DIFF_OPS", 3000);
     for seed in 0..seeds {
         let s = Scratch::new("diff");
-        let reference = PathBuf::from(format!("/dev/shm/betreefs-diff-{}-{seed}", std::process::id()));
+        let reference = PathBuf::from(format!(
+            "/dev/shm/betreefs-diff-{}-{seed}",
+            std::process::id()
+        ));
         let _ = fs::remove_dir_all(&reference);
         fs::create_dir(&reference).unwrap();
         let image = s.0.join("img");
@@ -270,8 +384,14 @@ fn random_operations_match_tmpfs() {
         }
         assert_same(&reference, &m.dir, &format!("seed {seed} at the end"));
         // The workload must mostly do things, not mostly fail.
-        assert!(succeeded * 3 > ops, "seed {seed}: only {succeeded} of {ops} operations succeeded");
-        eprintln!("seed {seed}: {succeeded} of {ops} operations succeeded; {} entries", snapshot(&reference).len());
+        assert!(
+            succeeded * 3 > ops,
+            "seed {seed}: only {succeeded} of {ops} operations succeeded"
+        );
+        eprintln!(
+            "seed {seed}: {succeeded} of {ops} operations succeeded; {} entries",
+            snapshot(&reference).len()
+        );
         m.unmount();
         let (clean, report) = fsck(&image);
         assert!(clean, "seed {seed}: fsck: {report}");

@@ -5,7 +5,7 @@ mod common;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use common::*;
@@ -98,13 +98,25 @@ fn files_read_write_truncate_and_open_flags() {
     assert_eq!(back.len(), big.len());
     drop(f);
     // fallocate mode 0 extends; other modes are refused.
-    let f = OpenOptions::new().write(true).create(true).open(m.path("alloc")).unwrap();
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(m.path("alloc"))
+        .unwrap();
     use std::os::fd::AsRawFd;
     // SAFETY: a valid open descriptor.
     assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 100_000) }, 0);
     assert_eq!(fs::metadata(m.path("alloc")).unwrap().len(), 100_000);
     // SAFETY: as above.
-    let r = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 0, 10) };
+    let r = unsafe {
+        libc::fallocate(
+            f.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            10,
+        )
+    };
     assert!(r != 0 && errno() == libc::EOPNOTSUPP);
     drop(f);
     m.unmount();
@@ -125,7 +137,10 @@ fn directories_names_links_and_renames() {
     fs::rename(m.path("a/b"), m.path("moved")).unwrap();
     assert_eq!(fs::read(m.path("moved/c/file")).unwrap(), b"deep");
     assert_eq!(fs::metadata(m.path("a")).unwrap().nlink(), 2);
-    assert_eq!(err_of(fs::rename(m.path("moved"), m.path("moved/c/x"))), libc::EINVAL);
+    assert_eq!(
+        err_of(fs::rename(m.path("moved"), m.path("moved/c/x"))),
+        libc::EINVAL
+    );
     // Over an existing file, over an empty directory, not over a non-empty one.
     fs::write(m.path("x"), b"x").unwrap();
     fs::write(m.path("y"), b"y").unwrap();
@@ -137,13 +152,25 @@ fn directories_names_links_and_renames() {
     fs::create_dir(m.path("full")).unwrap();
     fs::write(m.path("full/f"), b"").unwrap();
     fs::create_dir(m.path("d2")).unwrap();
-    assert_eq!(err_of(fs::rename(m.path("d2"), m.path("full"))), libc::ENOTEMPTY);
+    assert_eq!(
+        err_of(fs::rename(m.path("d2"), m.path("full"))),
+        libc::ENOTEMPTY
+    );
     assert_eq!(err_of(fs::rename(m.path("d2"), m.path("y"))), libc::ENOTDIR);
     assert_eq!(err_of(fs::rename(m.path("y"), m.path("d2"))), libc::EISDIR);
     // RENAME_NOREPLACE and RENAME_EXCHANGE.
-    assert_eq!(rename2(&m.path("y"), &m.path("full/f"), libc::RENAME_NOREPLACE), libc::EEXIST);
-    assert_eq!(rename2(&m.path("y"), &m.path("nothere"), libc::RENAME_EXCHANGE), libc::ENOENT);
-    assert_eq!(rename2(&m.path("y"), &m.path("empty"), libc::RENAME_EXCHANGE), 0);
+    assert_eq!(
+        rename2(&m.path("y"), &m.path("full/f"), libc::RENAME_NOREPLACE),
+        libc::EEXIST
+    );
+    assert_eq!(
+        rename2(&m.path("y"), &m.path("nothere"), libc::RENAME_EXCHANGE),
+        libc::ENOENT
+    );
+    assert_eq!(
+        rename2(&m.path("y"), &m.path("empty"), libc::RENAME_EXCHANGE),
+        0
+    );
     assert!(m.path("y/c/file").exists());
     assert_eq!(fs::read(m.path("empty")).unwrap(), b"x");
     // Hard links: shared data, link counts.
@@ -151,30 +178,51 @@ fn directories_names_links_and_renames() {
     assert_eq!(fs::metadata(m.path("hl")).unwrap().nlink(), 2);
     fs::write(m.path("hl"), b"through the link").unwrap();
     assert_eq!(fs::read(m.path("empty")).unwrap(), b"through the link");
-    assert_eq!(fs::metadata(m.path("empty")).unwrap().ino(), fs::metadata(m.path("hl")).unwrap().ino());
+    assert_eq!(
+        fs::metadata(m.path("empty")).unwrap().ino(),
+        fs::metadata(m.path("hl")).unwrap().ino()
+    );
     fs::remove_file(m.path("empty")).unwrap();
     assert_eq!(fs::metadata(m.path("hl")).unwrap().nlink(), 1);
-    assert_eq!(err_of(fs::hard_link(m.path("y"), m.path("dirlink"))), libc::EPERM);
+    assert_eq!(
+        err_of(fs::hard_link(m.path("y"), m.path("dirlink"))),
+        libc::EPERM
+    );
     // Symlinks.
     std::os::unix::fs::symlink("y/c/file", m.path("sl")).unwrap();
-    assert_eq!(fs::read_link(m.path("sl")).unwrap().to_str(), Some("y/c/file"));
+    assert_eq!(
+        fs::read_link(m.path("sl")).unwrap().to_str(),
+        Some("y/c/file")
+    );
     assert_eq!(fs::read(m.path("sl")).unwrap(), b"deep");
     // FIFOs and sockets.
     let fifo = cstr(&m.path("fifo"));
     // SAFETY: valid path.
-    assert_eq!(unsafe { libc::mknod(fifo.as_ptr(), libc::S_IFIFO | 0o644, 0) }, 0);
+    assert_eq!(
+        unsafe { libc::mknod(fifo.as_ptr(), libc::S_IFIFO | 0o644, 0) },
+        0
+    );
     assert!(fs::metadata(m.path("fifo")).unwrap().file_type().is_fifo());
     let sock = std::os::unix::net::UnixListener::bind(m.path("sock")).unwrap();
-    assert!(fs::metadata(m.path("sock")).unwrap().file_type().is_socket());
+    assert!(fs::metadata(m.path("sock"))
+        .unwrap()
+        .file_type()
+        .is_socket());
     drop(sock);
     // Names: 255 bytes, odd bytes; 256 bytes is too long.
     let long = "n".repeat(255);
     fs::write(m.path(&long), b"l").unwrap();
-    assert_eq!(err_of(fs::write(m.path(&"n".repeat(256)), b"")), libc::ENAMETOOLONG);
+    assert_eq!(
+        err_of(fs::write(m.path(&"n".repeat(256)), b"")),
+        libc::ENAMETOOLONG
+    );
     use std::os::unix::ffi::OsStrExt;
     let odd = std::ffi::OsStr::from_bytes(b"\x01\x02\x03\xff odd");
     fs::write(m.dir.join(odd), b"o").unwrap();
-    let listed: Vec<_> = fs::read_dir(&m.dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let listed: Vec<_> = fs::read_dir(&m.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert!(listed.iter().any(|n| n == odd) && listed.iter().any(|n| n.len() == 255));
     // inode numbers survive rename and remount.
     let ino = fs::metadata(m.path("y/c/file")).unwrap().ino();
@@ -214,7 +262,9 @@ fn readdir_while_the_directory_changes() {
             break;
         }
         // SAFETY: d_name is NUL-terminated within the entry.
-        let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) }.to_string_lossy().into_owned();
+        let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
         *seen.entry(name.clone()).or_insert(0) += 1;
         n += 1;
         if n % 100 == 0 {
@@ -225,7 +275,10 @@ fn readdir_while_the_directory_changes() {
     }
     // SAFETY: d is open.
     unsafe { libc::closedir(d) };
-    assert!(seen.values().all(|&c| c == 1), "an entry was returned twice");
+    assert!(
+        seen.values().all(|&c| c == 1),
+        "an entry was returned twice"
+    );
     for i in (1..2000).step_by(2) {
         assert_eq!(seen.get(&format!("f{i:05}")), Some(&1), "f{i:05} missing");
     }
@@ -248,17 +301,35 @@ fn attributes_permissions_xattrs_and_statfs() {
     // utimensat: set mtime, UTIME_OMIT atime; then UTIME_NOW.
     let c = cstr(&p);
     let times = [
-        libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
-        libc::timespec { tv_sec: 1_000_000_000, tv_nsec: 123 },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: 1_000_000_000,
+            tv_nsec: 123,
+        },
     ];
     let atime_before = fs::metadata(&p).unwrap().atime();
     // SAFETY: valid path and two timespecs.
-    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) }, 0);
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) },
+        0
+    );
     let md = fs::metadata(&p).unwrap();
-    assert_eq!((md.mtime(), md.mtime_nsec(), md.atime()), (1_000_000_000, 123, atime_before));
-    let now = [libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW }; 2];
+    assert_eq!(
+        (md.mtime(), md.mtime_nsec(), md.atime()),
+        (1_000_000_000, 123, atime_before)
+    );
+    let now = [libc::timespec {
+        tv_sec: 0,
+        tv_nsec: libc::UTIME_NOW,
+    }; 2];
     // SAFETY: as above.
-    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), now.as_ptr(), 0) }, 0);
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), now.as_ptr(), 0) },
+        0
+    );
     assert!(fs::metadata(&p).unwrap().mtime() > 1_000_000_000);
     // noatime: reading does not change atime.
     let a0 = fs::metadata(&p).unwrap().atime_nsec();
@@ -280,10 +351,17 @@ fn attributes_permissions_xattrs_and_statfs() {
     fs::set_permissions(m.path("shared"), fs::Permissions::from_mode(0o2777)).unwrap();
     let out = std::process::Command::new("setpriv")
         .args(["--reuid=1000", "--regid=1000", "--clear-groups", "sh", "-c"])
-        .arg(format!("touch {0}/file && mkdir {0}/sub", m.path("shared").display()))
+        .arg(format!(
+            "touch {0}/file && mkdir {0}/sub",
+            m.path("shared").display()
+        ))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let f = fs::metadata(m.path("shared/file")).unwrap();
     assert_eq!((f.uid(), f.gid()), (1000, 4242));
     let sub = fs::metadata(m.path("shared/sub")).unwrap();
@@ -292,21 +370,57 @@ fn attributes_permissions_xattrs_and_statfs() {
     let name = std::ffi::CString::new("user.k").unwrap();
     // SAFETY: valid path, name and value buffers.
     unsafe {
-        assert_eq!(libc::setxattr(c.as_ptr(), name.as_ptr(), b"v1".as_ptr().cast(), 2, libc::XATTR_CREATE), 0);
-        assert_eq!(libc::setxattr(c.as_ptr(), name.as_ptr(), b"v2".as_ptr().cast(), 2, libc::XATTR_CREATE), -1);
+        assert_eq!(
+            libc::setxattr(
+                c.as_ptr(),
+                name.as_ptr(),
+                b"v1".as_ptr().cast(),
+                2,
+                libc::XATTR_CREATE
+            ),
+            0
+        );
+        assert_eq!(
+            libc::setxattr(
+                c.as_ptr(),
+                name.as_ptr(),
+                b"v2".as_ptr().cast(),
+                2,
+                libc::XATTR_CREATE
+            ),
+            -1
+        );
         assert_eq!(errno(), libc::EEXIST);
         let other = std::ffi::CString::new("user.none").unwrap();
-        assert_eq!(libc::setxattr(c.as_ptr(), other.as_ptr(), b"v".as_ptr().cast(), 1, libc::XATTR_REPLACE), -1);
+        assert_eq!(
+            libc::setxattr(
+                c.as_ptr(),
+                other.as_ptr(),
+                b"v".as_ptr().cast(),
+                1,
+                libc::XATTR_REPLACE
+            ),
+            -1
+        );
         assert_eq!(errno(), libc::ENODATA);
         let mut buf = [0u8; 16];
-        assert_eq!(libc::getxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 16), 2);
+        assert_eq!(
+            libc::getxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 16),
+            2
+        );
         assert_eq!(&buf[..2], b"v1");
-        assert_eq!(libc::getxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 1), -1);
+        assert_eq!(
+            libc::getxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 1),
+            -1
+        );
         assert_eq!(errno(), libc::ERANGE);
         let n = libc::listxattr(c.as_ptr(), buf.as_mut_ptr().cast(), 16);
         assert_eq!(&buf[..n as usize], b"user.k\0");
         assert_eq!(libc::removexattr(c.as_ptr(), name.as_ptr()), 0);
-        assert_eq!(libc::getxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 16), -1);
+        assert_eq!(
+            libc::getxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 16),
+            -1
+        );
         assert_eq!(errno(), libc::ENODATA);
     }
     // statfs reports the store's real figures.
@@ -317,9 +431,16 @@ fn attributes_permissions_xattrs_and_statfs() {
     assert_eq!(st.f_bsize, 4096);
     assert!(st.f_blocks > 200_000 && st.f_bfree < st.f_blocks && st.f_namemax == 255);
     // stats answers with JSON.
-    let out = std::process::Command::new(binary()).arg("stats").arg(&m.dir).output().unwrap();
+    let out = std::process::Command::new(binary())
+        .arg("stats")
+        .arg(&m.dir)
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && text.contains("\"write_amplification\""), "{text}");
+    assert!(
+        out.status.success() && text.contains("\"write_amplification\""),
+        "{text}"
+    );
     m.unmount();
 }
 
@@ -332,9 +453,21 @@ fn relatime_updates_atime_once_after_a_write() {
     let p = m.path("f");
     fs::write(&p, b"x").unwrap();
     let c = cstr(&p);
-    let old = [libc::timespec { tv_sec: 1000, tv_nsec: 0 }, libc::timespec { tv_sec: 2000, tv_nsec: 0 }];
+    let old = [
+        libc::timespec {
+            tv_sec: 1000,
+            tv_nsec: 0,
+        },
+        libc::timespec {
+            tv_sec: 2000,
+            tv_nsec: 0,
+        },
+    ];
     // SAFETY: valid path and times.
-    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), old.as_ptr(), 0) }, 0);
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), old.as_ptr(), 0) },
+        0
+    );
     fs::read(&p).unwrap();
     let a1 = fs::metadata(&p).unwrap().atime();
     assert!(a1 > 2000, "relatime updates an atime older than mtime");
@@ -349,13 +482,22 @@ fn cli_usage_errors_background_mount_and_helper() {
         return;
     }
     let s = Scratch::new("cli");
-    let run = |args: &[&std::ffi::OsStr]| std::process::Command::new(binary()).args(args).output().unwrap();
+    let run = |args: &[&std::ffi::OsStr]| {
+        std::process::Command::new(binary())
+            .args(args)
+            .output()
+            .unwrap()
+    };
     let img = s.0.join("img");
     let mnt = s.0.join("mnt");
     fs::create_dir(&mnt).unwrap();
     // The first command of the README: mount creates a default image.
     let out = run(&["mount".as_ref(), img.as_os_str(), mnt.as_os_str()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(is_mounted(&mnt));
     fs::write(mnt.join("f"), b"bg").unwrap();
     // Already mounted: refused with one line.
@@ -363,8 +505,15 @@ fn cli_usage_errors_background_mount_and_helper() {
     fs::create_dir(&other).unwrap();
     let out = run(&["mount".as_ref(), img.as_os_str(), other.as_os_str()]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.lines().count() == 1 && !err.contains("panick"), "{err}");
-    assert!(std::process::Command::new("umount").arg(&mnt).status().unwrap().success());
+    assert!(
+        !out.status.success() && err.lines().count() == 1 && !err.contains("panick"),
+        "{err}"
+    );
+    assert!(std::process::Command::new("umount")
+        .arg(&mnt)
+        .status()
+        .unwrap()
+        .success());
     // Wait for the daemon to let go of the image.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !fsck(&img).0 {
@@ -376,39 +525,75 @@ fn cli_usage_errors_background_mount_and_helper() {
     fs::write(&file, b"").unwrap();
     for (args, what) in [
         (vec![img.as_os_str(), file.as_os_str()], "not a directory"),
-        (vec![img.as_os_str(), s.0.join("nodir").into_os_string().leak() as &std::ffi::OsStr], "mountpoint"),
+        (
+            vec![
+                img.as_os_str(),
+                s.0.join("nodir").into_os_string().leak() as &std::ffi::OsStr,
+            ],
+            "mountpoint",
+        ),
     ] {
         let mut full = vec![std::ffi::OsStr::new("mount")];
         full.extend(args);
         let out = run(&full);
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(what) && err.lines().count() == 1, "{err}");
+        assert!(
+            !out.status.success() && err.contains(what) && err.lines().count() == 1,
+            "{err}"
+        );
     }
     let foreign = s.0.join("foreign");
     fs::write(&foreign, vec![0x5au8; 8 << 20]).unwrap();
     let out = run(&["mount".as_ref(), foreign.as_os_str(), mnt.as_os_str()]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.lines().count() == 1 && !err.contains("panick"), "{err}");
+    assert!(
+        !out.status.success() && err.lines().count() == 1 && !err.contains("panick"),
+        "{err}"
+    );
     let out = run(&["fsck".as_ref(), foreign.as_os_str()]);
     assert!(!out.status.success());
     // mount -t fuse.betreefs through the helper.
     let helper_dir = s.0.join("sbin");
     fs::create_dir(&helper_dir).unwrap();
-    let out = run(&["install-helper".as_ref(), "--dir".as_ref(), helper_dir.as_os_str()]);
+    let out = run(&[
+        "install-helper".as_ref(),
+        "--dir".as_ref(),
+        helper_dir.as_os_str(),
+    ]);
     assert!(out.status.success());
     let helper = helper_dir.join("mount.fuse.betreefs");
-    let out = std::process::Command::new(&helper).arg(&img).arg(&mnt).args(["-o", "rw,noatime"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = std::process::Command::new(&helper)
+        .arg(&img)
+        .arg(&mnt)
+        .args(["-o", "rw,noatime"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(fs::read(mnt.join("f")).unwrap(), b"bg");
-    if Path::new("/sbin/mount.fuse.betreefs").exists() || fs::symlink_metadata("/sbin/mount.fuse.betreefs").is_err() {
+    if Path::new("/sbin/mount.fuse.betreefs").exists()
+        || fs::symlink_metadata("/sbin/mount.fuse.betreefs").is_err()
+    {
         // mount(8) itself, when the helper is (or can be) installed system-wide.
-        assert!(std::process::Command::new("umount").arg(&mnt).status().unwrap().success());
+        assert!(std::process::Command::new("umount")
+            .arg(&mnt)
+            .status()
+            .unwrap()
+            .success());
         std::thread::sleep(std::time::Duration::from_millis(300));
         let installed = run(&["install-helper".as_ref()]);
         if installed.status.success() {
             let mut status = false;
             for _ in 0..50 {
-                let out = std::process::Command::new("mount").args(["-t", "fuse.betreefs"]).arg(&img).arg(&mnt).output().unwrap();
+                let out = std::process::Command::new("mount")
+                    .args(["-t", "fuse.betreefs"])
+                    .arg(&img)
+                    .arg(&mnt)
+                    .output()
+                    .unwrap();
                 if out.status.success() {
                     status = true;
                     break;
@@ -420,5 +605,9 @@ fn cli_usage_errors_background_mount_and_helper() {
             assert_eq!(fs::read(mnt.join("f")).unwrap(), b"bg");
         }
     }
-    assert!(std::process::Command::new("umount").arg(&mnt).status().unwrap().success());
+    assert!(std::process::Command::new("umount")
+        .arg(&mnt)
+        .status()
+        .unwrap()
+        .success());
 }

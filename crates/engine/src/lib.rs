@@ -21,7 +21,9 @@ pub mod stats;
 mod tree;
 
 pub use error::{EngineError, EngineResult};
-pub use message::{KeySpace, Message, RangeRename, WriteBatch, KEY_SPACES, MAX_KEY_BYTES, MAX_VALUE_BYTES};
+pub use message::{
+    KeySpace, Message, RangeRename, WriteBatch, KEY_SPACES, MAX_KEY_BYTES, MAX_VALUE_BYTES,
+};
 pub use tree::TreeOptions;
 mod store;
 

@@ -199,7 +199,8 @@ mod tests {
     #[test]
     fn truncate_cuts_and_never_grows() {
         let r = MergeRegistry::default();
-        let cut = |old: Option<&[u8]>, len| r.apply(MERGE_TRUNCATE, old, &truncate_arg(len)).unwrap();
+        let cut =
+            |old: Option<&[u8]>, len| r.apply(MERGE_TRUNCATE, old, &truncate_arg(len)).unwrap();
         assert_eq!(cut(Some(b"abcdef"), 2), b"ab");
         assert_eq!(cut(Some(b"ab"), 10), b"ab");
         assert_eq!(cut(None, 3), b"");

@@ -379,6 +379,9 @@ impl Store {
         self.stop_worker();
         self.closed = true;
         self.inner.check_failed()?;
+        // The log first: if the checkpoint cannot be written (a full
+        // device), recovery still has every write.
+        self.sync()?;
         self.inner.checkpoint()
     }
 
@@ -402,11 +405,34 @@ impl Drop for Store {
         }
         self.stop_worker();
         if self.inner.check_failed().is_ok() {
+            if let Err(e) = self.sync() {
+                tracing::error!("final log flush failed: {e}");
+            }
             if let Err(e) = self.inner.checkpoint() {
                 tracing::error!("final checkpoint failed: {e}");
             }
         }
     }
+}
+
+/// Bytes a batch that deletes may also add (a file system's unlink rewrites
+/// its parent directory's record) and still be let into the reserve when
+/// space is low: deleting must stay possible on a full device.
+const REMOVAL_BATCH_ALLOWANCE: u64 = 64 << 10;
+
+/// Whether a batch must be refused when space is low.
+fn needs_space(batch: &WriteBatch) -> bool {
+    let mut removes = false;
+    let mut added = 0;
+    for (_, m) in batch.messages() {
+        match m {
+            m if m.is_removal() => removes = true,
+            // A copying range rename can add any amount.
+            Message::RangeRename(_) => return true,
+            m => added += m.user_bytes(),
+        }
+    }
+    added > 0 && !(removes && added <= REMOVAL_BATCH_ALLOWANCE)
 }
 
 fn validate_batch(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<()> {
@@ -483,8 +509,7 @@ impl Inner {
         let payload = batch.encode();
         let mut tree = self.lock_tree();
         self.check_failed()?;
-        let adds_data = batch.messages().iter().any(|(_, m)| !m.is_removal());
-        if adds_data && tree.space_low() {
+        if needs_space(batch) && tree.space_low() {
             self.reclaim_space(&mut tree)?;
             if tree.space_low() {
                 return Err(EngineError::NoSpace);
@@ -535,12 +560,26 @@ impl Inner {
             return Ok(());
         }
         tree.removals_since_reclaim = 0;
-        if let Err(e) = tree.flush_everything() {
-            return Err(self.poison(e));
-        }
-        match self.checkpoint_locked(tree) {
-            Err(e) if e.is_no_space() => Ok(()),
-            other => other,
+        // Step by step: each step rewrites no more than the free space can
+        // take; blocks the previous checkpoint freed become reusable only
+        // once a second one no longer needs the first's copy (two
+        // generations), so each step ends with two checkpoints.
+        loop {
+            let budget = tree.reclaim_budget();
+            let done = match tree.flush_some(budget) {
+                Ok(done) => done,
+                Err(e) => return Err(self.poison(e)),
+            };
+            for _ in 0..2 {
+                match self.checkpoint_locked(tree) {
+                    Err(e) if e.is_no_space() => return Ok(()),
+                    Err(e) => return Err(e),
+                    Ok(()) => {}
+                }
+            }
+            if done {
+                return Ok(());
+            }
         }
     }
 

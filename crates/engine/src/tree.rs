@@ -137,6 +137,10 @@ pub(crate) struct Tree {
     btt_extent: Option<Extent>,
     /// Removal messages since the last attempt to reclaim space.
     pub removals_since_reclaim: u64,
+    /// Free blocks lying in runs long enough for a full node, and all
+    /// blocks in use, as of the last checkpoint (see [`Tree::space_low`]).
+    node_sized_free_blocks: u64,
+    used_blocks_at_checkpoint: u64,
 }
 
 impl Tree {
@@ -167,6 +171,8 @@ impl Tree {
             generation: 0,
             btt_extent: None,
             removals_since_reclaim: 0,
+            node_sized_free_blocks: u64::MAX,
+            used_blocks_at_checkpoint: 0,
         }
     }
 
@@ -1064,24 +1070,56 @@ impl Tree {
     /// Pushes every buffered message down to the leaves (space reclaim:
     /// pending deletes free nothing until they reach the leaves).
     pub fn flush_everything(&mut self) -> EngineResult<()> {
+        self.flush_some(usize::MAX).map(|_| ())
+    }
+
+    /// Like [`Tree::flush_everything`], but stops between two children once
+    /// `budget` bytes of nodes are dirty (the tree is consistent there);
+    /// returns whether every buffer was flushed. Reclaiming space on a full
+    /// device goes step by step, checkpointing in between, so that the
+    /// nodes it rewrites always fit in what the last step freed.
+    pub fn flush_some(&mut self, budget: usize) -> EngineResult<bool> {
         for ks in KeySpace::ALL {
             let root = self.roots[ks.index()];
             self.load(ks, root, &Bounds::full(), Want::Whole, None)?;
-            self.flush_subtree(ks, root, &Bounds::full())?;
+            let done = self.flush_subtree(ks, root, &Bounds::full(), budget)?;
             // Splits the root, and grows the tree, if flushing filled it.
             self.settle_root(ks)?;
+            if !done {
+                return Ok(false);
+            }
         }
-        Ok(())
+        Ok(true)
     }
 
-    fn flush_subtree(&mut self, ks: KeySpace, num: u64, bounds: &Bounds) -> EngineResult<()> {
+    /// How many dirty bytes a reclaim step may make: half of what the
+    /// node-sized free runs hold, at least two nodes.
+    pub fn reclaim_budget(&self) -> usize {
+        let consumed = self
+            .alloc
+            .used_blocks()
+            .saturating_sub(self.used_blocks_at_checkpoint);
+        let runs = self.node_sized_free_blocks.saturating_sub(consumed) * BLOCK_SIZE as u64;
+        ((runs / 2) as usize).max(2 * self.opts.node_size)
+    }
+
+    fn flush_subtree(
+        &mut self,
+        ks: KeySpace,
+        num: u64,
+        bounds: &Bounds,
+        budget: usize,
+    ) -> EngineResult<bool> {
         let mut i = 0;
         loop {
             let NodeBody::Interior(int) = &self.node(num).body else {
-                return Ok(());
+                return Ok(true);
             };
             if i >= int.children.len() {
-                return Ok(());
+                return Ok(true);
+            }
+            if self.dirty_bytes > budget {
+                return Ok(false);
             }
             if !int.buffers[i].is_empty() {
                 self.flush_child(ks, num, i, bounds)?;
@@ -1091,11 +1129,15 @@ impl Tree {
             let child = int.children[i_now];
             let child_bounds = int.child_bounds(i_now, bounds);
             let height = int.height - 1;
+            let mut done = true;
             if height > 0 {
                 self.load(ks, child, &child_bounds, Want::Whole, Some(height))?;
-                self.flush_subtree(ks, child, &child_bounds)?;
+                done = self.flush_subtree(ks, child, &child_bounds, budget)?;
                 let splits = self.split_if_needed(ks, child, &child_bounds)?;
                 self.adopt_splits(num, i_now, splits);
+            }
+            if !done {
+                return Ok(false);
             }
             i = i_now + 1;
         }
@@ -1115,7 +1157,15 @@ impl Tree {
         }
         let height = node.height();
         let img = encode_node(node, num);
-        let extent = self.alloc.allocate(img.len).ok_or(EngineError::NoSpace)?;
+        let Some(extent) = self.alloc.allocate(img.len) else {
+            tracing::warn!(
+                "no {} byte extent for node {num} (height {height}); {} of {} blocks in use",
+                img.len,
+                self.alloc.used_blocks(),
+                self.layout.nodes_bytes / BLOCK_SIZE as u64
+            );
+            return Err(EngineError::NoSpace);
+        };
         if let Err(e) = self
             .device
             .write_at(&img.buf, self.layout.extent_offset(extent))
@@ -1189,10 +1239,15 @@ impl Tree {
             self.write_node(num)?;
         }
         let table = self.btt.encode();
-        let extent = self
-            .alloc
-            .allocate(table.len() as u32)
-            .ok_or(EngineError::NoSpace)?;
+        let Some(extent) = self.alloc.allocate(table.len() as u32) else {
+            tracing::warn!(
+                "no {} byte extent for the block table; {} of {} blocks in use",
+                table.len(),
+                self.alloc.used_blocks(),
+                self.layout.nodes_bytes / BLOCK_SIZE as u64
+            );
+            return Err(EngineError::NoSpace);
+        };
         let buf = AlignedBuf::from_slice(&table);
         let io = |context| move |e| EngineError::from(betreefs_store::StoreError::io(context, e));
         let written = self
@@ -1222,19 +1277,36 @@ impl Tree {
             self.alloc.free(old);
         }
         self.alloc.commit_checkpoint();
+        let node_blocks = (self.opts.node_size / BLOCK_SIZE) as u64;
+        self.node_sized_free_blocks = self.alloc.free_blocks_in_runs(node_blocks);
+        self.used_blocks_at_checkpoint = self.alloc.used_blocks();
         add(&self.stats.checkpoints, 1);
         Ok(())
     }
 
     /// Whether writes that add data should be refused: the node region
     /// could not absorb the dirty nodes plus a reserve for copy-on-write.
+    ///
+    /// Nodes are written as contiguous extents, so free space counts only
+    /// where it comes in node-sized runs: on a nearly full, fragmented
+    /// device the dirty nodes (and the nodes a checkpoint after deletes
+    /// rewrites) must still find room, or no checkpoint could ever run.
     pub fn space_low(&self) -> bool {
         let capacity = self.layout.nodes_bytes;
-        let reserve = (capacity / 32).max(2 * self.opts.node_size as u64);
+        let node = self.opts.node_size as u64;
+        let reserve = (capacity / 8).max(8 * node);
         let used = self.alloc.used_blocks() * BLOCK_SIZE as u64
             + self.dirty_bytes as u64
             + (self.btt.live_count() as u64 * 16).next_multiple_of(BLOCK_SIZE as u64);
-        used + reserve > capacity
+        let consumed = self
+            .alloc
+            .used_blocks()
+            .saturating_sub(self.used_blocks_at_checkpoint);
+        let runs = self
+            .node_sized_free_blocks
+            .saturating_sub(consumed)
+            .saturating_mul(BLOCK_SIZE as u64);
+        used + reserve > capacity || self.dirty_bytes as u64 + 4 * node > runs
     }
 
     // ---- verification (fsck and tests) -------------------------------------

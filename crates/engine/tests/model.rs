@@ -375,20 +375,28 @@ fn range_rename_moves_many_leaves_and_replays() {
 
     let rename = common::subtree_rename(b"src", b"dst").unwrap();
     let mut batch = WriteBatch::new();
-    batch.push(KeySpace::Data, betreefs_engine::Message::RangeRename(rename));
+    batch.push(
+        KeySpace::Data,
+        betreefs_engine::Message::RangeRename(rename),
+    );
     store.write(&batch).unwrap();
     model.apply(&batch);
     assert_matches(&store, &model);
-    assert_eq!(store.get(KeySpace::Data, b"dst\x00zzz-stale").unwrap(), None);
+    assert_eq!(
+        store.get(KeySpace::Data, b"dst\x00zzz-stale").unwrap(),
+        None
+    );
     store.sync().unwrap();
 
     // Crash before any checkpoint: the rename must come back from the log.
     dev.power_off();
     let image = dev.crash_image(betreefs_store::CrashMode::DropUnsynced);
     drop(store);
-    let reopened =
-        Store::open_on(Arc::new(betreefs_store::MemDevice::from_image(image)), small_options())
-            .unwrap();
+    let reopened = Store::open_on(
+        Arc::new(betreefs_store::MemDevice::from_image(image)),
+        small_options(),
+    )
+    .unwrap();
     assert!(reopened.stats().log_replayed_records >= 1);
     assert_matches(&reopened, &model);
     reopened.verify().unwrap();
@@ -400,7 +408,10 @@ fn range_rename_moves_many_leaves_and_replays() {
         new_prefix: b"a\x00x".to_vec(),
     };
     let mut bad = WriteBatch::new();
-    bad.push(KeySpace::Meta, betreefs_engine::Message::RangeRename(overlapping));
+    bad.push(
+        KeySpace::Meta,
+        betreefs_engine::Message::RangeRename(overlapping),
+    );
     assert!(matches!(
         reopened.write(&bad),
         Err(betreefs_engine::EngineError::InvalidMessage(_))

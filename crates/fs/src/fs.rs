@@ -27,7 +27,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 
 use betreefs_engine::merge::{patch_arg, record_arg, truncate_arg};
-use betreefs_engine::{KeySpace, RecordOp, Store, WriteBatch, MERGE_PATCH, MERGE_RECORD, MERGE_TRUNCATE};
+use betreefs_engine::{
+    KeySpace, RecordOp, Store, WriteBatch, MERGE_PATCH, MERGE_RECORD, MERGE_TRUNCATE,
+};
 
 use crate::error::{Errno, FsResult};
 use crate::record::{Attr, FsInfo, Record, Timespec, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
@@ -216,7 +218,12 @@ fn count_update(batch: &mut WriteBatch, delta: i64) {
     } else {
         RecordOp::Sub(0, delta.unsigned_abs())
     };
-    batch.upsert(KeySpace::Meta, schema::COUNTS_KEY, MERGE_RECORD, &record_arg(&[op]));
+    batch.upsert(
+        KeySpace::Meta,
+        schema::COUNTS_KEY,
+        MERGE_RECORD,
+        &record_arg(&[op]),
+    );
 }
 
 /// Removes everything a file owns: its record and its data range.
@@ -403,7 +410,11 @@ impl State {
     fn put_record(&self, batch: &mut WriteBatch, ino: Ino) -> FsResult<()> {
         let key = self.file_key(ino)?;
         let node = self.node(ino)?;
-        batch.put(KeySpace::Meta, &key, &inode_record(&node.attr, &node.target));
+        batch.put(
+            KeySpace::Meta,
+            &key,
+            &inode_record(&node.attr, &node.target),
+        );
         Ok(())
     }
 }
@@ -499,7 +510,8 @@ impl FileSystem {
             }),
             atime,
         };
-        fs.purge_orphans().map_err(|e| format!("removing orphaned files: {e}"))?;
+        fs.purge_orphans()
+            .map_err(|e| format!("removing orphaned files: {e}"))?;
         Ok(fs)
     }
 
@@ -668,7 +680,14 @@ impl FileSystem {
         Ok(attr)
     }
 
-    pub fn mknod(&self, parent: Ino, name: &[u8], mode: u32, rdev: u32, caller: Caller) -> FsResult<Attr> {
+    pub fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        caller: Caller,
+    ) -> FsResult<Attr> {
         let kind = mode & S_IFMT;
         let mode = if kind == 0 { mode | S_IFREG } else { mode };
         if mode & S_IFMT == S_IFDIR || mode & S_IFMT == S_IFLNK {
@@ -682,14 +701,28 @@ impl FileSystem {
         self.make_node(&mut self.lock(), parent, name, mode, 0, &[], caller)
     }
 
-    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], caller: Caller) -> FsResult<Attr> {
+    pub fn symlink(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+        caller: Caller,
+    ) -> FsResult<Attr> {
         if target.is_empty() {
             return Err(Errno::ENOENT);
         }
         if target.len() > SYMLINK_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
-        self.make_node(&mut self.lock(), parent, name, S_IFLNK | 0o777, 0, target, caller)
+        self.make_node(
+            &mut self.lock(),
+            parent,
+            name,
+            S_IFLNK | 0o777,
+            0,
+            target,
+            caller,
+        )
     }
 
     pub fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
@@ -702,7 +735,14 @@ impl FileSystem {
     }
 
     /// create(2) with O_CREAT: makes the file and opens it.
-    pub fn create(&self, parent: Ino, name: &[u8], mode: u32, flags: i32, caller: Caller) -> FsResult<(Attr, u64)> {
+    pub fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+    ) -> FsResult<(Attr, u64)> {
         let mut st = self.lock();
         let mode = S_IFREG | (mode & 0o7777);
         let attr = self.make_node(&mut st, parent, name, mode, 0, &[], caller)?;
@@ -737,15 +777,27 @@ impl FileSystem {
             let old_key = st.file_key(ino)?;
             move_file_data(&mut batch, &old_key, &inode_key);
             let mode = st.node(ino)?.attr.mode;
-            batch.put(KeySpace::Meta, &old_key, &Record::Link { ino, mode }.encode());
+            batch.put(
+                KeySpace::Meta,
+                &old_key,
+                &Record::Link { ino, mode }.encode(),
+            );
         }
         let node = st.node_mut(ino)?;
         node.attr.nlink += 1;
         node.attr.ctime = now;
         node.home = Home::Inode;
         let mode = node.attr.mode;
-        batch.put(KeySpace::Meta, &inode_key, &inode_record(&node.attr, &node.target));
-        batch.put(KeySpace::Meta, &new_key, &Record::Link { ino, mode }.encode());
+        batch.put(
+            KeySpace::Meta,
+            &inode_key,
+            &inode_record(&node.attr, &node.target),
+        );
+        batch.put(
+            KeySpace::Meta,
+            &new_key,
+            &Record::Link { ino, mode }.encode(),
+        );
         st.touch_dir(new_parent, now, 0)?;
         st.put_record(&mut batch, new_parent)?;
         if let Err(e) = self.store.write(&batch) {
@@ -764,7 +816,15 @@ impl FileSystem {
     /// Removes what an entry names, for unlink, rmdir and rename over it.
     /// `delete_entry` is false when the caller overwrites the entry key.
     /// `sub` is the directory key the entry would have as a directory.
-    fn remove_entry(&self, st: &mut State, batch: &mut WriteBatch, found: &Found, sub: &[u8], now: Timespec, delete_entry: bool) -> FsResult<()> {
+    fn remove_entry(
+        &self,
+        st: &mut State,
+        batch: &mut WriteBatch,
+        found: &Found,
+        sub: &[u8],
+        now: Timespec,
+        delete_entry: bool,
+    ) -> FsResult<()> {
         let ino = found.ino();
         if delete_entry {
             batch.delete(KeySpace::Meta, &found.key);
@@ -859,7 +919,13 @@ impl FileSystem {
         self.remove_and_commit(&mut st, parent, name, found)
     }
 
-    fn remove_and_commit(&self, st: &mut State, parent: Ino, name: &[u8], found: Found) -> FsResult<()> {
+    fn remove_and_commit(
+        &self,
+        st: &mut State,
+        parent: Ino,
+        name: &[u8],
+        found: Found,
+    ) -> FsResult<()> {
         let now = Timespec::now();
         let mut batch = WriteBatch::new();
         let is_dir = found.is_dir();
@@ -899,7 +965,14 @@ impl FileSystem {
         Ok(longest)
     }
 
-    pub fn rename(&self, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], flags: RenameFlags) -> FsResult<()> {
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> FsResult<()> {
         let mut st = self.lock();
         if flags.noreplace && flags.exchange {
             return Err(Errno::EINVAL);
@@ -971,7 +1044,10 @@ impl FileSystem {
         let mut batch = WriteBatch::new();
         let src_ino = src.ino();
         let mut restore: Vec<(Ino, Home, Attr)> = Vec::new();
-        for ino in [Some(src_ino), dst.as_ref().map(Found::ino)].into_iter().flatten() {
+        for ino in [Some(src_ino), dst.as_ref().map(Found::ino)]
+            .into_iter()
+            .flatten()
+        {
             if let Some(n) = st.nodes.get(&ino) {
                 restore.push((ino, n.home, n.attr.clone()));
             }
@@ -1215,8 +1291,9 @@ impl FileSystem {
                 let from = block_start.max(offset);
                 let to = (block_start + v.len() as u64).min(end);
                 if from < to {
-                    out[(from - offset) as usize..(to - offset) as usize]
-                        .copy_from_slice(&v[(from - block_start) as usize..(to - block_start) as usize]);
+                    out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(
+                        &v[(from - block_start) as usize..(to - block_start) as usize],
+                    );
                 }
             }
         }
@@ -1237,10 +1314,16 @@ impl FileSystem {
         if !due || st.node(ino)?.home == Home::Gone {
             return Ok(());
         }
+        let before = st.node(ino)?.attr.atime;
         st.node_mut(ino)?.attr.atime = now;
         let mut batch = WriteBatch::new();
         st.put_record(&mut batch, ino)?;
-        self.store.write(&batch)?;
+        // An access time that cannot be stored (a full device) must not
+        // fail the read that caused it.
+        if let Err(e) = self.store.write(&batch) {
+            tracing::debug!("access time of {ino} not updated: {e}");
+            st.node_mut(ino)?.attr.atime = before;
+        }
         Ok(())
     }
 
@@ -1276,7 +1359,12 @@ impl FileSystem {
                     // A whole block, or the start of a block nothing is stored in.
                     batch.put(KeySpace::Data, &dkey, bytes);
                 } else {
-                    batch.upsert(KeySpace::Data, &dkey, MERGE_PATCH, &patch_arg(in_block as u64, bytes));
+                    batch.upsert(
+                        KeySpace::Data,
+                        &dkey,
+                        MERGE_PATCH,
+                        &patch_arg(in_block as u64, bytes),
+                    );
                 }
                 written += n;
                 pos += n as u64;
@@ -1378,7 +1466,14 @@ impl FileSystem {
     /// it returns `true` (buffer full). With `plus`, entries carry their
     /// attributes and count as lookups (readdirplus fills the kernel's
     /// caches from the same scan).
-    pub fn readdir(&self, ino: Ino, fh: u64, offset: u64, plus: bool, mut add: impl FnMut(DirEntry<'_>) -> bool) -> FsResult<()> {
+    pub fn readdir(
+        &self,
+        ino: Ino,
+        fh: u64,
+        offset: u64,
+        plus: bool,
+        mut add: impl FnMut(DirEntry<'_>) -> bool,
+    ) -> FsResult<()> {
         let mut st = self.lock();
         let dir = st.dir_key(ino)?;
         let node = st.node(ino)?;
@@ -1386,7 +1481,9 @@ impl FileSystem {
         let Some(Handle::Dir(mut h)) = st.handles.remove(&fh) else {
             return Err(Errno::EBADF);
         };
-        let result = self.fill_dir(&mut st, &mut h, &dir, ino, parent, version, offset, plus, &mut add);
+        let result = self.fill_dir(
+            &mut st, &mut h, &dir, ino, parent, version, offset, plus, &mut add,
+        );
         st.handles.insert(fh, Handle::Dir(h));
         result?;
         self.note_access(&mut st, ino)
@@ -1406,10 +1503,26 @@ impl FileSystem {
         add: &mut impl FnMut(DirEntry<'_>) -> bool,
     ) -> FsResult<()> {
         debug_assert_eq!(h.ino, ino);
-        if offset == 0 && add(DirEntry { ino, offset: 1, file_type: S_IFDIR, name: b".", attr: None }) {
+        if offset == 0
+            && add(DirEntry {
+                ino,
+                offset: 1,
+                file_type: S_IFDIR,
+                name: b".",
+                attr: None,
+            })
+        {
             return Ok(());
         }
-        if offset <= 1 && add(DirEntry { ino: parent, offset: 2, file_type: S_IFDIR, name: b"..", attr: None }) {
+        if offset <= 1
+            && add(DirEntry {
+                ino: parent,
+                offset: 2,
+                file_type: S_IFDIR,
+                name: b"..",
+                attr: None,
+            })
+        {
             return Ok(());
         }
         let index = offset.saturating_sub(2) as usize;
@@ -1467,13 +1580,25 @@ impl FileSystem {
             let full = if plus {
                 let (attr, target, home) = self.resolve(st, record.clone())?;
                 let attr = st.nodes.get(&attr.ino).map_or(attr, |n| n.attr.clone());
-                let full = add(DirEntry { ino: attr.ino, offset: next_offset, file_type: attr.file_type(), name: &name, attr: Some(&attr) });
+                let full = add(DirEntry {
+                    ino: attr.ino,
+                    offset: next_offset,
+                    file_type: attr.file_type(),
+                    name: &name,
+                    attr: Some(&attr),
+                });
                 if !full {
                     st.add_lookup(ino, &name, attr, target, home);
                 }
                 full
             } else {
-                add(DirEntry { ino: record.ino(), offset: next_offset, file_type: record.mode() & S_IFMT, name: &name, attr: None })
+                add(DirEntry {
+                    ino: record.ino(),
+                    offset: next_offset,
+                    file_type: record.mode() & S_IFMT,
+                    name: &name,
+                    attr: None,
+                })
             };
             if full {
                 return Ok(());
@@ -1520,14 +1645,21 @@ impl FileSystem {
             return Err(Errno::ENODATA);
         }
         let file = st.file_key(ino)?;
-        match self.store.get(KeySpace::Data, &schema::xattr_key(&file, name))? {
+        match self
+            .store
+            .get(KeySpace::Data, &schema::xattr_key(&file, name))?
+        {
             Some(v) => Ok(v),
             None => {
                 // Learn whether there are any, so later misses (the kernel
                 // asks for security.capability on every write) cost nothing.
                 if st.node(ino)?.has_xattrs.is_none() {
                     let (lo, hi) = schema::xattr_range(&file);
-                    let any = self.store.range(KeySpace::Data, &lo, Some(&hi)).next().is_some();
+                    let any = self
+                        .store
+                        .range(KeySpace::Data, &lo, Some(&hi))
+                        .next()
+                        .is_some();
                     st.node_mut(ino)?.has_xattrs = Some(any);
                 }
                 Err(Errno::ENODATA)
@@ -1587,7 +1719,6 @@ impl FileSystem {
     }
 }
 
-
 /// First half of an exchange: everything of `f` moves to the scratch pair
 /// `(file prefix, subtree prefix)`.
 fn stage_move(batch: &mut WriteBatch, f: &Found, sub: &[u8], scratch: [&[u8]; 2]) {
@@ -1601,7 +1732,14 @@ fn stage_move(batch: &mut WriteBatch, f: &Found, sub: &[u8], scratch: [&[u8]; 2]
 }
 
 /// Second half: from the scratch pair to its new entry key and subtree.
-fn finish_move(batch: &mut WriteBatch, f: &Found, scratch: [&[u8]; 2], key: &[u8], sub: &[u8], record: &Record) {
+fn finish_move(
+    batch: &mut WriteBatch,
+    f: &Found,
+    scratch: [&[u8]; 2],
+    key: &[u8],
+    sub: &[u8],
+    record: &Record,
+) {
     batch.put(KeySpace::Meta, key, &record.encode());
     if matches!(f.record, Record::Inode { .. }) {
         move_file_data(batch, scratch[0], key);
@@ -1622,6 +1760,11 @@ fn truncate_blocks(batch: &mut WriteBatch, file: &[u8], old: u64, new: u64) {
     batch.range_delete(KeySpace::Data, &lo, &hi);
     let tail = new % BLOCK_SIZE;
     if tail != 0 {
-        batch.upsert(KeySpace::Data, &schema::data_key(file, new / BLOCK_SIZE), MERGE_TRUNCATE, &truncate_arg(tail));
+        batch.upsert(
+            KeySpace::Data,
+            &schema::data_key(file, new / BLOCK_SIZE),
+            MERGE_TRUNCATE,
+            &truncate_arg(tail),
+        );
     }
 }

@@ -56,7 +56,7 @@ pub fn check(store: &Store, mut progress: impl FnMut(u64)) -> Result<Report, Str
     let mut seen: u64 = 0;
     let mut tick = |seen: &mut u64| {
         *seen += 1;
-        if *seen % 4096 == 0 {
+        if seen.is_multiple_of(4096) {
             progress(*seen);
         }
     };
@@ -73,11 +73,20 @@ pub fn check(store: &Store, mut progress: impl FnMut(u64)) -> Result<Report, Str
     let mut info_seen = false;
 
     // The root's record sorts after its entries (0x02 > 0x00): read it first.
-    match store.get(KeySpace::Meta, schema::ROOT_KEY).map_err(|e| format!("reading the root: {e}"))? {
+    match store
+        .get(KeySpace::Meta, schema::ROOT_KEY)
+        .map_err(|e| format!("reading the root: {e}"))?
+    {
         Some(v) => match Record::decode(&v) {
             Ok(Record::Inode { attr, .. }) if attr.is_dir() && attr.ino == ROOT_INO => {
                 dirs.insert(Vec::new(), (0, attr.nlink));
-                files.insert(schema::ROOT_KEY.to_vec(), FileInfo { size: 0, regular: false });
+                files.insert(
+                    schema::ROOT_KEY.to_vec(),
+                    FileInfo {
+                        size: 0,
+                        regular: false,
+                    },
+                );
                 counted_inodes += 1;
                 r.directories += 1;
             }
@@ -118,18 +127,34 @@ pub fn check(store: &Store, mut progress: impl FnMut(u64)) -> Result<Report, Str
             match &record {
                 Record::Inode { attr, .. } if attr.ino == ino && !attr.is_dir() => {
                     linked.entry(ino).or_default().0 = attr.nlink;
-                    files.insert(key.clone(), FileInfo { size: attr.size, regular: attr.file_type() == libc::S_IFREG });
+                    files.insert(
+                        key.clone(),
+                        FileInfo {
+                            size: attr.size,
+                            regular: attr.file_type() == libc::S_IFREG,
+                        },
+                    );
                     if let Some(other) = inos.insert(ino, key.clone()) {
-                        r.problem(format!("inode {ino} is used by {} and by {}", show(&other), show(&key)));
+                        r.problem(format!(
+                            "inode {ino} is used by {} and by {}",
+                            show(&other),
+                            show(&key)
+                        ));
                     }
                     counted_inodes += 1;
                 }
-                _ => r.problem(format!("inode key {} holds a record for another inode or a directory", show(&key))),
+                _ => r.problem(format!(
+                    "inode key {} holds a record for another inode or a directory",
+                    show(&key)
+                )),
             }
             continue;
         }
         let Some((dir, name)) = schema::parse_entry_key(&key) else {
-            r.problem(format!("metadata key {} is no entry the schema can produce", show(&key)));
+            r.problem(format!(
+                "metadata key {} is no entry the schema can produce",
+                show(&key)
+            ));
             continue;
         };
         r.entries += 1;
@@ -144,18 +169,35 @@ pub fn check(store: &Store, mut progress: impl FnMut(u64)) -> Result<Report, Str
         match &record {
             Record::Inode { attr, target } => {
                 if let Some(other) = inos.insert(attr.ino, key.clone()) {
-                    r.problem(format!("inode {} is used by {} and by {}", attr.ino, show(&other), show(&key)));
+                    r.problem(format!(
+                        "inode {} is used by {} and by {}",
+                        attr.ino,
+                        show(&other),
+                        show(&key)
+                    ));
                 }
                 if attr.is_dir() {
                     r.directories += 1;
                     dirs.insert(schema::child_dir_key(dir, &name), (0, attr.nlink));
                 } else if attr.nlink != 1 {
-                    r.problem(format!("{} has nlink {} but one name", show(&key), attr.nlink));
+                    r.problem(format!(
+                        "{} has nlink {} but one name",
+                        show(&key),
+                        attr.nlink
+                    ));
                 }
-                if attr.file_type() == libc::S_IFLNK && (target.is_empty() || attr.size != target.len() as u64) {
+                if attr.file_type() == libc::S_IFLNK
+                    && (target.is_empty() || attr.size != target.len() as u64)
+                {
                     r.problem(format!("symlink {} has a bad target", show(&key)));
                 }
-                files.insert(key.clone(), FileInfo { size: attr.size, regular: attr.file_type() == libc::S_IFREG });
+                files.insert(
+                    key.clone(),
+                    FileInfo {
+                        size: attr.size,
+                        regular: attr.file_type() == libc::S_IFREG,
+                    },
+                );
                 counted_inodes += 1;
             }
             Record::Link { ino, .. } => {
@@ -168,7 +210,11 @@ pub fn check(store: &Store, mut progress: impl FnMut(u64)) -> Result<Report, Str
     }
     for (dir, (subdirs, nlink)) in &dirs {
         if *nlink != subdirs + 2 {
-            r.problem(format!("directory {} has nlink {nlink}, expected {}", show(dir), subdirs + 2));
+            r.problem(format!(
+                "directory {} has nlink {nlink}, expected {}",
+                show(dir),
+                subdirs + 2
+            ));
         }
     }
     let orphan_set: std::collections::HashSet<u64> = orphans.iter().copied().collect();
@@ -185,7 +231,9 @@ pub fn check(store: &Store, mut progress: impl FnMut(u64)) -> Result<Report, Str
         }
     }
     if recorded_count != Some(counted_inodes) {
-        r.problem(format!("inode count record says {recorded_count:?}, found {counted_inodes}"));
+        r.problem(format!(
+            "inode count record says {recorded_count:?}, found {counted_inodes}"
+        ));
     }
 
     for item in store.range(KeySpace::Data, b"", None) {
@@ -197,8 +245,14 @@ pub fn check(store: &Store, mut progress: impl FnMut(u64)) -> Result<Report, Str
                 match files.get(file) {
                     Some(f) if f.regular => {
                         let start = block.saturating_mul(BLOCK_SIZE);
-                        if value.len() as u64 > BLOCK_SIZE || (!value.is_empty() && start + value.len() as u64 > f.size) {
-                            r.problem(format!("block {block} of {} lies beyond its size {}", show(file), f.size));
+                        if value.len() as u64 > BLOCK_SIZE
+                            || (!value.is_empty() && start + value.len() as u64 > f.size)
+                        {
+                            r.problem(format!(
+                                "block {block} of {} lies beyond its size {}",
+                                show(file),
+                                f.size
+                            ));
                         }
                     }
                     Some(_) => r.problem(format!("data block under non-file {}", show(file))),
@@ -211,7 +265,10 @@ pub fn check(store: &Store, mut progress: impl FnMut(u64)) -> Result<Report, Str
                     r.problem(format!("xattr of missing file {}", show(file)));
                 }
             }
-            None => r.problem(format!("data key {} is no key the schema can produce", show(&key))),
+            None => r.problem(format!(
+                "data key {} is no key the schema can produce",
+                show(&key)
+            )),
         }
     }
     progress(seen);

@@ -15,4 +15,7 @@ pub mod record;
 pub mod schema;
 
 pub use error::{Errno, FsResult};
-pub use fs::{AtimePolicy, Caller, DirEntry, FileSystem, FsStats, Ino, RenameFlags, SetAttr, SetTime, ROOT_INO};
+pub use fs::{
+    AtimePolicy, Caller, DirEntry, FileSystem, FsStats, Ino, RenameFlags, SetAttr, SetTime,
+    ROOT_INO,
+};

@@ -171,7 +171,8 @@ impl Record {
         if value[0] != RECORD_VERSION {
             return bad(&format!("unknown record version {}", value[0]));
         }
-        let u32_at = |o: usize| u32::from_le_bytes([value[o], value[o + 1], value[o + 2], value[o + 3]]);
+        let u32_at =
+            |o: usize| u32::from_le_bytes([value[o], value[o + 1], value[o + 2], value[o + 3]]);
         let u64_at = |o: usize| {
             let mut raw = [0u8; 8];
             raw.copy_from_slice(&value[o..o + 8]);
@@ -293,7 +294,10 @@ mod tests {
             rdev: 7,
             size: 3,
             atime: Timespec { sec: -5, nsec: 1 },
-            mtime: Timespec { sec: 1 << 40, nsec: 999_999_999 },
+            mtime: Timespec {
+                sec: 1 << 40,
+                nsec: 999_999_999,
+            },
             ctime: Timespec { sec: 0, nsec: 0 },
             crtime: Timespec { sec: 17, nsec: 5 },
         }

@@ -440,7 +440,10 @@ mod tests {
         let x = xattr_key(&f, b"user.\x01a");
         assert_eq!(
             parse_data_key(&x),
-            Some(DataKey::Xattr { file: &f, name: b"user.\x01a" })
+            Some(DataKey::Xattr {
+                file: &f,
+                name: b"user.\x01a"
+            })
         );
         assert!(within(&x, &file_range(&f)) && within(&data_key(&f, 0), &file_range(&f)));
         assert!(!within(&x, &data_range(&f)));
@@ -452,14 +455,20 @@ mod tests {
         let r = xattr_key(ROOT_KEY, b"user.x");
         assert_eq!(
             parse_data_key(&r),
-            Some(DataKey::Xattr { file: ROOT_KEY, name: b"user.x" })
+            Some(DataKey::Xattr {
+                file: ROOT_KEY,
+                name: b"user.x"
+            })
         );
         assert_eq!(orphan_ino(&orphan_key(99)), Some(99));
         let (lo, hi) = orphan_range();
         assert!(orphan_key(u64::MAX) >= lo && orphan_key(u64::MAX) < hi);
         assert_eq!(parse_entry_key(&f), Some((d.as_slice(), b"f\x01".to_vec())));
         assert_eq!(parse_entry_key(INFO_KEY), None);
-        assert_eq!(dir_entry_key(&d), Some(entry_key(&dir(&[b"\x01"]), b"\x02")));
+        assert_eq!(
+            dir_entry_key(&d),
+            Some(entry_key(&dir(&[b"\x01"]), b"\x02"))
+        );
         assert_eq!(dir_entry_key(&dir(&[b"top"])), Some(entry_key(&[], b"top")));
         assert_eq!(dir_entry_key(&[]), None);
     }

@@ -8,7 +8,10 @@ use betreefs_engine::{Options, Store};
 use betreefs_fs::{AtimePolicy, Caller, Errno, FileSystem, RenameFlags, SetAttr, ROOT_INO};
 use betreefs_store::MemDevice;
 
-const ME: Caller = Caller { uid: 1000, gid: 1000 };
+const ME: Caller = Caller {
+    uid: 1000,
+    gid: 1000,
+};
 
 fn options() -> Options {
     Options {
@@ -25,7 +28,10 @@ fn fresh() -> (MemDevice, FileSystem) {
     let dev = MemDevice::new(64 << 20);
     let store = Store::create_on(Arc::new(dev.clone()), options()).unwrap();
     FileSystem::format(&store, ME).unwrap();
-    (dev, FileSystem::mount(store, AtimePolicy::Relatime).unwrap())
+    (
+        dev,
+        FileSystem::mount(store, AtimePolicy::Relatime).unwrap(),
+    )
 }
 
 fn remount(dev: &MemDevice, fs: FileSystem) -> FileSystem {
@@ -48,7 +54,10 @@ fn names(fs: &FileSystem, dir: u64) -> Vec<Vec<u8>> {
 
 fn write_file(fs: &FileSystem, dir: u64, name: &[u8], data: &[u8]) -> u64 {
     let (attr, fh) = fs.create(dir, name, 0o644, 0, ME).unwrap();
-    assert_eq!(fs.write(attr.ino, fh, 0, data).unwrap() as usize, data.len());
+    assert_eq!(
+        fs.write(attr.ino, fh, 0, data).unwrap() as usize,
+        data.len()
+    );
     fs.release(fh).unwrap();
     attr.ino
 }
@@ -69,13 +78,44 @@ fn write_read_sparse_and_truncate() {
     assert_eq!(&data[4094..4102], b"straddle");
     assert!(data[..4094].iter().all(|&b| b == 0));
     assert_eq!(&data[10_000..], b"hello");
-    fs.setattr(ino, &SetAttr { size: Some(4096), ..SetAttr::default() }).unwrap();
-    fs.setattr(ino, &SetAttr { size: Some(12_000), ..SetAttr::default() }).unwrap();
+    fs.setattr(
+        ino,
+        &SetAttr {
+            size: Some(4096),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
+    fs.setattr(
+        ino,
+        &SetAttr {
+            size: Some(12_000),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
     let data = read_all(&fs, ino);
     assert_eq!(&data[4094..4096], b"st");
-    assert!(data[4096..].iter().all(|&b| b == 0), "truncate left stale bytes");
-    fs.setattr(ino, &SetAttr { size: Some(4095), ..SetAttr::default() }).unwrap();
-    fs.setattr(ino, &SetAttr { size: Some(4096), ..SetAttr::default() }).unwrap();
+    assert!(
+        data[4096..].iter().all(|&b| b == 0),
+        "truncate left stale bytes"
+    );
+    fs.setattr(
+        ino,
+        &SetAttr {
+            size: Some(4095),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
+    fs.setattr(
+        ino,
+        &SetAttr {
+            size: Some(4096),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
     assert_eq!(read_all(&fs, ino)[4095], 0);
     fs.release(fh).unwrap();
     let fs = remount(&dev, fs);
@@ -91,7 +131,8 @@ fn rename_moves_a_non_empty_directory() {
     let f = write_file(&fs, b, b"file", b"content");
     fs.setxattr(b, b"user.tag", b"v", 0).unwrap();
     let dest = fs.mkdir(ROOT_INO, b"dest", 0o755, ME).unwrap().ino;
-    fs.rename(a, b"b", dest, b"moved", RenameFlags::default()).unwrap();
+    fs.rename(a, b"b", dest, b"moved", RenameFlags::default())
+        .unwrap();
     assert_eq!(names(&fs, a), vec![b".".to_vec(), b"..".to_vec()]);
     assert_eq!(read_all(&fs, f), b"content");
     assert_eq!(fs.getattr(a).unwrap().nlink, 2);
@@ -102,7 +143,9 @@ fn rename_moves_a_non_empty_directory() {
         "into its own subtree"
     );
     let fs = remount(&dev, fs);
-    let moved = fs.lookup(fs.lookup(ROOT_INO, b"dest").unwrap().ino, b"moved").unwrap();
+    let moved = fs
+        .lookup(fs.lookup(ROOT_INO, b"dest").unwrap().ino, b"moved")
+        .unwrap();
     assert_eq!(moved.ino, b);
     assert_eq!(fs.getxattr(b, b"user.tag").unwrap(), b"v");
     let file = fs.lookup(b, b"file").unwrap();
@@ -118,16 +161,29 @@ fn rename_flags_and_replacement() {
     let y = write_file(&fs, ROOT_INO, b"y", b"yyy");
     let d = fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
     write_file(&fs, d, b"inner", b"i");
-    let noreplace = RenameFlags { noreplace: true, exchange: false };
-    let exchange = RenameFlags { noreplace: false, exchange: true };
-    assert_eq!(fs.rename(ROOT_INO, b"x", ROOT_INO, b"y", noreplace), Err(Errno::EEXIST));
-    assert_eq!(fs.rename(ROOT_INO, b"x", ROOT_INO, b"d", RenameFlags::default()), Err(Errno::EISDIR));
+    let noreplace = RenameFlags {
+        noreplace: true,
+        exchange: false,
+    };
+    let exchange = RenameFlags {
+        noreplace: false,
+        exchange: true,
+    };
+    assert_eq!(
+        fs.rename(ROOT_INO, b"x", ROOT_INO, b"y", noreplace),
+        Err(Errno::EEXIST)
+    );
+    assert_eq!(
+        fs.rename(ROOT_INO, b"x", ROOT_INO, b"d", RenameFlags::default()),
+        Err(Errno::EISDIR)
+    );
     fs.rename(ROOT_INO, b"x", ROOT_INO, b"d", exchange).unwrap();
     assert_eq!(fs.lookup(ROOT_INO, b"x").unwrap().ino, d);
     assert_eq!(fs.lookup(ROOT_INO, b"d").unwrap().ino, x);
     assert_eq!(names(&fs, d).len(), 3);
     assert_eq!(fs.lookup(d, b"inner").map(|a| a.size), Ok(1));
-    fs.rename(ROOT_INO, b"y", ROOT_INO, b"d", RenameFlags::default()).unwrap();
+    fs.rename(ROOT_INO, b"y", ROOT_INO, b"d", RenameFlags::default())
+        .unwrap();
     assert_eq!(read_all(&fs, y), b"yyy");
     assert_eq!(fs.lookup(ROOT_INO, b"y"), Err(Errno::ENOENT));
     assert_eq!(fs.rmdir(ROOT_INO, b"x"), Err(Errno::ENOTEMPTY));
@@ -195,7 +251,11 @@ fn readdir_offsets_survive_changes() {
         false
     })
     .unwrap();
-    let all: Vec<Vec<u8>> = first[..99].iter().map(|(n, _)| n.clone()).chain(rest).collect();
+    let all: Vec<Vec<u8>> = first[..99]
+        .iter()
+        .map(|(n, _)| n.clone())
+        .chain(rest)
+        .collect();
     let expected = names(&fs, ROOT_INO);
     assert_eq!(all, expected, "no entry lost or repeated");
     assert!(expected.contains(&b"f150a".to_vec()) && !expected.contains(&b"f299".to_vec()));
@@ -221,9 +281,15 @@ fn xattrs_follow_the_flags() {
     let (_dev, fs) = fresh();
     let f = write_file(&fs, ROOT_INO, b"f", b"");
     assert_eq!(fs.getxattr(f, b"user.a"), Err(Errno::ENODATA));
-    assert_eq!(fs.setxattr(f, b"user.a", b"1", libc::XATTR_REPLACE), Err(Errno::ENODATA));
+    assert_eq!(
+        fs.setxattr(f, b"user.a", b"1", libc::XATTR_REPLACE),
+        Err(Errno::ENODATA)
+    );
     fs.setxattr(f, b"user.a", b"1", libc::XATTR_CREATE).unwrap();
-    assert_eq!(fs.setxattr(f, b"user.a", b"2", libc::XATTR_CREATE), Err(Errno::EEXIST));
+    assert_eq!(
+        fs.setxattr(f, b"user.a", b"2", libc::XATTR_CREATE),
+        Err(Errno::EEXIST)
+    );
     fs.setxattr(f, b"user.b", &[7; 65536], 0).unwrap();
     assert_eq!(fs.setxattr(f, b"user.c", &[7; 65537], 0), Err(Errno::E2BIG));
     assert_eq!(fs.listxattr(f).unwrap(), b"user.a\0user.b\0");
@@ -242,7 +308,8 @@ fn fsck_is_clean_after_every_kind_of_change_and_finds_damage() {
     write_file(&fs, d, b"g", b"g");
     fs.setxattr(d, b"user.x", b"1", 0).unwrap();
     fs.symlink(ROOT_INO, b"ln", b"d/g", ME).unwrap();
-    fs.rename(ROOT_INO, b"d", ROOT_INO, b"d2", RenameFlags::default()).unwrap();
+    fs.rename(ROOT_INO, b"d", ROOT_INO, b"d2", RenameFlags::default())
+        .unwrap();
     let open = write_file(&fs, ROOT_INO, b"open", b"o");
     let fh = fs.open(open, libc::O_RDONLY).unwrap();
     fs.unlink(ROOT_INO, b"open").unwrap();
@@ -255,7 +322,11 @@ fn fsck_is_clean_after_every_kind_of_change_and_finds_damage() {
 
     // Damage: a data block without its file, and a wrong link count.
     fs.store()
-        .put(betreefs_engine::KeySpace::Data, &betreefs_fs::schema::data_key(b"\x00nofile", 0), b"x")
+        .put(
+            betreefs_engine::KeySpace::Data,
+            &betreefs_fs::schema::data_key(b"\x00nofile", 0),
+            b"x",
+        )
         .unwrap();
     let fs = remount(&dev, fs);
     let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();

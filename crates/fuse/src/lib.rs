@@ -281,7 +281,9 @@ impl fuser::Filesystem for Fuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let r = self.fs.mknod(parent.0, name.as_bytes(), mode, rdev, caller(req));
+        let r = self
+            .fs
+            .mknod(parent.0, name.as_bytes(), mode, rdev, caller(req));
         reply_entry(reply, r);
     }
 
@@ -294,7 +296,10 @@ impl fuser::Filesystem for Fuse {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        reply_entry(reply, self.fs.mkdir(parent.0, name.as_bytes(), mode, caller(req)));
+        reply_entry(
+            reply,
+            self.fs.mkdir(parent.0, name.as_bytes(), mode, caller(req)),
+        );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -478,12 +483,26 @@ impl fuser::Filesystem for Fuse {
         let r = self.fs.readdir(ino.0, fh.0, offset, true, |e| {
             let name = OsStr::from_bytes(e.name);
             match e.attr {
-                Some(a) => reply.add(INodeNo(e.ino), e.offset, name, &TTL, &file_attr(a), Generation(0)),
+                Some(a) => reply.add(
+                    INodeNo(e.ino),
+                    e.offset,
+                    name,
+                    &TTL,
+                    &file_attr(a),
+                    Generation(0),
+                ),
                 // "." and "..": the kernel takes no reference for these.
                 None => {
                     let mut attr = file_attr(&dot_attr(e.ino));
                     attr.kind = FileType::Directory;
-                    reply.add(INodeNo(e.ino), e.offset, name, &Duration::ZERO, &attr, Generation(0))
+                    reply.add(
+                        INodeNo(e.ino),
+                        e.offset,
+                        name,
+                        &Duration::ZERO,
+                        &attr,
+                        Generation(0),
+                    )
                 }
             }
         });
@@ -543,7 +562,10 @@ impl fuser::Filesystem for Fuse {
         if position != 0 {
             return reply.error(fuser::Errno::from_i32(libc::EINVAL));
         }
-        reply_empty(reply, self.fs.setxattr(ino.0, name.as_bytes(), value, flags));
+        reply_empty(
+            reply,
+            self.fs.setxattr(ino.0, name.as_bytes(), value, flags),
+        );
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -568,7 +590,10 @@ impl fuser::Filesystem for Fuse {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        match self.fs.create(parent.0, name.as_bytes(), mode, flags, caller(req)) {
+        match self
+            .fs
+            .create(parent.0, name.as_bytes(), mode, flags, caller(req))
+        {
             Ok((a, fh)) => reply.created(
                 &TTL,
                 &file_attr(&a),

@@ -112,6 +112,39 @@ impl BlockAllocator {
         None
     }
 
+    /// Free blocks that lie in free runs of at least `min_run` blocks.
+    pub fn free_blocks_in_runs(&self, min_run: u64) -> u64 {
+        let (mut total, mut run) = (0, 0);
+        let mut b = 0;
+        while b < self.blocks {
+            let w = (b / 64) as usize;
+            if b.is_multiple_of(64) && b + 64 <= self.blocks {
+                match self.current[w] | self.checkpointed[w] {
+                    0 => {
+                        run += 64;
+                        b += 64;
+                        continue;
+                    }
+                    u64::MAX => {
+                        total += if run >= min_run { run } else { 0 };
+                        run = 0;
+                        b += 64;
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
+            if self.in_use(b) {
+                total += if run >= min_run { run } else { 0 };
+                run = 0;
+            } else {
+                run += 1;
+            }
+            b += 1;
+        }
+        total + if run >= min_run { run } else { 0 }
+    }
+
     /// Releases an extent from the current generation. Its blocks become
     /// reusable at once if the last checkpoint does not reference them,
     /// otherwise after the next checkpoint.
@@ -150,6 +183,18 @@ mod tests {
         assert!(a.allocate(4096).is_none());
         a.commit_checkpoint();
         assert_eq!(a.allocate(4096 * 4).unwrap().block, 0);
+    }
+
+    #[test]
+    fn free_runs_are_counted_by_length() {
+        let mut a = BlockAllocator::new(200);
+        let x = a.allocate(4096 * 10).unwrap(); // 0..10
+        let _y = a.allocate(4096).unwrap(); // 10
+        a.free(x);
+        // Free: 0..10 (10 blocks) and 11..200 (189 blocks).
+        assert_eq!(a.free_blocks_in_runs(1), 199);
+        assert_eq!(a.free_blocks_in_runs(11), 189);
+        assert_eq!(a.free_blocks_in_runs(190), 0);
     }
 
     proptest! {

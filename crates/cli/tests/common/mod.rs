@@ -35,7 +35,8 @@ impl Scratch {
     pub fn new(tag: &str) -> Scratch {
         static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("betreefs-test-{tag}-{}-{n}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("betreefs-test-{tag}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("scratch dir");
         Scratch(dir)
@@ -54,7 +55,11 @@ pub fn mkfs(image: &Path, size: &str) {
         .arg(image)
         .output()
         .expect("run mkfs");
-    assert!(out.status.success(), "mkfs: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "mkfs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 pub fn is_mounted(mountpoint: &Path) -> bool {
@@ -118,7 +123,10 @@ impl Mount {
 
     /// A clean unmount: the daemon writes its final checkpoint and exits 0.
     pub fn unmount(mut self) {
-        let status = Command::new("umount").arg(&self.dir).status().expect("umount");
+        let status = Command::new("umount")
+            .arg(&self.dir)
+            .status()
+            .expect("umount");
         assert!(status.success(), "umount failed");
         let child = self.child.take();
         if let Some(mut c) = child {
@@ -156,7 +164,11 @@ pub fn detach(dir: &Path) {
 }
 
 pub fn fsck(image: &Path) -> (bool, String) {
-    let out = Command::new(binary()).arg("fsck").arg(image).output().expect("run fsck");
+    let out = Command::new(binary())
+        .arg("fsck")
+        .arg(image)
+        .output()
+        .expect("run fsck");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -191,11 +203,18 @@ pub fn tree_digest(root: &Path) -> Vec<(String, String)> {
 }
 
 fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir).expect("read_dir").map(|e| e.expect("entry")).collect();
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .expect("read_dir")
+        .map(|e| e.expect("entry"))
+        .collect();
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
         let p = e.path();
-        let rel = p.strip_prefix(root).expect("under root").to_string_lossy().into_owned();
+        let rel = p
+            .strip_prefix(root)
+            .expect("under root")
+            .to_string_lossy()
+            .into_owned();
         let meta = std::fs::symlink_metadata(&p).expect("lstat");
         use std::os::unix::fs::MetadataExt;
         let desc = if meta.is_dir() {
@@ -214,5 +233,7 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
 }
 
 pub fn crc(data: &[u8]) -> u32 {
-    data.iter().fold(0x811c9dc5u32, |h, &b| (h ^ b as u32).wrapping_mul(0x01000193))
+    data.iter().fold(0x811c9dc5u32, |h, &b| {
+        (h ^ b as u32).wrapping_mul(0x01000193)
+    })
 }

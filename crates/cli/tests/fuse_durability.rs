@@ -1,0 +1,215 @@
+//! The durability contract on a real mount: kill -9 of the daemon at a
+//! random moment loses nothing fsync'd and keeps a prefix of the rest;
+//! a full device gives ENOSPC and stays consistent; unmount and mount
+//! give back the same tree.
+//!
+//! BETREEFS_KILL_SEEDS (default 4) sets how many kill -9 rounds run.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use rand::{rngs::SmallRng, Rng, SeedableRng};
+
+fn content(i: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (i as usize * 31 + j * 7) as u8).collect()
+}
+
+fn fsync_dir(dir: &Path) {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .expect("fsync dir");
+}
+
+#[test]
+fn kill_minus_nine_keeps_every_fsynced_byte() {
+    if !fuse_available() {
+        return;
+    }
+    let seeds: u64 = std::env::var("BETREEFS_KILL_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    for seed in 0..seeds {
+        let s = Scratch::new("kill");
+        let image = s.0.join("img");
+        mkfs(&image, "512M");
+        let m = Mount::start(&image, &s.0.join("mnt"), &[]);
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let kill_after = Duration::from_millis(rng.gen_range(100..1500));
+        let pid = m.pid();
+        let killer = std::thread::spawn(move || {
+            std::thread::sleep(kill_after);
+            // SAFETY: pid is our child's.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        });
+        // The workload: numbered files in numbered directories; some are
+        // fsync'd (file and directory), most are not.
+        let mut durable: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        let mut created: Vec<String> = Vec::new();
+        let mut i = 0u64;
+        'work: loop {
+            let dir = format!("d{:03}", i / 50);
+            if i.is_multiple_of(50) && fs::create_dir(m.path(&dir)).is_err() {
+                break;
+            }
+            let rel = format!("{dir}/f{i:06}");
+            let len = *[10usize, 4096, 5000, 70_000]
+                .get(rng.gen_range(0..4))
+                .unwrap_or(&10);
+            let data = content(i, len);
+            let sync = rng.gen_bool(0.2);
+            let result = (|| -> std::io::Result<()> {
+                let mut f = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(m.path(&rel))?;
+                f.write_all(&data)?;
+                if sync {
+                    f.sync_all()?;
+                    fsync_dir(&m.path(&dir));
+                }
+                Ok(())
+            })();
+            match result {
+                Ok(()) => {
+                    created.push(rel.clone());
+                    if sync {
+                        // Everything before an fsync is durable too (one log).
+                        durable.insert(rel, data);
+                    }
+                }
+                Err(_) => break 'work, // the daemon is gone
+            }
+            i += 1;
+            if i > 200_000 {
+                break;
+            }
+        }
+        killer.join().unwrap();
+        m.kill();
+        let m = Mount::start(&image, &s.0.join("mnt"), &[]);
+        for (rel, data) in &durable {
+            let got = fs::read(m.path(rel))
+                .unwrap_or_else(|e| panic!("seed {seed}: fsync'd {rel} lost: {e}"));
+            assert!(got == *data, "seed {seed}: fsync'd {rel} has wrong content");
+        }
+        // What survives is a prefix: no file exists after one that is missing.
+        let survived: Vec<bool> = created.iter().map(|rel| m.path(rel).exists()).collect();
+        if let Some(first_missing) = survived.iter().position(|&s| !s) {
+            assert!(
+                survived[first_missing..].iter().all(|&s| !s),
+                "seed {seed}: {} missing but a later file survived",
+                created[first_missing]
+            );
+        }
+        // The whole tree is readable.
+        let walked = tree_digest(&m.dir).len();
+        eprintln!(
+            "seed {seed}: killed after {kill_after:?}: {} files created, {} fsync'd, {} survived, {walked} entries",
+            created.len(),
+            durable.len(),
+            survived.iter().filter(|&&s| s).count()
+        );
+        m.unmount();
+        let (clean, report) = fsck(&image);
+        assert!(clean, "seed {seed}: fsck after kill -9: {report}");
+    }
+}
+
+#[test]
+fn a_full_device_gives_enospc_and_recovers() {
+    if !fuse_available() {
+        return;
+    }
+    let s = Scratch::new("enospc");
+    let image = s.0.join("img");
+    mkfs(&image, "128M");
+    let m = Mount::start(&image, &s.0.join("mnt"), &[]);
+    let chunk = vec![0xa5u8; 1 << 20];
+    let mut files = 0;
+    let mut hit = None;
+    'fill: for i in 0..1000 {
+        let mut f = match File::create(m.path(&format!("fill{i}"))) {
+            Ok(f) => f,
+            Err(e) => {
+                hit = e.raw_os_error();
+                break;
+            }
+        };
+        files += 1;
+        for _ in 0..4 {
+            if let Err(e) = f.write_all(&chunk).and_then(|()| f.flush()) {
+                hit = e.raw_os_error();
+                break 'fill;
+            }
+        }
+    }
+    assert_eq!(
+        hit,
+        Some(libc::ENOSPC),
+        "filling the device must end in ENOSPC"
+    );
+    assert!(files > 5, "only {files} files fit");
+    // Still consistent and readable.
+    assert_eq!(fs::read(m.path("fill0")).unwrap().len(), 4 << 20);
+    // Delete, then write again.
+    for i in 0..files / 2 {
+        fs::remove_file(m.path(&format!("fill{i}"))).unwrap();
+    }
+    let mut wrote = false;
+    for _ in 0..50 {
+        let r = fs::write(m.path("after"), &chunk);
+        if r.is_ok() {
+            wrote = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(wrote, "space freed by deletes was not reusable");
+    assert_eq!(fs::read(m.path("after")).unwrap(), chunk);
+    m.unmount();
+    let (clean, report) = fsck(&image);
+    assert!(clean, "fsck after ENOSPC: {report}");
+}
+
+#[test]
+fn unmount_and_mount_give_back_the_same_tree() {
+    if !fuse_available() {
+        return;
+    }
+    let s = Scratch::new("remount");
+    let image = s.0.join("img");
+    mkfs(&image, "1G");
+    let m = Mount::start(&image, &s.0.join("mnt"), &[]);
+    // A real tree: this crate's sources, plus odd files.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&src)
+        .arg(m.path("src"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    fs::write(m.path("sparse"), b"").unwrap();
+    let f = OpenOptions::new()
+        .write(true)
+        .open(m.path("sparse"))
+        .unwrap();
+    f.set_len(10 << 20).unwrap();
+    drop(f);
+    let before = tree_digest(&m.dir);
+    assert!(before.len() > 20);
+    let (img, dir) = (m.image.clone(), m.dir.clone());
+    m.unmount();
+    let m = Mount::start(&img, &dir, &[]);
+    assert_eq!(tree_digest(&m.dir), before);
+    m.unmount();
+    let (clean, report) = fsck(&image);
+    assert!(clean, "{report}");
+}
