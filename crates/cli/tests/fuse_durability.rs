@@ -213,3 +213,31 @@ fn unmount_and_mount_give_back_the_same_tree() {
     let (clean, report) = fsck(&image);
     assert!(clean, "{report}");
 }
+
+#[test]
+fn sigterm_unmounts_with_a_final_checkpoint() {
+    if !fuse_available() {
+        return;
+    }
+    let s = Scratch::new("sigterm");
+    let image = s.0.join("img");
+    mkfs(&image, "256M");
+    let m = Mount::start(&image, &s.0.join("mnt"), &[]);
+    fs::write(m.path("kept"), b"after SIGTERM").unwrap();
+    m.terminate();
+    let (clean, report) = fsck(&image);
+    assert!(clean, "{report}");
+    let m = Mount::start(&image, &s.0.join("mnt"), &[]);
+    assert_eq!(fs::read(m.path("kept")).unwrap(), b"after SIGTERM");
+    let out = std::process::Command::new(binary())
+        .arg("stats")
+        .arg(&m.dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("\"log_replayed_records\":0"),
+        "the final checkpoint covered everything: {text}"
+    );
+    m.unmount();
+}

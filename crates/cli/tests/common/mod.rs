@@ -135,6 +135,20 @@ impl Mount {
         }
     }
 
+    /// SIGTERM to the daemon: it unmounts, checkpoints and exits 0.
+    pub fn terminate(mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: the pid is our child's.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let status = c.wait().expect("wait for daemon");
+            assert!(
+                status.success(),
+                "daemon exited with {status} after SIGTERM"
+            );
+        }
+        assert!(!is_mounted(&self.dir), "SIGTERM left the mount in place");
+    }
+
     /// kill -9 of the daemon; the dead mount is detached.
     pub fn kill(mut self) {
         if let Some(mut c) = self.child.take() {
