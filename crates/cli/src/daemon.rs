@@ -30,7 +30,7 @@ pub struct MountArgs {
     pub mountpoint: PathBuf,
     /// Comma-separated options: noatime, relatime (default), strictatime,
     /// ro, nosuid, nodev, noexec, allow_other, threads=N, cache=SIZE,
-    /// log=FILE; fstab's defaults, auto, noauto, nofail, _netdev, user(s),
+    /// log=FILE, writeback (kernel writeback cache; off by default); fstab's defaults, auto, noauto, nofail, _netdev, user(s),
     /// rw and x-* are accepted and ignored.
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -92,6 +92,8 @@ fn parse_options(args: &MountArgs) -> Result<Settings> {
             "noexec" => s.config.flags.push(flag(MountOption::NoExec)?),
             "exec" => s.config.flags.push(flag(MountOption::Exec)?),
             "allow_other" => s.config.allow_other = true,
+            "writeback" => s.config.writeback_cache = true,
+            "nowriteback" => s.config.writeback_cache = false,
             "threads" => {
                 let n: usize = value
                     .and_then(|v| v.parse().ok())

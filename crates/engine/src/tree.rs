@@ -683,7 +683,28 @@ impl Tree {
         Ok(())
     }
 
+    /// Puts a buffer above a leaf root. Applied to a leaf, every message
+    /// rebuilds a packed basement (a copy of up to `basement_size` bytes);
+    /// a buffer takes it in O(log n) and flushes in batches, as everywhere
+    /// else in the tree. Small trees (a fresh file system's metadata) are
+    /// exactly where single messages arrive one at a time.
+    fn grow_leaf_root(&mut self, ks: KeySpace) -> EngineResult<()> {
+        let root = self.roots[ks.index()];
+        self.load(ks, root, &Bounds::full(), Want::Whole, None)?;
+        if self.node(root).height() == 0 {
+            let int = Interior {
+                height: 1,
+                pivots: Vec::new(),
+                children: vec![root],
+                buffers: vec![MessageBuffer::default()],
+            };
+            self.roots[ks.index()] = self.new_node(ks, NodeBody::Interior(int), Vec::new());
+        }
+        Ok(())
+    }
+
     fn apply_message(&mut self, ks: KeySpace, seq: u64, msg: &Message) -> EngineResult<()> {
+        self.grow_leaf_root(ks)?;
         let root = self.roots[ks.index()];
         self.load(ks, root, &Bounds::full(), Want::Whole, None)?;
         let mut node = self.take(root);
@@ -741,13 +762,15 @@ impl Tree {
             }
             self.roots[ks.index()] = self.new_node(ks, NodeBody::Interior(int), Vec::new());
         }
-        // A root with one child is only a detour: empty its buffer and drop it.
+        // A root with one interior child is only a detour: empty its buffer
+        // and drop it. Over a single leaf it stays: its buffer is what
+        // batches small writes for that leaf (see `grow_leaf_root`).
         loop {
             let root = self.roots[ks.index()];
             let NodeBody::Interior(int) = &self.node(root).body else {
                 break;
             };
-            if int.children.len() != 1 {
+            if int.children.len() != 1 || int.height < 2 {
                 break;
             }
             if !int.buffers[0].is_empty() {

@@ -186,6 +186,9 @@ pub struct FileSystem {
     store: Store,
     state: Mutex<State>,
     atime: AtimePolicy,
+    /// The kernel caches writes and places O_APPEND writes itself (FUSE
+    /// writeback cache): offsets of writes are then final.
+    kernel_places_appends: std::sync::atomic::AtomicBool,
 }
 
 fn name_check(name: &[u8]) -> FsResult<()> {
@@ -509,6 +512,7 @@ impl FileSystem {
                 created: info.created,
             }),
             atime,
+            kernel_places_appends: std::sync::atomic::AtomicBool::new(false),
         };
         fs.purge_orphans()
             .map_err(|e| format!("removing orphaned files: {e}"))?;
@@ -534,6 +538,13 @@ impl FileSystem {
             tracing::info!("removed orphaned inode {ino}");
         }
         Ok(())
+    }
+
+    /// Called when the kernel's writeback cache is on: it then computes
+    /// O_APPEND offsets itself, and a write's offset is final.
+    pub fn set_kernel_places_appends(&self, on: bool) {
+        self.kernel_places_appends
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The engine underneath (stats, checkpoints).
@@ -1331,7 +1342,10 @@ impl FileSystem {
     /// the bytes written (fewer than asked only when space ran out).
     pub fn write(&self, ino: Ino, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
         let mut st = self.lock();
-        let append = matches!(st.handles.get(&fh), Some(Handle::File { append: true, .. }));
+        let append = matches!(st.handles.get(&fh), Some(Handle::File { append: true, .. }))
+            && !self
+                .kernel_places_appends
+                .load(std::sync::atomic::Ordering::Relaxed);
         let node = st.node(ino)?;
         if node.attr.file_type() != S_IFREG {
             return Err(Errno::EINVAL);
