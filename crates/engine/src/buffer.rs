@@ -228,8 +228,19 @@ impl MessageBuffer {
     /// Adds a point message newer than everything in the buffer. Returns how
     /// many older messages it made obsolete.
     pub fn insert_point(&mut self, key: Vec<u8>, msg: PointMsg, merges: &MergeRegistry) -> usize {
-        let covering_seq = self.covering(&key).map(|(_, r)| r.seq);
         let key_len = key.len();
+        if let Some(old) = self.points.get_mut(&key) {
+            if !msg.hides_older() && old.base.is_none() {
+                // Upserts piling up on a key with nothing below them in
+                // this buffer (a hot counter): append, and account only for
+                // what was added, so that each insert stays O(1) however
+                // long the chain grows.
+                self.bytes += msg.upserts.iter().map(|u| u.arg.len() + 10).sum::<usize>();
+                old.upserts.extend(msg.upserts);
+                return 1;
+            }
+        }
+        let covering_seq = self.covering(&key).map(|(_, r)| r.seq);
         let mut eaten = 0;
         let entry = match self.points.remove(&key) {
             Some(old) => {
