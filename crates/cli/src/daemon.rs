@@ -356,6 +356,7 @@ fn stats_json(fs: &FileSystem) -> String {
             "blocks_free": s.blocks_free,
             "files": s.files,
             "files_free": s.files_free,
+            "inodes": s.inodes,
         },
     })
     .to_string()

@@ -122,6 +122,8 @@ pub struct FsStats {
     pub blocks_free: u64,
     pub files: u64,
     pub files_free: u64,
+    /// Inodes in use (files, directories, symlinks, special files).
+    pub inodes: u64,
     pub name_max: u64,
 }
 
@@ -1728,6 +1730,7 @@ impl FileSystem {
             blocks_free: free,
             files: files + free,
             files_free: free,
+            inodes: files,
             name_max: schema::NAME_MAX as u64,
         }
     }

@@ -223,9 +223,9 @@ fn an_open_unlinked_file_stays_readable_until_closed() {
     assert_eq!(read_all(&fs, f), b"STILL here");
     // Crash with the file still open: the next mount removes it.
     fs.fsync().unwrap();
-    let store_files = fs.statfs().files;
+    let inodes = fs.statfs().inodes;
     let fs = remount(&dev, fs);
-    assert_eq!(fs.statfs().files, store_files - 1, "orphan purged at mount");
+    assert_eq!(fs.statfs().inodes, inodes - 1, "orphan purged at mount");
 }
 
 #[test]
