@@ -412,6 +412,17 @@ impl State {
         Ok(())
     }
 
+    /// The table's view of an inode whose last name went away: `home`
+    /// says whether it still lives under its inode key (open) or is gone.
+    fn mark_unlinked(&mut self, ino: Ino, home: Home, now: Timespec) {
+        if let Some(n) = self.nodes.get_mut(&ino) {
+            n.home = home;
+            n.attr.nlink = 0;
+            n.attr.ctime = now;
+            n.dir_version += 1;
+        }
+    }
+
     fn put_record(&self, batch: &mut WriteBatch, ino: Ino) -> FsResult<()> {
         let key = self.file_key(ino)?;
         let node = self.node(ino)?;
@@ -850,12 +861,7 @@ impl FileSystem {
             let (lo, hi) = schema::file_range(&found.key);
             batch.range_delete(KeySpace::Data, &lo, &hi);
             count_update(batch, -1);
-            if let Some(n) = st.nodes.get_mut(&ino) {
-                n.home = Home::Gone;
-                n.attr.nlink = 0;
-                n.attr.ctime = now;
-                n.dir_version += 1;
-            }
+            st.mark_unlinked(ino, Home::Gone, now);
             return Ok(());
         }
         let open = st.nodes.get(&ino).is_some_and(|n| n.opens > 0);
@@ -870,20 +876,12 @@ impl FileSystem {
                     attr.ctime = now;
                     batch.put(KeySpace::Meta, &inode_key, &inode_record(&attr, target));
                     batch.put(KeySpace::Meta, &schema::orphan_key(ino), &[]);
-                    if let Some(n) = st.nodes.get_mut(&ino) {
-                        n.home = Home::Inode;
-                        n.attr.nlink = 0;
-                        n.attr.ctime = now;
-                    }
+                    st.mark_unlinked(ino, Home::Inode, now);
                 } else {
                     let (lo, hi) = schema::file_range(&found.key);
                     batch.range_delete(KeySpace::Data, &lo, &hi);
                     count_update(batch, -1);
-                    if let Some(n) = st.nodes.get_mut(&ino) {
-                        n.home = Home::Gone;
-                        n.attr.nlink = 0;
-                        n.attr.ctime = now;
-                    }
+                    st.mark_unlinked(ino, Home::Gone, now);
                 }
             }
             Record::Link { .. } => {
