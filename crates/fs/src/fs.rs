@@ -165,6 +165,9 @@ struct DirHandle {
     /// Where the scan continues after `pending` (None: the end).
     scan_from: Option<Vec<u8>>,
     version: u64,
+    /// The directory's key when `pending` was scanned (a rename of the
+    /// directory itself moves its entries to another prefix).
+    dir_key: Vec<u8>,
 }
 
 enum Handle {
@@ -1456,7 +1459,8 @@ impl FileSystem {
             return Err(Errno::ENOTDIR);
         }
         let version = node.dir_version;
-        let (start, _) = schema::children_range(&st.dir_key(ino)?);
+        let dir_key = st.dir_key(ino)?;
+        let (start, _) = schema::children_range(&dir_key);
         let fh = st.next_handle;
         st.next_handle += 1;
         st.handles.insert(
@@ -1467,6 +1471,7 @@ impl FileSystem {
                 pending: VecDeque::new(),
                 scan_from: Some(start),
                 version,
+                dir_key,
             })),
         );
         Ok(fh)
@@ -1543,7 +1548,7 @@ impl FileSystem {
         if index > h.returned.len() {
             return Ok(()); // past the end (or an offset we never gave)
         }
-        let continuing = index == h.returned.len() && h.version == version;
+        let continuing = index == h.returned.len() && h.version == version && h.dir_key == dir;
         if !continuing {
             h.returned.truncate(index);
             h.pending.clear();
@@ -1553,6 +1558,7 @@ impl FileSystem {
                 Some(esc) => [lo.as_slice(), esc, &[0]].concat(),
             });
             h.version = version;
+            h.dir_key = dir.to_vec();
         }
         let (_, hi) = schema::children_range(dir);
         loop {

@@ -333,3 +333,28 @@ fn fsck_is_clean_after_every_kind_of_change_and_finds_damage() {
     assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
     assert!(report.problems[0].contains("missing file"));
 }
+
+#[test]
+fn listing_continues_after_the_directory_itself_is_renamed() {
+    let (_dev, fs) = fresh();
+    let d = fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
+    for i in 0..50 {
+        write_file(&fs, d, format!("f{i:02}").as_bytes(), b"");
+    }
+    let fh = fs.opendir(d).unwrap();
+    let mut seen = Vec::new();
+    fs.readdir(d, fh, 0, false, |e| {
+        seen.push((e.name.to_vec(), e.offset));
+        seen.len() == 21
+    })
+    .unwrap();
+    let resume = seen[19].1;
+    seen.truncate(20);
+    fs.rename(ROOT_INO, b"d", ROOT_INO, b"e", RenameFlags::default()).unwrap();
+    fs.readdir(d, fh, resume, false, |e| {
+        seen.push((e.name.to_vec(), e.offset));
+        false
+    })
+    .unwrap();
+    assert_eq!(seen.len(), 52, "., .. and all 50 entries once");
+}
