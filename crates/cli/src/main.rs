@@ -39,25 +39,47 @@ enum Command {
     KvBench(kv_bench::Args),
 }
 
-/// Large buffers (nodes are megabytes) go straight to mmap and back to the
-/// kernel when freed; glibc's adaptive threshold would otherwise keep them
-/// in the heap and inflate the resident set far beyond the node cache.
-fn tune_allocator() {
+/// How glibc should place large buffers (nodes are megabytes).
+///
+/// `Lean` sends buffers of 256 KiB and more straight to mmap and back to
+/// the kernel when freed, so the resident set stays close to the node
+/// cache (the kv-bench figures were measured so). `Fast` keeps buffers up
+/// to 8 MiB in the heap for reuse: every fresh mmapped buffer costs a page
+/// fault per 4 KiB, which was 40% of the mount daemon's cycles in a
+/// sequential write; with the heap it writes 1.6x faster (148 -> 240 MB/s
+/// for 2 GiB in 1 MiB writes) at about 2.5x the cache in resident memory.
+#[derive(Clone, Copy)]
+enum Allocator {
+    Lean,
+    Fast,
+}
+
+fn tune_allocator(mode: Allocator) {
+    let (mmap_threshold, trim_threshold) = match mode {
+        Allocator::Lean => (256 << 10, 1 << 20),
+        Allocator::Fast => (8 << 20, 16 << 20),
+    };
     // SAFETY: mallopt only adjusts allocator parameters; called before any
     // other thread exists.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 20);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, mmap_threshold);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, trim_threshold);
     }
 }
 
 fn main() {
-    tune_allocator();
+    let argv: Vec<String> = std::env::args().collect();
+    let serves_a_mount =
+        argv.iter().any(|a| a == "mount") || argv.first().is_some_and(|a| a.contains("mount.fuse"));
+    tune_allocator(if serves_a_mount {
+        Allocator::Fast
+    } else {
+        Allocator::Lean
+    });
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let argv: Vec<String> = std::env::args().collect();
     let invoked_as = argv
         .first()
         .and_then(|a| std::path::Path::new(a).file_name())

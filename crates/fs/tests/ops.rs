@@ -350,7 +350,8 @@ fn listing_continues_after_the_directory_itself_is_renamed() {
     .unwrap();
     let resume = seen[19].1;
     seen.truncate(20);
-    fs.rename(ROOT_INO, b"d", ROOT_INO, b"e", RenameFlags::default()).unwrap();
+    fs.rename(ROOT_INO, b"d", ROOT_INO, b"e", RenameFlags::default())
+        .unwrap();
     fs.readdir(d, fh, resume, false, |e| {
         seen.push((e.name.to_vec(), e.offset));
         false

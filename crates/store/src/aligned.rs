@@ -93,7 +93,9 @@ mod tests {
         assert_eq!(&buf[..5], b"hello");
         assert!(buf[5..].iter().all(|&b| b == 0));
         assert_eq!(AlignedBuf::zeroed(BLOCK_SIZE + 1).len(), 2 * BLOCK_SIZE);
-        let big: Vec<u8> = (0..3 * BLOCK_SIZE + 7).map(|i| (i % 251) as u8 + 1).collect();
+        let big: Vec<u8> = (0..3 * BLOCK_SIZE + 7)
+            .map(|i| (i % 251) as u8 + 1)
+            .collect();
         let buf = AlignedBuf::from_slice(&big);
         assert_eq!(buf.len(), 4 * BLOCK_SIZE);
         assert_eq!(&buf[..big.len()], &big[..]);
