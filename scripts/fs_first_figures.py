@@ -11,6 +11,8 @@ file systems interleaved within a round):
   rm      rm -rf of the tree + sync
   rand4k  N random 4 KiB writes (block-aligned) into a 1 GiB file + fsync
   rand4b  N random 4-byte writes (block-aligned) into a 1 GiB file + fsync
+  seqwrite  one 2 GiB file in 1 MiB writes + fsync
+  seqread   cold cache: read it back in 1 MiB reads
 
 "sync" is sync(1) plus fsync of the mount's root directory: FUSE does not
 forward syncfs, and an fsync on betreefs makes every earlier operation
@@ -137,6 +139,21 @@ def random_writes(path, count, size, seed):
         os.close(fd)
 
 
+def sequential_write(path, mib):
+    chunk = os.urandom(1 << 20)
+    with open(path, "wb") as f:
+        for _ in range(mib):
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def sequential_read(path):
+    with open(path, "rb", buffering=0) as f:
+        while f.read(1 << 20):
+            pass
+
+
 def make_big_file(fs, path):
     with open(path, "wb") as f:
         chunk = os.urandom(1 << 20)
@@ -175,6 +192,12 @@ def phases(fs, tar, n_random, seed):
     out["rand4k"] = timed(lambda: random_writes(big, n_random, 4096, seed))
     out["rand4b"] = timed(lambda: random_writes(big, n_random, 4, seed + 1))
     os.unlink(big)
+    fs.sync()
+    seq = os.path.join(d, "seq")
+    out["seqwrite"] = timed(lambda: sequential_write(seq, 2048))
+    fs.cold()
+    out["seqread"] = timed(lambda: sequential_read(seq))
+    os.unlink(seq)
     fs.sync()
     return out
 
