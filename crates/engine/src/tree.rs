@@ -472,10 +472,22 @@ impl Tree {
         let (first, last) = match want {
             Want::Whole => (0, leaf.basements.len() - 1),
             Want::Key(k) => (leaf.basement_for(k), leaf.basement_for(k)),
-            Want::Range(s, e) => (
-                leaf.basement_for(s),
-                e.map_or(leaf.basements.len() - 1, |e| leaf.basement_for(e)),
-            ),
+            Want::Range(s, e) => {
+                let first = leaf.basement_for(s);
+                let last = e.map_or(leaf.basements.len() - 1, |e| leaf.basement_for(e));
+                // A scan over more than one basement is read ahead to the
+                // end of the leaf (in the same IO): a sequential reader
+                // asks for the rest next. Small ranges read only what they
+                // touch, so random reads stay cheap.
+                (
+                    first,
+                    if last > first {
+                        leaf.basements.len() - 1
+                    } else {
+                        last
+                    },
+                )
+            }
         };
         first..=last
     }
@@ -493,17 +505,34 @@ impl Tree {
         let Slot::OnDisk { extent, .. } = self.btt.get(num) else {
             return Err(Self::corrupt(ks, num, "partly loaded leaf has no extent"));
         };
-        for i in Self::basement_span(leaf, want) {
-            let b = &mut leaf.basements[i];
-            if b.entries.is_some() {
-                continue;
-            }
-            let Some(loc) = b.loc else {
+        // The missing basements of the span, read with one IO: basements
+        // lie in key order at increasing offsets of the node's extent.
+        let span = Self::basement_span(leaf, want);
+        let missing: Vec<usize> = span
+            .filter(|&i| leaf.basements[i].entries.is_none())
+            .collect();
+        let mut locs = Vec::with_capacity(missing.len());
+        for &i in &missing {
+            let Some(loc) = leaf.basements[i].loc else {
                 return Err(Self::corrupt(ks, num, "basement without location"));
             };
-            let buf = self.read_extent_bytes(extent, loc.offset as u64, loc.len as usize, 0)?;
-            let entries = decode_basement(&buf[..loc.len as usize], &loc, b.count, &node.prefix)
-                .map_err(|e| Self::corrupt(ks, num, e.0))?;
+            locs.push(loc);
+        }
+        let (Some(first), Some(last)) = (locs.first(), locs.last()) else {
+            return Ok(());
+        };
+        let lo = first.offset as u64;
+        let hi = last.offset as u64 + last.len as u64;
+        if locs.windows(2).any(|w| w[1].offset < w[0].offset) || hi < lo {
+            return Err(Self::corrupt(ks, num, "basements out of order"));
+        }
+        let buf = self.read_extent_bytes(extent, lo, (hi - lo) as usize, 0)?;
+        for (&i, loc) in missing.iter().zip(&locs) {
+            let at = (loc.offset as u64 - lo) as usize;
+            let b = &mut leaf.basements[i];
+            let entries =
+                decode_basement(&buf[at..at + loc.len as usize], loc, b.count, &node.prefix)
+                    .map_err(|e| Self::corrupt(ks, num, e.0))?;
             b.entries = Some(entries);
         }
         Ok(())
