@@ -116,7 +116,28 @@ fn parse_options(args: &MountArgs) -> Result<Settings> {
     Ok(s)
 }
 
+/// Whether `path` is a FUSE mount whose daemon is gone: statfs always
+/// reaches the daemon (stat may be answered from the kernel's cache).
+fn is_dead_mount(path: &Path) -> bool {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: c is a valid NUL-terminated path; st is written by statvfs.
+    let r = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        libc::statvfs(c.as_ptr(), &mut st)
+    };
+    r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
+}
+
 fn check_mountpoint(mountpoint: &Path) -> Result<()> {
+    if is_dead_mount(mountpoint) {
+        eprintln!(
+            "betreefs: {} was a dead mount; detaching it",
+            mountpoint.display()
+        );
+        unmount(mountpoint);
+    }
     match std::fs::metadata(mountpoint) {
         Ok(m) if m.is_dir() => Ok(()),
         Ok(_) => bail!("mountpoint {} is not a directory", mountpoint.display()),

@@ -62,14 +62,41 @@ pub fn mkfs(image: &Path, size: &str) {
     );
 }
 
-pub fn is_mounted(mountpoint: &Path) -> bool {
-    let Ok(canon) = mountpoint.canonicalize() else {
-        return false;
+/// The ids of the mounts on `mountpoint` (a dead FUSE mount stays listed
+/// until it is detached).
+pub fn mount_ids(mountpoint: &Path) -> Vec<String> {
+    // A dead mount cannot be canonicalized itself: resolve its parent.
+    let canon = match (mountpoint.parent(), mountpoint.file_name()) {
+        (Some(parent), Some(name)) => match parent.canonicalize() {
+            Ok(p) => p.join(name),
+            Err(_) => return Vec::new(),
+        },
+        _ => return Vec::new(),
     };
     std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
         .lines()
-        .any(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap_or("")))
+        .filter(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap_or("")))
+        .filter_map(|l| l.split(' ').next().map(str::to_string))
+        .collect()
+}
+
+/// Whether a live FUSE file system answers at `dir` (a dead mount fails
+/// statfs with ENOTCONN; an unmounted directory reports its parent's type).
+pub fn fuse_answers(dir: &Path) -> bool {
+    const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+    let c = cstr(dir);
+    // SAFETY: valid path; st is written by statfs.
+    let (r, kind) = unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        let r = libc::statfs(c.as_ptr(), &mut st);
+        (r, st.f_type)
+    };
+    r == 0 && kind == FUSE_SUPER_MAGIC
+}
+
+pub fn is_mounted(mountpoint: &Path) -> bool {
+    !mount_ids(mountpoint).is_empty()
 }
 
 /// A mounted betreefs whose daemon is our child.
@@ -81,7 +108,9 @@ pub struct Mount {
 
 impl Mount {
     pub fn start(image: &Path, dir: &Path, options: &[&str]) -> Mount {
-        std::fs::create_dir_all(dir).expect("mountpoint");
+        if std::fs::metadata(dir).is_err() {
+            let _ = std::fs::create_dir_all(dir);
+        }
         let mut cmd = Command::new(binary());
         cmd.arg("mount").arg(image).arg(dir).arg("--foreground");
         for o in options {
@@ -94,16 +123,11 @@ impl Mount {
             .spawn()
             .expect("start daemon");
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !is_mounted(dir) {
+        while !fuse_answers(dir) {
             if let Ok(Some(status)) = child.try_wait() {
                 panic!("daemon exited before mounting: {status}");
             }
             assert!(Instant::now() < deadline, "mount did not appear");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // The mount is in the table; wait until it answers.
-        while std::fs::metadata(dir).is_err() {
-            assert!(Instant::now() < deadline, "mount does not answer");
             std::thread::sleep(Duration::from_millis(20));
         }
         Mount {
@@ -149,13 +173,13 @@ impl Mount {
         assert!(!is_mounted(&self.dir), "SIGTERM left the mount in place");
     }
 
-    /// kill -9 of the daemon; the dead mount is detached.
+    /// kill -9 of the daemon; the dead mount is left in place (the next
+    /// mount detaches it).
     pub fn kill(mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
-        detach(&self.dir);
     }
 }
 
