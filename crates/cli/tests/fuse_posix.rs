@@ -600,8 +600,40 @@ fn cli_usage_errors_background_mount_and_helper() {
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100)); // the last daemon may still hold the image
             }
-            let _ = fs::remove_file("/sbin/mount.fuse.betreefs");
             assert!(status, "mount -t fuse.betreefs failed");
+            assert_eq!(fs::read(mnt.join("f")).unwrap(), b"bg");
+            // An fstab line (an alternative fstab file, as mount -T reads it).
+            assert!(std::process::Command::new("umount")
+                .arg(&mnt)
+                .status()
+                .unwrap()
+                .success());
+            let fstab = s.0.join("fstab");
+            fs::write(
+                &fstab,
+                format!(
+                    "{} {} fuse.betreefs defaults,noatime 0 0\n",
+                    img.display(),
+                    mnt.display()
+                ),
+            )
+            .unwrap();
+            let mut status = false;
+            for _ in 0..50 {
+                let out = std::process::Command::new("mount")
+                    .arg("-T")
+                    .arg(&fstab)
+                    .arg(&mnt)
+                    .output()
+                    .unwrap();
+                if out.status.success() {
+                    status = true;
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            let _ = fs::remove_file("/sbin/mount.fuse.betreefs");
+            assert!(status, "mounting from an fstab line failed");
             assert_eq!(fs::read(mnt.join("f")).unwrap(), b"bg");
         }
     }
