@@ -43,6 +43,9 @@ pub struct MountArgs {
     /// (internal) report readiness on this descriptor.
     #[arg(long, hide = true)]
     pub notify_fd: Option<RawFd>,
+    /// (internal) serve a no-op file system instead (`betreefs nullfuse`).
+    #[arg(long, hide = true)]
+    pub nullfuse: bool,
 }
 
 /// Parsed `-o` options.
@@ -148,7 +151,7 @@ fn check_mountpoint(mountpoint: &Path) -> Result<()> {
 pub fn run_mount(args: MountArgs) -> Result<()> {
     let settings = parse_options(&args)?;
     check_mountpoint(&args.mountpoint)?;
-    if !args.image.exists() {
+    if !args.nullfuse && !args.image.exists() {
         fs_cmds::mkfs(&args.image, args.size.max(64 << 20), false)?;
         eprintln!(
             "betreefs: created {} ({} MiB)",
@@ -195,6 +198,9 @@ fn spawn_daemon(args: &MountArgs, log: Option<&Path>) -> Result<()> {
         .stderr(stderr);
     for o in &args.options {
         cmd.arg("-o").arg(o);
+    }
+    if args.nullfuse {
+        cmd.arg("--nullfuse");
     }
     // SAFETY: only async-signal-safe calls (setsid, fcntl) between fork and exec.
     unsafe {
@@ -263,8 +269,47 @@ fn unmount(mountpoint: &Path) {
     }
 }
 
+/// Unmounts on SIGTERM, SIGINT or SIGHUP (blocked in every thread, so this
+/// one receives them); the session then ends as on any unmount.
+fn spawn_signal_thread(signals: libc::sigset_t, mountpoint: PathBuf) -> Result<()> {
+    std::thread::Builder::new()
+        .name("betreefs-signals".into())
+        .spawn(move || loop {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: signals is a valid, initialised set; sig is writable.
+            if unsafe { libc::sigwait(&signals, &mut sig) } == 0 {
+                tracing::info!("signal {sig}: unmounting");
+                unmount(&mountpoint);
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(())
+}
+
+/// `betreefs nullfuse`: the no-op file system, served like a mount.
+fn serve_null(args: &MountArgs, settings: &Settings) -> Result<()> {
+    let signals = block_signals();
+    let session = match betreefs_fuse::nullfuse::mount(&args.mountpoint, &settings.config) {
+        Ok(s) => s,
+        Err(e) => {
+            let e = anyhow!("mounting on {}: {e}", args.mountpoint.display());
+            notify(args.notify_fd, &format!("error: {e:#}\n"));
+            return Err(e);
+        }
+    };
+    notify(args.notify_fd, "ok\n");
+    spawn_signal_thread(signals, args.mountpoint.clone())?;
+    if let Err(e) = session.join() {
+        tracing::warn!("session ended with {e}");
+    }
+    Ok(())
+}
+
 /// The daemon proper.
 fn serve(args: &MountArgs, settings: Settings) -> Result<()> {
+    if args.nullfuse {
+        return serve_null(args, &settings);
+    }
     let signals = block_signals();
     let result = start(args, &settings);
     let (fs, session, socket) = match result {
@@ -281,18 +326,7 @@ fn serve(args: &MountArgs, settings: Settings) -> Result<()> {
         args.mountpoint.display()
     );
 
-    let mountpoint = args.mountpoint.clone();
-    std::thread::Builder::new()
-        .name("betreefs-signals".into())
-        .spawn(move || loop {
-            let mut sig: libc::c_int = 0;
-            // SAFETY: signals is a valid, initialised set; sig is writable.
-            if unsafe { libc::sigwait(&signals, &mut sig) } == 0 {
-                tracing::info!("signal {sig}: unmounting");
-                unmount(&mountpoint);
-            }
-        })
-        .context("starting the signal thread")?;
+    spawn_signal_thread(signals, args.mountpoint.clone())?;
 
     if let Err(e) = session.join() {
         tracing::warn!("session ended with {e}");
@@ -419,6 +453,33 @@ pub fn run_helper(argv: &[String]) -> Result<()> {
         foreground: false,
         size: DEFAULT_IMAGE_SIZE,
         notify_fd: None,
+        nullfuse: false,
+    })
+}
+
+#[derive(clap::Args)]
+pub struct NullfuseArgs {
+    /// An existing directory to mount on.
+    pub mountpoint: PathBuf,
+    /// Mount options, as for `mount` (threads=N, writeback, ...).
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    pub options: Vec<String>,
+    /// Stay in the foreground.
+    #[arg(short = 'f', long)]
+    pub foreground: bool,
+}
+
+/// Mounts the no-op FUSE file system (names and sizes kept, data dropped),
+/// with the settings betreefs uses: the ceiling for any FUSE file system.
+pub fn run_nullfuse(args: NullfuseArgs) -> Result<()> {
+    run_mount(MountArgs {
+        image: PathBuf::from("nullfuse"),
+        mountpoint: args.mountpoint,
+        options: args.options,
+        foreground: args.foreground,
+        size: DEFAULT_IMAGE_SIZE,
+        notify_fd: None,
+        nullfuse: true,
     })
 }
 

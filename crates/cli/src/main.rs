@@ -34,6 +34,9 @@ enum Command {
     /// Install the mount(8) helper, so that `mount -t fuse.betreefs IMAGE
     /// DIR` and fstab lines work.
     InstallHelper(daemon::InstallHelperArgs),
+    /// Mount a no-op FUSE file system (names and sizes kept in memory, data
+    /// dropped) with betreefs's FUSE settings: the ceiling for benchmarks.
+    Nullfuse(daemon::NullfuseArgs),
     /// Run a key-value benchmark (TRIAD WS1-WS3 and db_bench-style workloads)
     /// against the engine and print one JSON line of results.
     KvBench(kv_bench::Args),
@@ -94,6 +97,7 @@ fn main() {
             Command::Fsck(args) => fs_cmds::run_fsck(args),
             Command::Stats(args) => fs_cmds::run_stats(args).map(|()| 0),
             Command::InstallHelper(args) => daemon::run_install_helper(args).map(|()| 0),
+            Command::Nullfuse(args) => daemon::run_nullfuse(args).map(|()| 0),
             Command::KvBench(args) => kv_bench::run(args).map(|()| 0),
         }
     };

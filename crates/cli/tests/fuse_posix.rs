@@ -643,3 +643,49 @@ fn cli_usage_errors_background_mount_and_helper() {
         .unwrap()
         .success());
 }
+
+#[test]
+fn nullfuse_keeps_names_and_sizes_and_drops_data() {
+    if !fuse_available() {
+        return;
+    }
+    let s = Scratch::new("nullfuse");
+    let mnt = s.0.join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let out = std::process::Command::new(binary())
+        .arg("nullfuse")
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(fuse_answers(&mnt));
+    fs::create_dir_all(mnt.join("a/b")).unwrap();
+    fs::write(mnt.join("a/b/f"), b"dropped").unwrap();
+    assert_eq!(fs::metadata(mnt.join("a/b/f")).unwrap().len(), 7);
+    let mut f = File::open(mnt.join("a/b/f")).unwrap();
+    let mut back = Vec::new();
+    f.read_to_end(&mut back).unwrap();
+    drop(f);
+    assert!(
+        back.iter().all(|&b| b == 0) && back.len() <= 7,
+        "data is dropped"
+    );
+    fs::rename(mnt.join("a/b"), mnt.join("c")).unwrap();
+    let names: Vec<_> = fs::read_dir(&mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 2);
+    assert_eq!(err_of(fs::remove_dir(mnt.join("c"))), libc::ENOTEMPTY);
+    fs::remove_file(mnt.join("c/f")).unwrap();
+    fs::remove_dir(mnt.join("c")).unwrap();
+    assert!(std::process::Command::new("umount")
+        .arg(&mnt)
+        .status()
+        .unwrap()
+        .success());
+}

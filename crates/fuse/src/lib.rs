@@ -34,7 +34,7 @@ use fuser::{
 };
 
 /// How long the kernel may cache entries and attributes.
-const TTL: Duration = Duration::from_secs(10);
+pub(crate) const TTL: Duration = Duration::from_secs(10);
 /// Largest read or write request.
 pub const MAX_REQUEST: u32 = 1 << 20;
 
@@ -71,6 +71,8 @@ fn unsafe_is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+pub mod nullfuse;
+
 /// Mounts `fs` on `mountpoint`; requests are served by background threads
 /// until the file system is unmounted (the returned session then ends).
 pub fn mount(
@@ -78,9 +80,23 @@ pub fn mount(
     mountpoint: &Path,
     config: &MountConfig,
 ) -> std::io::Result<fuser::BackgroundSession> {
+    let fuse = Fuse {
+        fs,
+        writeback_cache: config.writeback_cache,
+    };
+    spawn_session(fuse, mountpoint, config, "betreefs")
+}
+
+/// The mount options and session settings every file system here shares.
+pub(crate) fn spawn_session<F: fuser::Filesystem>(
+    fs: F,
+    mountpoint: &Path,
+    config: &MountConfig,
+    subtype: &str,
+) -> std::io::Result<fuser::BackgroundSession> {
     let mut options = vec![
         MountOption::FSName(config.fs_name.clone()),
-        MountOption::Subtype("betreefs".into()),
+        MountOption::Subtype(subtype.into()),
         MountOption::DefaultPermissions,
     ];
     options.extend(config.flags.iter().cloned());
@@ -93,12 +109,36 @@ pub fn mount(
     };
     fuse_config.n_threads = Some(config.threads.max(1));
     fuse_config.clone_fd = true;
-    let fuse = Fuse {
-        fs,
-        writeback_cache: config.writeback_cache,
-    };
-    let session = fuser::Session::new(fuse, mountpoint, &fuse_config)?;
-    session.spawn()
+    fuser::Session::new(fs, mountpoint, &fuse_config)?.spawn()
+}
+
+/// The protocol features asked of the kernel (module documentation);
+/// returns whether the writeback cache was granted.
+pub(crate) fn tune_kernel(config: &mut KernelConfig, writeback_cache: bool) -> bool {
+    for flag in [
+        InitFlags::FUSE_DO_READDIRPLUS,
+        InitFlags::FUSE_READDIRPLUS_AUTO,
+        InitFlags::FUSE_PARALLEL_DIROPS,
+        InitFlags::FUSE_ATOMIC_O_TRUNC,
+        InitFlags::FUSE_CACHE_SYMLINKS,
+        InitFlags::FUSE_ASYNC_DIO,
+    ] {
+        if config.add_capabilities(flag).is_err() {
+            tracing::debug!("kernel lacks {flag:?}");
+        }
+    }
+    let granted = writeback_cache
+        && match config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE) {
+            Ok(()) => true,
+            Err(_) => {
+                tracing::warn!("kernel lacks the FUSE writeback cache");
+                false
+            }
+        };
+    let _ = config.set_max_write(MAX_REQUEST);
+    let _ = config.set_max_readahead(MAX_REQUEST);
+    let _ = config.set_max_background(64);
+    granted
 }
 
 /// The kernel-facing adapter.
@@ -107,11 +147,11 @@ pub struct Fuse {
     pub writeback_cache: bool,
 }
 
-fn errno(e: Errno) -> fuser::Errno {
+pub(crate) fn errno(e: Errno) -> fuser::Errno {
     fuser::Errno::from_i32(e.0)
 }
 
-fn file_type(mode: u32) -> FileType {
+pub(crate) fn file_type(mode: u32) -> FileType {
     match mode & libc::S_IFMT {
         libc::S_IFDIR => FileType::Directory,
         libc::S_IFLNK => FileType::Symlink,
@@ -123,7 +163,7 @@ fn file_type(mode: u32) -> FileType {
     }
 }
 
-fn file_attr(a: &Attr) -> FileAttr {
+pub(crate) fn file_attr(a: &Attr) -> FileAttr {
     FileAttr {
         ino: INodeNo(a.ino),
         size: a.size,
@@ -145,7 +185,7 @@ fn file_attr(a: &Attr) -> FileAttr {
 
 /// An entry reply for "no such name": the kernel caches the absence for
 /// the TTL, so a create right after needs no lookup at all.
-fn negative_entry(reply: ReplyEntry) {
+pub(crate) fn negative_entry(reply: ReplyEntry) {
     let mut attr = file_attr(&Attr {
         ino: 0,
         mode: 0,
@@ -208,27 +248,9 @@ fn open_flags() -> FopenFlags {
 
 impl fuser::Filesystem for Fuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        for flag in [
-            InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_READDIRPLUS_AUTO,
-            InitFlags::FUSE_PARALLEL_DIROPS,
-            InitFlags::FUSE_ATOMIC_O_TRUNC,
-            InitFlags::FUSE_CACHE_SYMLINKS,
-            InitFlags::FUSE_ASYNC_DIO,
-        ] {
-            if config.add_capabilities(flag).is_err() {
-                tracing::debug!("kernel lacks {flag:?}");
-            }
+        if tune_kernel(config, self.writeback_cache) {
+            self.fs.set_kernel_places_appends(true);
         }
-        if self.writeback_cache {
-            match config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE) {
-                Ok(()) => self.fs.set_kernel_places_appends(true),
-                Err(_) => tracing::warn!("kernel lacks the FUSE writeback cache"),
-            }
-        }
-        let _ = config.set_max_write(MAX_REQUEST);
-        let _ = config.set_max_readahead(MAX_REQUEST);
-        let _ = config.set_max_background(64);
         Ok(())
     }
 
