@@ -338,6 +338,30 @@ impl Store {
         }
     }
 
+    /// Calls `visit` on every pair of [start, end) in key order, borrowing
+    /// keys and values from the tree (no copy of a pair when nothing is
+    /// pending above its leaf). Each leaf's worth is visited under the tree
+    /// lock, atomically, like [`Store::range`]; `visit` must not call back
+    /// into the store.
+    pub fn visit_range(
+        &self,
+        ks: KeySpace,
+        start: &[u8],
+        end: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> EngineResult<()> {
+        let mut next = Some(start.to_vec());
+        while let Some(from) = next {
+            if from.as_slice() >= end {
+                break;
+            }
+            let mut tree = self.inner.lock_tree();
+            self.inner.check_failed()?;
+            next = tree.visit_leaf(ks, &from, Some(end), visit)?;
+        }
+        Ok(())
+    }
+
     /// Makes every write that returned before this call durable.
     pub fn sync(&self) -> EngineResult<()> {
         self.inner.check_failed()?;

@@ -585,6 +585,23 @@ impl Tree {
         start: &[u8],
         end: Option<&[u8]>,
     ) -> EngineResult<ScanChunk> {
+        let mut result = Vec::new();
+        let next = self.visit_leaf(ks, start, end, &mut |k, v| {
+            result.push((k.to_vec(), v.to_vec()))
+        })?;
+        Ok((result, next))
+    }
+
+    /// Like [`Tree::scan_leaf`], but hands each pair to `visit` as borrowed
+    /// slices: with nothing pending above the leaf (the common case) no
+    /// pair is copied or allocated. Returns where the next leaf begins.
+    pub fn visit_leaf(
+        &mut self,
+        ks: KeySpace,
+        start: &[u8],
+        end: Option<&[u8]>,
+        visit: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> EngineResult<Option<Vec<u8>>> {
         let mut levels: Vec<MessageBuffer> = Vec::new();
         let mut num = self.roots[ks.index()];
         let mut bounds = Bounds::full();
@@ -622,9 +639,11 @@ impl Tree {
                         .map(|l| restricted(l, start, hi))
                         .filter(|l| !l.is_empty())
                         .collect();
-                    let result: Vec<(Vec<u8>, Vec<u8>)> = if levels.is_empty() {
-                        // The common case: nothing pending here, copy once.
-                        entries.map(|(k, v)| (k.to_vec(), v.to_vec())).collect()
+                    if levels.is_empty() {
+                        // The common case: nothing pending here.
+                        for (k, v) in entries {
+                            visit(k, v);
+                        }
                     } else {
                         let mut merged: BTreeMap<Vec<u8>, Vec<u8>> =
                             entries.map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
@@ -646,14 +665,16 @@ impl Tree {
                                 }
                             }
                         }
-                        merged.into_iter().collect()
-                    };
+                        for (k, v) in &merged {
+                            visit(k, v);
+                        }
+                    }
                     let next = match (&bounds.hi, end) {
                         (Some(h), Some(e)) if h.as_slice() < e => Some(h.clone()),
                         (Some(h), None) => Some(h.clone()),
                         _ => None,
                     };
-                    return Ok((result, next));
+                    return Ok(next);
                 }
             }
         }

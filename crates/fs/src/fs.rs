@@ -1295,21 +1295,22 @@ impl FileSystem {
             let (first, last) = (offset / BLOCK_SIZE, (end - 1) / BLOCK_SIZE);
             let lo = schema::data_key(&key, first);
             let hi = schema::data_key(&key, last + 1);
-            for item in self.store.range(KeySpace::Data, &lo, Some(&hi)) {
-                let (k, v) = item?;
-                let Some(block) = schema::data_block(&key, &k) else {
-                    continue;
-                };
-                let block_start = block * BLOCK_SIZE;
-                // The overlap of [block_start, block_start + v.len()) and [offset, end).
-                let from = block_start.max(offset);
-                let to = (block_start + v.len() as u64).min(end);
-                if from < to {
-                    out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(
-                        &v[(from - block_start) as usize..(to - block_start) as usize],
-                    );
-                }
-            }
+            // Blocks are copied straight from the leaves into the reply.
+            self.store
+                .visit_range(KeySpace::Data, &lo, &hi, &mut |k, v| {
+                    let Some(block) = schema::data_block(&key, k) else {
+                        return;
+                    };
+                    let block_start = block * BLOCK_SIZE;
+                    // The overlap of [block_start, block_start + v.len()) and [offset, end).
+                    let from = block_start.max(offset);
+                    let to = (block_start + v.len() as u64).min(end);
+                    if from < to {
+                        out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(
+                            &v[(from - block_start) as usize..(to - block_start) as usize],
+                        );
+                    }
+                })?;
         }
         self.note_access(&mut st, ino)?;
         Ok(out)
