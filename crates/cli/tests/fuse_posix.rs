@@ -499,6 +499,12 @@ fn cli_usage_errors_background_mount_and_helper() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(is_mounted(&mnt));
+    let mounts = fs::read_to_string("/proc/mounts").unwrap();
+    let line = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(1) == mnt.to_str())
+        .unwrap_or_default();
+    assert_eq!(line.split(' ').nth(2), Some("fuse.betreefs"), "{line}");
     fs::write(mnt.join("f"), b"bg").unwrap();
     // Already mounted: refused with one line.
     let other = s.0.join("mnt2");

@@ -96,7 +96,9 @@ pub(crate) fn spawn_session<F: fuser::Filesystem>(
 ) -> std::io::Result<fuser::BackgroundSession> {
     let mut options = vec![
         MountOption::FSName(config.fs_name.clone()),
-        MountOption::Subtype(subtype.into()),
+        // As a kernel option (fuser's direct mount drops `Subtype`), so that
+        // the mount shows as fuse.<subtype> to mount(8), findmnt and umount.
+        MountOption::CUSTOM(format!("subtype={subtype}")),
         MountOption::DefaultPermissions,
     ];
     options.extend(config.flags.iter().cloned());
