@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use betreefs_engine::Store;
-use betreefs_fs::{AtimePolicy, FileSystem};
+use betreefs_fs::{AtimePolicy, FileSystem, Operations};
 use betreefs_fuse::MountConfig;
 use fuser::MountOption;
 
@@ -378,7 +378,7 @@ fn start(args: &MountArgs, settings: &Settings) -> Result<Started> {
         .map_err(|e| anyhow!("{}: {e}", args.image.display()))?;
     let fs = Arc::new(fs);
     let socket = control_socket(&args.mountpoint)?;
-    let session = betreefs_fuse::mount(fs.clone(), &args.mountpoint, &settings.config)
+    let session = betreefs_fuse::mount(fs.clone(), &args.mountpoint, &settings.config, "betreefs")
         .map_err(|e| anyhow!("mounting on {}: {e}", args.mountpoint.display()))?;
     serve_control(Arc::downgrade(&fs), &socket)?;
     Ok((fs, session, socket))

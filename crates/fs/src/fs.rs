@@ -32,6 +32,7 @@ use betreefs_engine::{
 };
 
 use crate::error::{Errno, FsResult};
+use crate::ops::Operations;
 use crate::record::{Attr, FsInfo, Record, Timespec, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::schema::{self, NameError};
 
@@ -461,19 +462,7 @@ impl FileSystem {
             ino_reserved: ROOT_INO + 1 + INO_BATCH,
             created: now.sec,
         };
-        let root = Attr {
-            ino: ROOT_INO,
-            mode: S_IFDIR | 0o755,
-            uid: caller.uid,
-            gid: caller.gid,
-            nlink: 2,
-            rdev: 0,
-            size: 0,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            crtime: now,
-        };
+        let root = Attr::new(ROOT_INO, S_IFDIR | 0o755, caller.uid, caller.gid, now);
         let mut batch = WriteBatch::new();
         batch
             .put(KeySpace::Meta, schema::INFO_KEY, &info.encode())
@@ -556,13 +545,6 @@ impl FileSystem {
         Ok(())
     }
 
-    /// Called when the kernel's writeback cache is on: it then computes
-    /// O_APPEND offsets itself, and a write's offset is final.
-    pub fn set_kernel_places_appends(&self, on: bool) {
-        self.kernel_places_appends
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
     /// The engine underneath (stats, checkpoints).
     pub fn store(&self) -> &Store {
         &self.store
@@ -618,30 +600,6 @@ impl FileSystem {
 
     // ---- names -----------------------------------------------------------
 
-    pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
-        let mut st = self.lock();
-        let Some(found) = self.find(&st, parent, name)? else {
-            st.remember_absent(parent, name);
-            return Err(Errno::ENOENT);
-        };
-        let ino = found.ino();
-        let (attr, target, home) = self.resolve(&st, found.record)?;
-        st.add_lookup(parent, name, attr, target, home);
-        Ok(st.node(ino)?.attr.clone())
-    }
-
-    pub fn forget(&self, ino: Ino, count: u64) {
-        let mut st = self.lock();
-        if let Some(node) = st.nodes.get_mut(&ino) {
-            node.lookups = node.lookups.saturating_sub(count);
-            st.drop_if_unused(ino);
-        }
-    }
-
-    pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
-        Ok(self.lock().node(ino)?.attr.clone())
-    }
-
     /// Creates a new inode named `name` in `parent`.
     #[allow(clippy::too_many_arguments)]
     fn make_node(
@@ -679,17 +637,9 @@ impl FileSystem {
         let mut batch = WriteBatch::new();
         let ino = st.allocate_ino(&mut batch);
         let attr = Attr {
-            ino,
-            mode,
-            uid: caller.uid,
-            gid,
-            nlink: if is_dir { 2 } else { 1 },
             rdev,
             size: target.len() as u64,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            crtime: now,
+            ..Attr::new(ino, mode, caller.uid, gid, now)
         };
         batch.put(KeySpace::Meta, &key, &inode_record(&attr, target));
         st.touch_dir(parent, now, if is_dir { 1 } else { 0 })?;
@@ -704,139 +654,6 @@ impl FileSystem {
         if let Some(n) = st.nodes.get_mut(&ino) {
             n.has_xattrs = Some(false);
         }
-        Ok(attr)
-    }
-
-    pub fn mknod(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        mode: u32,
-        rdev: u32,
-        caller: Caller,
-    ) -> FsResult<Attr> {
-        let kind = mode & S_IFMT;
-        let mode = if kind == 0 { mode | S_IFREG } else { mode };
-        if mode & S_IFMT == S_IFDIR || mode & S_IFMT == S_IFLNK {
-            return Err(Errno::EINVAL);
-        }
-        self.make_node(&mut self.lock(), parent, name, mode, rdev, &[], caller)
-    }
-
-    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> FsResult<Attr> {
-        let mode = S_IFDIR | (mode & 0o7777);
-        self.make_node(&mut self.lock(), parent, name, mode, 0, &[], caller)
-    }
-
-    pub fn symlink(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        target: &[u8],
-        caller: Caller,
-    ) -> FsResult<Attr> {
-        if target.is_empty() {
-            return Err(Errno::ENOENT);
-        }
-        if target.len() > SYMLINK_MAX {
-            return Err(Errno::ENAMETOOLONG);
-        }
-        self.make_node(
-            &mut self.lock(),
-            parent,
-            name,
-            S_IFLNK | 0o777,
-            0,
-            target,
-            caller,
-        )
-    }
-
-    pub fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
-        let st = self.lock();
-        let node = st.node(ino)?;
-        if node.attr.file_type() != S_IFLNK {
-            return Err(Errno::EINVAL);
-        }
-        Ok(node.target.clone())
-    }
-
-    /// create(2) with O_CREAT: makes the file and opens it.
-    pub fn create(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        mode: u32,
-        flags: i32,
-        caller: Caller,
-    ) -> FsResult<(Attr, u64)> {
-        let mut st = self.lock();
-        let mode = S_IFREG | (mode & 0o7777);
-        let attr = self.make_node(&mut st, parent, name, mode, 0, &[], caller)?;
-        let fh = Self::add_file_handle(&mut st, attr.ino, flags)?;
-        Ok((attr, fh))
-    }
-
-    pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> FsResult<Attr> {
-        let mut st = self.lock();
-        let node = st.node(ino)?;
-        if node.attr.is_dir() {
-            return Err(Errno::EPERM);
-        }
-        if node.attr.nlink >= u32::MAX - 1 {
-            return Err(Errno::EMLINK);
-        }
-        let dir = st.dir_key(new_parent)?;
-        name_check(new_name)?;
-        let new_key = schema::entry_key(&dir, new_name);
-        if new_key.len() > ENTRY_KEY_MAX {
-            return Err(Errno::ENAMETOOLONG);
-        }
-        if self.find(&st, new_parent, new_name)?.is_some() {
-            return Err(Errno::EEXIST);
-        }
-        let now = Timespec::now();
-        let mut batch = WriteBatch::new();
-        let was_home = st.node(ino)?.home;
-        let inode_key = schema::inode_key(ino);
-        if was_home == Home::Path {
-            // First extra name: the file moves under its inode number.
-            let old_key = st.file_key(ino)?;
-            move_file_data(&mut batch, &old_key, &inode_key);
-            let mode = st.node(ino)?.attr.mode;
-            batch.put(
-                KeySpace::Meta,
-                &old_key,
-                &Record::Link { ino, mode }.encode(),
-            );
-        }
-        let node = st.node_mut(ino)?;
-        node.attr.nlink += 1;
-        node.attr.ctime = now;
-        node.home = Home::Inode;
-        let mode = node.attr.mode;
-        batch.put(
-            KeySpace::Meta,
-            &inode_key,
-            &inode_record(&node.attr, &node.target),
-        );
-        batch.put(
-            KeySpace::Meta,
-            &new_key,
-            &Record::Link { ino, mode }.encode(),
-        );
-        st.touch_dir(new_parent, now, 0)?;
-        st.put_record(&mut batch, new_parent)?;
-        if let Err(e) = self.store.write(&batch) {
-            let node = st.node_mut(ino)?;
-            node.attr.nlink -= 1;
-            node.home = was_home;
-            return Err(e.into());
-        }
-        st.forget_absent(new_parent, new_name);
-        let node = st.node(ino)?;
-        let (attr, target) = (node.attr.clone(), node.target.clone());
-        st.add_lookup(new_parent, new_name, attr.clone(), target, Home::Inode);
         Ok(attr)
     }
 
@@ -911,28 +728,6 @@ impl FileSystem {
         Ok(())
     }
 
-    pub fn unlink(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
-        let mut st = self.lock();
-        let found = self.find(&st, parent, name)?.ok_or(Errno::ENOENT)?;
-        if found.is_dir() {
-            return Err(Errno::EISDIR);
-        }
-        self.remove_and_commit(&mut st, parent, name, found)
-    }
-
-    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
-        let mut st = self.lock();
-        let found = self.find(&st, parent, name)?.ok_or(Errno::ENOENT)?;
-        if !found.is_dir() {
-            return Err(Errno::ENOTDIR);
-        }
-        let dir = schema::child_dir_key(&st.dir_key(parent)?, name);
-        if !self.dir_is_empty(&dir)? {
-            return Err(Errno::ENOTEMPTY);
-        }
-        self.remove_and_commit(&mut st, parent, name, found)
-    }
-
     fn remove_and_commit(
         &self,
         st: &mut State,
@@ -979,7 +774,366 @@ impl FileSystem {
         Ok(longest)
     }
 
-    pub fn rename(
+    fn rename_in_table(&self, st: &mut State, ino: Ino, new_parent: Ino, new_name: &[u8]) {
+        let Some(n) = st.nodes.get_mut(&ino) else {
+            return;
+        };
+        if n.home == Home::Inode {
+            return;
+        }
+        let old_parent = n.parent;
+        n.parent = new_parent;
+        n.name = new_name.to_vec();
+        st.move_pin(old_parent, new_parent);
+    }
+
+    // ---- attributes ------------------------------------------------------
+
+    // ---- files -------------------------------------------------------------
+
+    fn add_file_handle(st: &mut State, ino: Ino, flags: i32) -> FsResult<u64> {
+        let node = st.node_mut(ino)?;
+        node.opens += 1;
+        let fh = st.next_handle;
+        st.next_handle += 1;
+        st.handles.insert(
+            fh,
+            Handle::File {
+                ino,
+                append: flags & libc::O_APPEND != 0,
+            },
+        );
+        Ok(fh)
+    }
+
+    fn note_access(&self, st: &mut State, ino: Ino) -> FsResult<()> {
+        let now = Timespec::now();
+        let a = &st.node(ino)?.attr;
+        let due = match self.atime {
+            AtimePolicy::Noatime => false,
+            AtimePolicy::Strictatime => true,
+            AtimePolicy::Relatime => {
+                a.atime <= a.mtime || a.atime <= a.ctime || now.sec - a.atime.sec >= RELATIME_SECS
+            }
+        };
+        if !due || st.node(ino)?.home == Home::Gone {
+            return Ok(());
+        }
+        let before = st.node(ino)?.attr.atime;
+        st.node_mut(ino)?.attr.atime = now;
+        let mut batch = WriteBatch::new();
+        st.put_record(&mut batch, ino)?;
+        // An access time that cannot be stored (a full device) must not
+        // fail the read that caused it.
+        if let Err(e) = self.store.write(&batch) {
+            tracing::debug!("access time of {ino} not updated: {e}");
+            st.node_mut(ino)?.attr.atime = before;
+        }
+        Ok(())
+    }
+
+    // ---- directories ---------------------------------------------------------
+
+    #[allow(clippy::too_many_arguments)]
+    fn fill_dir(
+        &self,
+        st: &mut State,
+        h: &mut DirHandle,
+        dir: &[u8],
+        ino: Ino,
+        parent: Ino,
+        version: u64,
+        offset: u64,
+        plus: bool,
+        add: &mut dyn FnMut(DirEntry<'_>) -> bool,
+    ) -> FsResult<()> {
+        debug_assert_eq!(h.ino, ino);
+        if offset == 0
+            && add(DirEntry {
+                ino,
+                offset: 1,
+                file_type: S_IFDIR,
+                name: b".",
+                attr: None,
+            })
+        {
+            return Ok(());
+        }
+        if offset <= 1
+            && add(DirEntry {
+                ino: parent,
+                offset: 2,
+                file_type: S_IFDIR,
+                name: b"..",
+                attr: None,
+            })
+        {
+            return Ok(());
+        }
+        let index = offset.saturating_sub(2) as usize;
+        if index > h.returned.len() {
+            return Ok(()); // past the end (or an offset we never gave)
+        }
+        let continuing = index == h.returned.len() && h.version == version && h.dir_key == dir;
+        if !continuing {
+            h.returned.truncate(index);
+            h.pending.clear();
+            let (lo, _) = schema::children_range(dir);
+            h.scan_from = Some(match h.returned.last() {
+                None => lo,
+                Some(esc) => [lo.as_slice(), esc, &[0]].concat(),
+            });
+            h.version = version;
+            h.dir_key = dir.to_vec();
+        }
+        let (_, hi) = schema::children_range(dir);
+        loop {
+            if h.pending.is_empty() {
+                let Some(from) = h.scan_from.take() else {
+                    return Ok(());
+                };
+                // One leaf's worth at a time; the rest waits in the handle.
+                let mut iter = self.store.range(KeySpace::Meta, &from, Some(&hi));
+                let mut last = None;
+                for item in iter.by_ref() {
+                    let (k, v) = item?;
+                    last = Some(k.clone());
+                    h.pending.push_back((k, v));
+                    if h.pending.len() >= 1024 {
+                        break;
+                    }
+                }
+                if h.pending.len() >= 1024 {
+                    h.scan_from = last.map(|mut k| {
+                        k.push(0);
+                        k
+                    });
+                }
+                if h.pending.is_empty() {
+                    return Ok(());
+                }
+            }
+            let Some((key, value)) = h.pending.front() else {
+                continue;
+            };
+            let esc = key[dir.len() + 1..].to_vec();
+            let Some(name) = schema::child_name(dir, key) else {
+                h.pending.pop_front();
+                continue;
+            };
+            let record = decode(value)?;
+            let next_offset = h.returned.len() as u64 + 3;
+            let full = if plus {
+                let (attr, target, home) = self.resolve(st, record.clone())?;
+                let attr = st.nodes.get(&attr.ino).map_or(attr, |n| n.attr.clone());
+                let full = add(DirEntry {
+                    ino: attr.ino,
+                    offset: next_offset,
+                    file_type: attr.file_type(),
+                    name: &name,
+                    attr: Some(&attr),
+                });
+                if !full {
+                    st.add_lookup(ino, &name, attr, target, home);
+                }
+                full
+            } else {
+                add(DirEntry {
+                    ino: record.ino(),
+                    offset: next_offset,
+                    file_type: record.mode() & S_IFMT,
+                    name: &name,
+                    attr: None,
+                })
+            };
+            if full {
+                return Ok(());
+            }
+            h.pending.pop_front();
+            h.returned.push(esc);
+        }
+    }
+
+    // ---- extended attributes ---------------------------------------------------
+
+    // ---- the whole file system -------------------------------------------------
+}
+
+impl Operations for FileSystem {
+    fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+        let mut st = self.lock();
+        let Some(found) = self.find(&st, parent, name)? else {
+            st.remember_absent(parent, name);
+            return Err(Errno::ENOENT);
+        };
+        let ino = found.ino();
+        let (attr, target, home) = self.resolve(&st, found.record)?;
+        st.add_lookup(parent, name, attr, target, home);
+        Ok(st.node(ino)?.attr.clone())
+    }
+
+    fn forget(&self, ino: Ino, count: u64) {
+        let mut st = self.lock();
+        if let Some(node) = st.nodes.get_mut(&ino) {
+            node.lookups = node.lookups.saturating_sub(count);
+            st.drop_if_unused(ino);
+        }
+    }
+
+    fn getattr(&self, ino: Ino) -> FsResult<Attr> {
+        Ok(self.lock().node(ino)?.attr.clone())
+    }
+
+    fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        caller: Caller,
+    ) -> FsResult<Attr> {
+        let kind = mode & S_IFMT;
+        let mode = if kind == 0 { mode | S_IFREG } else { mode };
+        if mode & S_IFMT == S_IFDIR || mode & S_IFMT == S_IFLNK {
+            return Err(Errno::EINVAL);
+        }
+        self.make_node(&mut self.lock(), parent, name, mode, rdev, &[], caller)
+    }
+
+    fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> FsResult<Attr> {
+        let mode = S_IFDIR | (mode & 0o7777);
+        self.make_node(&mut self.lock(), parent, name, mode, 0, &[], caller)
+    }
+
+    fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], caller: Caller) -> FsResult<Attr> {
+        if target.is_empty() {
+            return Err(Errno::ENOENT);
+        }
+        if target.len() > SYMLINK_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        self.make_node(
+            &mut self.lock(),
+            parent,
+            name,
+            S_IFLNK | 0o777,
+            0,
+            target,
+            caller,
+        )
+    }
+
+    fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        let st = self.lock();
+        let node = st.node(ino)?;
+        if node.attr.file_type() != S_IFLNK {
+            return Err(Errno::EINVAL);
+        }
+        Ok(node.target.clone())
+    }
+
+    /// create(2) with O_CREAT: makes the file and opens it.
+    fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+    ) -> FsResult<(Attr, u64)> {
+        let mut st = self.lock();
+        let mode = S_IFREG | (mode & 0o7777);
+        let attr = self.make_node(&mut st, parent, name, mode, 0, &[], caller)?;
+        let fh = Self::add_file_handle(&mut st, attr.ino, flags)?;
+        Ok((attr, fh))
+    }
+
+    fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> FsResult<Attr> {
+        let mut st = self.lock();
+        let node = st.node(ino)?;
+        if node.attr.is_dir() {
+            return Err(Errno::EPERM);
+        }
+        if node.attr.nlink >= u32::MAX - 1 {
+            return Err(Errno::EMLINK);
+        }
+        let dir = st.dir_key(new_parent)?;
+        name_check(new_name)?;
+        let new_key = schema::entry_key(&dir, new_name);
+        if new_key.len() > ENTRY_KEY_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        if self.find(&st, new_parent, new_name)?.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        let now = Timespec::now();
+        let mut batch = WriteBatch::new();
+        let was_home = st.node(ino)?.home;
+        let inode_key = schema::inode_key(ino);
+        if was_home == Home::Path {
+            // First extra name: the file moves under its inode number.
+            let old_key = st.file_key(ino)?;
+            move_file_data(&mut batch, &old_key, &inode_key);
+            let mode = st.node(ino)?.attr.mode;
+            batch.put(
+                KeySpace::Meta,
+                &old_key,
+                &Record::Link { ino, mode }.encode(),
+            );
+        }
+        let node = st.node_mut(ino)?;
+        node.attr.nlink += 1;
+        node.attr.ctime = now;
+        node.home = Home::Inode;
+        let mode = node.attr.mode;
+        batch.put(
+            KeySpace::Meta,
+            &inode_key,
+            &inode_record(&node.attr, &node.target),
+        );
+        batch.put(
+            KeySpace::Meta,
+            &new_key,
+            &Record::Link { ino, mode }.encode(),
+        );
+        st.touch_dir(new_parent, now, 0)?;
+        st.put_record(&mut batch, new_parent)?;
+        if let Err(e) = self.store.write(&batch) {
+            let node = st.node_mut(ino)?;
+            node.attr.nlink -= 1;
+            node.home = was_home;
+            return Err(e.into());
+        }
+        st.forget_absent(new_parent, new_name);
+        let node = st.node(ino)?;
+        let (attr, target) = (node.attr.clone(), node.target.clone());
+        st.add_lookup(new_parent, new_name, attr.clone(), target, Home::Inode);
+        Ok(attr)
+    }
+
+    fn unlink(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        let mut st = self.lock();
+        let found = self.find(&st, parent, name)?.ok_or(Errno::ENOENT)?;
+        if found.is_dir() {
+            return Err(Errno::EISDIR);
+        }
+        self.remove_and_commit(&mut st, parent, name, found)
+    }
+
+    fn rmdir(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        let mut st = self.lock();
+        let found = self.find(&st, parent, name)?.ok_or(Errno::ENOENT)?;
+        if !found.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        let dir = schema::child_dir_key(&st.dir_key(parent)?, name);
+        if !self.dir_is_empty(&dir)? {
+            return Err(Errno::ENOTEMPTY);
+        }
+        self.remove_and_commit(&mut st, parent, name, found)
+    }
+
+    fn rename(
         &self,
         parent: Ino,
         name: &[u8],
@@ -1156,22 +1310,7 @@ impl FileSystem {
         Ok(())
     }
 
-    fn rename_in_table(&self, st: &mut State, ino: Ino, new_parent: Ino, new_name: &[u8]) {
-        let Some(n) = st.nodes.get_mut(&ino) else {
-            return;
-        };
-        if n.home == Home::Inode {
-            return;
-        }
-        let old_parent = n.parent;
-        n.parent = new_parent;
-        n.name = new_name.to_vec();
-        st.move_pin(old_parent, new_parent);
-    }
-
-    // ---- attributes ------------------------------------------------------
-
-    pub fn setattr(&self, ino: Ino, set: &SetAttr) -> FsResult<Attr> {
+    fn setattr(&self, ino: Ino, set: &SetAttr) -> FsResult<Attr> {
         let mut st = self.lock();
         let now = Timespec::now();
         let before = st.node(ino)?.attr.clone();
@@ -1223,24 +1362,7 @@ impl FileSystem {
         Ok(after)
     }
 
-    // ---- files -------------------------------------------------------------
-
-    fn add_file_handle(st: &mut State, ino: Ino, flags: i32) -> FsResult<u64> {
-        let node = st.node_mut(ino)?;
-        node.opens += 1;
-        let fh = st.next_handle;
-        st.next_handle += 1;
-        st.handles.insert(
-            fh,
-            Handle::File {
-                ino,
-                append: flags & libc::O_APPEND != 0,
-            },
-        );
-        Ok(fh)
-    }
-
-    pub fn open(&self, ino: Ino, flags: i32) -> FsResult<u64> {
+    fn open(&self, ino: Ino, flags: i32) -> FsResult<u64> {
         let mut st = self.lock();
         let node = st.node(ino)?;
         if node.attr.is_dir() && flags & libc::O_ACCMODE != libc::O_RDONLY {
@@ -1261,7 +1383,7 @@ impl FileSystem {
     }
 
     /// The last close of an unlinked file frees it.
-    pub fn release(&self, fh: u64) -> FsResult<()> {
+    fn release(&self, fh: u64) -> FsResult<()> {
         let mut st = self.lock();
         let Some(Handle::File { ino, .. }) = st.handles.remove(&fh) else {
             return Err(Errno::EBADF);
@@ -1280,7 +1402,7 @@ impl FileSystem {
         Ok(())
     }
 
-    pub fn read(&self, ino: Ino, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+    fn read(&self, ino: Ino, offset: u64, size: u32) -> FsResult<Vec<u8>> {
         let mut st = self.lock();
         let node = st.node(ino)?;
         if node.attr.is_dir() {
@@ -1316,35 +1438,9 @@ impl FileSystem {
         Ok(out)
     }
 
-    fn note_access(&self, st: &mut State, ino: Ino) -> FsResult<()> {
-        let now = Timespec::now();
-        let a = &st.node(ino)?.attr;
-        let due = match self.atime {
-            AtimePolicy::Noatime => false,
-            AtimePolicy::Strictatime => true,
-            AtimePolicy::Relatime => {
-                a.atime <= a.mtime || a.atime <= a.ctime || now.sec - a.atime.sec >= RELATIME_SECS
-            }
-        };
-        if !due || st.node(ino)?.home == Home::Gone {
-            return Ok(());
-        }
-        let before = st.node(ino)?.attr.atime;
-        st.node_mut(ino)?.attr.atime = now;
-        let mut batch = WriteBatch::new();
-        st.put_record(&mut batch, ino)?;
-        // An access time that cannot be stored (a full device) must not
-        // fail the read that caused it.
-        if let Err(e) = self.store.write(&batch) {
-            tracing::debug!("access time of {ino} not updated: {e}");
-            st.node_mut(ino)?.attr.atime = before;
-        }
-        Ok(())
-    }
-
     /// Writes `data` at `offset` (at the end for O_APPEND handles); returns
     /// the bytes written (fewer than asked only when space ran out).
-    pub fn write(&self, ino: Ino, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+    fn write(&self, ino: Ino, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
         let mut st = self.lock();
         let append = matches!(st.handles.get(&fh), Some(Handle::File { append: true, .. }))
             && !self
@@ -1410,14 +1506,14 @@ impl FileSystem {
 
     /// Makes everything written so far durable (one log for all files: an
     /// fsync of one file is an fsync of every earlier operation).
-    pub fn fsync(&self) -> FsResult<()> {
+    fn fsync(&self) -> FsResult<()> {
         self.store.sync()?;
         Ok(())
     }
 
     /// fallocate mode 0: extends the size; blocks are not written ahead
     /// (a B^ε-tree has no extents to reserve), so only free space is checked.
-    pub fn fallocate(&self, ino: Ino, offset: u64, length: u64, mode: i32) -> FsResult<()> {
+    fn fallocate(&self, ino: Ino, offset: u64, length: u64, mode: i32) -> FsResult<()> {
         if mode != 0 {
             return Err(Errno::EOPNOTSUPP);
         }
@@ -1451,9 +1547,7 @@ impl FileSystem {
         Ok(())
     }
 
-    // ---- directories ---------------------------------------------------------
-
-    pub fn opendir(&self, ino: Ino) -> FsResult<u64> {
+    fn opendir(&self, ino: Ino) -> FsResult<u64> {
         let mut st = self.lock();
         let node = st.node(ino)?;
         if !node.attr.is_dir() {
@@ -1478,7 +1572,7 @@ impl FileSystem {
         Ok(fh)
     }
 
-    pub fn releasedir(&self, fh: u64) {
+    fn releasedir(&self, fh: u64) {
         self.lock().handles.remove(&fh);
     }
 
@@ -1486,13 +1580,13 @@ impl FileSystem {
     /// it returns `true` (buffer full). With `plus`, entries carry their
     /// attributes and count as lookups (readdirplus fills the kernel's
     /// caches from the same scan).
-    pub fn readdir(
+    fn readdir(
         &self,
         ino: Ino,
         fh: u64,
         offset: u64,
         plus: bool,
-        mut add: impl FnMut(DirEntry<'_>) -> bool,
+        add: &mut dyn FnMut(DirEntry<'_>) -> bool,
     ) -> FsResult<()> {
         let mut st = self.lock();
         let dir = st.dir_key(ino)?;
@@ -1502,136 +1596,14 @@ impl FileSystem {
             return Err(Errno::EBADF);
         };
         let result = self.fill_dir(
-            &mut st, &mut h, &dir, ino, parent, version, offset, plus, &mut add,
+            &mut st, &mut h, &dir, ino, parent, version, offset, plus, add,
         );
         st.handles.insert(fh, Handle::Dir(h));
         result?;
         self.note_access(&mut st, ino)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn fill_dir(
-        &self,
-        st: &mut State,
-        h: &mut DirHandle,
-        dir: &[u8],
-        ino: Ino,
-        parent: Ino,
-        version: u64,
-        offset: u64,
-        plus: bool,
-        add: &mut impl FnMut(DirEntry<'_>) -> bool,
-    ) -> FsResult<()> {
-        debug_assert_eq!(h.ino, ino);
-        if offset == 0
-            && add(DirEntry {
-                ino,
-                offset: 1,
-                file_type: S_IFDIR,
-                name: b".",
-                attr: None,
-            })
-        {
-            return Ok(());
-        }
-        if offset <= 1
-            && add(DirEntry {
-                ino: parent,
-                offset: 2,
-                file_type: S_IFDIR,
-                name: b"..",
-                attr: None,
-            })
-        {
-            return Ok(());
-        }
-        let index = offset.saturating_sub(2) as usize;
-        if index > h.returned.len() {
-            return Ok(()); // past the end (or an offset we never gave)
-        }
-        let continuing = index == h.returned.len() && h.version == version && h.dir_key == dir;
-        if !continuing {
-            h.returned.truncate(index);
-            h.pending.clear();
-            let (lo, _) = schema::children_range(dir);
-            h.scan_from = Some(match h.returned.last() {
-                None => lo,
-                Some(esc) => [lo.as_slice(), esc, &[0]].concat(),
-            });
-            h.version = version;
-            h.dir_key = dir.to_vec();
-        }
-        let (_, hi) = schema::children_range(dir);
-        loop {
-            if h.pending.is_empty() {
-                let Some(from) = h.scan_from.take() else {
-                    return Ok(());
-                };
-                // One leaf's worth at a time; the rest waits in the handle.
-                let mut iter = self.store.range(KeySpace::Meta, &from, Some(&hi));
-                let mut last = None;
-                for item in iter.by_ref() {
-                    let (k, v) = item?;
-                    last = Some(k.clone());
-                    h.pending.push_back((k, v));
-                    if h.pending.len() >= 1024 {
-                        break;
-                    }
-                }
-                if h.pending.len() >= 1024 {
-                    h.scan_from = last.map(|mut k| {
-                        k.push(0);
-                        k
-                    });
-                }
-                if h.pending.is_empty() {
-                    return Ok(());
-                }
-            }
-            let Some((key, value)) = h.pending.front() else {
-                continue;
-            };
-            let esc = key[dir.len() + 1..].to_vec();
-            let Some(name) = schema::child_name(dir, key) else {
-                h.pending.pop_front();
-                continue;
-            };
-            let record = decode(value)?;
-            let next_offset = h.returned.len() as u64 + 3;
-            let full = if plus {
-                let (attr, target, home) = self.resolve(st, record.clone())?;
-                let attr = st.nodes.get(&attr.ino).map_or(attr, |n| n.attr.clone());
-                let full = add(DirEntry {
-                    ino: attr.ino,
-                    offset: next_offset,
-                    file_type: attr.file_type(),
-                    name: &name,
-                    attr: Some(&attr),
-                });
-                if !full {
-                    st.add_lookup(ino, &name, attr, target, home);
-                }
-                full
-            } else {
-                add(DirEntry {
-                    ino: record.ino(),
-                    offset: next_offset,
-                    file_type: record.mode() & S_IFMT,
-                    name: &name,
-                    attr: None,
-                })
-            };
-            if full {
-                return Ok(());
-            }
-            h.pending.pop_front();
-            h.returned.push(esc);
-        }
-    }
-
-    // ---- extended attributes ---------------------------------------------------
-
-    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> FsResult<()> {
+    fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> FsResult<()> {
         if name.is_empty() || name.len() > 255 || name.contains(&0) {
             return Err(Errno::ERANGE);
         }
@@ -1660,7 +1632,7 @@ impl FileSystem {
         Ok(())
     }
 
-    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
+    fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
         let mut st = self.lock();
         if st.node(ino)?.has_xattrs == Some(false) {
             return Err(Errno::ENODATA);
@@ -1689,7 +1661,7 @@ impl FileSystem {
     }
 
     /// The names, each followed by a NUL (as listxattr(2) returns them).
-    pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<u8>> {
+    fn listxattr(&self, ino: Ino) -> FsResult<Vec<u8>> {
         let st = self.lock();
         let file = st.file_key(ino)?;
         let (lo, hi) = schema::xattr_range(&file);
@@ -1702,7 +1674,7 @@ impl FileSystem {
         Ok(out)
     }
 
-    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
+    fn removexattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
         let mut st = self.lock();
         let key = schema::xattr_key(&st.file_key(ino)?, name);
         if self.store.get(KeySpace::Data, &key)?.is_none() {
@@ -1716,9 +1688,7 @@ impl FileSystem {
         Ok(())
     }
 
-    // ---- the whole file system -------------------------------------------------
-
-    pub fn statfs(&self) -> FsStats {
+    fn statfs(&self) -> FsStats {
         let s = self.store.stats();
         let blocks = s.node_region_bytes / BLOCK_SIZE;
         let used = s.node_region_used_bytes / BLOCK_SIZE;
@@ -1738,6 +1708,13 @@ impl FileSystem {
             inodes: files,
             name_max: schema::NAME_MAX as u64,
         }
+    }
+
+    /// Called when the kernel's writeback cache is on: it then computes
+    /// O_APPEND offsets itself, and a write's offset is final.
+    fn set_kernel_places_appends(&self, on: bool) {
+        self.kernel_places_appends
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

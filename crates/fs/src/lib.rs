@@ -6,11 +6,13 @@
 //!   `shared/DESIGN.md`, so that every directory's subtree is one range);
 //! - [`record`]: the stored attribute records (format version 1);
 //! - [`fs`]: the operations and the table of inodes the kernel holds;
+//! - [`ops`]: the operations a FUSE front end needs ([`Operations`]);
 //! - [`fsck`]: the offline checker.
 
 pub mod error;
 pub mod fs;
 pub mod fsck;
+pub mod ops;
 pub mod record;
 pub mod schema;
 
@@ -19,3 +21,4 @@ pub use fs::{
     AtimePolicy, Caller, DirEntry, FileSystem, FsStats, Ino, RenameFlags, SetAttr, SetTime,
     ROOT_INO,
 };
+pub use ops::Operations;

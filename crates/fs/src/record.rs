@@ -111,6 +111,24 @@ pub struct Attr {
 }
 
 impl Attr {
+    /// A new inode: no data, every time `now`, two links for a directory
+    /// ("." and its entry) and one otherwise.
+    pub fn new(ino: u64, mode: u32, uid: u32, gid: u32, now: Timespec) -> Attr {
+        Attr {
+            ino,
+            mode,
+            uid,
+            gid,
+            nlink: if mode & S_IFMT == S_IFDIR { 2 } else { 1 },
+            rdev: 0,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+        }
+    }
+
     pub fn file_type(&self) -> u32 {
         self.mode & S_IFMT
     }

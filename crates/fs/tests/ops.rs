@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use betreefs_engine::{Options, Store};
-use betreefs_fs::{AtimePolicy, Caller, Errno, FileSystem, RenameFlags, SetAttr, ROOT_INO};
+use betreefs_fs::{
+    AtimePolicy, Caller, Errno, FileSystem, Operations, RenameFlags, SetAttr, ROOT_INO,
+};
 use betreefs_store::MemDevice;
 
 const ME: Caller = Caller {
@@ -40,16 +42,23 @@ fn remount(dev: &MemDevice, fs: FileSystem) -> FileSystem {
     FileSystem::mount(store, AtimePolicy::Relatime).unwrap()
 }
 
-fn names(fs: &FileSystem, dir: u64) -> Vec<Vec<u8>> {
-    let fh = fs.opendir(dir).unwrap();
+/// Names and offsets from `offset` on; the `limit`-th entry is seen but
+/// refused, as when the kernel's buffer fills.
+fn list(fs: &FileSystem, dir: u64, fh: u64, offset: u64, limit: usize) -> Vec<(Vec<u8>, u64)> {
     let mut out = Vec::new();
-    fs.readdir(dir, fh, 0, false, |e| {
-        out.push(e.name.to_vec());
-        false
+    fs.readdir(dir, fh, offset, false, &mut |e| {
+        out.push((e.name.to_vec(), e.offset));
+        out.len() == limit
     })
     .unwrap();
-    fs.releasedir(fh);
     out
+}
+
+fn names(fs: &FileSystem, dir: u64) -> Vec<Vec<u8>> {
+    let fh = fs.opendir(dir).unwrap();
+    let out = list(fs, dir, fh, 0, usize::MAX);
+    fs.releasedir(fh);
+    out.into_iter().map(|(n, _)| n).collect()
 }
 
 fn write_file(fs: &FileSystem, dir: u64, name: &[u8], data: &[u8]) -> u64 {
@@ -235,26 +244,16 @@ fn readdir_offsets_survive_changes() {
         write_file(&fs, ROOT_INO, format!("f{i:03}").as_bytes(), b"");
     }
     let fh = fs.opendir(ROOT_INO).unwrap();
-    let mut first = Vec::new();
-    fs.readdir(ROOT_INO, fh, 0, false, |e| {
-        first.push((e.name.to_vec(), e.offset));
-        first.len() == 100
-    })
-    .unwrap();
+    let first = list(&fs, ROOT_INO, fh, 0, 100);
     assert_eq!(first.len(), 100, "stops when the buffer is full");
     let resume = first[98].1; // the last entry actually taken is index 98
     fs.unlink(ROOT_INO, b"f299").unwrap();
     write_file(&fs, ROOT_INO, b"f150a", b"");
-    let mut rest = Vec::new();
-    fs.readdir(ROOT_INO, fh, resume, false, |e| {
-        rest.push(e.name.to_vec());
-        false
-    })
-    .unwrap();
+    let rest = list(&fs, ROOT_INO, fh, resume, usize::MAX);
     let all: Vec<Vec<u8>> = first[..99]
         .iter()
+        .chain(&rest)
         .map(|(n, _)| n.clone())
-        .chain(rest)
         .collect();
     let expected = names(&fs, ROOT_INO);
     assert_eq!(all, expected, "no entry lost or repeated");
@@ -342,20 +341,11 @@ fn listing_continues_after_the_directory_itself_is_renamed() {
         write_file(&fs, d, format!("f{i:02}").as_bytes(), b"");
     }
     let fh = fs.opendir(d).unwrap();
-    let mut seen = Vec::new();
-    fs.readdir(d, fh, 0, false, |e| {
-        seen.push((e.name.to_vec(), e.offset));
-        seen.len() == 21
-    })
-    .unwrap();
+    let mut seen = list(&fs, d, fh, 0, 21);
     let resume = seen[19].1;
     seen.truncate(20);
     fs.rename(ROOT_INO, b"d", ROOT_INO, b"e", RenameFlags::default())
         .unwrap();
-    fs.readdir(d, fh, resume, false, |e| {
-        seen.push((e.name.to_vec(), e.offset));
-        false
-    })
-    .unwrap();
+    seen.extend(list(&fs, d, fh, resume, usize::MAX));
     assert_eq!(seen.len(), 52, "., .. and all 50 entries once");
 }

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use betreefs_fs::record::{Attr, Timespec};
-use betreefs_fs::{Caller, Errno, FileSystem, FsResult, RenameFlags, SetAttr, SetTime};
+use betreefs_fs::{Caller, Errno, FsResult, Operations, RenameFlags, SetAttr, SetTime};
 use fuser::{
     FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
     LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
@@ -34,7 +34,7 @@ use fuser::{
 };
 
 /// How long the kernel may cache entries and attributes.
-pub(crate) const TTL: Duration = Duration::from_secs(10);
+const TTL: Duration = Duration::from_secs(10);
 /// Largest read or write request.
 pub const MAX_REQUEST: u32 = 1 << 20;
 
@@ -73,27 +73,19 @@ fn unsafe_is_root() -> bool {
 
 pub mod nullfuse;
 
-/// Mounts `fs` on `mountpoint`; requests are served by background threads
-/// until the file system is unmounted (the returned session then ends).
-pub fn mount(
-    fs: Arc<FileSystem>,
-    mountpoint: &Path,
-    config: &MountConfig,
-) -> std::io::Result<fuser::BackgroundSession> {
-    let fuse = Fuse {
-        fs,
-        writeback_cache: config.writeback_cache,
-    };
-    spawn_session(fuse, mountpoint, config, "betreefs")
-}
-
-/// The mount options and session settings every file system here shares.
-pub(crate) fn spawn_session<F: fuser::Filesystem>(
-    fs: F,
+/// Mounts `fs` on `mountpoint` as file-system type `fuse.<subtype>`;
+/// requests are served by background threads until the file system is
+/// unmounted (the returned session then ends).
+pub fn mount<F: Operations>(
+    fs: Arc<F>,
     mountpoint: &Path,
     config: &MountConfig,
     subtype: &str,
 ) -> std::io::Result<fuser::BackgroundSession> {
+    let fs = Fuse {
+        fs,
+        writeback_cache: config.writeback_cache,
+    };
     let mut options = vec![
         MountOption::FSName(config.fs_name.clone()),
         // As a kernel option (fuser's direct mount drops `Subtype`), so that
@@ -116,7 +108,7 @@ pub(crate) fn spawn_session<F: fuser::Filesystem>(
 
 /// The protocol features asked of the kernel (module documentation);
 /// returns whether the writeback cache was granted.
-pub(crate) fn tune_kernel(config: &mut KernelConfig, writeback_cache: bool) -> bool {
+fn tune_kernel(config: &mut KernelConfig, writeback_cache: bool) -> bool {
     for flag in [
         InitFlags::FUSE_DO_READDIRPLUS,
         InitFlags::FUSE_READDIRPLUS_AUTO,
@@ -143,17 +135,17 @@ pub(crate) fn tune_kernel(config: &mut KernelConfig, writeback_cache: bool) -> b
     granted
 }
 
-/// The kernel-facing adapter.
-pub struct Fuse {
-    pub fs: Arc<FileSystem>,
-    pub writeback_cache: bool,
+/// The kernel-facing adapter, the same for every file system.
+struct Fuse<F> {
+    fs: Arc<F>,
+    writeback_cache: bool,
 }
 
-pub(crate) fn errno(e: Errno) -> fuser::Errno {
+fn errno(e: Errno) -> fuser::Errno {
     fuser::Errno::from_i32(e.0)
 }
 
-pub(crate) fn file_type(mode: u32) -> FileType {
+fn file_type(mode: u32) -> FileType {
     match mode & libc::S_IFMT {
         libc::S_IFDIR => FileType::Directory,
         libc::S_IFLNK => FileType::Symlink,
@@ -165,7 +157,7 @@ pub(crate) fn file_type(mode: u32) -> FileType {
     }
 }
 
-pub(crate) fn file_attr(a: &Attr) -> FileAttr {
+fn file_attr(a: &Attr) -> FileAttr {
     FileAttr {
         ino: INodeNo(a.ino),
         size: a.size,
@@ -185,24 +177,11 @@ pub(crate) fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
-/// An entry reply for "no such name": the kernel caches the absence for
-/// the TTL, so a create right after needs no lookup at all.
-pub(crate) fn negative_entry(reply: ReplyEntry) {
-    let mut attr = file_attr(&Attr {
-        ino: 0,
-        mode: 0,
-        uid: 0,
-        gid: 0,
-        nlink: 0,
-        rdev: 0,
-        size: 0,
-        atime: Timespec::default(),
-        mtime: Timespec::default(),
-        ctime: Timespec::default(),
-        crtime: Timespec::default(),
-    });
-    attr.ino = INodeNo(0);
-    reply.entry(&TTL, &attr, Generation(0));
+/// An entry reply for "no such name" (inode 0): the kernel caches the
+/// absence for the TTL, so a create right after needs no lookup at all.
+fn negative_entry(reply: ReplyEntry) {
+    let absent = Attr::new(0, 0, 0, 0, Timespec::default());
+    reply.entry(&TTL, &file_attr(&absent), Generation(0));
 }
 
 fn caller(req: &Request) -> Caller {
@@ -248,7 +227,7 @@ fn open_flags() -> FopenFlags {
     FopenFlags::FOPEN_KEEP_CACHE
 }
 
-impl fuser::Filesystem for Fuse {
+impl<F: Operations> fuser::Filesystem for Fuse<F> {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         if tune_kernel(config, self.writeback_cache) {
             self.fs.set_kernel_places_appends(true);
@@ -501,7 +480,7 @@ impl fuser::Filesystem for Fuse {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let r = self.fs.readdir(ino.0, fh.0, offset, false, |e| {
+        let r = self.fs.readdir(ino.0, fh.0, offset, false, &mut |e| {
             reply.add(
                 INodeNo(e.ino),
                 e.offset,
@@ -523,7 +502,7 @@ impl fuser::Filesystem for Fuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let r = self.fs.readdir(ino.0, fh.0, offset, true, |e| {
+        let r = self.fs.readdir(ino.0, fh.0, offset, true, &mut |e| {
             let name = OsStr::from_bytes(e.name);
             match e.attr {
                 Some(a) => reply.add(
@@ -536,8 +515,7 @@ impl fuser::Filesystem for Fuse {
                 ),
                 // "." and "..": the kernel takes no reference for these.
                 None => {
-                    let mut attr = file_attr(&dot_attr(e.ino));
-                    attr.kind = FileType::Directory;
+                    let attr = file_attr(&dot_attr(e.ino));
                     reply.add(
                         INodeNo(e.ino),
                         e.offset,
@@ -664,17 +642,5 @@ impl fuser::Filesystem for Fuse {
 
 /// Placeholder attributes for "." and ".." in readdirplus (not cached).
 fn dot_attr(ino: u64) -> Attr {
-    Attr {
-        ino,
-        mode: libc::S_IFDIR,
-        uid: 0,
-        gid: 0,
-        nlink: 2,
-        rdev: 0,
-        size: 0,
-        atime: Timespec::default(),
-        mtime: Timespec::default(),
-        ctime: Timespec::default(),
-        crtime: Timespec::default(),
-    }
+    Attr::new(ino, libc::S_IFDIR, 0, 0, Timespec::default())
 }

@@ -1,137 +1,101 @@
-//! `nullfuse`: a FUSE file system that keeps names, attributes and sizes in
-//! memory and drops all data (reads return zeros). Mounted with the same
-//! crate, options and tuning as betreefs, it is the ceiling no FUSE file
-//! system can pass on a machine: the difference between it and betreefs
-//! is the engine's cost, the difference between it and a kernel file
-//! system is FUSE's.
+//! `nullfuse`: a file system that keeps names, attributes and sizes in
+//! memory and drops all data (reads return zeros). It implements the same
+//! [`Operations`] as betreefs and is served by the same adapter, mount
+//! options and tuning, so it is the ceiling no FUSE file system can pass on
+//! a machine: the difference between it and betreefs is the engine's cost,
+//! the difference between it and a kernel file system is FUSE's.
 
 use std::collections::{BTreeMap, HashMap};
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use betreefs_fs::fs::{Caller, DirEntry, FsStats, Ino, RenameFlags, SetAttr, SetTime, ROOT_INO};
 use betreefs_fs::record::{Attr, Timespec};
-use betreefs_fs::Errno;
-use fuser::{
-    FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner, OpenFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
-};
+use betreefs_fs::{Errno, FsResult, Operations};
 
-use crate::{errno, file_attr, file_type, negative_entry, MountConfig, TTL};
+use crate::MountConfig;
 
 struct NullNode {
     attr: Attr,
-    parent: u64,
+    parent: Ino,
     target: Vec<u8>,
-    children: BTreeMap<Vec<u8>, u64>,
+    children: BTreeMap<Vec<u8>, Ino>,
 }
 
 struct NullState {
-    nodes: HashMap<u64, NullNode>,
-    next_ino: u64,
+    nodes: HashMap<Ino, NullNode>,
+    next_ino: Ino,
 }
 
 /// The no-op file system.
 pub struct NullFs {
     state: Mutex<NullState>,
-    config: MountConfig,
 }
 
-type NullResult<T> = Result<T, Errno>;
-
-impl NullFs {
-    pub fn new(config: MountConfig) -> NullFs {
-        let now = Timespec::now();
-        let mut nodes = HashMap::new();
-        nodes.insert(
-            1,
-            NullNode {
-                attr: Attr {
-                    ino: 1,
-                    mode: libc::S_IFDIR | 0o755,
-                    uid: 0,
-                    gid: 0,
-                    nlink: 2,
-                    rdev: 0,
-                    size: 0,
-                    atime: now,
-                    mtime: now,
-                    ctime: now,
-                    crtime: now,
-                },
-                parent: 1,
-                target: Vec::new(),
-                children: BTreeMap::new(),
-            },
-        );
+impl Default for NullFs {
+    fn default() -> Self {
+        let root = NullNode {
+            attr: Attr::new(ROOT_INO, libc::S_IFDIR | 0o755, 0, 0, Timespec::now()),
+            parent: ROOT_INO,
+            target: Vec::new(),
+            children: BTreeMap::new(),
+        };
         NullFs {
-            state: Mutex::new(NullState { nodes, next_ino: 2 }),
-            config,
+            state: Mutex::new(NullState {
+                nodes: HashMap::from([(ROOT_INO, root)]),
+                next_ino: ROOT_INO + 1,
+            }),
         }
     }
+}
 
+impl NullFs {
     fn lock(&self) -> MutexGuard<'_, NullState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 impl NullState {
-    fn node(&mut self, ino: u64) -> NullResult<&mut NullNode> {
+    fn node(&mut self, ino: Ino) -> FsResult<&mut NullNode> {
         self.nodes.get_mut(&ino).ok_or(Errno::ENOENT)
     }
 
-    fn child(&self, parent: u64, name: &[u8]) -> Option<u64> {
+    fn child(&self, parent: Ino, name: &[u8]) -> Option<Ino> {
         self.nodes.get(&parent)?.children.get(name).copied()
     }
 
     fn make(
         &mut self,
-        req: &Request,
-        parent: u64,
+        parent: Ino,
         name: &[u8],
         mode: u32,
         target: &[u8],
-    ) -> NullResult<Attr> {
+        caller: Caller,
+    ) -> FsResult<Attr> {
         if self.child(parent, name).is_some() {
             return Err(Errno::EEXIST);
         }
         let ino = self.next_ino;
         self.next_ino += 1;
-        let now = Timespec::now();
-        let is_dir = mode & libc::S_IFMT == libc::S_IFDIR;
         let attr = Attr {
-            ino,
-            mode,
-            uid: req.uid(),
-            gid: req.gid(),
-            nlink: if is_dir { 2 } else { 1 },
-            rdev: 0,
             size: target.len() as u64,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            crtime: now,
+            ..Attr::new(ino, mode, caller.uid, caller.gid, Timespec::now())
         };
         let p = self.node(parent)?;
         p.children.insert(name.to_vec(), ino);
-        p.attr.nlink += u32::from(is_dir);
-        p.attr.mtime = now;
-        self.nodes.insert(
-            ino,
-            NullNode {
-                attr: attr.clone(),
-                parent,
-                target: target.to_vec(),
-                children: BTreeMap::new(),
-            },
-        );
+        p.attr.nlink += u32::from(attr.is_dir());
+        let node = NullNode {
+            attr: attr.clone(),
+            parent,
+            target: target.to_vec(),
+            children: BTreeMap::new(),
+        };
+        self.nodes.insert(ino, node);
         Ok(attr)
     }
 
-    fn remove(&mut self, parent: u64, name: &[u8], dir: bool) -> NullResult<()> {
+    /// Takes entry `name` out of `parent`; the inode goes with its last link.
+    fn remove(&mut self, parent: Ino, name: &[u8], dir: bool) -> FsResult<()> {
         let ino = self.child(parent, name).ok_or(Errno::ENOENT)?;
         let node = self.node(ino)?;
         let is_dir = node.attr.is_dir();
@@ -152,393 +116,239 @@ impl NullState {
     }
 }
 
-fn reply_entry(reply: ReplyEntry, r: NullResult<Attr>) {
-    match r {
-        Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
-        Err(e) => reply.error(errno(e)),
-    }
-}
-
-fn set_time(t: TimeOrNow) -> Timespec {
-    match t {
-        TimeOrNow::Now => Timespec::now(),
-        TimeOrNow::SpecificTime(t) => Timespec::from_system(t),
-    }
-}
-
-impl fuser::Filesystem for NullFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        crate::tune_kernel(config, self.config.writeback_cache);
-        Ok(())
-    }
-
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+impl Operations for NullFs {
+    fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         let st = self.lock();
-        match st
-            .child(parent.0, name.as_bytes())
-            .and_then(|i| st.nodes.get(&i))
-        {
-            Some(n) => reply.entry(&TTL, &file_attr(&n.attr), Generation(0)),
-            None => negative_entry(reply),
-        }
+        let ino = st.child(parent, name).ok_or(Errno::ENOENT)?;
+        st.nodes
+            .get(&ino)
+            .map(|n| n.attr.clone())
+            .ok_or(Errno::ENOENT)
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.lock().node(ino.0) {
-            Ok(n) => reply.attr(&TTL, &file_attr(&n.attr)),
-            Err(e) => reply.error(errno(e)),
-        }
+    fn forget(&self, _ino: Ino, _count: u64) {}
+
+    fn getattr(&self, ino: Ino) -> FsResult<Attr> {
+        Ok(self.lock().node(ino)?.attr.clone())
     }
 
-    fn setattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
+    fn setattr(&self, ino: Ino, set: &SetAttr) -> FsResult<Attr> {
         let mut st = self.lock();
-        let Ok(n) = st.node(ino.0) else {
-            return reply.error(errno(Errno::ENOENT));
+        let a = &mut st.node(ino)?.attr;
+        let pick = |t: SetTime| match t {
+            SetTime::Now => Timespec::now(),
+            SetTime::At(t) => t,
         };
-        let a = &mut n.attr;
-        if let Some(m) = mode {
+        if let Some(m) = set.mode {
             a.mode = (a.mode & libc::S_IFMT) | (m & 0o7777);
         }
-        a.uid = uid.unwrap_or(a.uid);
-        a.gid = gid.unwrap_or(a.gid);
-        a.size = size.unwrap_or(a.size);
-        if let Some(t) = atime {
-            a.atime = set_time(t);
-        }
-        if let Some(t) = mtime {
-            a.mtime = set_time(t);
-        }
-        a.ctime = Timespec::now();
-        reply.attr(&TTL, &file_attr(a));
+        a.uid = set.uid.unwrap_or(a.uid);
+        a.gid = set.gid.unwrap_or(a.gid);
+        a.size = set.size.unwrap_or(a.size);
+        a.atime = set.atime.map_or(a.atime, pick);
+        a.mtime = set.mtime.map_or(a.mtime, pick);
+        a.ctime = set.ctime.unwrap_or_else(Timespec::now);
+        Ok(a.clone())
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.lock().node(ino.0) {
-            Ok(n) => reply.data(&n.target),
-            Err(e) => reply.error(errno(e)),
-        }
+    fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        Ok(self.lock().node(ino)?.target.clone())
     }
 
     fn mknod(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
+        parent: Ino,
+        name: &[u8],
         mode: u32,
-        _umask: u32,
         _rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        let r = self.lock().make(req, parent.0, name.as_bytes(), mode, &[]);
-        reply_entry(reply, r);
+        caller: Caller,
+    ) -> FsResult<Attr> {
+        self.lock().make(parent, name, mode, &[], caller)
     }
 
-    fn mkdir(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        _umask: u32,
-        reply: ReplyEntry,
-    ) {
-        let mode = libc::S_IFDIR | (mode & 0o7777);
-        let r = self.lock().make(req, parent.0, name.as_bytes(), mode, &[]);
-        reply_entry(reply, r);
+    fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> FsResult<Attr> {
+        self.lock()
+            .make(parent, name, libc::S_IFDIR | (mode & 0o7777), &[], caller)
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.lock().remove(parent.0, name.as_bytes(), false) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+    fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], caller: Caller) -> FsResult<Attr> {
+        self.lock()
+            .make(parent, name, libc::S_IFLNK | 0o777, target, caller)
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.lock().remove(parent.0, name.as_bytes(), true) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+    fn unlink(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        self.lock().remove(parent, name, false)
     }
 
-    fn symlink(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &Path,
-        reply: ReplyEntry,
-    ) {
-        let target = target.as_os_str().as_bytes();
-        let r = self.lock().make(
-            req,
-            parent.0,
-            link_name.as_bytes(),
-            libc::S_IFLNK | 0o777,
-            target,
-        );
-        reply_entry(reply, r);
+    fn rmdir(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        self.lock().remove(parent, name, true)
     }
 
+    /// Plain rename (replacing the target); the flags are not modelled.
     fn rename(
         &self,
-        _req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
-        _flags: fuser::RenameFlags,
-        reply: ReplyEmpty,
-    ) {
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        _flags: RenameFlags,
+    ) -> FsResult<()> {
         let mut st = self.lock();
-        let Some(ino) = st.child(parent.0, name.as_bytes()) else {
-            return reply.error(errno(Errno::ENOENT));
-        };
-        if let Some(old) = st.child(newparent.0, newname.as_bytes()) {
+        let ino = st.child(parent, name).ok_or(Errno::ENOENT)?;
+        if let Some(old) = st.child(new_parent, new_name) {
             let dir = st.nodes.get(&old).is_some_and(|n| n.attr.is_dir());
-            if let Err(e) = st.remove(newparent.0, newname.as_bytes(), dir) {
-                return reply.error(errno(e));
-            }
+            st.remove(new_parent, new_name, dir)?;
         }
-        let is_dir = st.nodes.get(&ino).is_some_and(|n| n.attr.is_dir());
-        if let Ok(p) = st.node(parent.0) {
-            p.children.remove(name.as_bytes());
-            p.attr.nlink -= u32::from(is_dir);
-        }
-        if let Ok(p) = st.node(newparent.0) {
-            p.children.insert(newname.as_bytes().to_vec(), ino);
-            p.attr.nlink += u32::from(is_dir);
-        }
-        if let Ok(n) = st.node(ino) {
-            n.parent = newparent.0;
-        }
-        reply.ok();
+        let is_dir = st.node(ino)?.attr.is_dir();
+        let p = st.node(parent)?;
+        p.children.remove(name);
+        p.attr.nlink -= u32::from(is_dir);
+        let p = st.node(new_parent)?;
+        p.children.insert(new_name.to_vec(), ino);
+        p.attr.nlink += u32::from(is_dir);
+        st.node(ino)?.parent = new_parent;
+        Ok(())
     }
 
-    fn link(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        newparent: INodeNo,
-        newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
+    fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> FsResult<Attr> {
         let mut st = self.lock();
-        if st.child(newparent.0, newname.as_bytes()).is_some() {
-            return reply.error(errno(Errno::EEXIST));
+        if st.child(new_parent, new_name).is_some() {
+            return Err(Errno::EEXIST);
         }
-        let attr = match st.node(ino.0) {
-            Ok(n) => {
-                n.attr.nlink += 1;
-                n.attr.clone()
-            }
-            Err(e) => return reply.error(errno(e)),
-        };
-        if let Ok(p) = st.node(newparent.0) {
-            p.children.insert(newname.as_bytes().to_vec(), ino.0);
-        }
-        reply.entry(&TTL, &file_attr(&attr), Generation(0));
-    }
-
-    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
-    }
-
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        let file_size = self.lock().node(ino.0).map_or(0, |n| n.attr.size);
-        let n = file_size.saturating_sub(offset).min(size as u64) as usize;
-        reply.data(&vec![0u8; n]);
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        if let Ok(n) = self.lock().node(ino.0) {
-            n.attr.size = n.attr.size.max(offset + data.len() as u64);
-            n.attr.mtime = Timespec::now();
-        }
-        reply.written(data.len() as u32);
-    }
-
-    fn flush(&self, _: &Request, _: INodeNo, _: FileHandle, _: LockOwner, reply: ReplyEmpty) {
-        reply.ok();
-    }
-
-    fn fsync(&self, _: &Request, _: INodeNo, _: FileHandle, _: bool, reply: ReplyEmpty) {
-        reply.ok();
-    }
-
-    fn fsyncdir(&self, _: &Request, _: INodeNo, _: FileHandle, _: bool, reply: ReplyEmpty) {
-        reply.ok();
-    }
-
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        let st = self.lock();
-        let Some(dir) = st.nodes.get(&ino.0) else {
-            return reply.error(errno(Errno::ENOENT));
-        };
-        // Offsets are positions in the (sorted) child list.
-        let entries = [(ino.0, b".".to_vec()), (dir.parent, b"..".to_vec())]
-            .into_iter()
-            .chain(dir.children.iter().map(|(n, &i)| (i, n.clone())));
-        for (i, (child, name)) in entries.enumerate().skip(offset as usize) {
-            let kind = st
-                .nodes
-                .get(&child)
-                .map_or(FileType::Directory, |n| file_type(n.attr.mode));
-            if reply.add(INodeNo(child), i as u64 + 1, kind, OsStr::from_bytes(&name)) {
-                break;
-            }
-        }
-        reply.ok();
-    }
-
-    fn readdirplus(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
-        let st = self.lock();
-        let Some(dir) = st.nodes.get(&ino.0) else {
-            return reply.error(errno(Errno::ENOENT));
-        };
-        let entries = [(ino.0, b".".to_vec()), (dir.parent, b"..".to_vec())]
-            .into_iter()
-            .chain(dir.children.iter().map(|(n, &i)| (i, n.clone())));
-        for (i, (child, name)) in entries.enumerate().skip(offset as usize) {
-            let Some(n) = st.nodes.get(&child) else {
-                continue;
-            };
-            let ttl = if i < 2 { Duration::ZERO } else { TTL };
-            let attr = file_attr(&n.attr);
-            if reply.add(
-                INodeNo(child),
-                i as u64 + 1,
-                OsStr::from_bytes(&name),
-                &ttl,
-                &attr,
-                Generation(0),
-            ) {
-                break;
-            }
-        }
-        reply.ok();
-    }
-
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let files = self.lock().nodes.len() as u64;
-        reply.statfs(
-            1 << 30,
-            1 << 30,
-            1 << 30,
-            files + (1 << 20),
-            1 << 20,
-            4096,
-            255,
-            4096,
-        );
-    }
-
-    fn setxattr(
-        &self,
-        _: &Request,
-        _: INodeNo,
-        _: &OsStr,
-        _: &[u8],
-        _: i32,
-        _: u32,
-        reply: ReplyEmpty,
-    ) {
-        reply.ok();
-    }
-
-    fn getxattr(&self, _: &Request, _: INodeNo, _: &OsStr, _: u32, reply: ReplyXattr) {
-        reply.error(errno(Errno::ENODATA));
-    }
-
-    fn listxattr(&self, _: &Request, _: INodeNo, size: u32, reply: ReplyXattr) {
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
-        }
+        let node = st.node(ino)?;
+        node.attr.nlink += 1;
+        let attr = node.attr.clone();
+        st.node(new_parent)?.children.insert(new_name.to_vec(), ino);
+        Ok(attr)
     }
 
     fn create(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
+        parent: Ino,
+        name: &[u8],
         mode: u32,
-        _umask: u32,
         _flags: i32,
-        reply: ReplyCreate,
-    ) {
-        let mode = libc::S_IFREG | (mode & 0o7777);
-        match self.lock().make(req, parent.0, name.as_bytes(), mode, &[]) {
-            Ok(a) => reply.created(
-                &TTL,
-                &file_attr(&a),
-                Generation(0),
-                FileHandle(0),
-                FopenFlags::FOPEN_KEEP_CACHE,
-            ),
-            Err(e) => reply.error(errno(e)),
+        caller: Caller,
+    ) -> FsResult<(Attr, u64)> {
+        let attr = self
+            .lock()
+            .make(parent, name, libc::S_IFREG | (mode & 0o7777), &[], caller)?;
+        Ok((attr, 0))
+    }
+
+    fn open(&self, _ino: Ino, _flags: i32) -> FsResult<u64> {
+        Ok(0)
+    }
+
+    fn read(&self, ino: Ino, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        let file_size = self.lock().node(ino)?.attr.size;
+        Ok(vec![
+            0;
+            file_size.saturating_sub(offset).min(size as u64)
+                as usize
+        ])
+    }
+
+    fn write(&self, ino: Ino, _fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+        let mut st = self.lock();
+        let a = &mut st.node(ino)?.attr;
+        a.size = a.size.max(offset + data.len() as u64);
+        a.mtime = Timespec::now();
+        Ok(data.len() as u32)
+    }
+
+    fn release(&self, _fh: u64) -> FsResult<()> {
+        Ok(())
+    }
+
+    fn fsync(&self) -> FsResult<()> {
+        Ok(())
+    }
+
+    fn fallocate(&self, ino: Ino, offset: u64, length: u64, _mode: i32) -> FsResult<()> {
+        let mut st = self.lock();
+        let a = &mut st.node(ino)?.attr;
+        a.size = a.size.max(offset.saturating_add(length));
+        Ok(())
+    }
+
+    fn opendir(&self, _ino: Ino) -> FsResult<u64> {
+        Ok(0)
+    }
+
+    /// Offsets are positions in the sorted child list.
+    fn readdir(
+        &self,
+        ino: Ino,
+        _fh: u64,
+        offset: u64,
+        plus: bool,
+        add: &mut dyn FnMut(DirEntry<'_>) -> bool,
+    ) -> FsResult<()> {
+        let st = self.lock();
+        let dir = st.nodes.get(&ino).ok_or(Errno::ENOENT)?;
+        let dots = [(ino, &b"."[..]), (dir.parent, &b".."[..])];
+        let children = dir.children.iter().map(|(n, &i)| (i, n.as_slice()));
+        for (i, (child, name)) in dots
+            .into_iter()
+            .chain(children)
+            .enumerate()
+            .skip(offset as usize)
+        {
+            let Some(node) = st.nodes.get(&child) else {
+                continue;
+            };
+            let entry = DirEntry {
+                ino: child,
+                offset: i as u64 + 1,
+                file_type: node.attr.file_type(),
+                name,
+                attr: (plus && i >= 2).then_some(&node.attr),
+            };
+            if add(entry) {
+                break;
+            }
         }
+        Ok(())
+    }
+
+    fn releasedir(&self, _fh: u64) {}
+
+    fn statfs(&self) -> FsStats {
+        let inodes = self.lock().nodes.len() as u64;
+        FsStats {
+            block_size: 4096,
+            blocks: 1 << 30,
+            blocks_free: 1 << 30,
+            files: inodes + (1 << 20),
+            files_free: 1 << 20,
+            inodes,
+            name_max: 255,
+        }
+    }
+
+    fn setxattr(&self, _ino: Ino, _name: &[u8], _value: &[u8], _flags: i32) -> FsResult<()> {
+        Ok(())
+    }
+
+    fn getxattr(&self, _ino: Ino, _name: &[u8]) -> FsResult<Vec<u8>> {
+        Err(Errno::ENODATA)
+    }
+
+    fn listxattr(&self, _ino: Ino) -> FsResult<Vec<u8>> {
+        Ok(Vec::new())
+    }
+
+    fn removexattr(&self, _ino: Ino, _name: &[u8]) -> FsResult<()> {
+        Err(Errno::ENODATA)
     }
 }
 
 /// Mounts a fresh nullfuse on `mountpoint` with the settings betreefs uses.
 pub fn mount(mountpoint: &Path, config: &MountConfig) -> std::io::Result<fuser::BackgroundSession> {
-    let fs = NullFs::new(MountConfig {
+    let config = MountConfig {
         fs_name: "nullfuse".into(),
         ..config.clone()
-    });
-    crate::spawn_session(fs, mountpoint, config, "nullfuse")
+    };
+    crate::mount(Arc::new(NullFs::default()), mountpoint, &config, "nullfuse")
 }

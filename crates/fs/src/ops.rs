@@ -1,0 +1,73 @@
+//! What a FUSE front end needs of a file system: the operations, named by
+//! inode number, with POSIX error numbers. [`crate::FileSystem`] is the
+//! real one; the front end's `nullfuse` (no data, names in memory) is the
+//! other, so that both are served by exactly the same adapter code.
+
+use crate::error::FsResult;
+use crate::fs::{Caller, DirEntry, FsStats, Ino, RenameFlags, SetAttr};
+use crate::record::Attr;
+
+pub trait Operations: Send + Sync + 'static {
+    /// Finds `name` in `parent`; the kernel holds a reference until forget.
+    fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr>;
+    fn forget(&self, ino: Ino, count: u64);
+    fn getattr(&self, ino: Ino) -> FsResult<Attr>;
+    fn setattr(&self, ino: Ino, set: &SetAttr) -> FsResult<Attr>;
+    fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>>;
+    fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        caller: Caller,
+    ) -> FsResult<Attr>;
+    fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> FsResult<Attr>;
+    fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], caller: Caller) -> FsResult<Attr>;
+    fn unlink(&self, parent: Ino, name: &[u8]) -> FsResult<()>;
+    fn rmdir(&self, parent: Ino, name: &[u8]) -> FsResult<()>;
+    fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> FsResult<()>;
+    fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> FsResult<Attr>;
+    /// create(2) with O_CREAT: makes the file and opens it.
+    fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+    ) -> FsResult<(Attr, u64)>;
+    fn open(&self, ino: Ino, flags: i32) -> FsResult<u64>;
+    fn read(&self, ino: Ino, offset: u64, size: u32) -> FsResult<Vec<u8>>;
+    fn write(&self, ino: Ino, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32>;
+    fn release(&self, fh: u64) -> FsResult<()>;
+    /// Makes everything written so far durable.
+    fn fsync(&self) -> FsResult<()>;
+    fn fallocate(&self, ino: Ino, offset: u64, length: u64, mode: i32) -> FsResult<()>;
+    fn opendir(&self, ino: Ino) -> FsResult<u64>;
+    /// Lists from `offset`, calling `add` until it returns `true` (full).
+    fn readdir(
+        &self,
+        ino: Ino,
+        fh: u64,
+        offset: u64,
+        plus: bool,
+        add: &mut dyn FnMut(DirEntry<'_>) -> bool,
+    ) -> FsResult<()>;
+    fn releasedir(&self, fh: u64);
+    fn statfs(&self) -> FsStats;
+    fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> FsResult<()>;
+    fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>>;
+    /// The names, each followed by a NUL.
+    fn listxattr(&self, ino: Ino) -> FsResult<Vec<u8>>;
+    fn removexattr(&self, ino: Ino, name: &[u8]) -> FsResult<()>;
+    /// The kernel's writeback cache is on: it places O_APPEND writes itself.
+    fn set_kernel_places_appends(&self, _on: bool) {}
+}
