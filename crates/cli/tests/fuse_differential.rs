@@ -59,26 +59,15 @@ fn listing(root: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
 }
 
 fn xattrs(p: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let c = cstr(p);
-    let mut names = vec![0u8; 4096];
-    // SAFETY: valid path and buffer.
-    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
-    if n <= 0 {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    for name in names[..n as usize]
+    let names = list_xattr(p).unwrap_or_default();
+    let mut out: Vec<_> = names
         .split(|&b| b == 0)
         .filter(|n| !n.is_empty())
-    {
-        let cname = std::ffi::CString::new(name).unwrap();
-        let mut v = vec![0u8; 65536];
-        // SAFETY: valid path, name and buffer.
-        let len =
-            unsafe { libc::lgetxattr(c.as_ptr(), cname.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
-        v.truncate(len.max(0) as usize);
-        out.push((name.to_vec(), v));
-    }
+        .map(|n| {
+            let name = String::from_utf8_lossy(n).into_owned();
+            (n.to_vec(), get_xattr(p, &name, 65536).unwrap_or_default())
+        })
+        .collect();
     out.sort();
     out
 }
@@ -284,20 +273,10 @@ fn apply(root: &Path, op: &Op) -> Result<(), i32> {
         Op::Mkdir { path } => io_result(fs::create_dir(at(path))),
         Op::Rmdir { path } => io_result(fs::remove_dir(at(path))),
         Op::Unlink { path } => io_result(fs::remove_file(at(path))),
-        Op::Rename { from, to, flags } => {
-            let (a, b) = (cstr(&at(from)), cstr(&at(to)));
-            // SAFETY: valid paths.
-            libc_result(unsafe {
-                libc::syscall(
-                    libc::SYS_renameat2,
-                    libc::AT_FDCWD,
-                    a.as_ptr(),
-                    libc::AT_FDCWD,
-                    b.as_ptr(),
-                    *flags,
-                )
-            })
-        }
+        Op::Rename { from, to, flags } => match renameat2(&at(from), &at(to), *flags) {
+            0 => Ok(()),
+            e => Err(e),
+        },
         Op::Link { from, to } => io_result(fs::hard_link(at(from), at(to))),
         Op::Symlink { target, path } => io_result(std::os::unix::fs::symlink(target, at(path))),
         Op::Chmod { path, mode } => {
@@ -309,30 +288,8 @@ fn apply(root: &Path, op: &Op) -> Result<(), i32> {
                 fs::Permissions::from_mode(*mode),
             ))
         }
-        Op::SetXattr { path, name, value } => {
-            let (c, n) = (
-                cstr(&at(path)),
-                std::ffi::CString::new(name.as_str()).unwrap(),
-            );
-            // SAFETY: valid path, name and value.
-            libc_result(unsafe {
-                libc::lsetxattr(
-                    c.as_ptr(),
-                    n.as_ptr(),
-                    value.as_ptr().cast(),
-                    value.len(),
-                    0,
-                )
-            } as i64)
-        }
-        Op::RemoveXattr { path, name } => {
-            let (c, n) = (
-                cstr(&at(path)),
-                std::ffi::CString::new(name.as_str()).unwrap(),
-            );
-            // SAFETY: valid path and name.
-            libc_result(unsafe { libc::lremovexattr(c.as_ptr(), n.as_ptr()) } as i64)
-        }
+        Op::SetXattr { path, name, value } => set_xattr(&at(path), name, value, 0),
+        Op::RemoveXattr { path, name } => remove_xattr(&at(path), name),
     }
 }
 
@@ -393,8 +350,7 @@ fn random_operations_match_tmpfs() {
             snapshot(&reference).len()
         );
         m.unmount();
-        let (clean, report) = fsck(&image);
-        assert!(clean, "seed {seed}: fsck: {report}");
+        assert_fsck_clean(&image, &format!("seed {seed}"));
         fs::remove_dir_all(&reference).unwrap();
     }
 }

@@ -115,8 +115,7 @@ fn kill_minus_nine_keeps_every_fsynced_byte() {
             survived.iter().filter(|&&s| s).count()
         );
         m.unmount();
-        let (clean, report) = fsck(&image);
-        assert!(clean, "seed {seed}: fsck after kill -9: {report}");
+        assert_fsck_clean(&image, &format!("seed {seed}, after kill -9"));
     }
 }
 
@@ -172,8 +171,7 @@ fn a_full_device_gives_enospc_and_recovers() {
     assert!(wrote, "space freed by deletes was not reusable");
     assert_eq!(fs::read(m.path("after")).unwrap(), chunk);
     m.unmount();
-    let (clean, report) = fsck(&image);
-    assert!(clean, "fsck after ENOSPC: {report}");
+    assert_fsck_clean(&image, "after ENOSPC");
 }
 
 #[test]
@@ -208,8 +206,7 @@ fn unmount_and_mount_give_back_the_same_tree() {
     let m = Mount::start(&img, &dir, &[]);
     assert_eq!(tree_digest(&m.dir), before);
     m.unmount();
-    let (clean, report) = fsck(&image);
-    assert!(clean, "{report}");
+    assert_fsck_clean(&image, "after remount");
 }
 
 #[test]
@@ -223,8 +220,7 @@ fn sigterm_unmounts_with_a_final_checkpoint() {
     let m = Mount::start(&image, &s.0.join("mnt"), &[]);
     fs::write(m.path("kept"), b"after SIGTERM").unwrap();
     m.terminate();
-    let (clean, report) = fsck(&image);
-    assert!(clean, "{report}");
+    assert_fsck_clean(&image, "after SIGTERM");
     let m = Mount::start(&image, &s.0.join("mnt"), &[]);
     assert_eq!(fs::read(m.path("kept")).unwrap(), b"after SIGTERM");
     let out = std::process::Command::new(binary())

@@ -10,26 +10,6 @@ use std::path::Path;
 
 use common::*;
 
-fn rename2(from: &Path, to: &Path, flags: u32) -> i32 {
-    let (a, b) = (cstr(from), cstr(to));
-    // SAFETY: valid NUL-terminated paths; renameat2 via syscall.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_renameat2,
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            flags,
-        )
-    };
-    if r == 0 {
-        0
-    } else {
-        errno()
-    }
-}
-
 fn mounted(tag: &str, options: &[&str]) -> (Scratch, Mount) {
     let s = Scratch::new(tag);
     let image = s.0.join("img");
@@ -160,15 +140,15 @@ fn directories_names_links_and_renames() {
     assert_eq!(err_of(fs::rename(m.path("y"), m.path("d2"))), libc::EISDIR);
     // RENAME_NOREPLACE and RENAME_EXCHANGE.
     assert_eq!(
-        rename2(&m.path("y"), &m.path("full/f"), libc::RENAME_NOREPLACE),
+        renameat2(&m.path("y"), &m.path("full/f"), libc::RENAME_NOREPLACE),
         libc::EEXIST
     );
     assert_eq!(
-        rename2(&m.path("y"), &m.path("nothere"), libc::RENAME_EXCHANGE),
+        renameat2(&m.path("y"), &m.path("nothere"), libc::RENAME_EXCHANGE),
         libc::ENOENT
     );
     assert_eq!(
-        rename2(&m.path("y"), &m.path("empty"), libc::RENAME_EXCHANGE),
+        renameat2(&m.path("y"), &m.path("empty"), libc::RENAME_EXCHANGE),
         0
     );
     assert!(m.path("y/c/file").exists());
@@ -234,8 +214,7 @@ fn directories_names_links_and_renames() {
     assert_eq!(fs::metadata(m.path("z/c/file")).unwrap().ino(), ino);
     assert_eq!(fs::metadata(m.path("hl")).unwrap().nlink(), 1);
     m.unmount();
-    let (clean, report) = fsck(&image);
-    assert!(clean, "{report}");
+    assert_fsck_clean(&image, "after renames and links");
 }
 
 #[test]
@@ -367,62 +346,20 @@ fn attributes_permissions_xattrs_and_statfs() {
     let sub = fs::metadata(m.path("shared/sub")).unwrap();
     assert_eq!((sub.gid(), sub.mode() & 0o2000), (4242, 0o2000));
     // Extended attributes.
-    let name = std::ffi::CString::new("user.k").unwrap();
-    // SAFETY: valid path, name and value buffers.
-    unsafe {
-        assert_eq!(
-            libc::setxattr(
-                c.as_ptr(),
-                name.as_ptr(),
-                b"v1".as_ptr().cast(),
-                2,
-                libc::XATTR_CREATE
-            ),
-            0
-        );
-        assert_eq!(
-            libc::setxattr(
-                c.as_ptr(),
-                name.as_ptr(),
-                b"v2".as_ptr().cast(),
-                2,
-                libc::XATTR_CREATE
-            ),
-            -1
-        );
-        assert_eq!(errno(), libc::EEXIST);
-        let other = std::ffi::CString::new("user.none").unwrap();
-        assert_eq!(
-            libc::setxattr(
-                c.as_ptr(),
-                other.as_ptr(),
-                b"v".as_ptr().cast(),
-                1,
-                libc::XATTR_REPLACE
-            ),
-            -1
-        );
-        assert_eq!(errno(), libc::ENODATA);
-        let mut buf = [0u8; 16];
-        assert_eq!(
-            libc::getxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 16),
-            2
-        );
-        assert_eq!(&buf[..2], b"v1");
-        assert_eq!(
-            libc::getxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 1),
-            -1
-        );
-        assert_eq!(errno(), libc::ERANGE);
-        let n = libc::listxattr(c.as_ptr(), buf.as_mut_ptr().cast(), 16);
-        assert_eq!(&buf[..n as usize], b"user.k\0");
-        assert_eq!(libc::removexattr(c.as_ptr(), name.as_ptr()), 0);
-        assert_eq!(
-            libc::getxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 16),
-            -1
-        );
-        assert_eq!(errno(), libc::ENODATA);
-    }
+    assert_eq!(set_xattr(&p, "user.k", b"v1", libc::XATTR_CREATE), Ok(()));
+    assert_eq!(
+        set_xattr(&p, "user.k", b"v2", libc::XATTR_CREATE),
+        Err(libc::EEXIST)
+    );
+    assert_eq!(
+        set_xattr(&p, "user.none", b"v", libc::XATTR_REPLACE),
+        Err(libc::ENODATA)
+    );
+    assert_eq!(get_xattr(&p, "user.k", 16), Ok(b"v1".to_vec()));
+    assert_eq!(get_xattr(&p, "user.k", 1), Err(libc::ERANGE));
+    assert_eq!(list_xattr(&p), Ok(b"user.k\0".to_vec()));
+    assert_eq!(remove_xattr(&p, "user.k"), Ok(()));
+    assert_eq!(get_xattr(&p, "user.k", 16), Err(libc::ENODATA));
     // statfs reports the store's real figures.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     let d = cstr(&m.dir);

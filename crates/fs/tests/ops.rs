@@ -71,6 +71,14 @@ fn write_file(fs: &FileSystem, dir: u64, name: &[u8], data: &[u8]) -> u64 {
     attr.ino
 }
 
+fn set_size(fs: &FileSystem, ino: u64, size: u64) {
+    let set = SetAttr {
+        size: Some(size),
+        ..SetAttr::default()
+    };
+    fs.setattr(ino, &set).unwrap();
+}
+
 fn read_all(fs: &FileSystem, ino: u64) -> Vec<u8> {
     fs.read(ino, 0, u32::MAX).unwrap()
 }
@@ -87,44 +95,16 @@ fn write_read_sparse_and_truncate() {
     assert_eq!(&data[4094..4102], b"straddle");
     assert!(data[..4094].iter().all(|&b| b == 0));
     assert_eq!(&data[10_000..], b"hello");
-    fs.setattr(
-        ino,
-        &SetAttr {
-            size: Some(4096),
-            ..SetAttr::default()
-        },
-    )
-    .unwrap();
-    fs.setattr(
-        ino,
-        &SetAttr {
-            size: Some(12_000),
-            ..SetAttr::default()
-        },
-    )
-    .unwrap();
+    set_size(&fs, ino, 4096);
+    set_size(&fs, ino, 12_000);
     let data = read_all(&fs, ino);
     assert_eq!(&data[4094..4096], b"st");
     assert!(
         data[4096..].iter().all(|&b| b == 0),
         "truncate left stale bytes"
     );
-    fs.setattr(
-        ino,
-        &SetAttr {
-            size: Some(4095),
-            ..SetAttr::default()
-        },
-    )
-    .unwrap();
-    fs.setattr(
-        ino,
-        &SetAttr {
-            size: Some(4096),
-            ..SetAttr::default()
-        },
-    )
-    .unwrap();
+    set_size(&fs, ino, 4095);
+    set_size(&fs, ino, 4096);
     assert_eq!(read_all(&fs, ino)[4095], 0);
     fs.release(fh).unwrap();
     let fs = remount(&dev, fs);

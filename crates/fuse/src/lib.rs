@@ -503,29 +503,14 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         mut reply: ReplyDirectoryPlus,
     ) {
         let r = self.fs.readdir(ino.0, fh.0, offset, true, &mut |e| {
+            // "." and ".." come without attributes: the kernel takes no
+            // reference for them, so nothing is cached.
+            let (ttl, attr) = match e.attr {
+                Some(a) => (TTL, file_attr(a)),
+                None => (Duration::ZERO, file_attr(&dot_attr(e.ino))),
+            };
             let name = OsStr::from_bytes(e.name);
-            match e.attr {
-                Some(a) => reply.add(
-                    INodeNo(e.ino),
-                    e.offset,
-                    name,
-                    &TTL,
-                    &file_attr(a),
-                    Generation(0),
-                ),
-                // "." and "..": the kernel takes no reference for these.
-                None => {
-                    let attr = file_attr(&dot_attr(e.ino));
-                    reply.add(
-                        INodeNo(e.ino),
-                        e.offset,
-                        name,
-                        &Duration::ZERO,
-                        &attr,
-                        Generation(0),
-                    )
-                }
-            }
+            reply.add(INodeNo(e.ino), e.offset, name, &ttl, &attr, Generation(0))
         });
         match r {
             Ok(()) => reply.ok(),

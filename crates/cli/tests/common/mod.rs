@@ -275,3 +275,86 @@ pub fn crc(data: &[u8]) -> u32 {
         (h ^ b as u32).wrapping_mul(0x01000193)
     })
 }
+
+/// renameat2(2): 0, or the errno.
+pub fn renameat2(from: &Path, to: &Path, flags: u32) -> i32 {
+    let (a, b) = (cstr(from), cstr(to));
+    // SAFETY: valid NUL-terminated paths; renameat2 has no libc wrapper here.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            flags,
+        )
+    };
+    if r == 0 {
+        0
+    } else {
+        errno()
+    }
+}
+
+/// `betreefs fsck` of an unmounted image must report it clean.
+pub fn assert_fsck_clean(image: &Path, context: &str) {
+    let (clean, report) = fsck(image);
+    assert!(clean, "{context}: fsck: {report}");
+}
+
+/// An errno-or-value result of a libc call returning -1 on failure.
+fn checked(r: isize) -> Result<usize, i32> {
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+fn xattr_name(name: &str) -> CString {
+    CString::new(name).expect("no NUL in an xattr name")
+}
+
+/// lsetxattr(2) (symlinks are not followed).
+pub fn set_xattr(p: &Path, name: &str, value: &[u8], flags: i32) -> Result<(), i32> {
+    let (c, n) = (cstr(p), xattr_name(name));
+    // SAFETY: valid path, name and value buffer.
+    let r = unsafe {
+        libc::lsetxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
+    };
+    checked(r as isize).map(|_| ())
+}
+
+/// lgetxattr(2) into a buffer of `size` bytes.
+pub fn get_xattr(p: &Path, name: &str, size: usize) -> Result<Vec<u8>, i32> {
+    let (c, n) = (cstr(p), xattr_name(name));
+    let mut buf = vec![0u8; size];
+    // SAFETY: valid path and name; buf holds `size` bytes.
+    let r = unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), size) };
+    buf.truncate(checked(r)?);
+    Ok(buf)
+}
+
+/// llistxattr(2): the names, each followed by a NUL.
+pub fn list_xattr(p: &Path) -> Result<Vec<u8>, i32> {
+    let c = cstr(p);
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: valid path; buf holds its length in bytes.
+    let r = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    buf.truncate(checked(r)?);
+    Ok(buf)
+}
+
+/// lremovexattr(2).
+pub fn remove_xattr(p: &Path, name: &str) -> Result<(), i32> {
+    let (c, n) = (cstr(p), xattr_name(name));
+    // SAFETY: valid path and name.
+    checked(unsafe { libc::lremovexattr(c.as_ptr(), n.as_ptr()) } as isize).map(|_| ())
+}
