@@ -733,12 +733,13 @@ impl Tree {
         Ok(())
     }
 
-    /// Puts a buffer above a leaf root. Applied to a leaf, every message
-    /// rebuilds a packed basement (a copy of up to `basement_size` bytes);
-    /// a buffer takes it in O(log n) and flushes in batches, as everywhere
-    /// else in the tree. Small trees (a fresh file system's metadata) are
-    /// exactly where single messages arrive one at a time.
-    fn grow_leaf_root(&mut self, ks: KeySpace) -> EngineResult<()> {
+    /// The root, loaded, with a buffer put above it if it is a leaf.
+    /// Applied to a leaf, every message would rebuild a packed basement (a
+    /// copy of up to `basement_size` bytes); a buffer takes it in O(log n)
+    /// and flushes in batches, as everywhere else in the tree. Small trees
+    /// (a fresh file system's metadata) are exactly where single messages
+    /// arrive one at a time. `settle_root` keeps a root over a single leaf.
+    fn interior_root(&mut self, ks: KeySpace) -> EngineResult<u64> {
         let root = self.roots[ks.index()];
         self.load(ks, root, &Bounds::full(), Want::Whole, None)?;
         if self.node(root).height() == 0 {
@@ -750,47 +751,27 @@ impl Tree {
             };
             self.roots[ks.index()] = self.new_node(ks, NodeBody::Interior(int), Vec::new());
         }
-        Ok(())
+        Ok(self.roots[ks.index()])
     }
 
     fn apply_message(&mut self, ks: KeySpace, seq: u64, msg: &Message) -> EngineResult<()> {
-        self.grow_leaf_root(ks)?;
-        let root = self.roots[ks.index()];
-        self.load(ks, root, &Bounds::full(), Want::Whole, None)?;
+        let root = self.interior_root(ks)?;
         let mut node = self.take(root);
-        let merges = self.merges.clone();
-        let result = match &mut node.body {
-            NodeBody::Interior(int) => {
-                let eaten = match (msg, point_msg(seq, msg)) {
-                    (Message::RangeDelete { start, end }, _) => {
-                        int.insert_range_delete(start, end, seq, &Bounds::full())
-                    }
-                    (_, Some((key, m))) => int.insert_point(key, m, &merges),
-                    (_, None) => 0,
-                };
-                add(&self.stats.messages_obviated, eaten as u64);
-                Ok(())
-            }
-            NodeBody::Leaf(leaf) => {
-                let mut buf = MessageBuffer::default();
-                match (msg, point_msg(seq, msg)) {
-                    (Message::RangeDelete { start, end }, _) => {
-                        buf.insert_range_delete(start.clone(), end.clone(), seq);
-                    }
-                    (_, Some((key, m))) => {
-                        buf.insert_point(key, m, &merges);
-                    }
-                    (_, None) => {}
-                }
-                let result = leaf.apply_buffer(buf, &merges);
-                leaf.rebalance_basements(self.opts.basement_size);
-                result.map_err(EngineError::UnknownMergeFunction)
-            }
+        let NodeBody::Interior(int) = &mut node.body else {
+            unreachable!("interior_root returns an interior node")
         };
+        let eaten = match (msg, point_msg(seq, msg)) {
+            (Message::RangeDelete { start, end }, _) => {
+                int.insert_range_delete(start, end, seq, &Bounds::full())
+            }
+            (_, Some((key, m))) => int.insert_point(key, m, &self.merges),
+            (_, None) => 0,
+        };
+        add(&self.stats.messages_obviated, eaten as u64);
         node.dirty = true;
         self.put(root, node);
         add(&self.stats.messages_inserted, 1);
-        result
+        Ok(())
     }
 
     /// Flushes, splits and collapses at the root until it is within bounds.

@@ -428,19 +428,27 @@ impl State {
     }
 
     fn put_record(&self, batch: &mut WriteBatch, ino: Ino) -> FsResult<()> {
-        let key = self.file_key(ino)?;
+        self.put_record_at(batch, &self.file_key(ino)?, ino)
+    }
+
+    /// [`State::put_record`] when the caller already has the file key (a
+    /// key is a walk up the path to build).
+    fn put_record_at(&self, batch: &mut WriteBatch, key: &[u8], ino: Ino) -> FsResult<()> {
         let node = self.node(ino)?;
-        batch.put(
-            KeySpace::Meta,
-            &key,
-            &inode_record(&node.attr, &node.target),
-        );
+        batch.put(KeySpace::Meta, key, &inode_record(&node.attr, &node.target));
         Ok(())
     }
 }
 
+/// The record key of the directory whose directory key is `dir`.
+fn dir_record_key(dir: &[u8]) -> Vec<u8> {
+    schema::dir_entry_key(dir).unwrap_or_else(|| schema::ROOT_KEY.to_vec())
+}
+
 /// What an entry key resolved to.
 struct Found {
+    /// The directory key of the parent the entry was found in.
+    dir: Vec<u8>,
     key: Vec<u8>,
     record: Record,
 }
@@ -562,14 +570,29 @@ impl FileSystem {
     /// The entry `name` of directory `parent`, if any.
     fn find(&self, st: &State, parent: Ino, name: &[u8]) -> FsResult<Option<Found>> {
         name_check(name)?;
-        let dir = st.dir_key(parent)?;
-        let key = schema::entry_key(&dir, name);
         if st.absent.contains(&(parent, name.to_vec())) {
             return Ok(None);
         }
+        self.find_in(st, parent, st.dir_key(parent)?, name)
+    }
+
+    /// [`FileSystem::find`] when the caller already has the parent's key.
+    fn find_in(
+        &self,
+        st: &State,
+        parent: Ino,
+        dir: Vec<u8>,
+        name: &[u8],
+    ) -> FsResult<Option<Found>> {
+        name_check(name)?;
+        if st.absent.contains(&(parent, name.to_vec())) {
+            return Ok(None);
+        }
+        let key = schema::entry_key(&dir, name);
         match self.store.get(KeySpace::Meta, &key)? {
             None => Ok(None),
             Some(v) => Ok(Some(Found {
+                dir,
                 key,
                 record: decode(&v)?,
             })),
@@ -618,7 +641,8 @@ impl FileSystem {
         if key.len() > ENTRY_KEY_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
-        if self.find(st, parent, name)?.is_some() {
+        let parent_key = dir_record_key(&dir);
+        if self.find_in(st, parent, dir, name)?.is_some() {
             return Err(Errno::EEXIST);
         }
         let parent_attr = &st.node(parent)?.attr;
@@ -643,7 +667,7 @@ impl FileSystem {
         };
         batch.put(KeySpace::Meta, &key, &inode_record(&attr, target));
         st.touch_dir(parent, now, if is_dir { 1 } else { 0 })?;
-        st.put_record(&mut batch, parent)?;
+        st.put_record_at(&mut batch, &parent_key, parent)?;
         count_update(&mut batch, 1);
         if let Err(e) = self.store.write(&batch) {
             st.touch_dir(parent, now, if is_dir { -1 } else { 0 })?;
@@ -739,10 +763,10 @@ impl FileSystem {
         let mut batch = WriteBatch::new();
         let is_dir = found.is_dir();
         let saved = st.nodes.get(&found.ino()).map(|n| (n.home, n.attr.clone()));
-        let sub = schema::child_dir_key(&st.dir_key(parent)?, name);
+        let sub = schema::child_dir_key(&found.dir, name);
         self.remove_entry(st, &mut batch, &found, &sub, now, true)?;
         st.touch_dir(parent, now, if is_dir { -1 } else { 0 })?;
-        st.put_record(&mut batch, parent)?;
+        st.put_record_at(&mut batch, &dir_record_key(&found.dir), parent)?;
         if let Err(e) = self.store.write(&batch) {
             if let (Some((home, attr)), Some(n)) = (saved, st.nodes.get_mut(&found.ino())) {
                 n.home = home;
@@ -924,7 +948,7 @@ impl FileSystem {
             let record = decode(value)?;
             let next_offset = h.returned.len() as u64 + 3;
             let full = if plus {
-                let (attr, target, home) = self.resolve(st, record.clone())?;
+                let (attr, target, home) = self.resolve(st, record)?;
                 let attr = st.nodes.get(&attr.ino).map_or(attr, |n| n.attr.clone());
                 let full = add(DirEntry {
                     ino: attr.ino,
@@ -1063,7 +1087,8 @@ impl Operations for FileSystem {
         if new_key.len() > ENTRY_KEY_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
-        if self.find(&st, new_parent, new_name)?.is_some() {
+        let parent_key = dir_record_key(&dir);
+        if self.find_in(&st, new_parent, dir, new_name)?.is_some() {
             return Err(Errno::EEXIST);
         }
         let now = Timespec::now();
@@ -1086,18 +1111,14 @@ impl Operations for FileSystem {
         node.attr.ctime = now;
         node.home = Home::Inode;
         let mode = node.attr.mode;
-        batch.put(
-            KeySpace::Meta,
-            &inode_key,
-            &inode_record(&node.attr, &node.target),
-        );
+        st.put_record_at(&mut batch, &inode_key, ino)?;
         batch.put(
             KeySpace::Meta,
             &new_key,
             &Record::Link { ino, mode }.encode(),
         );
         st.touch_dir(new_parent, now, 0)?;
-        st.put_record(&mut batch, new_parent)?;
+        st.put_record_at(&mut batch, &parent_key, new_parent)?;
         if let Err(e) = self.store.write(&batch) {
             let node = st.node_mut(ino)?;
             node.attr.nlink -= 1;
@@ -1126,8 +1147,7 @@ impl Operations for FileSystem {
         if !found.is_dir() {
             return Err(Errno::ENOTDIR);
         }
-        let dir = schema::child_dir_key(&st.dir_key(parent)?, name);
-        if !self.dir_is_empty(&dir)? {
+        if !self.dir_is_empty(&schema::child_dir_key(&found.dir, name))? {
             return Err(Errno::ENOTEMPTY);
         }
         self.remove_and_commit(&mut st, parent, name, found)
@@ -1148,7 +1168,7 @@ impl Operations for FileSystem {
         let src = self.find(&st, parent, name)?.ok_or(Errno::ENOENT)?;
         name_check(new_name)?;
         let dst_dir = st.dir_key(new_parent)?;
-        let src_dir = st.dir_key(parent)?;
+        let src_dir = src.dir.clone();
         let dst_key = schema::entry_key(&dst_dir, new_name);
         if dst_key.len() > ENTRY_KEY_MAX {
             return Err(Errno::ENAMETOOLONG);
@@ -1156,7 +1176,7 @@ impl Operations for FileSystem {
         if dst_key == src.key {
             return Ok(());
         }
-        let dst = self.find(&st, new_parent, new_name)?;
+        let dst = self.find_in(&st, new_parent, dst_dir.clone(), new_name)?;
         if flags.noreplace && dst.is_some() {
             return Err(Errno::EEXIST);
         }
@@ -1278,9 +1298,9 @@ impl Operations for FileSystem {
                 st.touch_dir(new_parent, now, if replaced_dir { -1 } else { 0 })?;
             }
         }
-        st.put_record(&mut batch, parent)?;
+        st.put_record_at(&mut batch, &dir_record_key(&src_dir), parent)?;
         if new_parent != parent {
-            st.put_record(&mut batch, new_parent)?;
+            st.put_record_at(&mut batch, &dir_record_key(&dst_dir), new_parent)?;
         }
         if let Err(e) = self.store.write(&batch) {
             for (ino, home, attr) in restore {
@@ -1314,6 +1334,11 @@ impl Operations for FileSystem {
         let mut st = self.lock();
         let now = Timespec::now();
         let before = st.node(ino)?.attr.clone();
+        // A removed file (still known to the kernel) has nothing stored.
+        let key = match st.node(ino)?.home {
+            Home::Gone => None,
+            _ => Some(st.file_key(ino)?),
+        };
         let mut batch = WriteBatch::new();
         if let Some(size) = set.size {
             if before.is_dir() {
@@ -1322,8 +1347,8 @@ impl Operations for FileSystem {
             if size > FILE_SIZE_MAX {
                 return Err(Errno::EFBIG);
             }
-            let key = st.file_key(ino)?;
-            truncate_blocks(&mut batch, &key, before.size, size);
+            let key = key.as_deref().ok_or(Errno::ENOENT)?;
+            truncate_blocks(&mut batch, key, before.size, size);
         }
         let node = st.node_mut(ino)?;
         let a = &mut node.attr;
@@ -1352,8 +1377,8 @@ impl Operations for FileSystem {
         }
         a.ctime = set.ctime.unwrap_or(now);
         let after = a.clone();
-        if node.home != Home::Gone {
-            st.put_record(&mut batch, ino)?;
+        if let Some(key) = &key {
+            st.put_record_at(&mut batch, key, ino)?;
         }
         if let Err(e) = self.store.write(&batch) {
             st.node_mut(ino)?.attr = before;
@@ -1490,9 +1515,7 @@ impl Operations for FileSystem {
             node.attr.size = node.attr.size.max(pos);
             node.attr.mtime = now;
             node.attr.ctime = now;
-            if node.home != Home::Gone {
-                st.put_record(&mut batch, ino)?;
-            }
+            st.put_record_at(&mut batch, &key, ino)?;
             if let Err(e) = self.store.write(&batch) {
                 st.node_mut(ino)?.attr = before;
                 if chunk_start > 0 && e.is_no_space() {
