@@ -157,7 +157,8 @@ fn a_full_device_gives_enospc_and_recovers() {
     assert_eq!(fs::read(m.path("fill0")).unwrap().len(), 4 << 20);
     // Delete, then write again.
     for i in 0..files / 2 {
-        fs::remove_file(m.path(&format!("fill{i}"))).unwrap();
+        fs::remove_file(m.path(&format!("fill{i}")))
+            .unwrap_or_else(|e| panic!("unlink fill{i} on a full device: {e}"));
     }
     let mut wrote = false;
     for _ in 0..50 {

@@ -546,7 +546,17 @@ impl Inner {
                 Ok(_) => break,
                 Err(StoreError::LogFull { .. }) if attempts == 0 => {
                     attempts += 1;
-                    self.checkpoint_locked(&mut tree)?;
+                    match self.checkpoint_locked(&mut tree) {
+                        // A full device cannot take the checkpoint that
+                        // would free the log: push pending deletes down and
+                        // free their space first (a delete must never be
+                        // refused for lack of room).
+                        Err(e) if e.is_no_space() => {
+                            self.reclaim_space(&mut tree)?;
+                            self.checkpoint_locked(&mut tree)?;
+                        }
+                        other => other?,
+                    }
                 }
                 Err(e) => return Err(e.into()),
             }

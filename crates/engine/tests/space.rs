@@ -66,3 +66,39 @@ fn full_device_refuses_writes_then_recovers_after_deletes() {
     );
     assert_eq!(scan_all(&reopened, KeySpace::Meta).len(), 1001);
 }
+
+/// On a full device, a long run of deletes (each rewriting a small record,
+/// as an unlink rewrites its directory) fills the log; the checkpoint that
+/// frees it must find room by reclaiming what the deletes freed, so no
+/// delete is ever refused.
+#[test]
+fn deletes_on_a_full_device_survive_a_full_log() {
+    let (_dev, store) = common::mem_store(12 << 20, small_options());
+    let value = vec![0x5a; 1000];
+    let mut written = 0u32;
+    while store
+        .put(KeySpace::Data, &written.to_be_bytes(), &value)
+        .is_ok()
+    {
+        written += 1;
+        assert!(written < 100_000);
+    }
+    for round in 0..4 {
+        for i in 0..written {
+            let mut unlink = betreefs_engine::WriteBatch::new();
+            unlink.delete(KeySpace::Data, &i.to_be_bytes()).put(
+                KeySpace::Meta,
+                b"directory",
+                &[round as u8; 200],
+            );
+            store
+                .write(&unlink)
+                .unwrap_or_else(|e| panic!("delete {i} in round {round} refused: {e}"));
+        }
+    }
+    store.verify().unwrap();
+    assert!(scan_all(&store, KeySpace::Data).is_empty());
+    store
+        .put(KeySpace::Data, b"again", &value)
+        .expect("space is back");
+}
