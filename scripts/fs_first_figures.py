@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""First file-system figures: betreefs beside ext4 (and optionally XFS and
-btrfs) on loop devices, in one run, on this machine.
+"""First file-system figures: betreefs beside ext4, XFS and btrfs on loop
+devices, and nullfuse (the no-op FUSE file system with betreefs's FUSE
+settings: the ceiling for any FUSE file system), in one run.
 
 Phases, each timed on every file system (medians of --repeat rounds, the
 file systems interleaved within a round):
@@ -56,7 +57,18 @@ def fsync_path(path):
         os.close(fd)
 
 
-class Kernel:
+class Mounted:
+    """What every file system under test shares."""
+
+    def cold(self):
+        drop_caches()
+
+    def sync(self):
+        run(["sync"])
+        fsync_path(self.dir)
+
+
+class Kernel(Mounted):
     """ext4, xfs or btrfs on a loop device over a sparse image."""
 
     def __init__(self, kind, workdir, size):
@@ -71,20 +83,13 @@ class Kernel:
         run(mkfs + [self.loop], stdout=subprocess.DEVNULL)
         run(["mount", self.loop, self.dir])
 
-    def cold(self):
-        drop_caches()
-
-    def sync(self):
-        run(["sync"])
-        fsync_path(self.dir)
-
     def close(self):
         subprocess.run(["umount", self.dir])
         subprocess.run(["losetup", "-d", self.loop])
         os.unlink(self.image)
 
 
-class Betreefs:
+class Betreefs(Mounted):
     def __init__(self, workdir, size):
         self.name = "betreefs"
         self.image = os.path.join(workdir, "betreefs.img")
@@ -109,13 +114,24 @@ class Betreefs:
         drop_caches()
         self.mount()
 
-    def sync(self):
-        run(["sync"])
-        fsync_path(self.dir)
-
     def close(self):
         self.unmount()
         os.unlink(self.image)
+
+
+class Nullfuse(Mounted):
+    def __init__(self, workdir, size):
+        self.name = "nullfuse"
+        self.dir = os.path.join(workdir, "mnt-nullfuse")
+        os.makedirs(self.dir, exist_ok=True)
+        run([BETREEFS, "nullfuse", self.dir])
+
+    def close(self):
+        run(["umount", self.dir])
+
+
+KINDS = {"betreefs": Betreefs, "nullfuse": Nullfuse}
+KERNEL = ("ext4", "xfs", "btrfs")
 
 
 def timed(fn):
@@ -204,7 +220,7 @@ def phases(fs, tar, n_random, seed):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fs", default="betreefs,ext4", help="comma-separated: betreefs, ext4, xfs, btrfs")
+    ap.add_argument("--fs", default="betreefs,nullfuse,ext4,xfs,btrfs", help="comma-separated: betreefs, nullfuse, ext4, xfs, btrfs")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--random-writes", type=int, default=20000)
     ap.add_argument("--workdir", default="/var/tmp/betreefs-figures")
@@ -218,29 +234,30 @@ def main():
             run(["xz", "-dc", SOURCE_XZ], stdout=f)
     kinds = args.fs.split(",")
     results = {k: [] for k in kinds}
-    try:
-        for r in range(args.repeat):
-            for kind in kinds:
-                fs = Betreefs(args.workdir, args.size) if kind == "betreefs" else Kernel(kind, args.workdir, args.size)
-                try:
-                    res = phases(fs, tar, args.random_writes, seed=r)
-                finally:
-                    fs.close()
-                results[kind].append(res)
-                print(f"round {r} {kind}: " + ", ".join(f"{k} {v:.2f}s" for k, v in res.items()), file=sys.stderr)
-    finally:
-        pass
+    for r in range(args.repeat):
+        for kind in kinds:
+            make = KINDS.get(kind)
+            fs = make(args.workdir, args.size) if make else Kernel(kind, args.workdir, args.size)
+            try:
+                res = phases(fs, tar, args.random_writes, seed=r)
+            finally:
+                fs.close()
+            results[kind].append(res)
+            print(f"round {r} {kind}: " + ", ".join(f"{k} {v:.2f}s" for k, v in res.items()), file=sys.stderr)
     names = list(results[kinds[0]][0].keys())
     med = {k: {p: statistics.median(x[p] for x in results[k]) for p in names} for k in kinds}
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rounds": results, "medians": med, "args": vars(args)}, f, indent=1)
-    header = "| phase | " + " | ".join(f"{k} (s)" for k in kinds) + " | " + " | ".join(f"{k}/{kinds[-1]}" for k in kinds[:-1]) + " |"
-    print(header)
-    print("|" + "---|" * (1 + 2 * len(kinds) - 1))
+    # Ratios to the fastest kernel file system of each row.
+    kernels = [k for k in kinds if k in KERNEL] or kinds
+    others = [k for k in kinds if k not in KERNEL]
+    print("| phase | " + " | ".join(f"{k} (s)" for k in kinds) + " | " + " | ".join(f"{k} / best kernel" for k in others) + " |")
+    print("|---|" + "---:|" * (len(kinds) + len(others)))
     for p in names:
+        best = min(med[k][p] for k in kernels)
         cells = [f"{med[k][p]:.3f}" for k in kinds]
-        ratios = [f"{med[k][p] / med[kinds[-1]][p]:.2f}×" if med[kinds[-1]][p] > 0 else "-" for k in kinds[:-1]]
+        ratios = [f"{med[k][p] / best:.2f}×" if best > 0 else "-" for k in others]
         print(f"| {p} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
 
 
