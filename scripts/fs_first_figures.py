@@ -78,10 +78,19 @@ class Kernel(Mounted):
         os.makedirs(self.dir, exist_ok=True)
         with open(self.image, "wb") as f:
             f.truncate(size)
-        self.loop = run(["losetup", "-f", "--show", self.image], capture_output=True, text=True).stdout.strip()
         mkfs = {"ext4": ["mkfs.ext4", "-q", "-F"], "xfs": ["mkfs.xfs", "-q", "-f"], "btrfs": ["mkfs.btrfs", "-q", "-f"]}[kind]
-        run(mkfs + [self.loop], stdout=subprocess.DEVNULL)
-        run(["mount", self.loop, self.dir])
+        if shutil.which(mkfs[0]) is None:
+            os.unlink(self.image)
+            sys.exit(f"{mkfs[0]} is missing (apt-get install -y xfsprogs btrfs-progs)")
+        self.loop = run(["losetup", "-f", "--show", self.image], capture_output=True, text=True).stdout.strip()
+        try:
+            run(mkfs + [self.loop], stdout=subprocess.DEVNULL)
+            run(["mount", self.loop, self.dir])
+        except BaseException:
+            # Never leave a loop device behind.
+            subprocess.run(["losetup", "-d", self.loop])
+            os.unlink(self.image)
+            raise
 
     def close(self):
         subprocess.run(["umount", self.dir])
