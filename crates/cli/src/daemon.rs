@@ -30,8 +30,9 @@ pub struct MountArgs {
     pub mountpoint: PathBuf,
     /// Comma-separated options: noatime, relatime (default), strictatime,
     /// ro, nosuid, nodev, noexec, allow_other, threads=N, cache=SIZE,
-    /// log=FILE, writeback (kernel writeback cache; off by default); fstab's defaults, auto, noauto, nofail, _netdev, user(s),
-    /// rw and x-* are accepted and ignored.
+    /// log=FILE, writeback (kernel writeback cache; off by default);
+    /// fstab's defaults, auto, noauto, nofail, _netdev, user(s), rw and
+    /// x-* are accepted and ignored.
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
     /// Stay in the foreground (logs to stderr).
@@ -304,34 +305,17 @@ fn spawn_signal_thread(signals: libc::sigset_t, mountpoint: PathBuf) -> Result<(
     Ok(())
 }
 
-/// `betreefs nullfuse`: the no-op file system, served like a mount.
-fn serve_null(args: &MountArgs, settings: &Settings) -> Result<()> {
-    let signals = block_signals();
-    let session = match betreefs_fuse::nullfuse::mount(&args.mountpoint, &settings.config) {
-        Ok(s) => s,
-        Err(e) => {
-            let e = anyhow!("mounting on {}: {e}", args.mountpoint.display());
-            notify(args.notify_fd, &format!("error: {e:#}\n"));
-            return Err(e);
-        }
-    };
-    raise_read_ahead(&args.mountpoint);
-    notify(args.notify_fd, "ok\n");
-    spawn_signal_thread(signals, args.mountpoint.clone())?;
-    if let Err(e) = session.join() {
-        tracing::warn!("session ended with {e}");
-    }
-    Ok(())
-}
-
-/// The daemon proper.
+/// The daemon proper (betreefs, or the no-op file system for `nullfuse`).
 fn serve(args: &MountArgs, settings: Settings) -> Result<()> {
-    if args.nullfuse {
-        return serve_null(args, &settings);
-    }
     let signals = block_signals();
-    let result = start(args, &settings);
-    let (fs, session, socket) = match result {
+    let started = if args.nullfuse {
+        betreefs_fuse::nullfuse::mount(&args.mountpoint, &settings.config)
+            .map(|session| (session, None))
+            .map_err(|e| anyhow!("mounting on {}: {e}", args.mountpoint.display()))
+    } else {
+        start(args, &settings).map(|(fs, session, socket)| (session, Some((fs, socket))))
+    };
+    let (session, betreefs) = match started {
         Ok(v) => v,
         Err(e) => {
             notify(args.notify_fd, &format!("error: {e:#}\n"));
@@ -345,12 +329,13 @@ fn serve(args: &MountArgs, settings: Settings) -> Result<()> {
         args.image.display(),
         args.mountpoint.display()
     );
-
     spawn_signal_thread(signals, args.mountpoint.clone())?;
-
     if let Err(e) = session.join() {
         tracing::warn!("session ended with {e}");
     }
+    let Some((fs, socket)) = betreefs else {
+        return Ok(());
+    };
     let _ = std::fs::remove_file(&socket);
     match Arc::try_unwrap(fs) {
         Ok(fs) => fs.close().context("final checkpoint")?,
