@@ -1,0 +1,479 @@
+//! `betreefs-bench`: betreefs beside ext4, XFS, btrfs (and tmpfs and the
+//! no-op FUSE ceiling, nullfuse) in one run, every file system freshly
+//! made on its own loop device for every suite, with the papers' suites
+//! and device-level IO amplification. Writes raw JSON, Markdown tables
+//! with ratios to the best file system, and PNG plots.
+
+mod cleanup;
+mod devstats;
+mod plot;
+mod progress;
+mod report;
+mod scale;
+mod suites;
+mod targets;
+mod workloads;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use serde::Serialize;
+
+use crate::cleanup::Resource;
+use crate::progress::Progress;
+use crate::report::Results;
+use crate::scale::{Params, Scale};
+use crate::suites::{Recorder, Suite, Trees};
+use crate::targets::{Env, Kind, Target};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "betreefs-bench",
+    version,
+    about = "Benchmarks betreefs beside ext4, XFS and btrfs in one run (run as root)"
+)]
+struct Args {
+    /// File systems, comma-separated, in the order of the tables' columns:
+    /// betreefs, nullfuse, ext4, xfs, btrfs, tmpfs.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "betreefs,nullfuse,ext4,xfs,btrfs"
+    )]
+    fs: Vec<Kind>,
+    /// Suites, comma-separated: micro, source, app, ioamp.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "micro,source,app,ioamp"
+    )]
+    suite: Vec<Suite>,
+    /// quick: a smoke run (a synthetic tree, small sizes); default: the
+    /// whole thing in under 45 minutes on a 2-core machine; paper: the
+    /// papers' sizes.
+    #[arg(long, value_enum, default_value = "default")]
+    scale: Scale,
+    /// Where results.json, results.md, the plots and daemon logs go.
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+    /// A disk-backed directory for the images and mount points.
+    #[arg(long, default_value = "/var/tmp/betreefs-bench")]
+    workdir: PathBuf,
+    /// Rounds (the tables show medians); file systems are interleaved
+    /// within a round.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// The betreefs binary (default: the one next to this binary).
+    #[arg(long)]
+    betreefs: Option<PathBuf>,
+    /// Image size (sparse) instead of the scale's.
+    #[arg(long, value_parser = parse_size)]
+    image_size: Option<u64>,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num.parse().map_err(|_| format!("not a size: {s:?}"))?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        "t" | "tib" => 40,
+        _ => return Err(format!("unknown size unit in {s:?} (use K, M, G or T)")),
+    };
+    n.checked_shl(shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// What the JSON file holds besides the figures.
+#[derive(Serialize)]
+struct Report<'a> {
+    date: String,
+    command: String,
+    commit: Option<String>,
+    machine: Machine,
+    scale: Scale,
+    rounds: usize,
+    file_systems: Vec<&'static str>,
+    suites: Vec<&'static str>,
+    params: &'a Params,
+    results: &'a Results,
+}
+
+#[derive(Serialize)]
+struct Machine {
+    kernel: String,
+    cpu: String,
+    cpus: usize,
+    memory: String,
+}
+
+impl Machine {
+    fn here() -> Machine {
+        let first = |file: &str, key: &str| {
+            std::fs::read_to_string(file)
+                .ok()
+                .and_then(|t| {
+                    t.lines()
+                        .find(|l| l.starts_with(key))
+                        .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+                })
+                .unwrap_or_default()
+        };
+        Machine {
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+            cpu: first("/proc/cpuinfo", "model name"),
+            cpus: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            memory: first("/proc/meminfo", "MemTotal"),
+        }
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    match run(args) {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(e) => {
+            cleanup::release_all();
+            eprintln!("betreefs-bench: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Runs everything; Ok(false) when some suite failed on some file system
+/// (the others still ran and were reported).
+fn run(args: Args) -> Result<bool> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("run as root: the harness makes loop devices, mounts file systems and drops caches");
+    }
+    if args.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    let mut kinds = args.fs.clone();
+    kinds.dedup();
+    let mut suite_list = args.suite.clone();
+    suite_list.dedup();
+    let mut params = Params::of(args.scale);
+    if let Some(size) = args.image_size {
+        params.image_size = size;
+    }
+    let betreefs = match &args.betreefs {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()
+            .context("locating this binary")?
+            .with_file_name("betreefs"),
+    };
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let out = args.out.canonicalize()?;
+    let logs = out.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let work = args.workdir.join(format!("run-{}", std::process::id()));
+    let env = Env {
+        work: work.clone(),
+        betreefs,
+        image_size: params.image_size,
+        logs,
+    };
+    env.check_tools(&kinds)?;
+    let mut tools = vec![];
+    if suite_list.contains(&Suite::Source) {
+        tools.extend(["tar", "find", "grep", "xz"]);
+    }
+    if suite_list.contains(&Suite::App) {
+        tools.extend(["tar", "rsync", "git"]);
+    }
+    if let Some(missing) = tools.iter().find(|t| !targets::on_path(t)) {
+        bail!("{missing} is missing (apt-get install -y tar findutils grep xz-utils rsync git)");
+    }
+
+    cleanup::install_signal_handler()?;
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    cleanup::register(Resource::Tree(work.clone()))?;
+    let scratch = PathBuf::from(format!("/dev/shm/betreefs-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    cleanup::register(Resource::Tree(scratch.clone()))?;
+
+    let runs_on = |kind: Kind, suite: Suite| suite != Suite::Ioamp || kind.has_device();
+    let total: u64 = kinds
+        .iter()
+        .flat_map(|k| {
+            suite_list
+                .iter()
+                .filter(move |s| runs_on(*k, **s))
+                .map(|s| s.phases())
+        })
+        .sum::<u64>()
+        * args.rounds as u64;
+    let progress = Progress::new(total);
+    progress.status("preparing the source trees");
+    let trees = Trees {
+        source: suite_list
+            .contains(&Suite::Source)
+            .then(|| suites::prepare_tree(&params.source_tree, &scratch))
+            .transpose()?,
+        app: suite_list
+            .contains(&Suite::App)
+            .then(|| suites::prepare_tree(&params.app_tree, &scratch))
+            .transpose()?,
+    };
+
+    let mut results = Results::default();
+    for round in 0..args.rounds {
+        for &kind in &kinds {
+            for &suite in suite_list.iter().filter(|s| runs_on(kind, **s)) {
+                let start = progress.position();
+                let what = format!("round {} · {} · {}", round + 1, kind.name(), suite.name());
+                progress.status(&format!("{what} · setting up"));
+                let outcome =
+                    run_suite(kind, suite, &env, &params, &trees, &mut results, &progress);
+                if cleanup::interrupted() {
+                    progress.finish();
+                    cleanup::stopped_after_interrupt();
+                }
+                if let Err(e) = outcome {
+                    let line = format!("{what}: {e:#}");
+                    progress.line(&format!("FAILED {line}"));
+                    results.errors.push(line);
+                }
+                progress.set_position(start + suite.phases());
+            }
+        }
+    }
+    progress.finish();
+    cleanup::release_all();
+
+    let names: Vec<&'static str> = kinds.iter().map(|k| k.name()).collect();
+    let report = Report {
+        date: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        commit: git_commit(),
+        machine: Machine::here(),
+        scale: args.scale,
+        rounds: args.rounds,
+        file_systems: names.clone(),
+        suites: suite_list.iter().map(|s| s.name()).collect(),
+        params: &params,
+        results: &results,
+    };
+    let json = out.join("results.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("writing {}", json.display()))?;
+    let plots = write_plots(&out, &results);
+    let md = out.join("results.md");
+    std::fs::write(&md, markdown(&report, &plots))
+        .with_context(|| format!("writing {}", md.display()))?;
+    eprintln!(
+        "betreefs-bench: wrote {}, {} and {} plots",
+        json.display(),
+        md.display(),
+        plots.iter().filter(|p| p.1.is_ok()).count()
+    );
+    for e in &results.errors {
+        eprintln!("betreefs-bench: FAILED {e}");
+    }
+    Ok(results.errors.is_empty())
+}
+
+/// One suite on a freshly made file system, which is torn down after it
+/// whatever happened.
+fn run_suite(
+    kind: Kind,
+    suite: Suite,
+    env: &Env,
+    params: &Params,
+    trees: &Trees,
+    results: &mut Results,
+    progress: &Progress,
+) -> Result<()> {
+    let mut target = Target::setup(kind, env)?;
+    let mut recorder = Recorder {
+        target: &mut target,
+        params,
+        trees,
+        results,
+        progress,
+        suite,
+    };
+    let outcome = match suite {
+        Suite::Micro => suites::micro::run(&mut recorder),
+        Suite::Source => suites::source::run(&mut recorder),
+        Suite::App => suites::app::run(&mut recorder),
+        Suite::Ioamp => suites::ioamp::run(&mut recorder),
+    };
+    progress.status(&format!(
+        "{} · {} · tearing down",
+        kind.name(),
+        suite.name()
+    ));
+    let teardown = target.teardown();
+    outcome?;
+    teardown
+}
+
+fn git_commit() -> Option<String> {
+    let out = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Draws the plots; each entry is the file name and whether it was drawn.
+fn write_plots(out: &Path, results: &Results) -> Vec<(String, Result<()>)> {
+    use plot::Axis;
+    let mut drawn = Vec::new();
+    if let Err(e) = plot::register_font() {
+        drawn.push(("(all)".to_string(), Err(e)));
+        return drawn;
+    }
+    type Draw = fn(&Path, &report::Series) -> Result<()>;
+    let plots: [(&str, &str, Draw); 4] = [
+        ("tokubench", "tokubench.png", |p, s| {
+            plot::line_plot(
+                p,
+                "tokubench: cumulative throughput",
+                s,
+                Axis::Linear,
+                Axis::Log10,
+            )
+        }),
+        ("rename", "rename.png", |p, s| {
+            plot::line_plot(
+                p,
+                "rename + fsync against file size",
+                s,
+                Axis::LogBytes,
+                Axis::Log10,
+            )
+        }),
+        ("unlink", "unlink.png", |p, s| {
+            plot::line_plot(
+                p,
+                "unlink + fsync against file size",
+                s,
+                Axis::LogBytes,
+                Axis::Log10,
+            )
+        }),
+        ("write_amp", "write-amp.png", |p, s| {
+            plot::bar_plot(p, "device KiB written per operation", s)
+        }),
+    ];
+    for (series, file, draw) in plots {
+        if let Some(s) = results.series.get(series) {
+            drawn.push((file.to_string(), draw(&out.join(file), s)));
+        }
+    }
+    drawn
+}
+
+const SUITE_NOTES: [(&str, &str); 4] = [
+    (
+        "micro",
+        "Sequential write of one file in 1 MiB writes + fsync, then its cold sequential read; random block-aligned 4 KiB and 4-byte writes into it, one fsync at the end; tokubench (200-byte files, at most 128 entries per directory, 2 threads, ending with a sync); rename and unlink of files of each size, each followed by an fsync of the parent (median of the repeats).",
+    ),
+    (
+        "source",
+        "A source tree: untar + sync, then cold-cache find, grep -r and tar cf (to a pipe: GNU tar does not read files when the archive is /dev/null), mv of the tree root + sync, rm -rf + sync.",
+    ),
+    (
+        "app",
+        "On a source tree inside the file system, each phase cold and ending with a sync: rsync -a and rsync -a --inplace to new directories, tar cf of the tree into the file system and untar of that archive, git init + add + commit of the tree, git status, git diff between two commits (every 20th file changed), and a local git clone.",
+    ),
+    (
+        "ioamp",
+        "Device bytes from the loop device's block counters (the same for every file system): written by the time the operation's fsyncs returned, written later (forced out by unmounting: writeback, journal and tree checkpoints), and read; data operations as a multiple of the user bytes, metadata operations in KiB per operation; space used (statvfs) per user byte. File systems without a device (nullfuse, tmpfs) have no row here.",
+    ),
+];
+
+fn markdown(report: &Report, plots: &[(String, Result<()>)]) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "# betreefs-bench results\n");
+    let _ = writeln!(md, "- date: {}", report.date);
+    let _ = writeln!(md, "- command: `{}`", report.command);
+    if let Some(commit) = &report.commit {
+        let _ = writeln!(md, "- commit: {commit}");
+    }
+    let m = &report.machine;
+    let _ = writeln!(
+        md,
+        "- machine: Linux {}, {} × {}, {} memory",
+        m.kernel, m.cpus, m.cpu, m.memory
+    );
+    let _ = writeln!(
+        md,
+        "- scale: {:?}, rounds: {}\n",
+        report.scale, report.rounds
+    );
+    let _ = writeln!(
+        md,
+        "Each cell is the median over the rounds, then its fraction of the best file system in that row \
+         (nullfuse keeps no data and never counts as the best); ✓ marks the compleat band (at least {:.0}% of \
+         the best), ✗ a figure under {:.0}% of the best.\n",
+        report::COMPLEAT * 100.0,
+        report::FAR_BEHIND * 100.0
+    );
+    let order: Vec<String> = report.file_systems.iter().map(|s| s.to_string()).collect();
+    let keeps_data = |fs: &str| {
+        [
+            Kind::Betreefs,
+            Kind::Nullfuse,
+            Kind::Ext4,
+            Kind::Xfs,
+            Kind::Btrfs,
+            Kind::Tmpfs,
+        ]
+        .iter()
+        .find(|k| k.name() == fs)
+        .is_none_or(|k| k.keeps_data())
+    };
+    for suite in report.results.suites() {
+        let _ = writeln!(md, "## {suite}\n");
+        if let Some((_, note)) = SUITE_NOTES.iter().find(|(s, _)| *s == suite) {
+            let _ = writeln!(md, "{note}\n");
+        }
+        let _ = writeln!(
+            md,
+            "{}",
+            report.results.markdown(&suite, &order, &keeps_data)
+        );
+    }
+    if !plots.is_empty() {
+        let _ = writeln!(md, "## Plots\n");
+        for (file, drawn) in plots {
+            match drawn {
+                Ok(()) => {
+                    let _ = writeln!(md, "![{file}]({file})\n");
+                }
+                Err(e) => {
+                    let _ = writeln!(md, "- {file}: not drawn: {e:#}\n");
+                }
+            }
+        }
+    }
+    if !report.results.errors.is_empty() {
+        let _ = writeln!(md, "## Failures\n");
+        for e in &report.results.errors {
+            let _ = writeln!(md, "- {e}");
+        }
+    }
+    md
+}

@@ -1,0 +1,271 @@
+//! IO amplification (the IO-amplification study, Tables 1-3), counted for
+//! every file system from its loop device's block statistics: bytes the
+//! device wrote by the time the last fsync returned, bytes written later
+//! (forced out by unmounting: background writeback, journal and tree
+//! checkpoints), bytes read, and space used per user byte.
+//!
+//! Each operation starts on a file system that has just been unmounted
+//! and mounted again, so nothing from its setup is still pending; what
+//! mounting itself reads and writes is not counted.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::Recorder;
+use crate::devstats::{space_used, IoCounters};
+use crate::report::Better;
+use crate::workloads::{self, fsync_dir, BLOCK};
+
+const KIB: f64 = 1024.0;
+
+/// Device traffic of one measured operation.
+struct Traffic {
+    by_fsync: IoCounters,
+    later: IoCounters,
+}
+
+/// Runs `op` and splits the device traffic at the moment it returns (all
+/// its fsyncs done) and after everything pending has been forced out.
+fn measure(r: &mut Recorder, op: impl FnOnce(&Path) -> Result<()>) -> Result<Traffic> {
+    let dev = r.target.device().context("no device")?.to_string();
+    let before = IoCounters::of_device(&dev)?;
+    op(&r.target.dir)?;
+    let at_fsync = IoCounters::of_device(&dev)?;
+    let after = r.target.flush_everything()?.context("no device counters")?;
+    Ok(Traffic {
+        by_fsync: at_fsync.since(&before),
+        later: after.since(&at_fsync),
+    })
+}
+
+/// Rows of a data operation: write amplification by fsync, later and in
+/// all, and device bytes read per user byte.
+fn data_rows(r: &mut Recorder, op: &str, user_bytes: u64, t: &Traffic) -> f64 {
+    let user = user_bytes as f64;
+    let total = (t.by_fsync.write_bytes + t.later.write_bytes) as f64;
+    r.record(
+        &format!("{op}: write amp by fsync"),
+        "×",
+        Better::Lower,
+        t.by_fsync.write_bytes as f64 / user,
+    );
+    r.record(
+        &format!("{op}: write amp later"),
+        "×",
+        Better::Lower,
+        t.later.write_bytes as f64 / user,
+    );
+    r.record(
+        &format!("{op}: write amp total"),
+        "×",
+        Better::Lower,
+        total / user,
+    );
+    r.record(
+        &format!("{op}: read amp"),
+        "×",
+        Better::Lower,
+        (t.by_fsync.read_bytes + t.later.read_bytes) as f64 / user,
+    );
+    total / user
+}
+
+/// Rows of a metadata operation: KiB written by fsync and later, and read,
+/// per operation.
+fn metadata_rows(r: &mut Recorder, op: &str, ops: usize, t: &Traffic) -> f64 {
+    let n = ops as f64;
+    let by_fsync = t.by_fsync.write_bytes as f64 / KIB / n;
+    let later = t.later.write_bytes as f64 / KIB / n;
+    r.record(
+        &format!("{op}: KiB written by fsync"),
+        "KiB/op",
+        Better::Lower,
+        by_fsync,
+    );
+    r.record(
+        &format!("{op}: KiB written later"),
+        "KiB/op",
+        Better::Lower,
+        later,
+    );
+    r.record(
+        &format!("{op}: KiB read"),
+        "KiB/op",
+        Better::Lower,
+        (t.by_fsync.read_bytes + t.later.read_bytes) as f64 / KIB / n,
+    );
+    by_fsync + later
+}
+
+pub fn run(r: &mut Recorder) -> Result<()> {
+    let p = r.params.clone();
+    let dir = r.dir();
+    let block = BLOCK as usize;
+    let ops = (p.ioamp_bytes / BLOCK) as usize;
+    let payload = workloads::random_bytes(block, 3);
+    // KiB written per operation, for the plot.
+    let mut per_op: Vec<(String, f64)> = Vec::new();
+
+    // Space: one big file, then many 1 KiB files.
+    r.phase("space")?;
+    let used_before = space_used(&dir)?;
+    let big = dir.join("big");
+    workloads::write_file(&big, p.ioamp_file, 5)?;
+    r.target.flush_everything()?;
+    let used_big = space_used(&dir)?;
+    r.record(
+        &format!("space per user byte ({} MB file)", p.ioamp_file >> 20),
+        "×",
+        Better::Lower,
+        used_big.saturating_sub(used_before) as f64 / p.ioamp_file as f64,
+    );
+    let small = dir.join("small");
+    std::fs::create_dir(&small)?;
+    let small_files = p.ioamp_meta_ops * 5;
+    let kib = workloads::random_bytes(1024, 6);
+    for i in 0..small_files {
+        std::fs::write(small.join(format!("s{i}")), &kib)?;
+    }
+    r.target.flush_everything()?;
+    let used_small = space_used(&dir)?;
+    r.record(
+        &format!("space per user byte ({small_files} files of 1 KiB)"),
+        "×",
+        Better::Lower,
+        used_small.saturating_sub(used_big) as f64 / (small_files * 1024) as f64,
+    );
+
+    r.phase("4 KiB random overwrite + fsync")?;
+    let t = measure(r, |_| {
+        let f = OpenOptions::new().write(true).open(&big)?;
+        let blocks = p.ioamp_file / BLOCK;
+        let mut rng = SmallRng::seed_from_u64(21);
+        for _ in 0..ops {
+            f.write_all_at(&payload, rng.gen_range(0..blocks) * BLOCK)?;
+            f.sync_all()?;
+        }
+        Ok(())
+    })?;
+    let amp = data_rows(r, "4 KiB overwrite + fsync", p.ioamp_bytes, &t);
+    per_op.push(("overwrite".into(), amp * 4.0));
+
+    r.phase("4 KiB append + fsync")?;
+    let log = dir.join("appended");
+    File::create(&log)?.sync_all()?;
+    fsync_dir(&dir)?;
+    r.target.flush_everything()?;
+    let t = measure(r, |_| {
+        let mut f = OpenOptions::new().append(true).open(&log)?;
+        for _ in 0..ops {
+            f.write_all(&payload)?;
+            f.sync_all()?;
+        }
+        Ok(())
+    })?;
+    let amp = data_rows(r, "4 KiB append + fsync", p.ioamp_bytes, &t);
+    per_op.push(("append".into(), amp * 4.0));
+
+    // Reads: a file of ioamp_bytes, read in random 4 KiB pieces.
+    let readable = dir.join("readable");
+    workloads::write_file(&readable, p.ioamp_bytes, 8)?;
+    r.target.flush_everything()?;
+    for (label, cold) in [
+        ("4 KiB random read (cold)", true),
+        ("4 KiB random read (warm)", false),
+    ] {
+        if cold {
+            r.target.cold()?;
+        }
+        r.phase(label)?;
+        let dev = r.target.device().context("no device")?.to_string();
+        let before = IoCounters::of_device(&dev)?;
+        let f = File::open(&readable)?;
+        let mut buf = vec![0u8; block];
+        let mut rng = SmallRng::seed_from_u64(31);
+        let blocks = p.ioamp_bytes / BLOCK;
+        for _ in 0..ops {
+            f.read_exact_at(&mut buf, rng.gen_range(0..blocks) * BLOCK)?;
+        }
+        let read = IoCounters::of_device(&dev)?.since(&before).read_bytes;
+        r.record(
+            &format!("{label}: read amp"),
+            "×",
+            Better::Lower,
+            read as f64 / p.ioamp_bytes as f64,
+        );
+    }
+
+    // Metadata: a depth-3 directory to create files and directories in.
+    let deep = dir.join("d1/d2/d3");
+    std::fs::create_dir_all(&deep)?;
+    r.target.sync()?;
+    r.target.flush_everything()?;
+    let n = p.ioamp_meta_ops;
+
+    r.phase("create + fsync of the parent")?;
+    let t = measure(r, |_| {
+        for i in 0..n {
+            File::create(deep.join(format!("file{i}")))?;
+            fsync_dir(&deep)?;
+        }
+        Ok(())
+    })?;
+    per_op.push((
+        "create".into(),
+        metadata_rows(r, "create (depth 3) + fsync", n, &t),
+    ));
+
+    r.phase("mkdir + fsync of the parent")?;
+    let t = measure(r, |_| {
+        for i in 0..n {
+            std::fs::create_dir(deep.join(format!("dir{i}")))?;
+            fsync_dir(&deep)?;
+        }
+        Ok(())
+    })?;
+    per_op.push((
+        "mkdir".into(),
+        metadata_rows(r, "mkdir (depth 4) + fsync", n, &t),
+    ));
+
+    r.phase("rename + fsync of the parent")?;
+    let t = measure(r, |_| {
+        for i in 0..n {
+            std::fs::rename(
+                deep.join(format!("file{i}")),
+                deep.join(format!("renamed{i}")),
+            )?;
+            fsync_dir(&deep)?;
+        }
+        Ok(())
+    })?;
+    per_op.push((
+        "rename".into(),
+        metadata_rows(r, "rename in a directory + fsync", n, &t),
+    ));
+
+    let fs = r.target.kind.name();
+    let points = per_op
+        .iter()
+        .enumerate()
+        .map(|(i, (_, kib))| (i as f64, *kib))
+        .collect();
+    r.results.set_series(
+        "write_amp",
+        "operation",
+        "device KiB written per operation",
+        fs,
+        points,
+    );
+    r.results.set_categories(
+        "write_amp",
+        per_op.into_iter().map(|(name, _)| name).collect(),
+    );
+    Ok(())
+}

@@ -1,0 +1,257 @@
+//! The four suites. Each runs on a freshly made file system and records
+//! its figures through a [`Recorder`].
+
+pub mod app;
+pub mod ioamp;
+pub mod micro;
+pub mod source;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use crate::progress::Progress;
+use crate::report::{Better, Results};
+use crate::scale::{Params, SourceTree};
+use crate::targets::Target;
+
+/// A suite the harness can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Suite {
+    /// Sequential and random IO, tokubench, rename and unlink against size.
+    Micro,
+    /// untar, find, grep, tar, mv and rm of a source tree.
+    Source,
+    /// rsync, tar/untar and git on a source tree.
+    App,
+    /// Device-level write, read and space amplification per operation.
+    Ioamp,
+}
+
+impl Suite {
+    pub fn name(self) -> &'static str {
+        match self {
+            Suite::Micro => "micro",
+            Suite::Source => "source",
+            Suite::App => "app",
+            Suite::Ioamp => "ioamp",
+        }
+    }
+
+    /// How many phases the progress display counts for it.
+    pub fn phases(self) -> u64 {
+        match self {
+            Suite::Micro => 7,
+            Suite::Source => 6,
+            Suite::App => 8,
+            Suite::Ioamp => 8,
+        }
+    }
+}
+
+/// What a suite gets: the mounted file system, the sizes, the trees, and
+/// where its figures go.
+pub struct Recorder<'a> {
+    pub target: &'a mut Target,
+    pub params: &'a Params,
+    pub trees: &'a Trees,
+    pub results: &'a mut Results,
+    pub progress: &'a Progress,
+    pub suite: Suite,
+}
+
+impl Recorder<'_> {
+    /// Announces the next phase; fails if the run has been interrupted.
+    pub fn phase(&self, name: &str) -> Result<()> {
+        crate::cleanup::check_interrupted()?;
+        self.progress
+            .phase(self.target.kind.name(), self.suite.name(), name);
+        Ok(())
+    }
+
+    /// Records one figure (and counts the phase as done).
+    pub fn record(&mut self, name: &str, unit: &str, better: Better, value: f64) {
+        let fs = self.target.kind.name();
+        self.results
+            .record(self.suite.name(), name, unit, better, fs, value);
+        self.progress
+            .figure(fs, self.suite.name(), name, unit, value);
+    }
+
+    /// Records seconds.
+    pub fn seconds(&mut self, name: &str, elapsed: Duration) {
+        self.record(name, "s", Better::Lower, elapsed.as_secs_f64());
+    }
+
+    /// Times `body` followed by a sync of the file system: the phase ends
+    /// durable.
+    pub fn timed_durable(&self, body: impl FnOnce() -> Result<()>) -> Result<Duration> {
+        timed(|| {
+            body()?;
+            self.target.sync()
+        })
+    }
+
+    pub fn dir(&self) -> PathBuf {
+        self.target.dir.clone()
+    }
+}
+
+/// Runs `body` and returns how long it took.
+pub fn timed(body: impl FnOnce() -> Result<()>) -> Result<Duration> {
+    let start = Instant::now();
+    body()?;
+    Ok(start.elapsed())
+}
+
+/// Runs a workload command (output discarded); fails with its stderr.
+/// `ok_codes` lists the exit codes that are not failures (grep exits 1
+/// when nothing matched).
+pub fn run_tool(cmd: &mut Command, ok_codes: &[i32]) -> Result<()> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .with_context(|| format!("running {cmd:?}"))?;
+    match out.status.code() {
+        Some(c) if c == 0 || ok_codes.contains(&c) => Ok(()),
+        _ => bail!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .take(5)
+                .collect::<Vec<_>>()
+                .join(" | ")
+        ),
+    }
+}
+
+/// A tarball of a source tree, ready to be extracted into a file system.
+#[derive(Debug, Clone)]
+pub struct Tarball {
+    pub path: PathBuf,
+    /// The top directory inside the tarball.
+    pub top: String,
+    /// Members to extract (all when empty).
+    pub members: Vec<String>,
+}
+
+impl Tarball {
+    /// `tar xf` of the tarball into `dir`.
+    pub fn extract_into(&self, dir: &Path) -> Result<()> {
+        run_tool(
+            Command::new("tar")
+                .arg("xf")
+                .arg(&self.path)
+                .arg("-C")
+                .arg(dir)
+                .args(&self.members),
+            &[],
+        )
+    }
+}
+
+/// The trees of the source and application suites.
+#[derive(Debug, Clone)]
+pub struct Trees {
+    pub source: Option<Tarball>,
+    pub app: Option<Tarball>,
+}
+
+const LINUX_XZ: &str = "/usr/src/linux-source-6.1.tar.xz";
+const LINUX_TOP: &str = "linux-source-6.1";
+
+/// Makes the tarball of `tree` in `scratch` (memory-backed, so reading it
+/// costs the file systems under test nothing): the Debian kernel source
+/// decompressed once, or a generated tree.
+pub fn prepare_tree(tree: &SourceTree, scratch: &Path) -> Result<Tarball> {
+    match tree {
+        SourceTree::Linux { only } => {
+            let tar = scratch.join(format!("{LINUX_TOP}.tar"));
+            if !tar.exists() {
+                if !Path::new(LINUX_XZ).exists() {
+                    bail!("{LINUX_XZ} is missing (apt-get install -y linux-source-6.1), or use --scale quick");
+                }
+                let out = std::fs::File::create(&tar)
+                    .with_context(|| format!("creating {}", tar.display()))?;
+                let status = Command::new("xz")
+                    .arg("-dc")
+                    .arg(LINUX_XZ)
+                    .stdout(out)
+                    .status()
+                    .context("running xz")?;
+                if !status.success() {
+                    let _ = std::fs::remove_file(&tar);
+                    bail!("xz -dc {LINUX_XZ} failed ({status})");
+                }
+            }
+            Ok(Tarball {
+                path: tar,
+                top: LINUX_TOP.to_string(),
+                members: only.iter().map(|m| format!("{LINUX_TOP}/{m}")).collect(),
+            })
+        }
+        SourceTree::Synthetic { files } => {
+            let top = "synthetic-tree";
+            let base = scratch.join(format!("synthetic-{files}"));
+            let tar = scratch.join(format!("synthetic-{files}.tar"));
+            if !tar.exists() {
+                generate_tree(&base.join(top), *files)?;
+                run_tool(
+                    Command::new("tar")
+                        .arg("cf")
+                        .arg(&tar)
+                        .arg("-C")
+                        .arg(&base)
+                        .arg(top),
+                    &[],
+                )?;
+                std::fs::remove_dir_all(&base)?;
+            }
+            Ok(Tarball {
+                path: tar,
+                top: top.to_string(),
+                members: Vec::new(),
+            })
+        }
+    }
+}
+
+/// A source-like tree: directories of up to 16 files three levels deep,
+/// C-like text files of 200 B to 24 KiB, one `wait.c`, and `cpu_to_be64`
+/// in every seventh file.
+fn generate_tree(root: &Path, files: usize) -> Result<()> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(61);
+    for i in 0..files {
+        let dir = root.join(format!("sub{}/dir{}", i / 256, (i / 16) % 16));
+        std::fs::create_dir_all(&dir)?;
+        let name = if i == files / 2 {
+            "wait.c".to_string()
+        } else {
+            format!("file{i}.c")
+        };
+        let len = rng.gen_range(200..24 << 10);
+        let mut text = String::with_capacity(len + 80);
+        text.push_str("// SPDX-License-Identifier: GPL-2.0\n#include <linux/kernel.h>\n");
+        let mut line = 0;
+        while text.len() < len {
+            if i % 7 == 0 && line == 3 {
+                text.push_str("\tv = cpu_to_be64(v);\n");
+            }
+            text.push_str(&format!(
+                "static int f{i}_{line}(int x) {{ return x * {}; }}\n",
+                rng.gen::<u16>()
+            ));
+            line += 1;
+        }
+        std::fs::write(dir.join(name), text)?;
+    }
+    Ok(())
+}

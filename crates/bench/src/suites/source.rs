@@ -1,0 +1,71 @@
+//! The source-tree suite (BetrFS 0.2 Table 1, 0.4 Tables 1 and 3, 0.6
+//! Table 1): untar, then cold-cache find, grep and tar, then mv of the
+//! tree root and rm -rf, each ending durable.
+
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result};
+
+use super::{run_tool, timed, Recorder};
+use crate::workloads;
+
+pub fn run(r: &mut Recorder) -> Result<()> {
+    let tree = r.trees.source.clone().context("no source tree prepared")?;
+    let dir = r.dir();
+    let top = dir.join(&tree.top);
+
+    r.phase("untar")?;
+    let t = r.timed_durable(|| tree.extract_into(&dir))?;
+    r.seconds("untar + sync", t);
+
+    r.target.cold()?;
+    r.phase("find")?;
+    let t = timed(|| {
+        run_tool(
+            Command::new("find").arg(&top).args(["-name", "wait.c"]),
+            &[],
+        )
+    })?;
+    r.seconds("find -name wait.c (cold)", t);
+
+    r.target.cold()?;
+    r.phase("grep")?;
+    // grep exits 1 when nothing matches; the quick tree has matches.
+    let t = timed(|| {
+        run_tool(
+            Command::new("grep").args(["-r", "cpu_to_be64"]).arg(&top),
+            &[1],
+        )
+    })?;
+    r.seconds("grep -r cpu_to_be64 (cold)", t);
+
+    r.target.cold()?;
+    r.phase("tar")?;
+    // GNU tar skips reading file contents when the archive is /dev/null,
+    // so the archive goes through a pipe and is counted here.
+    let t = timed(|| {
+        let mut child = Command::new("tar")
+            .args(["cf", "-", "-C"])
+            .arg(&dir)
+            .arg(&tree.top)
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("running tar")?;
+        let bytes = workloads::drain(child.stdout.take().context("tar has no stdout")?)?;
+        let status = child.wait()?;
+        anyhow::ensure!(status.success() && bytes > 0, "tar cf - failed ({status})");
+        Ok(())
+    })?;
+    r.seconds("tar cf of the tree (cold)", t);
+
+    r.phase("mv")?;
+    let moved = dir.join("moved");
+    let t = r.timed_durable(|| run_tool(Command::new("mv").arg(&top).arg(&moved), &[]))?;
+    r.seconds("mv of the tree root + sync", t);
+
+    r.phase("rm -rf")?;
+    let t = r.timed_durable(|| run_tool(Command::new("rm").arg("-rf").arg(&moved), &[]))?;
+    r.seconds("rm -rf + sync", t);
+    anyhow::ensure!(!moved.exists(), "rm -rf left {} behind", moved.display());
+    Ok(())
+}

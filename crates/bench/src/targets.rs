@@ -1,0 +1,410 @@
+//! The file systems under test, each set up fresh for a run and torn down
+//! after it: ext4, XFS and btrfs on a loop device over a sparse image,
+//! betreefs on a loop device too (so its device traffic is counted the same
+//! way), nullfuse (the no-op FUSE ceiling) and tmpfs (memory).
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use crate::cleanup::{self, Resource};
+use crate::devstats::IoCounters;
+
+/// A file system the harness can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Betreefs,
+    Nullfuse,
+    Ext4,
+    Xfs,
+    Btrfs,
+    Tmpfs,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Betreefs => "betreefs",
+            Kind::Nullfuse => "nullfuse",
+            Kind::Ext4 => "ext4",
+            Kind::Xfs => "xfs",
+            Kind::Btrfs => "btrfs",
+            Kind::Tmpfs => "tmpfs",
+        }
+    }
+
+    /// Whether the file system sits on a loop device whose counters give
+    /// its IO amplification.
+    pub fn has_device(self) -> bool {
+        matches!(self, Kind::Betreefs | Kind::Ext4 | Kind::Xfs | Kind::Btrfs)
+    }
+
+    /// Whether it keeps what is written. nullfuse does not, so it is shown
+    /// beside the others but never counted as the best of a row.
+    pub fn keeps_data(self) -> bool {
+        self != Kind::Nullfuse
+    }
+
+    fn mkfs(self) -> Option<(&'static str, &'static [&'static str])> {
+        // No discard pass at mkfs: the image is sparse already.
+        match self {
+            Kind::Ext4 => Some(("mkfs.ext4", &["-q", "-F", "-E", "nodiscard"])),
+            Kind::Xfs => Some(("mkfs.xfs", &["-q", "-f", "-K"])),
+            Kind::Btrfs => Some(("mkfs.btrfs", &["-q", "-f", "-K"])),
+            _ => None,
+        }
+    }
+}
+
+/// Where the targets live and what they need.
+#[derive(Debug, Clone)]
+pub struct Env {
+    /// Images and mount points go here (a disk-backed directory).
+    pub work: PathBuf,
+    /// The `betreefs` binary.
+    pub betreefs: PathBuf,
+    /// Size of every image (sparse) and of tmpfs.
+    pub image_size: u64,
+    /// Daemon logs go here.
+    pub logs: PathBuf,
+}
+
+impl Env {
+    /// Checks up front that every tool the chosen file systems need is
+    /// here, so a run does not fail half-way.
+    pub fn check_tools(&self, kinds: &[Kind]) -> Result<()> {
+        for kind in kinds {
+            if let Some((mkfs, _)) = kind.mkfs() {
+                if !on_path(mkfs) {
+                    bail!("{mkfs} is missing (apt-get install -y e2fsprogs xfsprogs btrfs-progs)");
+                }
+            }
+            if matches!(kind, Kind::Betreefs | Kind::Nullfuse) && !self.betreefs.is_file() {
+                bail!(
+                    "{} not found; build it first (cargo build --release) or pass --betreefs",
+                    self.betreefs.display()
+                );
+            }
+            if matches!(kind, Kind::Betreefs | Kind::Nullfuse) && !Path::new("/dev/fuse").exists() {
+                bail!("/dev/fuse is missing; FUSE file systems cannot be mounted here");
+            }
+        }
+        if kinds.iter().any(|k| k.has_device()) && !on_path("losetup") {
+            bail!("losetup is missing (apt-get install -y mount)");
+        }
+        Ok(())
+    }
+}
+
+pub fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
+}
+
+/// A mounted file system under test.
+pub struct Target {
+    pub kind: Kind,
+    pub dir: PathBuf,
+    env: Env,
+    image: Option<PathBuf>,
+    loop_dev: Option<String>,
+    /// What this target registered, oldest first.
+    owned: Vec<Resource>,
+}
+
+impl Target {
+    /// Creates and mounts a fresh instance of `kind`.
+    pub fn setup(kind: Kind, env: &Env) -> Result<Target> {
+        let dir = env.work.join(format!("mnt-{}", kind.name()));
+        if cleanup::is_mounted(&dir) {
+            bail!("{} is already a mount point (another run?)", dir.display());
+        }
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut target = Target {
+            kind,
+            dir,
+            env: env.clone(),
+            image: None,
+            loop_dev: None,
+            owned: Vec::new(),
+        };
+        if let Err(e) = target.create() {
+            target.teardown_quietly();
+            return Err(e);
+        }
+        Ok(target)
+    }
+
+    fn own(&mut self, resource: Resource) -> Result<()> {
+        cleanup::register(resource.clone())?;
+        self.owned.push(resource);
+        Ok(())
+    }
+
+    /// Releases one of this target's resources, unless the signal
+    /// handler already has.
+    fn release_owned(&mut self, resource: &Resource) -> Result<()> {
+        if let Some(i) = self.owned.iter().rposition(|r| r == resource) {
+            self.owned.remove(i);
+        }
+        if cleanup::take(resource) {
+            cleanup::release(resource)?;
+        }
+        Ok(())
+    }
+
+    fn create(&mut self) -> Result<()> {
+        match self.kind {
+            Kind::Tmpfs => {
+                let size = format!("size={}", self.env.image_size);
+                run_quiet(
+                    Command::new("mount")
+                        .args(["-t", "tmpfs", "-o", &size, "tmpfs"])
+                        .arg(&self.dir),
+                )?;
+                self.own(Resource::Mount(self.dir.clone()))?;
+            }
+            Kind::Nullfuse => self.mount()?,
+            Kind::Ext4 | Kind::Xfs | Kind::Btrfs | Kind::Betreefs => {
+                let image = self.env.work.join(format!("{}.img", self.kind.name()));
+                self.own(Resource::File(image.clone()))?;
+                if self.kind == Kind::Betreefs {
+                    run_quiet(
+                        Command::new(&self.env.betreefs)
+                            .args(["mkfs", "--force", "--size"])
+                            .arg(self.env.image_size.to_string())
+                            .arg(&image),
+                    )?;
+                } else {
+                    let f = File::create(&image)
+                        .with_context(|| format!("creating {}", image.display()))?;
+                    f.set_len(self.env.image_size)?;
+                }
+                // Direct IO on the backing file: the loop device behaves
+                // like the disk (no second page cache under the file
+                // system), and its counters are what reached the disk.
+                let out = Command::new("losetup")
+                    .args(["-f", "--show", "--direct-io=on"])
+                    .arg(&image)
+                    .output()
+                    .context("running losetup")?;
+                if !out.status.success() {
+                    bail!(
+                        "losetup {}: {}",
+                        image.display(),
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    );
+                }
+                let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+                self.own(Resource::Loop(dev.clone()))?;
+                self.loop_dev = Some(dev.clone());
+                self.image = Some(image);
+                if let Some((mkfs, args)) = self.kind.mkfs() {
+                    run_quiet(Command::new(mkfs).args(args).arg(&dev))?;
+                }
+                self.mount()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Mounts the (already created) file system.
+    fn mount(&mut self) -> Result<()> {
+        match self.kind {
+            Kind::Ext4 | Kind::Xfs | Kind::Btrfs => {
+                let dev = self.loop_dev.clone().context("no loop device")?;
+                run_quiet(Command::new("mount").arg(&dev).arg(&self.dir))?;
+                self.own(Resource::Mount(self.dir.clone()))?;
+            }
+            Kind::Betreefs | Kind::Nullfuse => {
+                let log_path = self
+                    .env
+                    .logs
+                    .join(format!("{}-daemon.log", self.kind.name()));
+                let log = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log_path)
+                    .with_context(|| format!("opening {}", log_path.display()))?;
+                let mut cmd = Command::new(&self.env.betreefs);
+                if self.kind == Kind::Betreefs {
+                    let dev = self.loop_dev.clone().context("no loop device")?;
+                    cmd.arg("mount").arg(dev).arg(&self.dir).arg("--foreground");
+                } else {
+                    cmd.arg("nullfuse").arg(&self.dir).arg("--foreground");
+                }
+                // Its own process group: an interrupt of the harness must
+                // not reach the daemon before the harness unmounts.
+                let child = cmd
+                    .stdin(Stdio::null())
+                    .stdout(log.try_clone()?)
+                    .stderr(log)
+                    .process_group(0)
+                    .spawn()
+                    .with_context(|| format!("starting {}", self.env.betreefs.display()))?;
+                let pid = child.id();
+                self.own(Resource::Daemon(pid))?;
+                self.own(Resource::Mount(self.dir.clone()))?;
+                wait_for_fuse_mount(&self.dir, pid, &log_path)?;
+            }
+            Kind::Tmpfs => bail!("tmpfs cannot be mounted again without losing its contents"),
+        }
+        Ok(())
+    }
+
+    /// Unmounts and, for a FUSE file system, waits until its daemon has
+    /// exited (betreefs writes its final checkpoint first).
+    fn unmount(&mut self) -> Result<()> {
+        // A plain unmount: failing on a busy mount is a bug to report.
+        cleanup::unmount(&self.dir, false)?;
+        self.release_owned(&Resource::Mount(self.dir.clone()))?;
+        if let Some(daemon) = self
+            .owned
+            .iter()
+            .rev()
+            .find(|r| matches!(r, Resource::Daemon(_)))
+            .cloned()
+        {
+            self.release_owned(&daemon)?;
+        }
+        Ok(())
+    }
+
+    /// The loop device the file system sits on.
+    pub fn device(&self) -> Option<&str> {
+        self.loop_dev.as_deref()
+    }
+
+    /// Makes everything written so far durable: syncfs and fsync of the
+    /// root (FUSE does not forward syncfs; an fsync on betreefs makes every
+    /// earlier operation durable).
+    pub fn sync(&self) -> Result<()> {
+        let root =
+            File::open(&self.dir).with_context(|| format!("opening {}", self.dir.display()))?;
+        // SAFETY: syncfs on a descriptor we own.
+        if unsafe { libc::syncfs(root.as_raw_fd()) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("syncfs");
+        }
+        root.sync_all().context("fsync of the root")?;
+        Ok(())
+    }
+
+    /// Empties every cache the next phase could read from: the page cache
+    /// for all, and for betreefs its own node cache (unmount and mount).
+    pub fn cold(&mut self) -> Result<()> {
+        if self.kind == Kind::Betreefs {
+            self.unmount()?;
+            drop_caches()?;
+            self.mount()
+        } else {
+            self.sync()?;
+            drop_caches()
+        }
+    }
+
+    /// Forces out everything the file system would write later
+    /// (background writeback, journal checkpoints, betreefs's checkpoint)
+    /// by unmounting and mounting again; file systems without a device
+    /// only sync. Returns the device's counters taken while it was
+    /// unmounted, so that what mounting reads or writes is not counted.
+    pub fn flush_everything(&mut self) -> Result<Option<IoCounters>> {
+        match self.kind {
+            Kind::Betreefs | Kind::Ext4 | Kind::Xfs | Kind::Btrfs => {
+                self.unmount()?;
+                let dev = self.loop_dev.clone().context("no loop device")?;
+                let counters = IoCounters::of_device(&dev)?;
+                self.mount()?;
+                Ok(Some(counters))
+            }
+            Kind::Nullfuse | Kind::Tmpfs => self.sync().map(|()| None),
+        }
+    }
+
+    /// Unmounts and removes everything this target created.
+    pub fn teardown(mut self) -> Result<()> {
+        let mut first_error = None;
+        while let Some(resource) = self.owned.last().cloned() {
+            if let Err(e) = self.release_owned(&resource) {
+                first_error.get_or_insert(e);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn teardown_quietly(&mut self) {
+        while let Some(resource) = self.owned.last().cloned() {
+            if let Err(e) = self.release_owned(&resource) {
+                eprintln!("betreefs-bench: cleanup of {resource:?}: {e:#}");
+            }
+        }
+    }
+}
+
+/// The f_type statfs reports for FUSE mounts.
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+fn wait_for_fuse_mount(dir: &Path, pid: u32, log: &Path) -> Result<()> {
+    let start = Instant::now();
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
+    loop {
+        // SAFETY: statfs into a zeroed struct we own.
+        let mounted = unsafe {
+            let mut st: libc::statfs = std::mem::zeroed();
+            libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == FUSE_SUPER_MAGIC
+        };
+        if mounted {
+            return Ok(());
+        }
+        // SAFETY: non-blocking status check of our own child.
+        let exited = unsafe {
+            let mut status = 0;
+            libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) == pid as libc::pid_t
+        };
+        if exited {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(5).collect();
+            bail!(
+                "the mount daemon exited before mounting {}: {}",
+                dir.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            );
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            bail!(
+                "{} did not mount within 120 s (log: {})",
+                dir.display(),
+                log.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Writes back dirty pages and drops the page, dentry and inode caches.
+pub fn drop_caches() -> Result<()> {
+    // SAFETY: sync(2) has no arguments and cannot fail.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n")
+        .context("writing /proc/sys/vm/drop_caches (run as root)")
+}
+
+/// Runs a setup command; its output is shown only when it fails.
+pub fn run_quiet(cmd: &mut Command) -> Result<()> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
