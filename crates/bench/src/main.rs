@@ -64,32 +64,26 @@ struct Args {
     #[arg(long, default_value = "/var/tmp/betreefs-bench")]
     workdir: PathBuf,
     /// Rounds (the tables show medians); file systems are interleaved
-    /// within a round.
-    #[arg(long, default_value_t = 1)]
-    rounds: usize,
+    /// within a round. Default: 3 at the default scale, else 1.
+    #[arg(long)]
+    rounds: Option<usize>,
     /// The betreefs binary (default: the one next to this binary).
     #[arg(long)]
     betreefs: Option<PathBuf>,
-    /// Image size (sparse) instead of the scale's.
-    #[arg(long, value_parser = parse_size)]
-    image_size: Option<u64>,
+    /// Image size in GiB (sparse) instead of the scale's.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    image_gib: Option<u64>,
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(digits);
-    let n: u64 = num.parse().map_err(|_| format!("not a size: {s:?}"))?;
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" => 0,
-        "k" | "kib" => 10,
-        "m" | "mib" => 20,
-        "g" | "gib" => 30,
-        "t" | "tib" => 40,
-        _ => return Err(format!("unknown size unit in {s:?} (use K, M, G or T)")),
-    };
-    n.checked_shl(shift)
-        .ok_or_else(|| format!("{s:?} is too large"))
+/// The list without repeats, in the order given.
+fn first_of_each<T: PartialEq + Copy>(items: &[T]) -> Vec<T> {
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        if !out.contains(item) {
+            out.push(*item);
+        }
+    }
+    out
 }
 
 /// What the JSON file holds besides the figures.
@@ -161,16 +155,18 @@ fn run(args: Args) -> Result<bool> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("run as root: the harness makes loop devices, mounts file systems and drops caches");
     }
-    if args.rounds == 0 {
+    let rounds = args.rounds.unwrap_or(match args.scale {
+        Scale::Default => 3,
+        Scale::Quick | Scale::Paper => 1,
+    });
+    if rounds == 0 {
         bail!("--rounds must be at least 1");
     }
-    let mut kinds = args.fs.clone();
-    kinds.dedup();
-    let mut suite_list = args.suite.clone();
-    suite_list.dedup();
+    let kinds = first_of_each(&args.fs);
+    let suite_list = first_of_each(&args.suite);
     let mut params = Params::of(args.scale);
-    if let Some(size) = args.image_size {
-        params.image_size = size;
+    if let Some(gib) = args.image_gib {
+        params.image_size = gib << 30;
     }
     let betreefs = match &args.betreefs {
         Some(p) => p.clone(),
@@ -219,7 +215,7 @@ fn run(args: Args) -> Result<bool> {
                 .map(|s| s.phases())
         })
         .sum::<u64>()
-        * args.rounds as u64;
+        * rounds as u64;
     let progress = Progress::new(total);
     progress.status("preparing the source trees");
     let trees = Trees {
@@ -234,7 +230,7 @@ fn run(args: Args) -> Result<bool> {
     };
 
     let mut results = Results::default();
-    for round in 0..args.rounds {
+    for round in 0..rounds {
         for &kind in &kinds {
             for &suite in suite_list.iter().filter(|s| runs_on(kind, **s)) {
                 let start = progress.position();
@@ -265,7 +261,7 @@ fn run(args: Args) -> Result<bool> {
         commit: git_commit(),
         machine: Machine::here(),
         scale: args.scale,
-        rounds: args.rounds,
+        rounds,
         file_systems: names.clone(),
         suites: suite_list.iter().map(|s| s.name()).collect(),
         params: &params,

@@ -233,7 +233,7 @@ pub fn format_value(v: f64) -> String {
         format!("{v:.1}")
     } else if a >= 1.0 {
         format!("{v:.2}")
-    } else if a >= 0.001 {
+    } else if a >= 1e-6 {
         let digits = (2 - a.log10().floor() as i32).max(0) as usize;
         format!("{v:.digits$}")
     } else {
@@ -273,6 +273,8 @@ mod tests {
         assert_eq!(format_value(0.5), "0.500");
         assert_eq!(format_value(2.0), "2.00");
         assert_eq!(format_value(0.0), "0");
+        assert_eq!(format_value(3.91e-4), "0.000391");
+        assert_eq!(format_value(2e-9), "2.00e-9");
     }
 
     #[test]

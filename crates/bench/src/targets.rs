@@ -187,9 +187,12 @@ impl Target {
                         .with_context(|| format!("creating {}", image.display()))?;
                     f.set_len(self.env.image_size)?;
                 }
-                // Direct IO on the backing file: the loop device behaves
-                // like the disk (no second page cache under the file
-                // system), and its counters are what reached the disk.
+                // Direct IO on the backing file: no second page cache
+                // under the file system (the loop device behaves like a
+                // disk), and here it is the faster setting for every file
+                // system (2 GiB sequential write + fsync: ext4 283 vs 213
+                // MB/s, XFS 321 vs 295, betreefs 117 vs 83 buffered).
+                // fsync reaches the disk either way.
                 let out = Command::new("losetup")
                     .args(["-f", "--show", "--direct-io=on"])
                     .arg(&image)
