@@ -141,6 +141,10 @@ fn main() {
         Ok(true) => {}
         Ok(false) => std::process::exit(1),
         Err(e) => {
+            if cleanup::interrupted() {
+                // The signal handler is cleaning up and will exit.
+                cleanup::stopped_after_interrupt();
+            }
             cleanup::release_all();
             eprintln!("betreefs-bench: {e:#}");
             std::process::exit(2);

@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::cleanup::{self, Resource};
-use crate::devstats::IoCounters;
+use crate::devstats::{BlockDigest, IoCounters};
 
 /// A file system the harness can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, clap::ValueEnum)]
@@ -55,7 +55,18 @@ impl Kind {
     fn mkfs(self) -> Option<(&'static str, &'static [&'static str])> {
         // No discard pass at mkfs: the image is sparse already.
         match self {
-            Kind::Ext4 => Some(("mkfs.ext4", &["-q", "-F", "-E", "nodiscard"])),
+            // Inode tables and the journal are initialized now, not by a
+            // background thread whose writes would be counted against
+            // the workloads.
+            Kind::Ext4 => Some((
+                "mkfs.ext4",
+                &[
+                    "-q",
+                    "-F",
+                    "-E",
+                    "nodiscard,lazy_itable_init=0,lazy_journal_init=0",
+                ],
+            )),
             Kind::Xfs => Some(("mkfs.xfs", &["-q", "-f", "-K"])),
             Kind::Btrfs => Some(("mkfs.btrfs", &["-q", "-f", "-K"])),
             _ => None,
@@ -113,8 +124,8 @@ pub struct Target {
     pub kind: Kind,
     pub dir: PathBuf,
     env: Env,
-    image: Option<PathBuf>,
     loop_dev: Option<String>,
+    image: Option<PathBuf>,
     /// What this target registered, oldest first.
     owned: Vec<Resource>,
 }
@@ -131,8 +142,8 @@ impl Target {
             kind,
             dir,
             env: env.clone(),
-            image: None,
             loop_dev: None,
+            image: None,
             owned: Vec::new(),
         };
         if let Err(e) = target.create() {
@@ -189,10 +200,10 @@ impl Target {
                 }
                 // Direct IO on the backing file: no second page cache
                 // under the file system (the loop device behaves like a
-                // disk), and here it is the faster setting for every file
-                // system (2 GiB sequential write + fsync: ext4 283 vs 213
-                // MB/s, XFS 321 vs 295, betreefs 117 vs 83 buffered).
-                // fsync reaches the disk either way.
+                // disk), and it was the faster setting here for every file
+                // system (2 GiB sequential write + fsync, two runs minutes
+                // apart: ext4 283 vs 213 MB/s buffered, XFS 321 vs 295,
+                // betreefs 117 vs 83). fsync reaches the disk either way.
                 let out = Command::new("losetup")
                     .args(["-f", "--show", "--direct-io=on"])
                     .arg(&image)
@@ -315,19 +326,36 @@ impl Target {
     /// Forces out everything the file system would write later
     /// (background writeback, journal checkpoints, betreefs's checkpoint)
     /// by unmounting and mounting again; file systems without a device
-    /// only sync. Returns the device's counters taken while it was
-    /// unmounted, so that what mounting reads or writes is not counted.
-    pub fn flush_everything(&mut self) -> Result<Option<IoCounters>> {
+    /// only sync. For a device, returns its counters and a digest of its
+    /// image taken while it was unmounted, before mounting again.
+    pub fn flush_everything(&mut self) -> Result<Option<DeviceState>> {
         match self.kind {
             Kind::Betreefs | Kind::Ext4 | Kind::Xfs | Kind::Btrfs => {
                 self.unmount()?;
                 let dev = self.loop_dev.clone().context("no loop device")?;
-                let counters = IoCounters::of_device(&dev)?;
+                let image = self.image.clone().context("no image")?;
+                let state = DeviceState {
+                    counters: IoCounters::of_device(&dev)?,
+                    digest: BlockDigest::of_image(&image)?,
+                };
                 self.mount()?;
-                Ok(Some(counters))
+                Ok(Some(state))
             }
             Kind::Nullfuse | Kind::Tmpfs => self.sync().map(|()| None),
         }
+    }
+
+    /// The device's counters and a digest of its image now, while
+    /// mounted: what the file system has written so far (reads of the
+    /// image bypass nothing: the loop device writes around the page cache
+    /// and the digest drops the image's cached pages first).
+    pub fn device_state(&self) -> Result<DeviceState> {
+        let dev = self.loop_dev.as_deref().context("no loop device")?;
+        let image = self.image.as_deref().context("no image")?;
+        Ok(DeviceState {
+            counters: IoCounters::of_device(dev)?,
+            digest: BlockDigest::of_image(image)?,
+        })
     }
 
     /// Unmounts and removes everything this target created.
@@ -349,6 +377,12 @@ impl Target {
             }
         }
     }
+}
+
+/// A device's counters and a digest of its image.
+pub struct DeviceState {
+    pub counters: IoCounters,
+    pub digest: BlockDigest,
 }
 
 /// The f_type statfs reports for FUSE mounts.

@@ -2,7 +2,9 @@
 //! every file system from its loop device's block statistics: bytes the
 //! device wrote by the time the last fsync returned, bytes written later
 //! (forced out by unmounting: background writeback, journal and tree
-//! checkpoints), bytes read, and space used per user byte.
+//! checkpoints), bytes read, the space cost (4 KiB blocks of the image
+//! that changed: the study's unique locations written), and space in use
+//! per user byte.
 //!
 //! Each operation starts on a file system that has just been unmounted
 //! and mounted again, so nothing from its setup is still pending; what
@@ -11,7 +13,6 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 
 use anyhow::{Context, Result};
 use rand::rngs::SmallRng;
@@ -28,24 +29,36 @@ const KIB: f64 = 1024.0;
 struct Traffic {
     by_fsync: IoCounters,
     later: IoCounters,
+    /// Bytes of the image's blocks that changed.
+    space: u64,
+}
+
+/// Unmounts and mounts again (so nothing is pending when the next
+/// operation starts).
+fn flush(r: &mut Recorder) -> Result<()> {
+    r.target.flush_everything().map(|_| ())
 }
 
 /// Runs `op` and splits the device traffic at the moment it returns (all
-/// its fsyncs done) and after everything pending has been forced out.
-fn measure(r: &mut Recorder, op: impl FnOnce(&Path) -> Result<()>) -> Result<Traffic> {
+/// its fsyncs done) and after everything pending has been forced out by
+/// unmounting; the space cost is the image's blocks that changed between
+/// the start of `op` and the unmount, so what mounting writes is counted
+/// by neither.
+fn measure(r: &mut Recorder, op: impl FnOnce() -> Result<()>) -> Result<Traffic> {
     let dev = r.target.device().context("no device")?.to_string();
-    let before = IoCounters::of_device(&dev)?;
-    op(&r.target.dir)?;
+    let before = r.target.device_state()?;
+    op()?;
     let at_fsync = IoCounters::of_device(&dev)?;
-    let after = r.target.flush_everything()?.context("no device counters")?;
+    let after = r.target.flush_everything()?.context("no device")?;
     Ok(Traffic {
-        by_fsync: at_fsync.since(&before),
-        later: after.since(&at_fsync),
+        by_fsync: at_fsync.since(&before.counters),
+        later: after.counters.since(&at_fsync),
+        space: after.digest.written_since(&before.digest),
     })
 }
 
 /// Rows of a data operation: write amplification by fsync, later and in
-/// all, and device bytes read per user byte.
+/// all, device bytes read and space cost per user byte.
 fn data_rows(r: &mut Recorder, op: &str, user_bytes: u64, t: &Traffic) -> f64 {
     let user = user_bytes as f64;
     let total = (t.by_fsync.write_bytes + t.later.write_bytes) as f64;
@@ -73,15 +86,20 @@ fn data_rows(r: &mut Recorder, op: &str, user_bytes: u64, t: &Traffic) -> f64 {
         Better::Lower,
         (t.by_fsync.read_bytes + t.later.read_bytes) as f64 / user,
     );
+    r.record(
+        &format!("{op}: space amp (blocks written)"),
+        "×",
+        Better::Lower,
+        t.space as f64 / user,
+    );
     total / user
 }
 
-/// Rows of a metadata operation: KiB written by fsync and later, and read,
-/// per operation.
+/// Rows of a metadata operation: KiB written by fsync and later, read,
+/// and blocks written, per operation.
 fn metadata_rows(r: &mut Recorder, op: &str, ops: usize, t: &Traffic) -> f64 {
-    let n = ops as f64;
-    let by_fsync = t.by_fsync.write_bytes as f64 / KIB / n;
-    let later = t.later.write_bytes as f64 / KIB / n;
+    let per_op = |bytes: u64| bytes as f64 / KIB / ops as f64;
+    let (by_fsync, later) = (per_op(t.by_fsync.write_bytes), per_op(t.later.write_bytes));
     r.record(
         &format!("{op}: KiB written by fsync"),
         "KiB/op",
@@ -98,7 +116,13 @@ fn metadata_rows(r: &mut Recorder, op: &str, ops: usize, t: &Traffic) -> f64 {
         &format!("{op}: KiB read"),
         "KiB/op",
         Better::Lower,
-        (t.by_fsync.read_bytes + t.later.read_bytes) as f64 / KIB / n,
+        per_op(t.by_fsync.read_bytes + t.later.read_bytes),
+    );
+    r.record(
+        &format!("{op}: space KiB (blocks written)"),
+        "KiB/op",
+        Better::Lower,
+        per_op(t.space),
     );
     by_fsync + later
 }
@@ -117,10 +141,13 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     let used_before = space_used(&dir)?;
     let big = dir.join("big");
     workloads::write_file(&big, p.ioamp_file, 5)?;
-    r.target.flush_everything()?;
+    flush(r)?;
     let used_big = space_used(&dir)?;
     r.record(
-        &format!("space per user byte ({} MB file)", p.ioamp_file >> 20),
+        &format!(
+            "space in use per user byte ({} MB file, statvfs)",
+            p.ioamp_file >> 20
+        ),
         "×",
         Better::Lower,
         used_big.saturating_sub(used_before) as f64 / p.ioamp_file as f64,
@@ -132,17 +159,17 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     for i in 0..small_files {
         std::fs::write(small.join(format!("s{i}")), &kib)?;
     }
-    r.target.flush_everything()?;
+    flush(r)?;
     let used_small = space_used(&dir)?;
     r.record(
-        &format!("space per user byte ({small_files} files of 1 KiB)"),
+        &format!("space in use per user byte ({small_files} files of 1 KiB, statvfs)"),
         "×",
         Better::Lower,
         used_small.saturating_sub(used_big) as f64 / (small_files * 1024) as f64,
     );
 
     r.phase("4 KiB random overwrite + fsync")?;
-    let t = measure(r, |_| {
+    let t = measure(r, || {
         let f = OpenOptions::new().write(true).open(&big)?;
         let blocks = p.ioamp_file / BLOCK;
         let mut rng = SmallRng::seed_from_u64(21);
@@ -159,8 +186,8 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     let log = dir.join("appended");
     File::create(&log)?.sync_all()?;
     fsync_dir(&dir)?;
-    r.target.flush_everything()?;
-    let t = measure(r, |_| {
+    flush(r)?;
+    let t = measure(r, || {
         let mut f = OpenOptions::new().append(true).open(&log)?;
         for _ in 0..ops {
             f.write_all(&payload)?;
@@ -174,7 +201,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     // Reads: a file of ioamp_bytes, read in random 4 KiB pieces.
     let readable = dir.join("readable");
     workloads::write_file(&readable, p.ioamp_bytes, 8)?;
-    r.target.flush_everything()?;
+    flush(r)?;
     for (label, cold) in [
         ("4 KiB random read (cold)", true),
         ("4 KiB random read (warm)", false),
@@ -205,11 +232,11 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     let deep = dir.join("d1/d2/d3");
     std::fs::create_dir_all(&deep)?;
     r.target.sync()?;
-    r.target.flush_everything()?;
+    flush(r)?;
     let n = p.ioamp_meta_ops;
 
     r.phase("create + fsync of the parent")?;
-    let t = measure(r, |_| {
+    let t = measure(r, || {
         for i in 0..n {
             File::create(deep.join(format!("file{i}")))?;
             fsync_dir(&deep)?;
@@ -222,7 +249,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     ));
 
     r.phase("mkdir + fsync of the parent")?;
-    let t = measure(r, |_| {
+    let t = measure(r, || {
         for i in 0..n {
             std::fs::create_dir(deep.join(format!("dir{i}")))?;
             fsync_dir(&deep)?;
@@ -235,7 +262,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     ));
 
     r.phase("rename + fsync of the parent")?;
-    let t = measure(r, |_| {
+    let t = measure(r, || {
         for i in 0..n {
             std::fs::rename(
                 deep.join(format!("file{i}")),
