@@ -120,7 +120,7 @@ fn quick_scale_against_tmpfs_and_ext4() {
     // Device counters saw the overwrites: at least the user's bytes.
     let total = rows
         .iter()
-        .find(|r| r["name"] == "4 KiB overwrite + fsync: write amp total")
+        .find(|r| r["name"] == "4 KiB overwrite + fsync: written in all")
         .expect("overwrite row");
     assert!(total["values"]["ext4"][0].as_f64().unwrap() >= 1.0);
     for series in ["tokubench", "rename", "unlink", "write_amp"] {

@@ -57,74 +57,37 @@ fn measure(r: &mut Recorder, op: impl FnOnce() -> Result<()>) -> Result<Traffic>
     })
 }
 
-/// Rows of a data operation: write amplification by fsync, later and in
-/// all, device bytes read and space cost per user byte.
-fn data_rows(r: &mut Recorder, op: &str, user_bytes: u64, t: &Traffic) -> f64 {
-    let user = user_bytes as f64;
-    let total = (t.by_fsync.write_bytes + t.later.write_bytes) as f64;
-    r.record(
-        &format!("{op}: write amp by fsync"),
-        "×",
-        Better::Lower,
-        t.by_fsync.write_bytes as f64 / user,
-    );
-    r.record(
-        &format!("{op}: write amp later"),
-        "×",
-        Better::Lower,
-        t.later.write_bytes as f64 / user,
-    );
-    r.record(
-        &format!("{op}: write amp total"),
-        "×",
-        Better::Lower,
-        total / user,
-    );
-    r.record(
-        &format!("{op}: read amp"),
-        "×",
-        Better::Lower,
-        (t.by_fsync.read_bytes + t.later.read_bytes) as f64 / user,
-    );
-    r.record(
-        &format!("{op}: space amp (blocks written)"),
-        "×",
-        Better::Lower,
-        t.space as f64 / user,
-    );
-    total / user
+/// How an operation's figures are expressed.
+#[derive(Clone, Copy)]
+enum Per {
+    /// Data operations: amplification, device bytes per user byte.
+    UserBytes(u64),
+    /// Metadata operations: KiB per operation.
+    Operations(usize),
 }
 
-/// Rows of a metadata operation: KiB written by fsync and later, read,
-/// and blocks written, per operation.
-fn metadata_rows(r: &mut Recorder, op: &str, ops: usize, t: &Traffic) -> f64 {
-    let per_op = |bytes: u64| bytes as f64 / KIB / ops as f64;
-    let (by_fsync, later) = (per_op(t.by_fsync.write_bytes), per_op(t.later.write_bytes));
-    r.record(
-        &format!("{op}: KiB written by fsync"),
-        "KiB/op",
-        Better::Lower,
-        by_fsync,
-    );
-    r.record(
-        &format!("{op}: KiB written later"),
-        "KiB/op",
-        Better::Lower,
-        later,
-    );
-    r.record(
-        &format!("{op}: KiB read"),
-        "KiB/op",
-        Better::Lower,
-        per_op(t.by_fsync.read_bytes + t.later.read_bytes),
-    );
-    r.record(
-        &format!("{op}: space KiB (blocks written)"),
-        "KiB/op",
-        Better::Lower,
-        per_op(t.space),
-    );
-    by_fsync + later
+/// An operation's rows: bytes written by fsync, later and in all, read,
+/// and its space cost. Returns the total written in the rows' unit.
+fn traffic_rows(r: &mut Recorder, op: &str, per: Per, t: &Traffic) -> f64 {
+    let (unit, scale) = match per {
+        Per::UserBytes(bytes) => ("× user bytes", 1.0 / bytes as f64),
+        Per::Operations(n) => ("KiB/op", 1.0 / KIB / n as f64),
+    };
+    let total = (t.by_fsync.write_bytes + t.later.write_bytes) as f64 * scale;
+    let rows = [
+        ("written by fsync", t.by_fsync.write_bytes as f64 * scale),
+        ("written later", t.later.write_bytes as f64 * scale),
+        ("written in all", total),
+        (
+            "read",
+            (t.by_fsync.read_bytes + t.later.read_bytes) as f64 * scale,
+        ),
+        ("space (blocks written)", t.space as f64 * scale),
+    ];
+    for (what, value) in rows {
+        r.record(&format!("{op}: {what}"), unit, Better::Lower, value);
+    }
+    total
 }
 
 pub fn run(r: &mut Recorder) -> Result<()> {
@@ -148,7 +111,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
             "space in use per user byte ({} MB file, statvfs)",
             p.ioamp_file >> 20
         ),
-        "×",
+        "× user bytes",
         Better::Lower,
         used_big.saturating_sub(used_before) as f64 / p.ioamp_file as f64,
     );
@@ -163,7 +126,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     let used_small = space_used(&dir)?;
     r.record(
         &format!("space in use per user byte ({small_files} files of 1 KiB, statvfs)"),
-        "×",
+        "× user bytes",
         Better::Lower,
         used_small.saturating_sub(used_big) as f64 / (small_files * 1024) as f64,
     );
@@ -179,7 +142,12 @@ pub fn run(r: &mut Recorder) -> Result<()> {
         }
         Ok(())
     })?;
-    let amp = data_rows(r, "4 KiB overwrite + fsync", p.ioamp_bytes, &t);
+    let amp = traffic_rows(
+        r,
+        "4 KiB overwrite + fsync",
+        Per::UserBytes(p.ioamp_bytes),
+        &t,
+    );
     per_op.push(("overwrite".into(), amp * 4.0));
 
     r.phase("4 KiB append + fsync")?;
@@ -195,7 +163,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
         }
         Ok(())
     })?;
-    let amp = data_rows(r, "4 KiB append + fsync", p.ioamp_bytes, &t);
+    let amp = traffic_rows(r, "4 KiB append + fsync", Per::UserBytes(p.ioamp_bytes), &t);
     per_op.push(("append".into(), amp * 4.0));
 
     // Reads: a file of ioamp_bytes, read in random 4 KiB pieces.
@@ -221,8 +189,8 @@ pub fn run(r: &mut Recorder) -> Result<()> {
         }
         let read = IoCounters::of_device(&dev)?.since(&before).read_bytes;
         r.record(
-            &format!("{label}: read amp"),
-            "×",
+            &format!("{label}: read"),
+            "× user bytes",
             Better::Lower,
             read as f64 / p.ioamp_bytes as f64,
         );
@@ -245,7 +213,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     })?;
     per_op.push((
         "create".into(),
-        metadata_rows(r, "create (depth 3) + fsync", n, &t),
+        traffic_rows(r, "create (depth 3) + fsync", Per::Operations(n), &t),
     ));
 
     r.phase("mkdir + fsync of the parent")?;
@@ -258,7 +226,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     })?;
     per_op.push((
         "mkdir".into(),
-        metadata_rows(r, "mkdir (depth 4) + fsync", n, &t),
+        traffic_rows(r, "mkdir (depth 4) + fsync", Per::Operations(n), &t),
     ));
 
     r.phase("rename + fsync of the parent")?;
@@ -274,7 +242,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     })?;
     per_op.push((
         "rename".into(),
-        metadata_rows(r, "rename in a directory + fsync", n, &t),
+        traffic_rows(r, "rename in a directory + fsync", Per::Operations(n), &t),
     ));
 
     let fs = r.target.kind.name();
