@@ -102,14 +102,11 @@ impl Params {
                 seq_bytes: 10 * GIB,
                 random_writes: 256_000,
                 toku_files: 3_000_000,
-                sizes: sizes(4 * KIB, 64 * MIB),
                 rename_repeats: 20,
                 unlink_repeats: 10,
-                source_tree: SourceTree::Linux { only: Vec::new() },
                 app_tree: SourceTree::Linux { only: Vec::new() },
-                ioamp_file: 100 * MIB,
-                ioamp_bytes: 10 * MIB,
                 ioamp_meta_ops: 1_000,
+                ..Params::of(Scale::Default)
             },
         }
     }

@@ -13,6 +13,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 
 use anyhow::{Context, Result};
 use rand::rngs::SmallRng;
@@ -203,47 +204,30 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     flush(r)?;
     let n = p.ioamp_meta_ops;
 
-    r.phase("create + fsync of the parent")?;
-    let t = measure(r, || {
-        for i in 0..n {
-            File::create(deep.join(format!("file{i}")))?;
-            fsync_dir(&deep)?;
-        }
-        Ok(())
-    })?;
-    per_op.push((
-        "create".into(),
-        traffic_rows(r, "create (depth 3) + fsync", Per::Operations(n), &t),
-    ));
-
-    r.phase("mkdir + fsync of the parent")?;
-    let t = measure(r, || {
-        for i in 0..n {
-            std::fs::create_dir(deep.join(format!("dir{i}")))?;
-            fsync_dir(&deep)?;
-        }
-        Ok(())
-    })?;
-    per_op.push((
-        "mkdir".into(),
-        traffic_rows(r, "mkdir (depth 4) + fsync", Per::Operations(n), &t),
-    ));
-
-    r.phase("rename + fsync of the parent")?;
-    let t = measure(r, || {
-        for i in 0..n {
-            std::fs::rename(
-                deep.join(format!("file{i}")),
-                deep.join(format!("renamed{i}")),
-            )?;
-            fsync_dir(&deep)?;
-        }
-        Ok(())
-    })?;
-    per_op.push((
-        "rename".into(),
-        traffic_rows(r, "rename in a directory + fsync", Per::Operations(n), &t),
-    ));
+    // Each metadata operation on item i, then an fsync of the parent.
+    type MetadataOp = fn(&Path, usize) -> std::io::Result<()>;
+    let metadata: [(&str, &str, MetadataOp); 3] = [
+        ("create", "create (depth 3) + fsync", |d, i| {
+            File::create(d.join(format!("file{i}"))).map(drop)
+        }),
+        ("mkdir", "mkdir (depth 4) + fsync", |d, i| {
+            std::fs::create_dir(d.join(format!("dir{i}")))
+        }),
+        ("rename", "rename in a directory + fsync", |d, i| {
+            std::fs::rename(d.join(format!("file{i}")), d.join(format!("renamed{i}")))
+        }),
+    ];
+    for (name, label, op) in metadata {
+        r.phase(label)?;
+        let t = measure(r, || {
+            for i in 0..n {
+                op(&deep, i)?;
+                fsync_dir(&deep)?;
+            }
+            Ok(())
+        })?;
+        per_op.push((name.into(), traffic_rows(r, label, Per::Operations(n), &t)));
+    }
 
     let fs = r.target.kind.name();
     let points = per_op

@@ -41,23 +41,15 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     );
 
     r.target.cold()?;
-    r.phase("random 4 KiB writes")?;
-    let t = workloads::random_writes(&seq, p.random_writes, 4096, 11)?;
-    r.record(
-        "random 4 KiB writes + fsync",
-        "ops/s",
-        Better::Higher,
-        p.random_writes as f64 / t.as_secs_f64(),
-    );
-
-    r.phase("random 4-byte writes")?;
-    let t = workloads::random_writes(&seq, p.random_writes, 4, 12)?;
-    r.record(
-        "random 4-byte writes + fsync",
-        "ops/s",
-        Better::Higher,
-        p.random_writes as f64 / t.as_secs_f64(),
-    );
+    for (size, label, seed) in [
+        (4096, "random 4 KiB writes", 11),
+        (4, "random 4-byte writes", 12),
+    ] {
+        r.phase(label)?;
+        let t = workloads::random_writes(&seq, p.random_writes, size, seed)?;
+        let ops = p.random_writes as f64 / t.as_secs_f64();
+        r.record(&format!("{label} + fsync"), "ops/s", Better::Higher, ops);
+    }
     std::fs::remove_file(&seq)?;
     r.target.sync()?;
 
