@@ -322,7 +322,9 @@ impl Store {
     pub fn get(&self, ks: KeySpace, key: &[u8]) -> EngineResult<Option<Vec<u8>>> {
         let mut tree = self.inner.lock_tree();
         self.inner.check_failed()?;
-        tree.get(ks, key)
+        let value = tree.get(ks, key);
+        tree.evict_clean_if_needed();
+        value
     }
 
     /// Iterates [start, end) in key order (`end == None`: to the last key).
@@ -358,6 +360,7 @@ impl Store {
             let mut tree = self.inner.lock_tree();
             self.inner.check_failed()?;
             next = tree.visit_leaf(ks, &from, Some(end), visit)?;
+            tree.evict_clean_if_needed();
         }
         Ok(())
     }
@@ -731,7 +734,9 @@ impl Iterator for RangeIter<'_> {
                 if let Err(e) = self.store.inner.check_failed() {
                     return Some(Err(e));
                 }
-                tree.scan_leaf(self.ks, &start, self.end.as_deref())
+                let scanned = tree.scan_leaf(self.ks, &start, self.end.as_deref());
+                tree.evict_clean_if_needed();
+                scanned
             };
             match scanned {
                 Ok((items, next)) => {

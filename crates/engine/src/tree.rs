@@ -357,7 +357,7 @@ impl Tree {
         len: usize,
         height: u32,
     ) -> EngineResult<AlignedBuf> {
-        let mut buf = AlignedBuf::zeroed(len);
+        let mut buf = AlignedBuf::for_overwrite(len);
         self.device
             .read_at(&mut buf, self.layout.extent_offset(extent) + offset)
             .map_err(|e| betreefs_store::StoreError::io("reading node", e))?;
@@ -1253,6 +1253,19 @@ impl Tree {
     /// stay longer than leaves of the same age: every query and flush passes
     /// through them. Roots stay.
     pub fn evict_if_needed(&mut self) -> EngineResult<()> {
+        self.evict(true)
+    }
+
+    /// What a read does after loading nodes: drops clean nodes only, so it
+    /// never writes and cannot fail. Without it a read-only workload (a
+    /// cold read of a big file) grew the cache without bound: only writes
+    /// evicted.
+    pub fn evict_clean_if_needed(&mut self) {
+        // Cannot fail: nothing is written when dirty nodes are skipped.
+        let _ = self.evict(false);
+    }
+
+    fn evict(&mut self, write_dirty: bool) -> EngineResult<()> {
         if self.cache_bytes <= self.opts.cache_bytes {
             return Ok(());
         }
@@ -1260,6 +1273,7 @@ impl Tree {
         let mut order: Vec<(bool, bool, u64, u64)> = self
             .cache
             .iter()
+            .filter(|(_, n)| write_dirty || !n.dirty)
             .map(|(num, n)| (n.dirty, n.height() > 0, n.last_used, *num))
             .collect();
         order.sort_unstable();

@@ -121,7 +121,7 @@ impl Device for FileDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         check_aligned(buf.len(), offset)?;
         if self.bounce_needed(buf.as_ptr()) {
-            let mut bounce = AlignedBuf::zeroed(buf.len());
+            let mut bounce = AlignedBuf::for_overwrite(buf.len());
             self.file.read_exact_at(&mut bounce, offset)?;
             buf.copy_from_slice(&bounce);
             return Ok(());

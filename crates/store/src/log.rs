@@ -319,7 +319,7 @@ impl StreamReader<'_> {
             let start = floor_block(pos);
             let want = (end - start).max(WINDOW_BYTES).min(self.region_bytes);
             let want = want.div_ceil(BLOCK) * BLOCK;
-            let mut buf = AlignedBuf::zeroed(want as usize);
+            let mut buf = AlignedBuf::for_overwrite(want as usize);
             let mut done = 0u64;
             while done < want {
                 let physical = (start + done) % self.region_bytes;
