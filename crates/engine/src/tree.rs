@@ -1256,10 +1256,10 @@ impl Tree {
         self.evict(true)
     }
 
-    /// What a read does after loading nodes: drops clean nodes only, so it
-    /// never writes and cannot fail. Without it a read-only workload (a
-    /// cold read of a big file) grew the cache without bound: only writes
-    /// evicted.
+    /// What a read does after loading nodes: drops clean nodes only (leaves
+    /// before interior nodes, least recently used first), so it never
+    /// writes and cannot fail. Without it a read-only workload (a cold read
+    /// of a big file) grew the cache without bound: only writes evicted.
     pub fn evict_clean_if_needed(&mut self) {
         // Cannot fail: nothing is written when dirty nodes are skipped.
         let _ = self.evict(false);
