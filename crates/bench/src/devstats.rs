@@ -61,21 +61,32 @@ impl IoCounters {
     }
 }
 
-/// Bytes in use on the file system mounted at `dir`, as statvfs reports
-/// them (blocks minus free blocks).
-pub fn space_used(dir: &Path) -> Result<u64> {
+fn statvfs(dir: &Path) -> Result<libc::statvfs> {
     let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
     // SAFETY: statvfs writes into the zeroed struct we pass; the path is a
     // valid C string.
-    let st = unsafe {
+    unsafe {
         let mut st: libc::statvfs = std::mem::zeroed();
         if libc::statvfs(c.as_ptr(), &mut st) != 0 {
             return Err(std::io::Error::last_os_error())
                 .with_context(|| format!("statvfs {}", dir.display()));
         }
-        st
-    };
+        Ok(st)
+    }
+}
+
+/// Bytes in use on the file system mounted at `dir`, as statvfs reports
+/// them (blocks minus free blocks).
+pub fn space_used(dir: &Path) -> Result<u64> {
+    let st = statvfs(dir)?;
     Ok((st.f_blocks - st.f_bfree) * st.f_frsize)
+}
+
+/// Bytes an unprivileged writer could still put on the file system
+/// holding `dir`.
+pub fn space_available(dir: &Path) -> Result<u64> {
+    let st = statvfs(dir)?;
+    Ok(st.f_bavail * st.f_frsize)
 }
 
 /// The CRC32C of every 4 KiB block of an image that holds data (holes are

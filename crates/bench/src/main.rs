@@ -202,10 +202,35 @@ fn run(args: Args) -> Result<bool> {
         bail!("{missing} is missing (apt-get install -y tar findutils grep xz-utils rsync git)");
     }
 
+    std::fs::create_dir_all(&args.workdir)
+        .with_context(|| format!("creating {}", args.workdir.display()))?;
+    let scratch = PathBuf::from(format!("/dev/shm/betreefs-bench-{}", std::process::id()));
+    for (dir, needed, hint) in [
+        (
+            args.workdir.as_path(),
+            params.workdir_bytes_needed(&suite_list),
+            "--workdir",
+        ),
+        (
+            Path::new("/dev/shm"),
+            params.shm_bytes_needed(&suite_list),
+            "a smaller --scale",
+        ),
+    ] {
+        let available = devstats::space_available(dir)?;
+        if available < needed {
+            bail!(
+                "{} has {} MiB free; this run needs about {} MiB there (try {hint})",
+                dir.display(),
+                available >> 20,
+                needed >> 20
+            );
+        }
+    }
+
     cleanup::install_signal_handler()?;
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     cleanup::register(Resource::Tree(work.clone()))?;
-    let scratch = PathBuf::from(format!("/dev/shm/betreefs-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
     cleanup::register(Resource::Tree(scratch.clone()))?;
 

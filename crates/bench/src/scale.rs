@@ -2,6 +2,8 @@
 
 use serde::Serialize;
 
+use crate::suites::Suite;
+
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -112,6 +114,68 @@ impl Params {
     }
 }
 
+/// Rough sizes of the trees (extracted; a tarball is about as big).
+const LINUX_TREE_BYTES: u64 = 1600 * MIB;
+const LINUX_SUBSET_BYTES: u64 = 400 * MIB;
+const SYNTHETIC_FILE_BYTES: u64 = 16 * KIB;
+
+impl SourceTree {
+    fn bytes(&self) -> u64 {
+        match self {
+            SourceTree::Linux { only } if only.is_empty() => LINUX_TREE_BYTES,
+            SourceTree::Linux { .. } => LINUX_SUBSET_BYTES,
+            SourceTree::Synthetic { files } => *files as u64 * SYNTHETIC_FILE_BYTES,
+        }
+    }
+}
+
+impl Params {
+    /// What one file system's sparse image can fill to in the largest of
+    /// `suites` (one image exists at a time), with room for metadata,
+    /// journals and logs: the free space the work directory needs.
+    pub fn workdir_bytes_needed(&self, suites: &[Suite]) -> u64 {
+        let largest = suites
+            .iter()
+            .map(|s| match s {
+                Suite::Micro => {
+                    let unlink: u64 = self.sizes.iter().sum::<u64>() * self.unlink_repeats as u64;
+                    self.seq_bytes + unlink + self.toku_files as u64 * 8 * KIB
+                }
+                Suite::Source => self.source_tree.bytes() * 2,
+                // The tree, two rsync copies, an archive, its extraction,
+                // git objects and a clone.
+                Suite::App => self.app_tree.bytes() * 8,
+                Suite::Ioamp => self.ioamp_file + 3 * self.ioamp_bytes + 64 * MIB,
+            })
+            .max()
+            .unwrap_or(0);
+        largest + largest / 4 + GIB
+    }
+
+    /// What the tarballs need in /dev/shm.
+    pub fn shm_bytes_needed(&self, suites: &[Suite]) -> u64 {
+        let mut trees: Vec<&SourceTree> = Vec::new();
+        if suites.contains(&Suite::Source) {
+            trees.push(&self.source_tree);
+        }
+        if suites.contains(&Suite::App) {
+            trees.push(&self.app_tree);
+        }
+        // Both Linux trees come from one decompressed tarball.
+        let linux = trees.iter().any(|t| matches!(t, SourceTree::Linux { .. }));
+        let synthetic: u64 = trees
+            .iter()
+            .filter(|t| matches!(t, SourceTree::Synthetic { .. }))
+            .map(|t| t.bytes() * 2)
+            .sum();
+        if linux {
+            LINUX_TREE_BYTES + synthetic
+        } else {
+            synthetic
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,6 +184,25 @@ mod tests {
     fn sizes_grow_by_four_to_the_limit() {
         assert_eq!(sizes(4 * KIB, 64 * KIB), vec![4 * KIB, 16 * KIB, 64 * KIB]);
         assert_eq!(sizes(4 * KIB, 64 * MIB).len(), 8);
+    }
+
+    #[test]
+    fn space_needed_grows_with_the_scale_and_the_suites() {
+        let all = [Suite::Micro, Suite::Source, Suite::App, Suite::Ioamp];
+        let quick = Params::of(Scale::Quick);
+        let default = Params::of(Scale::Default);
+        let paper = Params::of(Scale::Paper);
+        assert!(quick.workdir_bytes_needed(&all) < default.workdir_bytes_needed(&all));
+        assert!(default.workdir_bytes_needed(&all) < paper.workdir_bytes_needed(&all));
+        // The default scale's largest suite is the 2 GiB sequential file.
+        assert!(default.workdir_bytes_needed(&all) > 2 * GIB);
+        assert!(default.workdir_bytes_needed(&[Suite::Ioamp]) < 2 * GIB);
+        assert_eq!(default.shm_bytes_needed(&[Suite::Micro]), 0);
+        assert_eq!(default.shm_bytes_needed(&all), LINUX_TREE_BYTES);
+        assert!(quick.shm_bytes_needed(&all) > 0);
+        for p in [&quick, &default, &paper] {
+            assert!(p.workdir_bytes_needed(&all) < p.image_size * 2);
+        }
     }
 
     #[test]

@@ -206,3 +206,45 @@ fn an_interrupted_run_leaves_nothing_behind() {
     assert_nothing_left(&work);
     std::fs::remove_dir_all(&base).unwrap();
 }
+
+#[test]
+fn a_workdir_without_room_is_refused_up_front() {
+    if !can_run() {
+        return;
+    }
+    let base = scratch("room");
+    let small = base.join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
+        .arg(&small)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    let out = Command::new(BENCH)
+        .args([
+            "--scale", "quick", "--fs", "ext4", "--suite", "micro", "--out",
+        ])
+        .arg(base.join("out"))
+        .arg("--workdir")
+        .arg(&small)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let left: Vec<_> = std::fs::read_dir(&small).unwrap().collect();
+    assert!(Command::new("umount")
+        .arg(&small)
+        .status()
+        .unwrap()
+        .success());
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("MiB free") && stderr.contains("--workdir"),
+        "{stderr}"
+    );
+    assert!(
+        left.is_empty(),
+        "the refused run wrote into the work directory"
+    );
+    std::fs::remove_dir_all(&base).unwrap();
+}
