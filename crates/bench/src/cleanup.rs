@@ -206,13 +206,15 @@ pub fn detach_loop(dev: &str) -> anyhow::Result<()> {
 /// unmounts and checkpoints), SIGKILL after 10 s more.
 pub fn stop_daemon(pid: u32, patience: Duration) {
     let pid = pid as libc::pid_t;
+    // Only a child that waitpid still reports as running is alive; once
+    // reaped (here or when its mount failed) its id may belong to another
+    // process, which must never be signalled.
     let alive = || {
         // SAFETY: waitpid with WNOHANG on our own child only reads its
-        // status; kill with signal 0 sends nothing.
+        // status.
         unsafe {
             let mut status = 0;
-            let r = libc::waitpid(pid, &mut status, libc::WNOHANG);
-            r == 0 || (r < 0 && libc::kill(pid, 0) == 0)
+            libc::waitpid(pid, &mut status, libc::WNOHANG) == 0
         }
     };
     let wait = |limit: Duration| {
