@@ -452,11 +452,7 @@ fn cli_usage_errors_background_mount_and_helper() {
         !out.status.success() && err.lines().count() == 1 && !err.contains("panick"),
         "{err}"
     );
-    assert!(std::process::Command::new("umount")
-        .arg(&mnt)
-        .status()
-        .unwrap()
-        .success());
+    umount(&mnt);
     // Wait for the daemon to let go of the image.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !fsck(&img).0 {
@@ -521,36 +517,20 @@ fn cli_usage_errors_background_mount_and_helper() {
         || fs::symlink_metadata("/sbin/mount.fuse.betreefs").is_err()
     {
         // mount(8) itself, when the helper is (or can be) installed system-wide.
-        assert!(std::process::Command::new("umount")
-            .arg(&mnt)
-            .status()
-            .unwrap()
-            .success());
+        umount(&mnt);
         std::thread::sleep(std::time::Duration::from_millis(300));
         let installed = run(&["install-helper".as_ref()]);
         if installed.status.success() {
-            let mut status = false;
-            for _ in 0..50 {
-                let out = std::process::Command::new("mount")
-                    .args(["-t", "fuse.betreefs"])
-                    .arg(&img)
-                    .arg(&mnt)
-                    .output()
-                    .unwrap();
-                if out.status.success() {
-                    status = true;
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(100)); // the last daemon may still hold the image
-            }
+            let status = mount_retrying(&[
+                "-t".as_ref(),
+                "fuse.betreefs".as_ref(),
+                img.as_os_str(),
+                mnt.as_os_str(),
+            ]);
             assert!(status, "mount -t fuse.betreefs failed");
             assert_eq!(fs::read(mnt.join("f")).unwrap(), b"bg");
             // An fstab line (an alternative fstab file, as mount -T reads it).
-            assert!(std::process::Command::new("umount")
-                .arg(&mnt)
-                .status()
-                .unwrap()
-                .success());
+            umount(&mnt);
             let fstab = s.0.join("fstab");
             fs::write(
                 &fstab,
@@ -561,30 +541,13 @@ fn cli_usage_errors_background_mount_and_helper() {
                 ),
             )
             .unwrap();
-            let mut status = false;
-            for _ in 0..50 {
-                let out = std::process::Command::new("mount")
-                    .arg("-T")
-                    .arg(&fstab)
-                    .arg(&mnt)
-                    .output()
-                    .unwrap();
-                if out.status.success() {
-                    status = true;
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
+            let status = mount_retrying(&["-T".as_ref(), fstab.as_os_str(), mnt.as_os_str()]);
             let _ = fs::remove_file("/sbin/mount.fuse.betreefs");
             assert!(status, "mounting from an fstab line failed");
             assert_eq!(fs::read(mnt.join("f")).unwrap(), b"bg");
         }
     }
-    assert!(std::process::Command::new("umount")
-        .arg(&mnt)
-        .status()
-        .unwrap()
-        .success());
+    umount(&mnt);
 }
 
 #[test]
@@ -626,9 +589,5 @@ fn nullfuse_keeps_names_and_sizes_and_drops_data() {
     assert_eq!(err_of(fs::remove_dir(mnt.join("c"))), libc::ENOTEMPTY);
     fs::remove_file(mnt.join("c/f")).unwrap();
     fs::remove_dir(mnt.join("c")).unwrap();
-    assert!(std::process::Command::new("umount")
-        .arg(&mnt)
-        .status()
-        .unwrap()
-        .success());
+    umount(&mnt);
 }

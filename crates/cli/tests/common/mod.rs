@@ -147,11 +147,7 @@ impl Mount {
 
     /// A clean unmount: the daemon writes its final checkpoint and exits 0.
     pub fn unmount(mut self) {
-        let status = Command::new("umount")
-            .arg(&self.dir)
-            .status()
-            .expect("umount");
-        assert!(status.success(), "umount failed");
+        umount(&self.dir);
         let child = self.child.take();
         if let Some(mut c) = child {
             let status = c.wait().expect("wait for daemon");
@@ -195,6 +191,25 @@ impl Drop for Mount {
             let _ = c.wait();
         }
     }
+}
+
+/// umount(8) of a mount the test made; it must succeed.
+pub fn umount(dir: &Path) {
+    let status = Command::new("umount").arg(dir).status().expect("umount");
+    assert!(status.success(), "umount {} failed", dir.display());
+}
+
+/// mount(8) with `args`, retried for up to 5 s: the daemon of the last
+/// mount may still hold the image. True once it mounted.
+pub fn mount_retrying(args: &[&std::ffi::OsStr]) -> bool {
+    for _ in 0..50 {
+        let out = Command::new("mount").args(args).output().expect("mount");
+        if out.status.success() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    false
 }
 
 pub fn detach(dir: &Path) {
