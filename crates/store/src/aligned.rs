@@ -10,6 +10,9 @@ use crate::BLOCK_SIZE;
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
+    /// Bytes allocated (at least `len`, all initialised): a size class for
+    /// large buffers, so that recycled ones fit the next request.
+    cap: usize,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
@@ -17,33 +20,30 @@ unsafe impl Send for AlignedBuf {}
 // SAFETY: shared references only allow reads of plain bytes.
 unsafe impl Sync for AlignedBuf {}
 
-/// Large buffers given back by [`AlignedBuf`]'s drop, kept for the next
-/// read or node write of the same size. A node read into fresh memory pays a page fault
-/// and a kernel page clear per 4 KiB before the device writes it: 37% of
-/// the mount daemon's cycles in a cold sequential read. Recycled buffers
-/// are already mapped.
+/// Large allocations given back by [`AlignedBuf`]'s drop, by size class,
+/// kept for the next read or node write. A node read into fresh memory
+/// pays a page fault and a kernel page clear per 4 KiB before the device
+/// writes it: 37% of the mount daemon's cycles in a cold sequential read.
+/// Recycled buffers are already mapped. Reads and node writes vary in
+/// length, so large buffers are allocated in power-of-two classes; a
+/// class wastes at most half of a buffer that lives only for one IO.
 struct Pool {
-    buffers: Vec<Pooled>,
+    /// (capacity, allocation), all initialised.
+    buffers: Vec<(usize, NonNull<u8>)>,
     bytes: usize,
-}
-
-/// A pooled allocation of `len` bytes made with [`AlignedBuf::layout`].
-struct Pooled {
-    ptr: NonNull<u8>,
-    len: usize,
 }
 
 // SAFETY: a pooled allocation is owned by the pool alone until it is
 // handed out again, like a Vec<u8> moved between threads.
-unsafe impl Send for Pooled {}
+unsafe impl Send for Pool {}
 
 static POOL: Mutex<Pool> = Mutex::new(Pool {
     buffers: Vec::new(),
     bytes: 0,
 });
 
-/// Buffers smaller than this go back to the allocator (which recycles
-/// small chunks well).
+/// Buffers smaller than this are allocated exactly and go back to the
+/// allocator (which recycles small chunks well).
 const POOL_MIN_LEN: usize = 128 << 10;
 /// At most this much memory waits in the pool.
 const POOL_MAX_BYTES: usize = 64 << 20;
@@ -52,74 +52,90 @@ fn pool() -> std::sync::MutexGuard<'static, Pool> {
     POOL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// `len` rounded up to whole blocks (at least one).
+fn block_len(len: usize) -> usize {
+    len.div_ceil(BLOCK_SIZE).max(1) * BLOCK_SIZE
+}
+
+/// The allocation size of a buffer of `len` (whole-block) bytes.
+fn capacity_for(len: usize) -> usize {
+    if len >= POOL_MIN_LEN {
+        len.next_power_of_two()
+    } else {
+        len
+    }
+}
+
 impl AlignedBuf {
     /// A buffer of `len` bytes rounded up to whole blocks whose contents
     /// are unspecified (bytes of an earlier buffer, or zeros): for reads,
-    /// which overwrite all of it. Reuses a recycled buffer of that size
-    /// when there is one.
+    /// which overwrite all of it. Reuses a recycled buffer when there is
+    /// one of its size class.
     pub fn for_overwrite(len: usize) -> Self {
-        let len = len.div_ceil(BLOCK_SIZE).max(1) * BLOCK_SIZE;
+        let len = block_len(len);
         Self::take_pooled(len).unwrap_or_else(|| Self::zeroed(len))
     }
 
-    /// A recycled buffer of exactly `len` bytes (a whole number of blocks).
+    /// A recycled buffer for `len` (whole-block) bytes.
     fn take_pooled(len: usize) -> Option<Self> {
-        if len < POOL_MIN_LEN {
+        let cap = capacity_for(len);
+        if cap < POOL_MIN_LEN {
             return None;
         }
         let mut pool = pool();
-        let i = pool.buffers.iter().rposition(|b| b.len == len)?;
-        let b = pool.buffers.swap_remove(i);
-        pool.bytes -= b.len;
-        Some(AlignedBuf {
-            ptr: b.ptr,
-            len: b.len,
-        })
+        let i = pool.buffers.iter().rposition(|b| b.0 == cap)?;
+        let (cap, ptr) = pool.buffers.swap_remove(i);
+        pool.bytes -= cap;
+        Some(AlignedBuf { ptr, len, cap })
     }
 
     /// A zeroed buffer of `len` bytes rounded up to whole blocks (at least one).
     pub fn zeroed(len: usize) -> Self {
-        let len = len.div_ceil(BLOCK_SIZE).max(1) * BLOCK_SIZE;
-        let layout = Self::layout(len);
+        let len = block_len(len);
+        let cap = capacity_for(len);
+        let layout = Self::layout(cap);
         // SAFETY: layout has non-zero size (at least one block).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(raw) else {
             alloc::handle_alloc_error(layout)
         };
-        AlignedBuf { ptr, len }
+        AlignedBuf { ptr, len, cap }
     }
 
     /// A buffer holding `data` followed by zero padding to a whole block.
     /// Only the padding is zeroed: for a node of megabytes, zeroing it all
     /// first (what an aligned zeroed allocation does) doubles the cost.
     pub fn from_slice(data: &[u8]) -> Self {
-        let len = data.len().div_ceil(BLOCK_SIZE).max(1) * BLOCK_SIZE;
+        let len = block_len(data.len());
         if let Some(mut buf) = Self::take_pooled(len) {
             buf[..data.len()].copy_from_slice(data);
             buf[data.len()..].fill(0);
             return buf;
         }
-        let layout = Self::layout(len);
+        let cap = capacity_for(len);
+        let layout = Self::layout(cap);
         // SAFETY: layout has non-zero size (at least one block).
         let raw = unsafe { alloc::alloc(layout) };
         let Some(ptr) = NonNull::new(raw) else {
             alloc::handle_alloc_error(layout)
         };
-        // SAFETY: the allocation holds `len >= data.len()` bytes; the copy
-        // and the fill below initialise every one of them before any
-        // slice over them exists, and `data` cannot overlap a fresh block.
+        // SAFETY: the allocation holds `cap >= data.len()` bytes; the copy
+        // and the fill below initialise every one of them (the part past
+        // `len` too, which a later user of a recycled buffer may see)
+        // before any slice over them exists, and `data` cannot overlap a
+        // fresh block.
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), ptr.as_ptr(), data.len());
-            std::ptr::write_bytes(ptr.as_ptr().add(data.len()), 0, len - data.len());
+            std::ptr::write_bytes(ptr.as_ptr().add(data.len()), 0, cap - data.len());
         }
-        AlignedBuf { ptr, len }
+        AlignedBuf { ptr, len, cap }
     }
 
-    fn layout(len: usize) -> Layout {
-        match Layout::from_size_align(len, BLOCK_SIZE) {
+    fn layout(cap: usize) -> Layout {
+        match Layout::from_size_align(cap, BLOCK_SIZE) {
             Ok(layout) => layout,
             // Only reachable for lengths near isize::MAX, which no caller asks for.
-            Err(_) => panic!("aligned buffer of {len} bytes is not allocatable"),
+            Err(_) => panic!("aligned buffer of {cap} bytes is not allocatable"),
         }
     }
 }
@@ -127,34 +143,33 @@ impl AlignedBuf {
 impl Deref for AlignedBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: ptr points to len initialised bytes owned by self.
+        // SAFETY: ptr points to cap >= len initialised bytes owned by self.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
 
 impl DerefMut for AlignedBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: ptr points to len initialised bytes owned exclusively by self.
+        // SAFETY: ptr points to cap >= len initialised bytes owned
+        // exclusively by self.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        if self.len >= POOL_MIN_LEN {
+        if self.cap >= POOL_MIN_LEN {
             let mut pool = pool();
-            if pool.bytes + self.len <= POOL_MAX_BYTES {
-                pool.bytes += self.len;
-                pool.buffers.push(Pooled {
-                    ptr: self.ptr,
-                    len: self.len,
-                });
+            if pool.bytes + self.cap <= POOL_MAX_BYTES {
+                pool.bytes += self.cap;
+                pool.buffers.push((self.cap, self.ptr));
                 return;
             }
         }
-        // SAFETY: ptr was allocated with exactly this layout in `zeroed`
-        // or `from_slice` (pooled buffers come from those too).
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+        // SAFETY: ptr was allocated with exactly this layout (its
+        // capacity) in `zeroed` or `from_slice`; pooled buffers come from
+        // those too.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) }
     }
 }
 
@@ -198,10 +213,27 @@ mod tests {
                 "a recycled buffer keeps its bytes"
             );
         }
-        // A zeroed buffer is zeroed even when the pool has one of its size.
+        // A slightly smaller request is in the same size class, and sees
+        // only its own length.
+        let ptr = b.as_ptr() as usize;
         drop(b);
+        let c = AlignedBuf::for_overwrite(len - BLOCK_SIZE);
+        assert_eq!(c.len(), len - BLOCK_SIZE);
+        if c.as_ptr() as usize == ptr {
+            assert_eq!(c.cap, capacity_for(len));
+        }
+        // A zeroed buffer is zeroed even when the pool has one of its size.
+        drop(c);
         assert!(AlignedBuf::zeroed(len).iter().all(|&x| x == 0));
         assert_eq!(AlignedBuf::for_overwrite(100).len(), BLOCK_SIZE);
         assert!(pool().bytes <= POOL_MAX_BYTES);
+        // A buffer built from a slice is initialised past its length (a
+        // recycled one exposes those bytes to its next user).
+        let d = AlignedBuf::from_slice(&[7u8; 200 << 10]);
+        assert_eq!(d.len(), 200 << 10);
+        assert_eq!(d.cap, 256 << 10);
+        // SAFETY: cap bytes are allocated and, by from_slice, initialised.
+        let whole = unsafe { std::slice::from_raw_parts(d.as_ptr(), d.cap) };
+        assert!(whole[200 << 10..].iter().all(|&x| x == 0));
     }
 }
