@@ -301,7 +301,7 @@ fn run(args: Args) -> Result<bool> {
         .with_context(|| format!("writing {}", json.display()))?;
     let plots = write_plots(&out, &results);
     let md = out.join("results.md");
-    std::fs::write(&md, markdown(&report, &plots))
+    std::fs::write(&md, markdown(&report, &kinds, &plots))
         .with_context(|| format!("writing {}", md.display()))?;
     eprintln!(
         "betreefs-bench: wrote {}, {} and {} plots",
@@ -369,42 +369,45 @@ fn write_plots(out: &Path, results: &Results) -> Vec<(String, Result<()>)> {
         drawn.push(("(all)".to_string(), Err(e)));
         return drawn;
     }
-    type Draw = fn(&Path, &report::Series) -> Result<()>;
-    let plots: [(&str, &str, Draw); 4] = [
-        ("tokubench", "tokubench.png", |p, s| {
-            plot::line_plot(
-                p,
-                "tokubench: cumulative throughput",
-                s,
-                Axis::Linear,
-                Axis::Log10,
-            )
-        }),
-        ("rename", "rename.png", |p, s| {
-            plot::line_plot(
-                p,
-                "rename + fsync against file size",
-                s,
-                Axis::LogBytes,
-                Axis::Log10,
-            )
-        }),
-        ("unlink", "unlink.png", |p, s| {
-            plot::line_plot(
-                p,
-                "unlink + fsync against file size",
-                s,
-                Axis::LogBytes,
-                Axis::Log10,
-            )
-        }),
-        ("write_amp", "write-amp.png", |p, s| {
-            plot::bar_plot(p, "device KiB written per operation", s)
-        }),
+    /// How a series is drawn.
+    enum Chart {
+        Line(Axis, Axis),
+        Bars,
+    }
+    let plots = [
+        (
+            "tokubench",
+            "tokubench.png",
+            "tokubench: cumulative throughput",
+            Chart::Line(Axis::Linear, Axis::Log10),
+        ),
+        (
+            "rename",
+            "rename.png",
+            "rename + fsync against file size",
+            Chart::Line(Axis::LogBytes, Axis::Log10),
+        ),
+        (
+            "unlink",
+            "unlink.png",
+            "unlink + fsync against file size",
+            Chart::Line(Axis::LogBytes, Axis::Log10),
+        ),
+        (
+            "write_amp",
+            "write-amp.png",
+            "device KiB written per operation",
+            Chart::Bars,
+        ),
     ];
-    for (series, file, draw) in plots {
+    for (series, file, title, chart) in plots {
         if let Some(s) = results.series.get(series) {
-            drawn.push((file.to_string(), draw(&out.join(file), s)));
+            let path = out.join(file);
+            let done = match chart {
+                Chart::Line(x, y) => plot::line_plot(&path, title, s, x, y),
+                Chart::Bars => plot::bar_plot(&path, title, s),
+            };
+            drawn.push((file.to_string(), done));
         }
     }
     drawn
@@ -429,7 +432,7 @@ const SUITE_NOTES: [(&str, &str); 4] = [
     ),
 ];
 
-fn markdown(report: &Report, plots: &[(String, Result<()>)]) -> String {
+fn markdown(report: &Report, kinds: &[Kind], plots: &[(String, Result<()>)]) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "# betreefs-bench results\n");
     let _ = writeln!(md, "- date: {}", report.date);
@@ -457,19 +460,7 @@ fn markdown(report: &Report, plots: &[(String, Result<()>)]) -> String {
         report::FAR_BEHIND * 100.0
     );
     let order: Vec<String> = report.file_systems.iter().map(|s| s.to_string()).collect();
-    let keeps_data = |fs: &str| {
-        [
-            Kind::Betreefs,
-            Kind::Nullfuse,
-            Kind::Ext4,
-            Kind::Xfs,
-            Kind::Btrfs,
-            Kind::Tmpfs,
-        ]
-        .iter()
-        .find(|k| k.name() == fs)
-        .is_none_or(|k| k.keeps_data())
-    };
+    let keeps_data = |fs: &str| kinds.iter().any(|k| k.name() == fs && k.keeps_data());
     for suite in report.results.suites() {
         let _ = writeln!(md, "## {suite}\n");
         if let Some((_, note)) = SUITE_NOTES.iter().find(|(s, _)| *s == suite) {

@@ -314,11 +314,8 @@ impl Target {
     /// for all, and for betreefs its own node cache (unmount and mount).
     pub fn cold(&mut self) -> Result<()> {
         if self.kind == Kind::Betreefs {
-            self.unmount()?;
-            drop_caches()?;
-            self.mount()
+            self.remount_with(|_| drop_caches()).map(drop)
         } else {
-            self.sync()?;
             drop_caches()
         }
     }
@@ -326,29 +323,33 @@ impl Target {
     /// Forces out everything the file system would write later
     /// (background writeback, journal checkpoints, betreefs's checkpoint)
     /// by unmounting and mounting again; file systems without a device
-    /// only sync. For a device, returns its counters and a digest of its
-    /// image taken while it was unmounted, before mounting again.
-    pub fn flush_everything(&mut self) -> Result<Option<DeviceState>> {
-        match self.kind {
-            Kind::Betreefs | Kind::Ext4 | Kind::Xfs | Kind::Btrfs => {
-                self.unmount()?;
-                let dev = self.loop_dev.clone().context("no loop device")?;
-                let image = self.image.clone().context("no image")?;
-                let state = DeviceState {
-                    counters: IoCounters::of_device(&dev)?,
-                    digest: BlockDigest::of_image(&image)?,
-                };
-                self.mount()?;
-                Ok(Some(state))
-            }
-            Kind::Nullfuse | Kind::Tmpfs => self.sync().map(|()| None),
-        }
+    /// only sync.
+    pub fn flush_everything(&mut self) -> Result<()> {
+        self.remount_with(|_| Ok(())).map(drop)
     }
 
-    /// The device's counters and a digest of its image now, while
-    /// mounted: what the file system has written so far (reads of the
-    /// image bypass nothing: the loop device writes around the page cache
-    /// and the digest drops the image's cached pages first).
+    /// [`Target::flush_everything`], returning the device's state taken
+    /// while it was unmounted (None without a device).
+    pub fn flush_and_capture(&mut self) -> Result<Option<DeviceState>> {
+        self.remount_with(Self::device_state)
+    }
+
+    /// Unmounts, runs `between`, and mounts again; a file system without a
+    /// device (which cannot be mounted again with its contents) only
+    /// syncs.
+    fn remount_with<T>(&mut self, between: impl FnOnce(&Self) -> Result<T>) -> Result<Option<T>> {
+        if !self.kind.has_device() {
+            return self.sync().map(|()| None);
+        }
+        self.unmount()?;
+        let value = between(self)?;
+        self.mount()?;
+        Ok(Some(value))
+    }
+
+    /// The device's counters and a digest of its image now (mounted or
+    /// not; the loop device writes around the page cache and the digest
+    /// drops the image's cached pages first).
     pub fn device_state(&self) -> Result<DeviceState> {
         let dev = self.loop_dev.as_deref().context("no loop device")?;
         let image = self.image.as_deref().context("no image")?;

@@ -34,16 +34,7 @@ pub fn fsync_dir(dir: &Path) -> Result<()> {
 pub fn sequential_write(path: &Path, bytes: u64) -> Result<Duration> {
     let chunk = random_bytes(MIB, 1);
     let start = Instant::now();
-    let mut f = File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    let mut left = bytes;
-    while left > 0 {
-        let n = left.min(MIB as u64) as usize;
-        f.write_all(&chunk[..n])
-            .with_context(|| format!("writing {}", path.display()))?;
-        left -= n as u64;
-    }
-    f.sync_all()
-        .with_context(|| format!("fsync of {}", path.display()))?;
+    write_repeating(path, bytes, &chunk)?;
     Ok(start.elapsed())
 }
 
@@ -178,12 +169,22 @@ pub fn tokubench(
 
 /// Writes a file of `size` bytes and fsyncs it.
 pub fn write_file(path: &Path, size: u64, seed: u64) -> Result<()> {
-    let data = random_bytes(size.min(MIB as u64) as usize, seed);
+    write_repeating(
+        path,
+        size,
+        &random_bytes(size.min(MIB as u64) as usize, seed),
+    )
+}
+
+/// Creates a file of `size` bytes by writing `chunk` over and over, then
+/// fsyncs it.
+fn write_repeating(path: &Path, size: u64, chunk: &[u8]) -> Result<()> {
     let mut f = File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let mut left = size;
     while left > 0 {
-        let n = left.min(data.len() as u64) as usize;
-        f.write_all(&data[..n])?;
+        let n = left.min(chunk.len() as u64) as usize;
+        f.write_all(&chunk[..n])
+            .with_context(|| format!("writing {}", path.display()))?;
         left -= n as u64;
     }
     f.sync_all()

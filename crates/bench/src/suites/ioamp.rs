@@ -34,12 +34,6 @@ struct Traffic {
     space: u64,
 }
 
-/// Unmounts and mounts again (so nothing is pending when the next
-/// operation starts).
-fn flush(r: &mut Recorder) -> Result<()> {
-    r.target.flush_everything().map(|_| ())
-}
-
 /// Runs `op` and splits the device traffic at the moment it returns (all
 /// its fsyncs done) and after everything pending has been forced out by
 /// unmounting; the space cost is the image's blocks that changed between
@@ -50,7 +44,7 @@ fn measure(r: &mut Recorder, op: impl FnOnce() -> Result<()>) -> Result<Traffic>
     let before = r.target.device_state()?;
     op()?;
     let at_fsync = IoCounters::of_device(&dev)?;
-    let after = r.target.flush_everything()?.context("no device")?;
+    let after = r.target.flush_and_capture()?.context("no device")?;
     Ok(Traffic {
         by_fsync: at_fsync.since(&before.counters),
         later: after.counters.since(&at_fsync),
@@ -105,7 +99,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     let used_before = space_used(&dir)?;
     let big = dir.join("big");
     workloads::write_file(&big, p.ioamp_file, 5)?;
-    flush(r)?;
+    r.target.flush_everything()?;
     let used_big = space_used(&dir)?;
     r.record(
         &format!(
@@ -123,7 +117,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     for i in 0..small_files {
         std::fs::write(small.join(format!("s{i}")), &kib)?;
     }
-    flush(r)?;
+    r.target.flush_everything()?;
     let used_small = space_used(&dir)?;
     r.record(
         &format!("space in use per user byte ({small_files} files of 1 KiB, statvfs)"),
@@ -155,7 +149,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     let log = dir.join("appended");
     File::create(&log)?.sync_all()?;
     fsync_dir(&dir)?;
-    flush(r)?;
+    r.target.flush_everything()?;
     let t = measure(r, || {
         let mut f = OpenOptions::new().append(true).open(&log)?;
         for _ in 0..ops {
@@ -170,7 +164,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     // Reads: a file of ioamp_bytes, read in random 4 KiB pieces.
     let readable = dir.join("readable");
     workloads::write_file(&readable, p.ioamp_bytes, 8)?;
-    flush(r)?;
+    r.target.flush_everything()?;
     for (label, cold) in [
         ("4 KiB random read (cold)", true),
         ("4 KiB random read (warm)", false),
@@ -201,7 +195,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     let deep = dir.join("d1/d2/d3");
     std::fs::create_dir_all(&deep)?;
     r.target.sync()?;
-    flush(r)?;
+    r.target.flush_everything()?;
     let n = p.ioamp_meta_ops;
 
     // Each metadata operation on item i, then an fsync of the parent.
