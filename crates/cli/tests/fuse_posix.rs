@@ -336,11 +336,7 @@ fn attributes_permissions_xattrs_and_statfs() {
         ))
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     let f = fs::metadata(m.path("shared/file")).unwrap();
     assert_eq!((f.uid(), f.gid()), (1000, 4242));
     let sub = fs::metadata(m.path("shared/sub")).unwrap();
@@ -430,11 +426,7 @@ fn cli_usage_errors_background_mount_and_helper() {
     fs::create_dir(&mnt).unwrap();
     // The first command of the README: mount creates a default image.
     let out = run(&["mount".as_ref(), img.as_os_str(), mnt.as_os_str()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     assert!(is_mounted(&mnt));
     let mounts = fs::read_to_string("/proc/mounts").unwrap();
     let line = mounts
@@ -507,11 +499,7 @@ fn cli_usage_errors_background_mount_and_helper() {
         .args(["-o", "rw,noatime"])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     assert_eq!(fs::read(mnt.join("f")).unwrap(), b"bg");
     if Path::new("/sbin/mount.fuse.betreefs").exists()
         || fs::symlink_metadata("/sbin/mount.fuse.betreefs").is_err()
@@ -563,11 +551,7 @@ fn nullfuse_keeps_names_and_sizes_and_drops_data() {
         .arg(&mnt)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     assert!(fuse_answers(&mnt));
     fs::create_dir_all(mnt.join("a/b")).unwrap();
     fs::write(mnt.join("a/b/f"), b"dropped").unwrap();

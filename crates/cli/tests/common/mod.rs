@@ -193,6 +193,15 @@ impl Drop for Mount {
     }
 }
 
+/// A command's output, which must be a success (its stderr otherwise).
+pub fn assert_succeeded(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// umount(8) of a mount the test made; it must succeed.
 pub fn umount(dir: &Path) {
     let status = Command::new("umount").arg(dir).status().expect("umount");
