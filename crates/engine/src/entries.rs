@@ -56,6 +56,14 @@ impl Entries {
         &self.data[start..start + s.value_len as usize]
     }
 
+    pub fn first_key(&self) -> Option<&[u8]> {
+        (!self.is_empty()).then(|| self.key(0))
+    }
+
+    pub fn last_key(&self) -> Option<&[u8]> {
+        self.len().checked_sub(1).map(|i| self.key(i))
+    }
+
     pub fn entry_bytes(&self, i: usize) -> usize {
         let s = self.index[i];
         (s.key_len + s.value_len) as usize + ENTRY_OVERHEAD_BYTES

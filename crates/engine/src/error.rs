@@ -25,6 +25,8 @@ pub enum EngineError {
     InvalidOption(String),
     #[error("the store failed earlier and refuses writes until reopened: {0}")]
     Failed(String),
+    #[error("the store is open read-only")]
+    ReadOnly,
 }
 
 impl EngineError {

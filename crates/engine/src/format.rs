@@ -40,7 +40,7 @@ use betreefs_store::{crc32c_of, AlignedBuf, BLOCK_SIZE};
 use crate::buffer::{Base, MessageBuffer, PointMsg, RangeDel, Upsert};
 use crate::codec::{DecodeError, DecodeResult, Decoder, Encoder};
 use crate::entries::Entries;
-use crate::node::{Basement, BasementLoc, Interior, Leaf, Node, NodeBody};
+use crate::node::{Basement, BasementLoc, Bounds, Interior, Leaf, Node, NodeBody};
 
 pub const NODE_MAGIC: u32 = u32::from_le_bytes(*b"BNOD");
 pub const NODE_FORMAT_VERSION: u16 = 1;
@@ -94,7 +94,8 @@ pub struct NodeImage {
 /// Serialises a node. Leaves must be fully loaded.
 pub fn encode_node(node: &Node, num: u64) -> NodeImage {
     let tree = node.tree;
-    let prefix = node.prefix.as_slice();
+    let prefix = node.bounds.lifted_prefix();
+    let prefix = prefix.as_slice();
     let mut meta = Encoder::with_capacity(4096);
     let mut basement_bytes: Vec<Vec<u8>> = Vec::new();
     let (kind, height) = match &node.body {
@@ -295,7 +296,10 @@ pub fn meta_end(header: &NodeHeader) -> usize {
 }
 
 /// Builds a node from its header and meta; leaf basements stay unloaded.
-pub fn decode_meta(header: &NodeHeader, meta: &[u8], prefix: &[u8]) -> DecodeResult<Node> {
+/// `bounds` are what the parent's pivots give the node.
+pub fn decode_meta(header: &NodeHeader, meta: &[u8], bounds: &Bounds) -> DecodeResult<Node> {
+    let prefix = bounds.lifted_prefix();
+    let prefix = prefix.as_slice();
     if crc32c_of(&[meta]) != header.meta_crc {
         return Err(DecodeError("node meta checksum mismatch".into()));
     }
@@ -343,7 +347,7 @@ pub fn decode_meta(header: &NodeHeader, meta: &[u8], prefix: &[u8]) -> DecodeRes
     }
     Ok(Node {
         body,
-        prefix: prefix.to_vec(),
+        bounds: bounds.clone(),
         tree: header.tree,
         dirty: false,
         last_used: 0,
@@ -450,18 +454,18 @@ pub fn decode_basement(
 mod tests {
     use super::*;
     use crate::merge::MergeRegistry;
-    use crate::node::Bounds;
 
     fn round_trip(node: &Node, num: u64) -> Node {
         let img = encode_node(node, num);
-        let h = decode_header(&img.buf, img.crc, num, &node.prefix).unwrap();
+        let prefix = node.bounds.lifted_prefix();
+        let h = decode_header(&img.buf, img.crc, num, &prefix).unwrap();
         assert_eq!(h.total_len, img.len);
-        let mut back = decode_meta(&h, &img.buf[HEADER_BYTES..meta_end(&h)], &node.prefix).unwrap();
+        let mut back = decode_meta(&h, &img.buf[HEADER_BYTES..meta_end(&h)], &node.bounds).unwrap();
         if let NodeBody::Leaf(leaf) = &mut back.body {
             for b in &mut leaf.basements {
                 let loc = b.loc.unwrap();
                 let bytes = &img.buf[loc.offset as usize..(loc.offset + loc.len) as usize];
-                b.entries = Some(decode_basement(bytes, &loc, b.count, &node.prefix).unwrap());
+                b.entries = Some(decode_basement(bytes, &loc, b.count, &prefix).unwrap());
             }
         }
         back
@@ -481,7 +485,7 @@ mod tests {
         }
         Node {
             body: NodeBody::Leaf(Leaf::from_sorted(&entries, 2000)),
-            prefix: bounds.lifted_prefix(),
+            bounds,
             tree: 1,
             dirty: true,
             last_used: 0,
@@ -491,7 +495,7 @@ mod tests {
     #[test]
     fn leaf_round_trip_with_lifting() {
         let node = lifted_leaf();
-        assert_eq!(node.prefix, b"dir\x00");
+        assert_eq!(node.bounds.lifted_prefix(), b"dir\x00");
         let back = round_trip(&node, 9);
         let (NodeBody::Leaf(a), NodeBody::Leaf(b)) = (&node.body, &back.body) else {
             panic!()
@@ -528,7 +532,7 @@ mod tests {
         int.insert_point(b"y".to_vec(), PointMsg::delete(6), &merges);
         let node = Node {
             body: NodeBody::Interior(int.clone()),
-            prefix: Vec::new(),
+            bounds: Bounds::full(),
             tree: 0,
             dirty: true,
             last_used: 0,
@@ -547,17 +551,18 @@ mod tests {
     fn every_flipped_byte_is_caught() {
         let node = lifted_leaf();
         let img = encode_node(&node, 9);
+        let prefix = node.bounds.lifted_prefix();
         let step = (img.len as usize / 300).max(1);
         for at in (0..img.len as usize).step_by(step) {
             let mut bad = img.buf.to_vec();
             bad[at] ^= 0x10;
-            let result = decode_header(&bad, img.crc, 9, &node.prefix).and_then(|h| {
-                let mut n = decode_meta(&h, &bad[HEADER_BYTES..meta_end(&h)], &node.prefix)?;
+            let result = decode_header(&bad, img.crc, 9, &prefix).and_then(|h| {
+                let mut n = decode_meta(&h, &bad[HEADER_BYTES..meta_end(&h)], &node.bounds)?;
                 if let NodeBody::Leaf(leaf) = &mut n.body {
                     for b in &mut leaf.basements {
                         let loc = b.loc.unwrap();
                         let bytes = &bad[loc.offset as usize..(loc.offset + loc.len) as usize];
-                        decode_basement(bytes, &loc, b.count, &node.prefix)?;
+                        decode_basement(bytes, &loc, b.count, &prefix)?;
                     }
                 }
                 Ok(())
@@ -568,7 +573,7 @@ mod tests {
                     unreachable!()
                 };
                 let meta_end = HEADER_BYTES
-                    + decode_header(&img.buf, img.crc, 9, &node.prefix)
+                    + decode_header(&img.buf, img.crc, 9, &prefix)
                         .unwrap()
                         .meta_len as usize;
                 let covered = at < meta_end
@@ -583,6 +588,6 @@ mod tests {
         }
         // The wrong parent prefix is caught too.
         assert!(decode_header(&img.buf, img.crc, 9, b"dix\x00").is_err());
-        assert!(decode_header(&img.buf, img.crc, 8, &node.prefix).is_err());
+        assert!(decode_header(&img.buf, img.crc, 8, &prefix).is_err());
     }
 }

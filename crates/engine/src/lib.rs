@@ -19,6 +19,7 @@ pub mod message;
 pub mod node;
 pub mod stats;
 mod tree;
+pub mod validate;
 
 pub use error::{EngineError, EngineResult};
 pub use message::{
@@ -29,4 +30,4 @@ mod store;
 
 pub use merge::{MergeRegistry, RecordOp, MERGE_PATCH, MERGE_RECORD, MERGE_TRUNCATE};
 pub use stats::StatsSnapshot;
-pub use store::{Options, RangeIter, Store};
+pub use store::{Options, RangeIter, RecoveryReport, Store};

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::codec::{Decoder, Encoder};
+use crate::message::MAX_VALUE_BYTES;
 
 /// "Write these bytes at this offset of the value, zero-filling any gap."
 /// Argument: varint offset, then the bytes.
@@ -25,19 +26,34 @@ pub const MERGE_TRUNCATE: u8 = 3;
 
 pub type MergeFn = dyn Fn(Option<&[u8]>, &[u8]) -> Vec<u8> + Send + Sync;
 
+/// Checks an argument before it enters the engine (from a caller, the log
+/// or a node): a built-in function's result must stay within the engine's
+/// value limit whatever value it meets.
+type ArgCheck = fn(&[u8]) -> Result<(), String>;
+
+#[derive(Clone)]
+struct MergeFunction {
+    apply: Arc<MergeFn>,
+    check: Option<ArgCheck>,
+}
+
 /// The functions an engine knows; ids must be registered before a store
 /// whose log or nodes use them is opened.
 #[derive(Clone)]
 pub struct MergeRegistry {
-    functions: HashMap<u8, Arc<MergeFn>>,
+    functions: HashMap<u8, MergeFunction>,
 }
 
 impl Default for MergeRegistry {
     fn default() -> Self {
-        let mut functions: HashMap<u8, Arc<MergeFn>> = HashMap::new();
-        functions.insert(MERGE_PATCH, Arc::new(merge_patch));
-        functions.insert(MERGE_RECORD, Arc::new(merge_record));
-        functions.insert(MERGE_TRUNCATE, Arc::new(merge_truncate));
+        let mut functions = HashMap::new();
+        let builtin = |apply: fn(Option<&[u8]>, &[u8]) -> Vec<u8>, check: ArgCheck| MergeFunction {
+            apply: Arc::new(apply),
+            check: Some(check),
+        };
+        functions.insert(MERGE_PATCH, builtin(merge_patch, check_patch));
+        functions.insert(MERGE_RECORD, builtin(merge_record, check_record));
+        functions.insert(MERGE_TRUNCATE, builtin(merge_truncate, check_truncate));
         MergeRegistry { functions }
     }
 }
@@ -52,13 +68,20 @@ impl std::fmt::Debug for MergeRegistry {
 
 impl MergeRegistry {
     /// Registers a user function under an id of 128 or more.
+    /// A user function must keep its results within [`MAX_VALUE_BYTES`].
     pub fn register(&mut self, id: u8, f: Arc<MergeFn>) -> Result<(), String> {
         if id < 128 {
             return Err(format!(
                 "merge function ids below 128 are reserved (got {id})"
             ));
         }
-        self.functions.insert(id, f);
+        self.functions.insert(
+            id,
+            MergeFunction {
+                apply: f,
+                check: None,
+            },
+        );
         Ok(())
     }
 
@@ -66,10 +89,22 @@ impl MergeRegistry {
         self.functions.contains_key(&id)
     }
 
-    /// Applies function `id`; callers check [`MergeRegistry::knows`] when the
+    /// Whether `arg` is a well-formed argument of function `id`, whose
+    /// result stays within the engine's limits.
+    pub fn check(&self, id: u8, arg: &[u8]) -> Result<(), String> {
+        match self.functions.get(&id) {
+            None => Err(format!("unknown merge function {id}")),
+            Some(MergeFunction { check: None, .. }) => Ok(()),
+            Some(MergeFunction {
+                check: Some(check), ..
+            }) => check(arg),
+        }
+    }
+
+    /// Applies function `id`; callers check [`MergeRegistry::check`] when the
     /// message enters the engine, so an unknown id here means a corrupt node.
     pub fn apply(&self, id: u8, old: Option<&[u8]>, arg: &[u8]) -> Option<Vec<u8>> {
-        self.functions.get(&id).map(|f| f(old, arg))
+        self.functions.get(&id).map(|f| (f.apply)(old, arg))
     }
 }
 
@@ -81,21 +116,38 @@ pub fn patch_arg(offset: u64, bytes: &[u8]) -> Vec<u8> {
     e.buf
 }
 
-fn merge_patch(old: Option<&[u8]>, arg: &[u8]) -> Vec<u8> {
+/// The byte range a patch argument writes, if it stays within the value
+/// limit.
+fn patch_span(arg: &[u8]) -> Result<(usize, &[u8]), String> {
     let mut d = Decoder::new(arg);
-    let Ok(offset) = d.varint() else {
-        // A malformed argument leaves the value as it was.
-        return old.unwrap_or_default().to_vec();
-    };
+    let offset = d.varint().map_err(|e| format!("patch offset: {e}"))?;
     let bytes = d.take(d.remaining()).unwrap_or_default();
+    match offset.checked_add(bytes.len() as u64) {
+        Some(end) if end <= MAX_VALUE_BYTES as u64 => Ok((offset as usize, bytes)),
+        _ => Err(format!(
+            "patch of {} bytes at offset {offset} passes the {MAX_VALUE_BYTES}-byte value limit",
+            bytes.len()
+        )),
+    }
+}
+
+fn check_patch(arg: &[u8]) -> Result<(), String> {
+    patch_span(arg).map(|_| ())
+}
+
+fn merge_patch(old: Option<&[u8]>, arg: &[u8]) -> Vec<u8> {
     let mut value = old.unwrap_or_default().to_vec();
-    let Some(end) = (offset as usize).checked_add(bytes.len()) else {
+    // Arguments are checked where they enter the engine; one that was not
+    // (it cannot happen) leaves the value as it was rather than grow it
+    // past the limit.
+    let Ok((offset, bytes)) = patch_span(arg) else {
         return value;
     };
+    let end = offset + bytes.len();
     if value.len() < end {
         value.resize(end, 0);
     }
-    value[offset as usize..end].copy_from_slice(bytes);
+    value[offset..end].copy_from_slice(bytes);
     value
 }
 
@@ -104,6 +156,15 @@ pub fn truncate_arg(len: u64) -> Vec<u8> {
     let mut e = Encoder::with_capacity(10);
     e.varint(len);
     e.buf
+}
+
+fn check_truncate(arg: &[u8]) -> Result<(), String> {
+    let mut d = Decoder::new(arg);
+    d.varint().map_err(|e| format!("truncate length: {e}"))?;
+    if !d.is_empty() {
+        return Err("trailing bytes after a truncate length".into());
+    }
+    Ok(())
 }
 
 fn merge_truncate(old: Option<&[u8]>, arg: &[u8]) -> Vec<u8> {
@@ -142,6 +203,23 @@ pub fn record_arg(ops: &[RecordOp]) -> Vec<u8> {
 
 /// Largest slot index a record update may touch (bounds value growth).
 const RECORD_SLOTS_MAX: u64 = 4096;
+
+fn check_record(arg: &[u8]) -> Result<(), String> {
+    let mut d = Decoder::new(arg);
+    while !d.is_empty() {
+        let (code, slot) = match (d.u8(), d.varint(), d.u64()) {
+            (Ok(code), Ok(slot), Ok(_)) => (code, slot),
+            _ => return Err("truncated record update".into()),
+        };
+        if code > 3 {
+            return Err(format!("unknown record operation {code}"));
+        }
+        if slot >= RECORD_SLOTS_MAX {
+            return Err(format!("record slot {slot} past the limit"));
+        }
+    }
+    Ok(())
+}
 
 fn merge_record(old: Option<&[u8]>, arg: &[u8]) -> Vec<u8> {
     let mut value = old.unwrap_or_default().to_vec();
@@ -194,6 +272,37 @@ mod tests {
             .apply(MERGE_PATCH, Some(b"xyzxyz"), &patch_arg(1, b"Q"))
             .unwrap();
         assert_eq!(v, b"xQzxyz");
+    }
+
+    #[test]
+    fn arguments_past_the_limits_are_refused() {
+        let r = MergeRegistry::default();
+        assert!(r.check(MERGE_PATCH, &patch_arg(10, b"abc")).is_ok());
+        let at_limit = MAX_VALUE_BYTES as u64 - 3;
+        assert!(r.check(MERGE_PATCH, &patch_arg(at_limit, b"abc")).is_ok());
+        for offset in [at_limit + 1, 1 << 31, (1 << 63) - 1, u64::MAX] {
+            assert!(r.check(MERGE_PATCH, &patch_arg(offset, b"abc")).is_err());
+            // Even unchecked, applying one never allocates past the limit.
+            let v = r
+                .apply(MERGE_PATCH, Some(b"old"), &patch_arg(offset, b"abc"))
+                .unwrap();
+            assert_eq!(v, b"old");
+        }
+        assert!(r.check(MERGE_PATCH, &[0xff; 11]).is_err());
+        assert!(r.check(MERGE_TRUNCATE, &truncate_arg(5)).is_ok());
+        assert!(r.check(MERGE_TRUNCATE, b"").is_err());
+        assert!(r.check(MERGE_TRUNCATE, &[5, 1]).is_err());
+        assert!(r
+            .check(MERGE_RECORD, &record_arg(&[RecordOp::Set(3, 1)]))
+            .is_ok());
+        assert!(r
+            .check(MERGE_RECORD, &record_arg(&[RecordOp::Set(4096, 1)]))
+            .is_err());
+        assert!(r
+            .check(MERGE_RECORD, &[9, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+            .is_err());
+        assert!(r.check(MERGE_RECORD, &[0, 0, 0]).is_err());
+        assert!(r.check(77, b"").is_err());
     }
 
     #[test]

@@ -440,8 +440,10 @@ pub enum NodeBody {
 #[derive(Clone, Debug)]
 pub struct Node {
     pub body: NodeBody,
-    /// The lifted prefix: what the parent's pivots say every key here begins with.
-    pub prefix: Vec<u8>,
+    /// The key range the parent's pivots give this node: every key here
+    /// lies inside it, and its lifted prefix is what the node's image omits.
+    /// A load checks that a cached node is reached under the same bounds.
+    pub bounds: Bounds,
     /// The key space (tree) the node belongs to.
     pub tree: u8,
     pub dirty: bool,

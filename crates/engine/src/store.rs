@@ -15,15 +15,16 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use betreefs_store::{
-    replay_log, AlignedBuf, Device, FileDevice, Layout, LogWriter, StoreError, Superblock,
-    BLOCK_SIZE,
+    replay_log, AlignedBuf, Device, FileDevice, Layout, LogHole, LogWriter, ReplayStart,
+    StoreError, Superblock, BLOCK_SIZE,
 };
 
 use crate::error::{EngineError, EngineResult};
 use crate::merge::MergeRegistry;
-use crate::message::{KeySpace, Message, WriteBatch, MAX_KEY_BYTES, MAX_VALUE_BYTES};
+use crate::message::{KeySpace, Message, WriteBatch};
 use crate::stats::{add, Stats, StatsSnapshot};
 use crate::tree::{Tree, TreeOptions};
+use crate::validate::check_batch;
 
 /// Tunables. The defaults were chosen by measurement on the reference
 /// machine (docs/benchmarks/engine-tuning.md).
@@ -42,6 +43,14 @@ pub struct Options {
     /// device, clamped to [1 MiB, 512 MiB]).
     pub log_bytes: Option<u64>,
     pub merges: MergeRegistry,
+    /// Open without writing a byte: the log is replayed in memory, writes
+    /// and checkpoints are refused, the image is opened `O_RDONLY` with a
+    /// shared lock (fsck, `mount -o ro`, images on read-only media).
+    pub read_only: bool,
+    /// Open read-write even when the log has a hole, dropping the records
+    /// past it (`fsck --repair --accept-log-loss`); otherwise such an open
+    /// fails with [`StoreError::LogHole`].
+    pub accept_log_hole: bool,
 }
 
 impl Default for Options {
@@ -55,6 +64,8 @@ impl Default for Options {
             checkpoint_interval: Some(Duration::from_secs(60)),
             log_bytes: None,
             merges: MergeRegistry::default(),
+            read_only: false,
+            accept_log_hole: false,
         }
     }
 }
@@ -107,6 +118,20 @@ struct BackgroundState {
     flush_wanted: bool,
 }
 
+/// What opening a store found in its log and superblocks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Log records replayed on top of the checkpoint.
+    pub replayed_records: u64,
+    /// Intact records past the end of the log written by the flush that was
+    /// torn by the crash (never acknowledged, so not replayed).
+    pub unacknowledged_records: u64,
+    /// A hole in the log: acknowledged records past it were not replayed.
+    pub hole: Option<LogHole>,
+    /// Why one superblock copy was unusable (recovery used the other).
+    pub damaged_superblock: Option<String>,
+}
+
 struct Inner {
     tree: Mutex<Tree>,
     log: LogWriter,
@@ -116,6 +141,7 @@ struct Inner {
     background: Mutex<BackgroundState>,
     wake: Condvar,
     options: Options,
+    recovery: RecoveryReport,
 }
 
 /// A durable B^ε-tree key-value store with two key spaces.
@@ -150,7 +176,12 @@ impl Store {
 
     /// Opens an existing store, recovering from its newest checkpoint and log.
     pub fn open(path: &Path, options: Options) -> EngineResult<Store> {
-        let device = FileDevice::open(path).map_err(|e| StoreError::io("opening image", e))?;
+        let device = if options.read_only {
+            FileDevice::open_read_only(path)
+        } else {
+            FileDevice::open(path)
+        }
+        .map_err(|e| StoreError::io("opening image", e))?;
         Self::open_on(Arc::new(device), options)
     }
 
@@ -184,15 +215,22 @@ impl Store {
             fresh_epoch(),
             0,
         )?;
-        let store = Self::assemble(device, tree, log, stats, merges, options);
-        store.checkpoint()?;
+        let recovery = RecoveryReport::default();
+        let store = Self::assemble(device, tree, log, stats, merges, options, recovery);
+        store.checkpoint_both_copies()?;
         Ok(store)
     }
 
     /// Opens any device holding a store.
     pub fn open_on(device: Arc<dyn Device>, options: Options) -> EngineResult<Store> {
         options.validate()?;
-        let sb = Superblock::read_newest(device.as_ref())?;
+        if options.read_only && options.accept_log_hole {
+            return Err(EngineError::InvalidOption(
+                "accepting a log hole needs a read-write open".into(),
+            ));
+        }
+        let copies = Superblock::read_copies(device.as_ref())?;
+        let sb = copies.newest;
         let stats = Arc::new(Stats::default());
         let merges = Arc::new(options.merges.clone());
         let mut tree = Tree::open(
@@ -202,20 +240,34 @@ impl Store {
             merges.clone(),
             stats.clone(),
         )?;
+        tree.read_only = options.read_only;
         let layout = sb.layout;
+        // After a clean close nothing follows the checkpoint; otherwise (or
+        // when the other superblock copy, perhaps the newer, is unusable)
+        // replay looks past its end for proof of a hole.
+        let start = ReplayStart {
+            head: sb.log_head,
+            epoch: sb.log_epoch,
+            first_seq: sb.checkpoint_seq + 1,
+            look_beyond: !sb.clean || copies.damaged.is_some(),
+        };
         let mut replay_error: Option<EngineError> = None;
         let replayed = replay_log(
             device.as_ref(),
             layout.log_offset,
             layout.log_bytes,
-            sb.log_head,
-            sb.log_epoch,
-            sb.checkpoint_seq + 1,
+            &start,
             |seq, payload| {
                 let applied = WriteBatch::decode(payload)
                     .map_err(|e| EngineError::CorruptLogRecord { seq, reason: e.0 })
                     .and_then(|batch| {
-                        validate_batch(&batch, &merges)?;
+                        check_batch(&batch, &merges).map_err(|e| {
+                            EngineError::CorruptLogRecord {
+                                seq,
+                                reason: e.to_string(),
+                            }
+                        })?;
+                        tree.next_seq = seq + 1;
                         tree.apply_batch(seq, &batch)?;
                         match tree.evict_if_needed() {
                             Err(e) if !e.is_no_space() => Err(e),
@@ -233,8 +285,26 @@ impl Store {
             (Err(e), None) => return Err(e.into()),
             (Ok(end), None) => end,
         };
+        if let Some(hole) = &end.hole {
+            if !(options.read_only || options.accept_log_hole) {
+                return Err(StoreError::LogHole(hole.clone()).into());
+            }
+            tracing::error!("the redo log has a hole; records past it are not replayed: {hole}");
+        }
+        if end.unacknowledged > 0 {
+            tracing::warn!(
+                "{} records of the flush the crash interrupted were not replayed (never acknowledged)",
+                end.unacknowledged
+            );
+        }
         add(&stats.log_replayed_records, end.records);
         tree.next_seq = end.next_seq;
+        let recovery = RecoveryReport {
+            replayed_records: end.records,
+            unacknowledged_records: end.unacknowledged,
+            hole: end.hole.clone(),
+            damaged_superblock: copies.damaged,
+        };
         // A new epoch: records of the crashed run that lie beyond the end
         // of replay must never be mistaken for new ones.
         let epoch = sb.log_epoch.wrapping_add(1).max(1);
@@ -245,9 +315,30 @@ impl Store {
             epoch,
             end.end_pos,
         )?;
-        let store = Self::assemble(device, tree, log, stats, merges, options);
-        store.checkpoint()?;
+        let read_only = options.read_only;
+        let store = Self::assemble(device, tree, log, stats, merges, options, recovery);
+        if !read_only {
+            store.checkpoint_both_copies()?;
+        }
         Ok(store)
+    }
+
+    /// Two checkpoints in a row, before the store accepts a write: both
+    /// superblock copies then name the current log epoch, so whichever copy
+    /// survives finds every record the epoch appends.
+    fn checkpoint_both_copies(&self) -> EngineResult<()> {
+        self.checkpoint()?;
+        self.checkpoint()
+    }
+
+    /// What the open found in the log and the superblocks.
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.inner.recovery
+    }
+
+    /// Whether the store was opened read-only.
+    pub fn is_read_only(&self) -> bool {
+        self.inner.options.read_only
     }
 
     fn assemble(
@@ -257,6 +348,7 @@ impl Store {
         stats: Arc<Stats>,
         merges: Arc<MergeRegistry>,
         options: Options,
+        recovery: RecoveryReport,
     ) -> Store {
         drop(device);
         let inner = Arc::new(Inner {
@@ -268,9 +360,11 @@ impl Store {
             background: Mutex::new(BackgroundState::default()),
             wake: Condvar::new(),
             options,
+            recovery,
         });
-        let needs_worker = inner.options.log_flush_interval.is_some()
-            || inner.options.checkpoint_interval.is_some();
+        let needs_worker = !inner.options.read_only
+            && (inner.options.log_flush_interval.is_some()
+                || inner.options.checkpoint_interval.is_some());
         let worker = needs_worker.then(|| {
             let inner = inner.clone();
             std::thread::Builder::new()
@@ -368,6 +462,9 @@ impl Store {
     /// Makes every write that returned before this call durable.
     pub fn sync(&self) -> EngineResult<()> {
         self.inner.check_failed()?;
+        if self.is_read_only() {
+            return Ok(());
+        }
         self.inner
             .log
             .flush()
@@ -378,6 +475,7 @@ impl Store {
     /// leaves it empties), then checkpoints. Frees the space of pending
     /// deletes; costs a pass over every node that holds messages.
     pub fn compact(&self) -> EngineResult<()> {
+        self.inner.check_writable()?;
         let mut tree = self.inner.lock_tree();
         self.inner.check_failed()?;
         tree.flush_everything().map_err(|e| self.inner.poison(e))?;
@@ -406,10 +504,13 @@ impl Store {
         self.stop_worker();
         self.closed = true;
         self.inner.check_failed()?;
+        if self.is_read_only() {
+            return Ok(());
+        }
         // The log first: if the checkpoint cannot be written (a full
         // device), recovery still has every write.
         self.sync()?;
-        self.inner.checkpoint()
+        self.inner.final_checkpoint()
     }
 
     fn stop_worker(&mut self) {
@@ -431,11 +532,11 @@ impl Drop for Store {
             return;
         }
         self.stop_worker();
-        if self.inner.check_failed().is_ok() {
+        if self.inner.check_failed().is_ok() && !self.is_read_only() {
             if let Err(e) = self.sync() {
                 tracing::error!("final log flush failed: {e}");
             }
-            if let Err(e) = self.inner.checkpoint() {
+            if let Err(e) = self.inner.final_checkpoint() {
                 tracing::error!("final checkpoint failed: {e}");
             }
         }
@@ -462,45 +563,6 @@ fn needs_space(batch: &WriteBatch) -> bool {
     added > 0 && !(removes && added <= REMOVAL_BATCH_ALLOWANCE)
 }
 
-fn validate_batch(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<()> {
-    for (_, m) in batch.messages() {
-        let (keys, value_len): (&[&Vec<u8>], usize) = match m {
-            Message::Put { key, value } => (&[key], value.len()),
-            Message::Delete { key } => (&[key], 0),
-            Message::Upsert { key, func, arg } => {
-                if !merges.knows(*func) {
-                    return Err(EngineError::UnknownMergeFunction(*func));
-                }
-                (&[key], arg.len())
-            }
-            Message::RangeDelete { start, end } => {
-                for k in [start, end] {
-                    if k.len() > MAX_KEY_BYTES {
-                        return Err(EngineError::KeyTooLarge(k.len()));
-                    }
-                }
-                (&[], 0)
-            }
-            Message::RangeRename(r) => {
-                r.check().map_err(EngineError::InvalidMessage)?;
-                for k in [&r.start, &r.end, &r.new_prefix] {
-                    if k.len() > MAX_KEY_BYTES {
-                        return Err(EngineError::KeyTooLarge(k.len()));
-                    }
-                }
-                (&[], 0)
-            }
-        };
-        if let Some(k) = keys.iter().find(|k| k.len() > MAX_KEY_BYTES) {
-            return Err(EngineError::KeyTooLarge(k.len()));
-        }
-        if value_len > MAX_VALUE_BYTES {
-            return Err(EngineError::ValueTooLarge(value_len));
-        }
-    }
-    Ok(())
-}
-
 impl Inner {
     fn lock_tree(&self) -> MutexGuard<'_, Tree> {
         self.tree.lock().unwrap_or_else(|e| e.into_inner())
@@ -517,6 +579,13 @@ impl Inner {
         }
     }
 
+    fn check_writable(&self) -> EngineResult<()> {
+        if self.options.read_only {
+            return Err(EngineError::ReadOnly);
+        }
+        self.check_failed()
+    }
+
     /// Records a failure after which the in-memory state may differ from
     /// what recovery would produce: refuse everything until reopened.
     fn poison(&self, e: EngineError) -> EngineError {
@@ -529,7 +598,8 @@ impl Inner {
     }
 
     fn write(&self, batch: &WriteBatch) -> EngineResult<u64> {
-        validate_batch(batch, &self.merges)?;
+        self.check_writable()?;
+        check_batch(batch, &self.merges)?;
         if batch.is_empty() {
             return Ok(0);
         }
@@ -547,7 +617,9 @@ impl Inner {
         loop {
             match self.log.append(seq, &payload) {
                 Ok(_) => break,
-                Err(StoreError::LogFull { .. }) if attempts == 0 => {
+                // The log keeps the previous checkpoint's records too, so
+                // freeing it may take two checkpoints.
+                Err(StoreError::LogFull { .. }) if attempts < 2 => {
                     attempts += 1;
                     match self.checkpoint_locked(&mut tree) {
                         // A full device cannot take the checkpoint that
@@ -578,7 +650,10 @@ impl Inner {
             }
             Err(e) => return Err(self.poison(e)),
         }
-        let wants_checkpoint = self.log.used() > self.log.capacity() / 2;
+        // A third of the log: the writer keeps the records of the previous
+        // checkpoint's head on as well, so two of these fit in the region
+        // with room to spare while the checkpoint runs.
+        let wants_checkpoint = self.log.used() > self.log.capacity() / 3;
         let wants_flush = self.log.unflushed_bytes() > LOG_FLUSH_EAGER_BYTES;
         drop(tree);
         if wants_checkpoint || wants_flush {
@@ -621,15 +696,32 @@ impl Inner {
     }
 
     fn checkpoint(&self) -> EngineResult<()> {
+        self.check_writable()?;
         let mut tree = self.lock_tree();
         self.check_failed()?;
         self.checkpoint_locked(&mut tree)
     }
 
+    /// The checkpoint of a close, marked clean: nothing follows it in the log.
+    fn final_checkpoint(&self) -> EngineResult<()> {
+        self.check_writable()?;
+        let mut tree = self.lock_tree();
+        self.check_failed()?;
+        self.write_checkpoint(&mut tree, true)
+    }
+
     fn checkpoint_locked(&self, tree: &mut Tree) -> EngineResult<()> {
+        self.write_checkpoint(tree, false)
+    }
+
+    fn write_checkpoint(&self, tree: &mut Tree, clean: bool) -> EngineResult<()> {
         let started = Instant::now();
         let head = self.log.append_pos();
-        tree.write_checkpoint(head, self.log.epoch())
+        // Every record before the new head goes to the log first, although
+        // the checkpoint contains it: recovery from the previous superblock
+        // copy (should this one be lost) replays it from there.
+        self.log.flush().map_err(|e| self.poison(e.into()))?;
+        tree.write_checkpoint(head, self.log.epoch(), clean)
             .map_err(|e| self.poison(e))?;
         self.log.set_head(head);
         let micros = started.elapsed().as_micros() as u64;

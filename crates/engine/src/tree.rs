@@ -17,6 +17,7 @@ use betreefs_store::{
 use crate::btt::{BlockTable, Slot};
 use crate::buffer::{MessageBuffer, PointMsg, RangeDel};
 use crate::codec::DecodeError;
+use crate::entries::Entries;
 use crate::error::{EngineError, EngineResult};
 use crate::format::{
     decode_basement, decode_header, decode_meta, encode_node, meta_end, HEADER_BYTES,
@@ -25,6 +26,7 @@ use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, RangeRename, WriteBatch, KEY_SPACES};
 use crate::node::{Bounds, Interior, Leaf, Node, NodeBody};
 use crate::stats::{add, level, Stats};
+use crate::validate;
 
 /// Shape and memory parameters of the trees.
 #[derive(Clone, Debug)]
@@ -141,6 +143,9 @@ pub(crate) struct Tree {
     /// blocks in use, as of the last checkpoint (see [`Tree::space_low`]).
     node_sized_free_blocks: u64,
     used_blocks_at_checkpoint: u64,
+    /// Opened read-only: nothing is ever written (dirty nodes made by log
+    /// replay stay in memory).
+    pub read_only: bool,
 }
 
 impl Tree {
@@ -173,6 +178,7 @@ impl Tree {
             removals_since_reclaim: 0,
             node_sized_free_blocks: u64::MAX,
             used_blocks_at_checkpoint: 0,
+            read_only: false,
         }
     }
 
@@ -195,7 +201,8 @@ impl Tree {
             alloc,
         );
         for ks in KeySpace::ALL {
-            tree.roots[ks.index()] = tree.new_node(ks, NodeBody::Leaf(Leaf::default()), Vec::new());
+            tree.roots[ks.index()] =
+                tree.new_node(ks, NodeBody::Leaf(Leaf::default()), Bounds::full());
         }
         tree
     }
@@ -289,13 +296,13 @@ impl Tree {
         debug_assert!(previous.is_none(), "node {num} cached twice");
     }
 
-    fn new_node(&mut self, ks: KeySpace, body: NodeBody, prefix: Vec<u8>) -> u64 {
+    fn new_node(&mut self, ks: KeySpace, body: NodeBody, bounds: Bounds) -> u64 {
         let num = self.btt.allocate();
         self.put(
             num,
             Node {
                 body,
-                prefix,
+                bounds,
                 tree: ks as u8,
                 dirty: true,
                 last_used: 0,
@@ -379,11 +386,19 @@ impl Tree {
         if let Some(node) = self.cache.get_mut(&num) {
             self.tick += 1;
             node.last_used = self.tick;
-            debug_assert_eq!(
-                node.prefix,
-                bounds.lifted_prefix(),
-                "cached node {num} has a stale lifted prefix"
-            );
+            if node.bounds != *bounds {
+                // Reached from a parent that disagrees with where the node
+                // was found before: it is referenced twice, or the pivots
+                // above it changed under it.
+                return Err(Self::corrupt(
+                    ks,
+                    num,
+                    format!(
+                        "reached with bounds {bounds:?} but known with {:?}",
+                        node.bounds
+                    ),
+                ));
+            }
             if let Some(h) = height.filter(|&h| h != node.height()) {
                 return Err(Self::corrupt(
                     ks,
@@ -444,19 +459,30 @@ impl Tree {
         if meta_end(&header) > head.len() {
             head = self.read_extent_bytes(extent, 0, meta_end(&header), header.height)?;
         }
-        let mut node =
-            decode_meta(&header, &head[HEADER_BYTES..meta_end(&header)], prefix).map_err(bad)?;
+        let meta = head
+            .get(HEADER_BYTES..meta_end(&header))
+            .ok_or_else(|| Self::corrupt(ks, num, "meta beyond the node"))?;
+        let mut node = decode_meta(&header, meta, bounds).map_err(bad)?;
+        let max_seq = self.next_seq.saturating_sub(1);
+        match &node.body {
+            NodeBody::Interior(int) => {
+                validate::check_interior(int, bounds, num, &self.merges, max_seq)
+            }
+            NodeBody::Leaf(leaf) => validate::check_leaf(leaf, bounds),
+        }
+        .map_err(|reason| Self::corrupt(ks, num, reason))?;
         add(&self.stats.nodes_read, 1);
         let result = if let (true, NodeBody::Leaf(leaf)) = (whole, &mut node.body) {
             // The whole extent is in memory already: decode every basement from it.
-            leaf.basements.iter_mut().try_for_each(|b| {
-                let Some(loc) = b.loc else {
+            (0..leaf.basements.len()).try_for_each(|i| {
+                let Some(loc) = leaf.basements[i].loc else {
                     return Err(Self::corrupt(ks, num, "basement without location"));
                 };
                 let bytes = head
-                    .get(loc.offset as usize..(loc.offset + loc.len) as usize)
+                    .get(loc.offset as usize..(loc.offset as usize + loc.len as usize))
                     .ok_or_else(|| Self::corrupt(ks, num, "basement beyond node"))?;
-                b.entries = Some(decode_basement(bytes, &loc, b.count, prefix).map_err(bad)?);
+                let entries = Self::decode_checked_basement(ks, num, leaf, i, bounds, bytes)?;
+                leaf.basements[i].entries = Some(entries);
                 Ok(())
             })
         } else {
@@ -465,6 +491,28 @@ impl Tree {
         result?;
         self.put(num, node);
         Ok(())
+    }
+
+    /// Decodes basement `i` of a leaf with bounds `bounds` from its bytes
+    /// and checks that its keys lie in the basement's range.
+    fn decode_checked_basement(
+        ks: KeySpace,
+        num: u64,
+        leaf: &Leaf,
+        i: usize,
+        bounds: &Bounds,
+        bytes: &[u8],
+    ) -> EngineResult<Entries> {
+        let b = &leaf.basements[i];
+        let Some(loc) = b.loc else {
+            return Err(Self::corrupt(ks, num, "basement without location"));
+        };
+        let prefix = bounds.lifted_prefix();
+        let entries = decode_basement(bytes, &loc, b.count, &prefix)
+            .map_err(|e| Self::corrupt(ks, num, e.0))?;
+        validate::check_basement(&entries, &validate::basement_bounds(leaf, i, bounds))
+            .map_err(|reason| Self::corrupt(ks, num, reason))?;
+        Ok(entries)
     }
 
     /// The basements `want` covers.
@@ -529,11 +577,13 @@ impl Tree {
         let buf = self.read_extent_bytes(extent, lo, (hi - lo) as usize, 0)?;
         for (&i, loc) in missing.iter().zip(&locs) {
             let at = (loc.offset as u64 - lo) as usize;
-            let b = &mut leaf.basements[i];
-            let entries =
-                decode_basement(&buf[at..at + loc.len as usize], loc, b.count, &node.prefix)
-                    .map_err(|e| Self::corrupt(ks, num, e.0))?;
-            b.entries = Some(entries);
+            // Offsets are in order, but a damaged length could still run
+            // past what was read.
+            let bytes = buf
+                .get(at..at + loc.len as usize)
+                .ok_or_else(|| Self::corrupt(ks, num, "basement runs past the next one"))?;
+            let entries = Self::decode_checked_basement(ks, num, leaf, i, &node.bounds, bytes)?;
+            leaf.basements[i].entries = Some(entries);
         }
         Ok(())
     }
@@ -749,7 +799,7 @@ impl Tree {
                 children: vec![root],
                 buffers: vec![MessageBuffer::default()],
             };
-            self.roots[ks.index()] = self.new_node(ks, NodeBody::Interior(int), Vec::new());
+            self.roots[ks.index()] = self.new_node(ks, NodeBody::Interior(int), Bounds::full());
         }
         Ok(self.roots[ks.index()])
     }
@@ -791,7 +841,7 @@ impl Tree {
                 int.children.push(num);
                 int.buffers.push(MessageBuffer::default());
             }
-            self.roots[ks.index()] = self.new_node(ks, NodeBody::Interior(int), Vec::new());
+            self.roots[ks.index()] = self.new_node(ks, NodeBody::Interior(int), Bounds::full());
         }
         // A root with one interior child is only a detour: empty its buffer
         // and drop it. Over a single leaf it stays: its buffer is what
@@ -850,12 +900,11 @@ impl Tree {
         let child_bounds = int.child_bounds(i, parent_bounds);
         let child_height = int.height - 1;
         let mut child = int.children[i];
-        let prefix = child_bounds.lifted_prefix();
         if int.buffers[i].covers_whole(&child_bounds.lo, child_bounds.hi.as_deref()) {
             // A range delete covers the whole child: drop its subtree without
             // reading a single leaf and start over with an empty one.
             let doomed = self.collect_subtree(ks, child, &child_bounds, child_height)?;
-            let fresh = self.empty_subtree(ks, child_height, &prefix);
+            let fresh = self.empty_subtree(ks, child_height, &child_bounds);
             for num in doomed {
                 self.free_node(num);
             }
@@ -933,8 +982,8 @@ impl Tree {
 
     /// An empty subtree of the given height: a chain of single-child
     /// interior nodes over an empty leaf (merges heal it later).
-    fn empty_subtree(&mut self, ks: KeySpace, height: u32, prefix: &[u8]) -> u64 {
-        let mut num = self.new_node(ks, NodeBody::Leaf(Leaf::default()), prefix.to_vec());
+    fn empty_subtree(&mut self, ks: KeySpace, height: u32, bounds: &Bounds) -> u64 {
+        let mut num = self.new_node(ks, NodeBody::Leaf(Leaf::default()), bounds.clone());
         for h in 1..=height {
             let int = Interior {
                 height: h,
@@ -942,7 +991,7 @@ impl Tree {
                 children: vec![num],
                 buffers: vec![MessageBuffer::default()],
             };
-            num = self.new_node(ks, NodeBody::Interior(int), prefix.to_vec());
+            num = self.new_node(ks, NodeBody::Interior(int), bounds.clone());
         }
         num
     }
@@ -1012,7 +1061,7 @@ impl Tree {
             }
             _ => unreachable!("both children were checked to be at height {height}"),
         }
-        left.prefix = merged_bounds.lifted_prefix();
+        left.bounds = merged_bounds.clone();
         left.dirty = true;
         self.put(left_num, left);
         self.free_node(right_num);
@@ -1100,21 +1149,19 @@ impl Tree {
             .map(|(p, _)| Some(p.clone()))
             .chain([bounds.hi.clone()])
             .collect();
-        node.prefix = Bounds {
+        node.bounds = Bounds {
             lo: bounds.lo.clone(),
             hi: pieces.first().map(|(p, _)| p.clone()),
-        }
-        .lifted_prefix();
+        };
         node.dirty = true;
         self.put(num, node);
         let mut splits = Vec::with_capacity(pieces.len());
         for ((sep, body), hi) in pieces.into_iter().zip(his) {
-            let prefix = Bounds {
+            let bounds = Bounds {
                 lo: sep.clone(),
                 hi,
-            }
-            .lifted_prefix();
-            let new = self.new_node(ks, body, prefix);
+            };
+            let new = self.new_node(ks, body, bounds);
             splits.push((sep, new));
         }
         add(&self.stats.splits, splits.len() as u64);
@@ -1201,6 +1248,9 @@ impl Tree {
 
     /// Writes a dirty node to a fresh extent (copy-on-write).
     fn write_node(&mut self, num: u64) -> EngineResult<()> {
+        if self.read_only {
+            return Err(EngineError::ReadOnly);
+        }
         let node = self.node(num);
         debug_assert!(node.dirty);
         if let NodeBody::Leaf(leaf) = &node.body {
@@ -1253,7 +1303,7 @@ impl Tree {
     /// stay longer than leaves of the same age: every query and flush passes
     /// through them. Roots stay.
     pub fn evict_if_needed(&mut self) -> EngineResult<()> {
-        self.evict(true)
+        self.evict(!self.read_only)
     }
 
     /// What a read does after loading nodes: drops clean nodes only (leaves
@@ -1295,7 +1345,16 @@ impl Tree {
 
     /// Writes every dirty node, the block table and a new superblock naming
     /// them; `log_head` is where replay must start for what comes after.
-    pub fn write_checkpoint(&mut self, log_head: u64, log_epoch: u32) -> EngineResult<()> {
+    /// `clean` marks the final checkpoint of a close (no record follows).
+    pub fn write_checkpoint(
+        &mut self,
+        log_head: u64,
+        log_epoch: u32,
+        clean: bool,
+    ) -> EngineResult<()> {
+        if self.read_only {
+            return Err(EngineError::ReadOnly);
+        }
         let mut dirty: Vec<(u32, u64)> = self
             .cache
             .iter()
@@ -1337,6 +1396,7 @@ impl Tree {
             btt: extent,
             btt_crc: crc32c_of(&[&table]),
             roots: self.roots.to_vec(),
+            clean,
         };
         sb.write(self.device.as_ref())?;
         add(&self.stats.superblock_bytes_written, BLOCK_SIZE as u64);

@@ -33,6 +33,14 @@ fn populated_image() -> Vec<u8> {
     dev.current_image()
 }
 
+/// Bounds whose lifted prefix is `prefix`.
+fn bounds_with_prefix(prefix: &[u8]) -> betreefs_engine::node::Bounds {
+    betreefs_engine::node::Bounds {
+        lo: prefix.to_vec(),
+        hi: Some([prefix, &[0xff]].concat()),
+    }
+}
+
 /// Opens the image and reads everything; returns the first error.
 fn read_everything(image: Vec<u8>) -> Result<(), EngineError> {
     let store = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options())?;
@@ -87,9 +95,11 @@ fn flipped_bytes_in_every_node_are_reported() {
         let mut targets = vec![0, 8, 30, 61];
         if let Ok(h) = decode_header(node_bytes, crc, num, &guess_prefix) {
             targets.push(HEADER_BYTES + h.meta_len as usize / 2);
-            if let Ok(node) =
-                decode_meta(&h, &node_bytes[HEADER_BYTES..meta_end(&h)], &guess_prefix)
-            {
+            if let Ok(node) = decode_meta(
+                &h,
+                &node_bytes[HEADER_BYTES..meta_end(&h)],
+                &bounds_with_prefix(&guess_prefix),
+            ) {
                 if let NodeBody::Leaf(leaf) = node.body {
                     for b in leaf.basements.iter().take(2) {
                         let loc = b.loc.unwrap();
@@ -165,14 +175,15 @@ fn corrupt_superblocks_and_foreign_images_are_refused() {
 }
 
 #[test]
-fn corrupt_log_record_in_the_middle_is_refused() {
+fn a_damaged_log_record_in_the_middle_is_a_hole() {
     let (dev, store) = common::mem_store(32 << 20, small_options());
+    // Each record flushed on its own, as an fsync after every write does.
     for i in 0..20u32 {
         store
             .put(KeySpace::Meta, &i.to_be_bytes(), &[3; 40])
             .unwrap();
+        store.sync().unwrap();
     }
-    store.sync().unwrap();
     let sb = Superblock::read_newest(&dev).unwrap();
     let image = dev.current_image();
     drop(store);
@@ -180,10 +191,22 @@ fn corrupt_log_record_in_the_middle_is_refused() {
     let at = (sb.layout.log_offset + sb.log_head % sb.layout.log_bytes) as usize + 25;
     let mut bad = image.clone();
     bad[at] ^= 1;
-    expect_error(bad, "log record", |e| {
-        matches!(e, EngineError::Store(StoreError::CorruptLog { .. }))
+    expect_error(bad.clone(), "log record", |e| {
+        matches!(e, EngineError::Store(StoreError::LogHole(_)))
     });
+    // Read-only, it opens with what precedes the hole and says so.
+    let ro = Store::open_on(
+        Arc::new(MemDevice::from_image(bad)),
+        betreefs_engine::Options {
+            read_only: true,
+            ..small_options()
+        },
+    )
+    .unwrap();
+    assert!(ro.recovery().hole.is_some());
+    assert_eq!(scan_all(&ro, KeySpace::Meta).len(), 0);
     // The undamaged image recovers all 20 records.
     let ok = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options()).unwrap();
     assert_eq!(scan_all(&ok, KeySpace::Meta).len(), 20);
+    assert_eq!(ok.recovery().replayed_records, 20);
 }

@@ -1,10 +1,16 @@
-//! The two-generation block allocator of BetrFS 0.2 §3.
+//! The generational block allocator of BetrFS 0.2 §3, one generation
+//! deeper.
 //!
-//! Two bitmaps over the node region: `current` (what the in-memory tree and
-//! block table reference now) and `checkpointed` (what the last durable
-//! checkpoint references). A block is free only when free in both, so
+//! Three bitmaps over the node region: `current` (what the in-memory tree
+//! and block table reference now), `checkpointed` (what the newest durable
+//! checkpoint references) and `previous` (the checkpoint before it). A block
+//! is free only when free in all three. BetrFS keeps two generations so that
 //! nothing the last checkpoint needs is overwritten before the next one is
-//! durable; [`BlockAllocator::commit_checkpoint`] then releases the rest.
+//! durable; the third keeps the checkpoint before it intact too, so that if
+//! the newest superblock copy is damaged after it was written, recovery
+//! from the older copy still finds every node it names (docs/design.md,
+//! "Durability"). [`BlockAllocator::commit_checkpoint`] shifts the
+//! generations and releases what none of them holds.
 
 use crate::Extent;
 
@@ -12,7 +18,8 @@ pub struct BlockAllocator {
     blocks: u64,
     current: Vec<u64>,
     checkpointed: Vec<u64>,
-    /// Blocks set in `current | checkpointed`.
+    previous: Vec<u64>,
+    /// Blocks set in `current | checkpointed | previous`.
     used_blocks: u64,
     /// Next-fit cursor: allocation continues after the last extent, which
     /// keeps a checkpoint's node writes sequential on the device.
@@ -40,12 +47,14 @@ impl BlockAllocator {
             blocks,
             current: vec![0; words],
             checkpointed: vec![0; words],
+            previous: vec![0; words],
             used_blocks: 0,
             cursor: 0,
         }
     }
 
-    /// Blocks that may not be allocated (in use now or by the last checkpoint).
+    /// Blocks that may not be allocated (in use now or by one of the last
+    /// two checkpoints).
     pub fn used_blocks(&self) -> u64 {
         self.used_blocks
     }
@@ -56,12 +65,16 @@ impl BlockAllocator {
     }
 
     fn in_use(&self, i: u64) -> bool {
-        bit(&self.current, i) || bit(&self.checkpointed, i)
+        bit(&self.current, i) || bit(&self.checkpointed, i) || bit(&self.previous, i)
     }
 
-    /// Records an extent as in use by both generations (used when loading a
-    /// checkpoint). Returns false if it overlaps one already marked or lies
-    /// outside the region: the block table is then corrupt.
+    fn held_word(&self, w: usize) -> u64 {
+        self.current[w] | self.checkpointed[w] | self.previous[w]
+    }
+
+    /// Records an extent as in use now and by the newest checkpoint (used
+    /// when loading a checkpoint). Returns false if it overlaps one already
+    /// marked or lies outside the region: the block table is then corrupt.
     pub fn mark_loaded(&mut self, extent: Extent) -> bool {
         let end = extent.block.saturating_add(extent.blocks());
         if end > self.blocks || (extent.block..end).any(|b| bit(&self.current, b)) {
@@ -99,7 +112,7 @@ impl BlockAllocator {
             // Skip whole words that are completely used in either map.
             if b.is_multiple_of(64) {
                 let w = (b / 64) as usize;
-                if (self.current[w] | self.checkpointed[w]) == u64::MAX {
+                if self.held_word(w) == u64::MAX {
                     b += 64;
                     continue;
                 }
@@ -119,7 +132,7 @@ impl BlockAllocator {
         while b < self.blocks {
             let w = (b / 64) as usize;
             if b.is_multiple_of(64) && b + 64 <= self.blocks {
-                match self.current[w] | self.checkpointed[w] {
+                match self.held_word(w) {
                     0 => {
                         run += 64;
                         b += 64;
@@ -146,23 +159,27 @@ impl BlockAllocator {
     }
 
     /// Releases an extent from the current generation. Its blocks become
-    /// reusable at once if the last checkpoint does not reference them,
-    /// otherwise after the next checkpoint.
+    /// reusable at once if neither of the last two checkpoints references
+    /// them, otherwise once two more checkpoints are durable.
     pub fn free(&mut self, extent: Extent) {
         for b in extent.block..extent.block + extent.blocks() {
             debug_assert!(bit(&self.current, b), "double free of block {b}");
             set(&mut self.current, b, false);
-            if !bit(&self.checkpointed, b) {
+            if !bit(&self.checkpointed, b) && !bit(&self.previous, b) {
                 self.used_blocks -= 1;
             }
         }
     }
 
     /// The checkpoint whose extents are exactly `current` is durable: the
-    /// blocks only the previous checkpoint used are free from now on.
+    /// newest checkpoint becomes the previous one, and the blocks only the
+    /// old previous one used are free from now on.
     pub fn commit_checkpoint(&mut self) {
+        std::mem::swap(&mut self.previous, &mut self.checkpointed);
         self.checkpointed.copy_from_slice(&self.current);
-        self.used_blocks = self.live_blocks();
+        self.used_blocks = (0..self.current.len())
+            .map(|w| self.held_word(w).count_ones() as u64)
+            .sum();
     }
 }
 
@@ -172,17 +189,24 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn checkpointed_blocks_survive_until_commit() {
-        let mut a = BlockAllocator::new(8);
+    fn checkpointed_blocks_survive_two_commits() {
+        let mut a = BlockAllocator::new(12);
         let x = a.allocate(4096 * 4).unwrap();
         a.commit_checkpoint();
         a.free(x);
         // The freed extent is still referenced by the checkpoint.
         let y = a.allocate(4096 * 4).unwrap();
         assert_eq!(y.block, 4);
+        a.commit_checkpoint();
+        // ... and by the previous one after the next checkpoint.
+        a.free(y);
+        let z = a.allocate(4096 * 4).unwrap();
+        assert_eq!(z.block, 8);
         assert!(a.allocate(4096).is_none());
         a.commit_checkpoint();
+        // x is held by no generation now; y still by the previous one.
         assert_eq!(a.allocate(4096 * 4).unwrap().block, 0);
+        assert!(a.allocate(4096).is_none());
     }
 
     #[test]
@@ -203,10 +227,11 @@ mod tests {
             let mut a = BlockAllocator::new(64);
             let mut live: Vec<Extent> = Vec::new();
             let mut ckpt: Vec<Extent> = Vec::new();
+            let mut prev: Vec<Extent> = Vec::new();
             for (op, len) in ops {
                 match op {
                     0 => if let Some(e) = a.allocate(len) {
-                        for other in live.iter().chain(ckpt.iter()) {
+                        for other in live.iter().chain(ckpt.iter()).chain(prev.iter()) {
                             let disjoint = e.block + e.blocks() <= other.block || other.block + other.blocks() <= e.block;
                             prop_assert!(disjoint, "{e:?} overlaps {other:?}");
                         }
@@ -216,9 +241,9 @@ mod tests {
                         let e = live.remove(len as usize % live.len());
                         a.free(e);
                     },
-                    _ => { a.commit_checkpoint(); ckpt = live.clone(); }
+                    _ => { a.commit_checkpoint(); prev = std::mem::replace(&mut ckpt, live.clone()); }
                 }
-                let mut union: Vec<u64> = live.iter().chain(ckpt.iter())
+                let mut union: Vec<u64> = live.iter().chain(ckpt.iter()).chain(prev.iter())
                     .flat_map(|e| e.block..e.block + e.blocks()).collect();
                 union.sort_unstable();
                 union.dedup();

@@ -33,12 +33,18 @@ fn check_aligned(len: usize, offset: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Takes an advisory exclusive lock so two processes never run a store on
-/// the same image (it is released when the file is closed).
-fn lock_exclusive(file: &File) -> io::Result<()> {
+/// Takes an advisory lock so two processes never run a store on the same
+/// image (it is released when the file is closed): exclusive to write,
+/// shared to read (any number of readers, but not beside a writer).
+fn lock(file: &File, exclusive: bool) -> io::Result<()> {
     use std::os::fd::AsRawFd;
+    let mode = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    };
     // SAFETY: flock on a valid, owned file descriptor has no memory effects.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    let rc = unsafe { libc::flock(file.as_raw_fd(), mode | libc::LOCK_NB) };
     if rc == 0 {
         return Ok(());
     }
@@ -59,6 +65,7 @@ pub struct FileDevice {
     file: File,
     len: u64,
     direct: bool,
+    read_only: bool,
 }
 
 impl FileDevice {
@@ -71,7 +78,7 @@ impl FileDevice {
             .truncate(false)
             .open(path)?;
         // Never truncate an image another process is using.
-        lock_exclusive(&file)?;
+        lock(&file, true)?;
         file.set_len(0)?;
         file.set_len(len)?;
         drop(file);
@@ -80,9 +87,19 @@ impl FileDevice {
 
     /// Opens an existing image file or block device.
     pub fn open(path: &Path) -> io::Result<FileDevice> {
+        Self::open_with(path, false)
+    }
+
+    /// Opens an image for reading only: the file is opened `O_RDONLY` (an
+    /// image on read-only media works) and every write is refused.
+    pub fn open_read_only(path: &Path) -> io::Result<FileDevice> {
+        Self::open_with(path, true)
+    }
+
+    fn open_with(path: &Path, read_only: bool) -> io::Result<FileDevice> {
         let open = |direct: bool| {
             let mut options = OpenOptions::new();
-            options.read(true).write(true);
+            options.read(true).write(!read_only);
             if direct {
                 options.custom_flags(libc::O_DIRECT);
             }
@@ -96,7 +113,7 @@ impl FileDevice {
             }
             Err(err) => return Err(err),
         };
-        lock_exclusive(&file)?;
+        lock(&file, !read_only)?;
         let meta = file.metadata()?;
         let len = if meta.file_type().is_block_device() {
             use std::io::Seek;
@@ -105,7 +122,12 @@ impl FileDevice {
         } else {
             meta.len()
         };
-        Ok(FileDevice { file, len, direct })
+        Ok(FileDevice {
+            file,
+            len,
+            direct,
+            read_only,
+        })
     }
 
     fn bounce_needed(&self, ptr: *const u8) -> bool {
@@ -131,6 +153,9 @@ impl Device for FileDevice {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         check_aligned(buf.len(), offset)?;
+        if self.read_only {
+            return Err(io::Error::from_raw_os_error(libc::EROFS));
+        }
         if offset + buf.len() as u64 > self.len {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -144,6 +169,9 @@ impl Device for FileDevice {
     }
 
     fn sync(&self) -> io::Result<()> {
+        if self.read_only {
+            return Err(io::Error::from_raw_os_error(libc::EROFS));
+        }
         self.file.sync_data()
     }
 }
@@ -169,7 +197,16 @@ struct MemState {
     writes: u64,
     syncs: u64,
     fail_after_writes: Option<u64>,
+    /// A write to lose: the `countdown`-th next write starting in `range`
+    /// is acknowledged but never stored (a lost or misdirected write).
+    lose: Option<LoseWrite>,
+    lost_writes: u64,
     crashed: bool,
+}
+
+struct LoseWrite {
+    range: std::ops::Range<u64>,
+    countdown: u64,
 }
 
 /// An in-memory device for tests that remembers which writes were synced,
@@ -194,6 +231,8 @@ impl MemDevice {
                 writes: 0,
                 syncs: 0,
                 fail_after_writes: None,
+                lose: None,
+                lost_writes: 0,
                 crashed: false,
             })),
         }
@@ -210,6 +249,18 @@ impl MemDevice {
     pub fn fail_after_writes(&self, n: u64) {
         let mut state = self.lock();
         state.fail_after_writes = Some(state.writes + n);
+    }
+
+    /// The `countdown`-th next write (0: the next one) that starts inside
+    /// `range` will be acknowledged but never stored: the device drops it
+    /// silently, as a firmware bug or a misdirected write does.
+    pub fn lose_write(&self, range: std::ops::Range<u64>, countdown: u64) {
+        self.lock().lose = Some(LoseWrite { range, countdown });
+    }
+
+    /// How many writes [`MemDevice::lose_write`] has dropped.
+    pub fn lost_writes(&self) -> u64 {
+        self.lock().lost_writes
     }
 
     /// Loses power now.
@@ -302,6 +353,16 @@ impl Device for MemDevice {
             return Err(power_lost());
         }
         state.writes += 1;
+        if let Some(lose) = &mut state.lose {
+            if lose.range.contains(&offset) {
+                if lose.countdown == 0 {
+                    state.lose = None;
+                    state.lost_writes += 1;
+                    return Ok(());
+                }
+                lose.countdown -= 1;
+            }
+        }
         state.current[at..at + buf.len()].copy_from_slice(buf);
         state.unsynced.push((offset, buf.to_vec()));
         Ok(())
@@ -353,6 +414,21 @@ mod tests {
     }
 
     #[test]
+    fn mem_device_loses_the_chosen_write() {
+        let dev = MemDevice::new(64 * 1024);
+        let block = |b: u8| vec![b; BLOCK_SIZE];
+        dev.lose_write(8192..16384, 1);
+        dev.write_at(&block(1), 8192).unwrap();
+        dev.write_at(&block(2), 0).unwrap();
+        dev.write_at(&block(3), 8192).unwrap();
+        dev.write_at(&block(4), 12288).unwrap();
+        dev.sync().unwrap();
+        let image = dev.crash_image(CrashMode::DropUnsynced);
+        assert_eq!((image[0], image[8192], image[12288]), (2, 1, 4));
+        assert_eq!(dev.lost_writes(), 1);
+    }
+
+    #[test]
     fn file_device_round_trip_and_alignment() {
         let dir = std::env::temp_dir().join(format!("betreefs-dev-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -374,7 +450,18 @@ mod tests {
         // A second opener is refused while the first holds the image.
         let err = FileDevice::open(&path).err().unwrap();
         assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        assert!(FileDevice::open_read_only(&path).is_err());
         drop(dev);
+        // Readers share the image, and keep writers out.
+        let r1 = FileDevice::open_read_only(&path).unwrap();
+        let r2 = FileDevice::open_read_only(&path).unwrap();
+        assert!(FileDevice::open(&path).is_err());
+        let mut back = AlignedBuf::zeroed(BLOCK_SIZE);
+        r2.read_at(&mut back, 8192).unwrap();
+        assert_eq!(&back[..8], b"betreefs");
+        assert!(r1.write_at(&back, 8192).is_err());
+        assert!(r1.sync().is_err());
+        drop((r1, r2));
         assert!(FileDevice::open(&path).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -34,8 +34,11 @@ pub use allocator::BlockAllocator;
 pub use device::{CrashMode, Device, FileDevice, MemDevice};
 pub use error::{StoreError, StoreResult};
 pub use layout::{Extent, Layout, BLOCK_SIZE};
-pub use log::{replay_log, LogWriter, ReplayEnd, LOG_RECORD_HEADER_BYTES};
-pub use superblock::{Superblock, FORMAT_VERSION, MAGIC, MAX_TREES};
+pub use log::{
+    replay_log, LogHole, LogWriter, ReplayEnd, ReplayStart, LOG_RECORD_HEADER_BYTES,
+    LOG_RECORD_OVERHEAD_BYTES, LOG_RECORD_TRAILER_BYTES,
+};
+pub use superblock::{Superblock, SuperblockCopies, FORMAT_VERSION, MAGIC, MAX_TREES};
 
 /// Computes the CRC32C of several byte slices as if they were one.
 pub fn crc32c_of(parts: &[&[u8]]) -> u32 {

@@ -2,21 +2,37 @@
 //! the log region, flushed with group commit.
 //!
 //! Positions are 64-bit stream offsets that only grow; stream position `p`
-//! lives at `log_offset + p % log_bytes`. A record is
+//! lives at `log_offset + p % log_bytes`. A record (format version 2) is
 //!
 //! ```text
-//! off size field
-//!   0    4 payload_len
-//!   4    4 crc32c of bytes [8, 20 + payload_len)
-//!   8    4 epoch     (the superblock's log_epoch when it was written)
-//!  12    8 seq       (the batch sequence number; consecutive records +1)
-//!  20    n payload   (opaque to this layer)
+//! off      size field
+//!   0         4 payload_len n
+//!   4         4 crc32c of bytes [8, 28 + n)
+//!   8         4 epoch        (the superblock's log_epoch when it was written)
+//!  12         8 seq          (the batch sequence number; consecutive records +1)
+//!  20         n payload      (opaque to this layer)
+//!  20 + n     8 flush_first  (seq of the first record of the flush that
+//!                            wrote this one: every record before it had
+//!                            been made durable by an earlier flush)
 //! ```
 //!
 //! The bytes after the last record of a flush are zero up to the block end.
 //! Replay starts at the superblock's `log_head` expecting `checkpoint_seq+1`
 //! and stops at the first record that is torn (checksum), stale (other epoch
 //! or sequence number: the previous lap of the circle) or absent (zeros).
+//!
+//! Where replay stops is the end of the log only if nothing acknowledged
+//! lies beyond it. Flushes are strictly sequential and each one is synced
+//! before the next begins, so an intact record whose `flush_first` is above
+//! the sequence number replay stopped at proves that the missing record had
+//! been made durable: the log has a hole (a lost or misdirected write, or
+//! damage), and [`replay_log`] reports it instead of taking it for the end.
+//! Intact records past the end written by the same flush as the missing one
+//! are the torn tail of a flush that never completed (never acknowledged).
+//!
+//! The writer keeps every record from the previous checkpoint's log head
+//! on, not only the newest one's: if the newest superblock copy is lost,
+//! the older copy still finds every record it needs (docs/design.md).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -25,15 +41,34 @@ use crate::{crc32c_of, AlignedBuf, Device, StoreError, StoreResult, BLOCK_SIZE};
 
 /// Bytes of a record before its payload.
 pub const LOG_RECORD_HEADER_BYTES: usize = 20;
+/// Bytes of a record after its payload.
+pub const LOG_RECORD_TRAILER_BYTES: usize = 8;
+/// Bytes a record takes besides its payload.
+pub const LOG_RECORD_OVERHEAD_BYTES: usize = LOG_RECORD_HEADER_BYTES + LOG_RECORD_TRAILER_BYTES;
 const BLOCK: u64 = BLOCK_SIZE as u64;
 
 fn floor_block(pos: u64) -> u64 {
     pos / BLOCK * BLOCK
 }
 
+/// A record appended since the last flush began: its checksum and
+/// `flush_first` are filled in when a flush takes it.
+struct Unstamped {
+    /// Stream position of the record.
+    at: u64,
+    seq: u64,
+    payload_len: usize,
+    /// CRC32C of epoch, seq and payload (the trailer is added at flush).
+    partial_crc: u32,
+}
+
 struct LogState {
-    /// Oldest position still needed for recovery (the checkpoint's log head).
+    /// The log head of the newest checkpoint: replay after it starts here.
     head: u64,
+    /// The log head of the checkpoint before it: nothing from here on is
+    /// overwritten, so a recovery from the older superblock copy finds
+    /// every record it needs.
+    protected: u64,
     /// Where the next record goes.
     append_pos: u64,
     /// Everything before this position is durable.
@@ -42,6 +77,7 @@ struct LogState {
     /// block boundary (so the partial tail block is rewritten whole).
     buf_start: u64,
     buf: Vec<u8>,
+    unstamped: Vec<Unstamped>,
     flushing: bool,
     failure: Option<String>,
 }
@@ -52,6 +88,35 @@ impl LogState {
             let n = ((to - self.buf_start) as usize).min(self.buf.len());
             self.buf.drain(..n);
             self.buf_start += n as u64;
+        }
+    }
+
+    /// Fills in the checksum and `flush_first` of every record appended
+    /// since the last flush began, which the flush about to run writes.
+    fn stamp_for_flush(&mut self) {
+        let Some(first) = self.unstamped.first().map(|u| u.seq) else {
+            return;
+        };
+        let trailer = first.to_le_bytes();
+        for u in std::mem::take(&mut self.unstamped) {
+            // A record a checkpoint took before it was flushed may have
+            // left the buffer: it lies before the head and is never read.
+            let Some(at) = u.at.checked_sub(self.buf_start) else {
+                continue;
+            };
+            let at = at as usize;
+            let crc = crc32c::crc32c_append(u.partial_crc, &trailer);
+            let trailer_at = at + LOG_RECORD_HEADER_BYTES + u.payload_len;
+            debug_assert!(trailer_at + LOG_RECORD_TRAILER_BYTES <= self.buf.len());
+            if let Some(field) = self.buf.get_mut(at + 4..at + 8) {
+                field.copy_from_slice(&crc.to_le_bytes());
+            }
+            if let Some(field) = self
+                .buf
+                .get_mut(trailer_at..trailer_at + LOG_RECORD_TRAILER_BYTES)
+            {
+                field.copy_from_slice(&trailer);
+            }
         }
     }
 }
@@ -98,10 +163,12 @@ impl LogWriter {
             epoch,
             state: Mutex::new(LogState {
                 head: start,
+                protected: start,
                 append_pos: start,
                 durable_pos: start,
                 buf_start,
                 buf,
+                unstamped: Vec::new(),
                 flushing: false,
                 failure: None,
             }),
@@ -125,10 +192,11 @@ impl LogWriter {
 
     /// Largest payload one record may carry.
     pub fn max_payload(&self) -> u64 {
-        self.region_bytes / 4 - LOG_RECORD_HEADER_BYTES as u64
+        max_payload(self.region_bytes)
     }
 
-    /// Bytes between the head and the append position.
+    /// Bytes appended since the newest checkpoint's head (what the next
+    /// checkpoint makes reusable).
     pub fn used(&self) -> u64 {
         let s = self.lock();
         s.append_pos - s.head
@@ -158,7 +226,7 @@ impl LogWriter {
     }
 
     /// Appends one record; returns its end position. Fails with `LogFull`
-    /// when the record would overwrite the live part of the log.
+    /// when the record would overwrite the protected part of the log.
     pub fn append(&self, seq: u64, payload: &[u8]) -> StoreResult<u64> {
         if payload.len() as u64 > self.max_payload() {
             return Err(StoreError::RecordTooLarge {
@@ -166,28 +234,38 @@ impl LogWriter {
                 limit: self.max_payload(),
             });
         }
+        let epoch = self.epoch.to_le_bytes();
+        let seq_bytes = seq.to_le_bytes();
+        let partial_crc = crc32c_of(&[&epoch, &seq_bytes, payload]);
         let mut s = self.lock();
         if let Some(failure) = &s.failure {
             return Err(StoreError::Failed(failure.clone()));
         }
-        let record_len = (LOG_RECORD_HEADER_BYTES + payload.len()) as u64;
+        let record_len = (LOG_RECORD_OVERHEAD_BYTES + payload.len()) as u64;
         let end = s.append_pos + record_len;
-        // The block holding the head is partly live; never write into it.
-        if end.div_ceil(BLOCK) * BLOCK > floor_block(s.head) + self.region_bytes {
+        // The block holding the protected head is partly live; never write
+        // into it.
+        if end.div_ceil(BLOCK) * BLOCK > floor_block(s.protected) + self.region_bytes {
             return Err(StoreError::LogFull {
-                used: s.append_pos - s.head,
+                used: s.append_pos - s.protected,
                 capacity: self.region_bytes,
             });
         }
-        let epoch = self.epoch.to_le_bytes();
-        let seq_bytes = seq.to_le_bytes();
-        let crc = crc32c_of(&[&epoch, &seq_bytes, payload]);
+        let at = s.append_pos;
         s.buf
             .extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        s.buf.extend_from_slice(&crc.to_le_bytes());
+        // The checksum and the trailer are filled in by the flush.
+        s.buf.extend_from_slice(&[0; 4]);
         s.buf.extend_from_slice(&epoch);
         s.buf.extend_from_slice(&seq_bytes);
         s.buf.extend_from_slice(payload);
+        s.buf.extend_from_slice(&[0; LOG_RECORD_TRAILER_BYTES]);
+        s.unstamped.push(Unstamped {
+            at,
+            seq,
+            payload_len: payload.len(),
+            partial_crc,
+        });
         s.append_pos = end;
         debug_assert_eq!(s.buf_start + s.buf.len() as u64, s.append_pos);
         Ok(end)
@@ -216,6 +294,7 @@ impl LogWriter {
         // rewrite them (they could lie a whole lap behind the live tail).
         let head_block = floor_block(s.head);
         s.advance_buf_start(head_block);
+        s.stamp_for_flush();
         let start = s.buf_start;
         let end = s.append_pos;
         let data = AlignedBuf::from_slice(&s.buf);
@@ -271,10 +350,13 @@ impl LogWriter {
     }
 
     /// Moves the head to `pos` once a checkpoint containing everything
-    /// before it is durable; the space before it may be reused.
+    /// before it is durable. The space before the *previous* head becomes
+    /// reusable: until the next checkpoint, a recovery from the previous
+    /// superblock copy still needs what lies after it.
     pub fn set_head(&self, pos: u64) {
         let mut s = self.lock();
         debug_assert!(pos >= s.head && pos <= s.append_pos);
+        s.protected = s.head;
         s.head = pos;
         // Records before the head are in the checkpoint: no need to write them.
         s.durable_pos = s.durable_pos.max(pos);
@@ -290,14 +372,61 @@ impl LogWriter {
     }
 }
 
-/// Where replay stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+fn max_payload(region_bytes: u64) -> u64 {
+    region_bytes / 4 - LOG_RECORD_OVERHEAD_BYTES as u64
+}
+
+/// Where replay begins: the superblock's view of the log.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplayStart {
+    /// Stream position of the first record to replay.
+    pub head: u64,
+    /// Only records of this epoch are replayed.
+    pub epoch: u32,
+    /// The sequence number the first record must carry.
+    pub first_seq: u64,
+    /// Look past the end of replay for records that prove a hole (skipped
+    /// after a clean close, when nothing follows the checkpoint).
+    pub look_beyond: bool,
+}
+
+/// A record past the end of replay that proves acknowledged records are
+/// missing: the log has a hole, not an end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogHole {
+    /// Where replay stopped, and the sequence number it expected there.
+    pub stopped_at: u64,
+    pub missing_seq: u64,
+    /// The intact record that proves it.
+    pub found_at: u64,
+    pub found_seq: u64,
+    pub found_epoch: u32,
+}
+
+impl std::fmt::Display for LogHole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "log record {} at log position {} is missing or damaged, but record {} (epoch {}) \
+             at position {} was written after it had been made durable",
+            self.missing_seq, self.stopped_at, self.found_seq, self.found_epoch, self.found_at
+        )
+    }
+}
+
+/// Where replay stopped, and what lies beyond.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplayEnd {
     /// Stream position after the last valid record.
     pub end_pos: u64,
     /// Sequence number the next record would carry.
     pub next_seq: u64,
     pub records: u64,
+    /// Intact records past the end written by the flush that replay
+    /// stopped in: the torn tail of a flush that never completed.
+    pub unacknowledged: u64,
+    /// Evidence that acknowledged records lie past a break in the log.
+    pub hole: Option<LogHole>,
 }
 
 /// Reads stream bytes through a window of whole blocks.
@@ -311,7 +440,26 @@ struct StreamReader<'a> {
 
 const WINDOW_BYTES: u64 = 1 << 20;
 
-impl StreamReader<'_> {
+/// A record header found at some position.
+struct RecordAt {
+    epoch: u32,
+    seq: u64,
+    len: u64,
+    flush_first: u64,
+    checksum_ok: bool,
+}
+
+impl<'a> StreamReader<'a> {
+    fn new(device: &'a dyn Device, region_offset: u64, region_bytes: u64) -> Self {
+        StreamReader {
+            device,
+            region_offset,
+            region_bytes,
+            window_start: 0,
+            window: Vec::new(),
+        }
+    }
+
     fn read(&mut self, pos: u64, len: usize) -> StoreResult<&[u8]> {
         let end = pos + len as u64;
         let window_end = self.window_start + self.window.len() as u64;
@@ -336,104 +484,161 @@ impl StreamReader<'_> {
             self.window = buf.to_vec();
         }
         let at = (pos - self.window_start) as usize;
-        Ok(&self.window[at..at + len])
+        self.window.get(at..at + len).ok_or(StoreError::CorruptLog {
+            position: pos,
+            reason: "log window shorter than the read".into(),
+        })
     }
 
-    /// Parses the record at `pos`: `Ok(Some((seq, payload_len, intact)))`,
-    /// where intact means the checksum and epoch match; `None` when there is
-    /// no plausible record header there.
-    fn record_at(&mut self, pos: u64, limit: u64, epoch: u32) -> StoreResult<Option<RecordAt>> {
+    /// Parses the record at `pos`; `None` when there is no plausible record
+    /// header there (zeros, or a length that runs past `limit`).
+    fn record_at(&mut self, pos: u64, limit: u64) -> StoreResult<Option<RecordAt>> {
         let header_end = pos + LOG_RECORD_HEADER_BYTES as u64;
         if header_end > limit {
             return Ok(None);
         }
         let h = self.read(pos, LOG_RECORD_HEADER_BYTES)?;
-        let field = |at: usize| {
-            let mut b = [0u8; 4];
-            b.copy_from_slice(&h[at..at + 4]);
-            u32::from_le_bytes(b)
-        };
-        let (len, crc, rec_epoch) = (field(0) as u64, field(4), field(8));
-        let mut seq_raw = [0u8; 8];
-        seq_raw.copy_from_slice(&h[12..20]);
-        let seq = u64::from_le_bytes(seq_raw);
-        if (len == 0 && crc == 0) || header_end + len > limit || len > self.region_bytes / 4 {
+        let (len, crc, epoch, seq) = (
+            u32_le(h, 0) as u64,
+            u32_le(h, 4),
+            u32_le(h, 8),
+            u64_le(h, 12),
+        );
+        let record_end = header_end + len + LOG_RECORD_TRAILER_BYTES as u64;
+        if (len == 0 && crc == 0) || record_end > limit || len > max_payload(self.region_bytes) {
             return Ok(None);
         }
-        let (epoch_bytes, seq_bytes) = (rec_epoch.to_le_bytes(), seq.to_le_bytes());
-        let payload = self.read(header_end, len as usize)?;
-        let intact = crc32c_of(&[&epoch_bytes, &seq_bytes, payload]) == crc;
+        let body = self.read(pos + 8, LOG_RECORD_OVERHEAD_BYTES - 8 + len as usize)?;
+        let checksum_ok = crc32c_of(&[body]) == crc;
+        let flush_first = u64_le(body, body.len() - LOG_RECORD_TRAILER_BYTES);
         Ok(Some(RecordAt {
+            epoch,
             seq,
             len,
-            checksum_ok: intact,
-            epoch_ok: rec_epoch == epoch,
+            flush_first,
+            checksum_ok,
         }))
     }
 }
 
-struct RecordAt {
-    seq: u64,
-    len: u64,
-    checksum_ok: bool,
-    epoch_ok: bool,
+fn u32_le(b: &[u8], at: usize) -> u32 {
+    let mut raw = [0u8; 4];
+    if let Some(src) = b.get(at..at + 4) {
+        raw.copy_from_slice(src);
+    }
+    u32::from_le_bytes(raw)
 }
 
-/// Replays the records from `head` on, calling `apply(seq, payload)` for each
-/// valid record in order. Stops at the torn or stale tail. A damaged record
-/// followed by a valid next one is corruption in the middle of the log and
-/// returns [`StoreError::CorruptLog`] rather than silently dropping what follows.
+fn u64_le(b: &[u8], at: usize) -> u64 {
+    let mut raw = [0u8; 8];
+    if let Some(src) = b.get(at..at + 8) {
+        raw.copy_from_slice(src);
+    }
+    u64::from_le_bytes(raw)
+}
+
+/// Replays the records from `start.head` on, calling `apply(seq, payload)`
+/// for each valid record in order, and stops at the torn or stale tail.
+/// With `look_beyond`, it then reads the rest of the live log window for
+/// intact records that show the stop was a hole rather than the end (see
+/// the module documentation); the caller decides what a hole means.
 pub fn replay_log(
     device: &dyn Device,
     region_offset: u64,
     region_bytes: u64,
-    head: u64,
-    epoch: u32,
-    first_seq: u64,
+    start: &ReplayStart,
     mut apply: impl FnMut(u64, &[u8]) -> StoreResult<()>,
 ) -> StoreResult<ReplayEnd> {
-    let mut reader = StreamReader {
-        device,
-        region_offset,
-        region_bytes,
-        window_start: 0,
-        window: Vec::new(),
-    };
-    let limit = floor_block(head) + region_bytes;
-    let mut pos = head;
-    let mut seq = first_seq;
+    let mut reader = StreamReader::new(device, region_offset, region_bytes);
+    let limit = floor_block(start.head) + region_bytes;
+    let mut pos = start.head;
+    let mut seq = start.first_seq;
     let mut records = 0;
-    while let Some(rec) = reader.record_at(pos, limit, epoch)? {
-        let next = pos + LOG_RECORD_HEADER_BYTES as u64 + rec.len;
-        if !(rec.checksum_ok && rec.epoch_ok && rec.seq == seq) {
-            if !rec.checksum_ok {
-                if let Some(after) = reader.record_at(next, limit, epoch)? {
-                    if after.checksum_ok && after.epoch_ok && after.seq == seq + 1 {
-                        return Err(StoreError::CorruptLog {
-                            position: pos,
-                            reason: format!(
-                                "record {seq} fails its checksum but record {} after it is intact",
-                                seq + 1
-                            ),
-                        });
-                    }
-                }
-            }
+    while let Some(rec) = reader.record_at(pos, limit)? {
+        if !(rec.checksum_ok && rec.epoch == start.epoch && rec.seq == seq) {
             break;
         }
         let payload = reader
             .read(pos + LOG_RECORD_HEADER_BYTES as u64, rec.len as usize)?
             .to_vec();
         apply(seq, &payload)?;
-        pos = next;
+        pos += LOG_RECORD_OVERHEAD_BYTES as u64 + rec.len;
         seq += 1;
         records += 1;
     }
-    Ok(ReplayEnd {
+    let mut end = ReplayEnd {
         end_pos: pos,
         next_seq: seq,
         records,
-    })
+        unacknowledged: 0,
+        hole: None,
+    };
+    if start.look_beyond {
+        look_beyond(&mut reader, start, limit, &mut end)?;
+    }
+    Ok(end)
+}
+
+/// Scans stream positions [end, limit) for intact records of the replayed
+/// epoch (newer than the end) or of the next epoch. Candidates are found by
+/// their epoch field, so the scan reads the window once and checksums only
+/// the few places where a record of interest could start.
+fn look_beyond(
+    reader: &mut StreamReader<'_>,
+    start: &ReplayStart,
+    limit: u64,
+    end: &mut ReplayEnd,
+) -> StoreResult<()> {
+    let next_epoch = start.epoch.wrapping_add(1).max(1);
+    let needles = [start.epoch.to_le_bytes(), next_epoch.to_le_bytes()];
+    let mut chunks = StreamReader::new(reader.device, reader.region_offset, reader.region_bytes);
+    // Epoch fields at stream positions [from, limit - 12) are candidates.
+    let first_field = end.end_pos + 8;
+    let last_field = limit.saturating_sub((LOG_RECORD_OVERHEAD_BYTES - 8) as u64);
+    let mut at = first_field;
+    while at < last_field {
+        let n = (last_field - at).min(WINDOW_BYTES);
+        // Four more bytes so a field straddling the chunk end is seen once.
+        let chunk = chunks.read(at, (n + 3).min(limit - at) as usize)?.to_vec();
+        let mut candidates: Vec<u64> = Vec::new();
+        for needle in &needles {
+            for i in memchr::memmem::find_iter(&chunk, needle) {
+                if (i as u64) < n {
+                    candidates.push(at + i as u64 - 8);
+                }
+            }
+        }
+        candidates.sort_unstable();
+        candidates.dedup();
+        for pos in candidates {
+            let Some(rec) = reader.record_at(pos, limit)? else {
+                continue;
+            };
+            if !rec.checksum_ok {
+                continue;
+            }
+            let newer_epoch = rec.epoch == next_epoch && rec.epoch != start.epoch;
+            let proves_hole = newer_epoch
+                || (rec.epoch == start.epoch
+                    && rec.seq >= end.next_seq
+                    && rec.flush_first > end.next_seq);
+            if proves_hole {
+                end.hole = Some(LogHole {
+                    stopped_at: end.end_pos,
+                    missing_seq: end.next_seq,
+                    found_at: pos,
+                    found_seq: rec.seq,
+                    found_epoch: rec.epoch,
+                });
+                return Ok(());
+            }
+            if rec.epoch == start.epoch && rec.seq >= end.next_seq {
+                end.unacknowledged += 1;
+            }
+        }
+        at += n;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -443,39 +648,65 @@ mod tests {
 
     const REGION: u64 = 64 * 1024;
 
-    fn collect(
+    fn start(head: u64, epoch: u32, first_seq: u64) -> ReplayStart {
+        ReplayStart {
+            head,
+            epoch,
+            first_seq,
+            look_beyond: true,
+        }
+    }
+
+    fn replay(
         dev: &MemDevice,
         head: u64,
         epoch: u32,
         first: u64,
-    ) -> StoreResult<Vec<(u64, Vec<u8>)>> {
+    ) -> (Vec<(u64, Vec<u8>)>, ReplayEnd) {
         let mut out = Vec::new();
-        replay_log(dev, BLOCK, REGION, head, epoch, first, |seq, p| {
+        let end = replay_log(dev, BLOCK, REGION, &start(head, epoch, first), |seq, p| {
             out.push((seq, p.to_vec()));
             Ok(())
-        })?;
-        Ok(out)
+        })
+        .unwrap();
+        (out, end)
+    }
+
+    fn collect(dev: &MemDevice, head: u64, epoch: u32, first: u64) -> Vec<(u64, Vec<u8>)> {
+        let (out, end) = replay(dev, head, epoch, first);
+        assert_eq!(end.hole, None);
+        out
     }
 
     fn payload(i: u64) -> Vec<u8> {
         vec![i as u8; (i as usize * 37) % 900 + 1]
     }
 
+    fn fresh(epoch: u32) -> (MemDevice, LogWriter) {
+        let dev = MemDevice::new(BLOCK + REGION + BLOCK);
+        let log = LogWriter::new(Arc::new(dev.clone()), BLOCK, REGION, epoch, 0).unwrap();
+        (dev, log)
+    }
+
     #[test]
     fn append_flush_replay_and_wrap() {
-        let dev = MemDevice::new(BLOCK + REGION + BLOCK);
-        let device: Arc<dyn Device> = Arc::new(dev.clone());
-        let log = LogWriter::new(device, BLOCK, REGION, 7, 0).unwrap();
+        let (dev, log) = fresh(7);
         let mut head_seq = 1;
         let mut head = 0;
         for seq in 1..400u64 {
             match log.append(seq, &payload(seq)) {
                 Ok(_) => {}
                 Err(StoreError::LogFull { .. }) => {
-                    // Pretend a checkpoint took everything so far.
+                    // Pretend two checkpoints took everything so far (the
+                    // first one still protects the records after its head).
                     log.flush().unwrap();
                     head = log.append_pos();
                     head_seq = seq;
+                    log.set_head(head);
+                    assert!(matches!(
+                        log.append(seq, &payload(seq)),
+                        Err(StoreError::LogFull { .. })
+                    ));
                     log.set_head(head);
                     log.append(seq, &payload(seq)).unwrap();
                 }
@@ -487,20 +718,45 @@ mod tests {
         }
         log.flush().unwrap();
         assert!(head > REGION, "the test must wrap the log");
-        let replayed = collect(&dev, head, 7, head_seq).unwrap();
+        let replayed = collect(&dev, head, 7, head_seq);
         assert_eq!(replayed.len() as u64, 400 - head_seq);
         for (seq, p) in replayed {
             assert_eq!(p, payload(seq));
         }
         // A different epoch replays nothing.
-        assert!(collect(&dev, head, 8, head_seq).unwrap().is_empty());
+        assert!(collect(&dev, head, 8, head_seq).is_empty());
+    }
+
+    #[test]
+    fn the_previous_head_stays_replayable_until_the_next_checkpoint() {
+        let (dev, log) = fresh(3);
+        let mut seq = 1;
+        let mut append_some = |log: &LogWriter, n: u64| {
+            for _ in 0..n {
+                log.append(seq, &[seq as u8; 500]).unwrap();
+                seq += 1;
+            }
+            log.flush().unwrap();
+        };
+        append_some(&log, 20);
+        let first_head = log.append_pos();
+        log.set_head(first_head);
+        append_some(&log, 20);
+        log.set_head(log.append_pos());
+        // Fill the log as far as the writer lets it: the records after the
+        // first head must all survive.
+        while log.append(seq, &[seq as u8; 500]).is_ok() {
+            seq += 1;
+        }
+        log.flush().unwrap();
+        let replayed = collect(&dev, first_head, 3, 21);
+        assert_eq!(replayed.len() as u64, seq - 21);
     }
 
     #[test]
     fn torn_tail_stops_replay_at_last_valid_record() {
         for sectors in 0..8 {
-            let dev = MemDevice::new(BLOCK + REGION + BLOCK);
-            let log = LogWriter::new(Arc::new(dev.clone()), BLOCK, REGION, 1, 0).unwrap();
+            let (dev, log) = fresh(1);
             for seq in 1..=5 {
                 log.append(seq, &[seq as u8; 1500]).unwrap();
             }
@@ -517,7 +773,7 @@ mod tests {
             let crashed = MemDevice::from_image(dev.crash_image(CrashMode::TearLast {
                 sectors_kept: sectors,
             }));
-            let replayed = collect(&crashed, 0, 1, 1).unwrap();
+            let replayed = collect(&crashed, 0, 1, 1);
             // Synced records all survive; torn ones may survive only as a prefix.
             assert!(replayed.len() >= 5, "sectors {sectors}: {}", replayed.len());
             for (i, (seq, p)) in replayed.iter().enumerate() {
@@ -527,28 +783,123 @@ mod tests {
         }
     }
 
+    /// Five records of 100 bytes (128 with the header and trailer), each
+    /// flushed on its own.
+    fn five_flushes() -> MemDevice {
+        let (dev, log) = fresh(1);
+        for seq in 1..=5 {
+            log.append(seq, &[seq as u8; 100]).unwrap();
+            log.flush().unwrap();
+        }
+        dev
+    }
+
     #[test]
-    fn corruption_in_the_middle_is_an_error() {
-        let dev = MemDevice::new(BLOCK + REGION + BLOCK);
-        let log = LogWriter::new(Arc::new(dev.clone()), BLOCK, REGION, 1, 0).unwrap();
+    fn damage_in_the_middle_is_a_hole() {
+        let dev = five_flushes();
+        // Flip a payload byte of record 2.
+        let at = BLOCK as usize + 128 + LOG_RECORD_HEADER_BYTES + 10;
+        dev.mutate(|img| img[at] ^= 1);
+        let (replayed, end) = replay(&dev, 0, 1, 1);
+        assert_eq!(replayed.len(), 1);
+        let hole = end.hole.expect("a hole");
+        assert_eq!((hole.stopped_at, hole.missing_seq), (128, 2));
+        assert_eq!((hole.found_seq, hole.found_at), (3, 256));
+        assert!(hole.to_string().contains("log record 2"), "{hole}");
+    }
+
+    #[test]
+    fn dropped_duplicated_and_swapped_records_are_holes() {
+        // Each case edits the 128-byte record slots of `five_flushes`.
+        fn record(img: &[u8], i: usize) -> Vec<u8> {
+            let at = BLOCK as usize + 128 * i;
+            img[at..at + 128].to_vec()
+        }
+        fn put(img: &mut [u8], i: usize, bytes: &[u8]) {
+            let at = BLOCK as usize + 128 * i;
+            img[at..at + 128].copy_from_slice(bytes);
+        }
+        let dropped = |img: &mut Vec<u8>| put(img, 1, &[0; 128]);
+        let duplicated = |img: &mut Vec<u8>| {
+            let first = record(img, 0);
+            put(img, 1, &first)
+        };
+        let swapped = |img: &mut Vec<u8>| {
+            let (a, b) = (record(img, 1), record(img, 2));
+            put(img, 1, &b);
+            put(img, 2, &a)
+        };
+        type Mutation<'a> = &'a dyn Fn(&mut Vec<u8>);
+        let cases: [(&str, Mutation); 3] = [
+            ("dropped", &dropped),
+            ("duplicated", &duplicated),
+            ("swapped", &swapped),
+        ];
+        for (what, mutate) in cases {
+            let dev = five_flushes();
+            let mut img = dev.current_image();
+            mutate(&mut img);
+            let (replayed, end) = replay(&MemDevice::from_image(img), 0, 1, 1);
+            assert_eq!(replayed.len(), 1, "{what}");
+            let hole = end
+                .hole
+                .unwrap_or_else(|| panic!("{what}: no hole reported"));
+            assert_eq!(hole.missing_seq, 2, "{what}");
+        }
+    }
+
+    #[test]
+    fn damage_within_the_last_flush_is_its_torn_tail() {
+        let (dev, log) = fresh(1);
         for seq in 1..=5 {
             log.append(seq, &[seq as u8; 100]).unwrap();
         }
         log.flush().unwrap();
-        // Flip a payload byte of record 2.
-        let at = BLOCK as usize + 120 + LOG_RECORD_HEADER_BYTES + 10;
+        let at = BLOCK as usize + 128 + LOG_RECORD_HEADER_BYTES + 10;
         dev.mutate(|img| img[at] ^= 1);
-        let err = collect(&dev, 0, 1, 1).unwrap_err();
-        assert!(
-            matches!(err, StoreError::CorruptLog { position: 120, .. }),
-            "{err}"
-        );
+        let (replayed, end) = replay(&dev, 0, 1, 1);
+        assert_eq!(replayed.len(), 1);
+        assert_eq!(end.hole, None);
+        assert_eq!(end.unacknowledged, 3);
+    }
+
+    #[test]
+    fn records_of_the_next_epoch_past_the_end_are_a_hole() {
+        let (dev, log) = fresh(1);
+        for seq in 1..=3 {
+            log.append(seq, &[seq as u8; 100]).unwrap();
+        }
+        log.flush().unwrap();
+        // A later open (epoch 2) continued the log, and its superblock was lost.
+        let next = LogWriter::new(Arc::new(dev.clone()), BLOCK, REGION, 2, 3 * 128).unwrap();
+        next.append(4, &[4; 100]).unwrap();
+        next.flush().unwrap();
+        let (replayed, end) = replay(&dev, 0, 1, 1);
+        assert_eq!(replayed.len(), 3);
+        let hole = end.hole.expect("a hole");
+        assert_eq!((hole.found_epoch, hole.found_seq), (2, 4));
+        // Replaying from the new epoch's start is clean.
+        let (replayed, end) = replay(&dev, 3 * 128, 2, 4);
+        assert_eq!((replayed.len(), end.hole), (1, None));
+    }
+
+    #[test]
+    fn a_clean_close_does_not_look_beyond() {
+        let dev = five_flushes();
+        let at = BLOCK as usize + 128 + LOG_RECORD_HEADER_BYTES + 10;
+        dev.mutate(|img| img[at] ^= 1);
+        let quiet = ReplayStart {
+            look_beyond: false,
+            ..start(0, 1, 1)
+        };
+        let end = replay_log(&dev, BLOCK, REGION, &quiet, |_, _| Ok(())).unwrap();
+        assert_eq!((end.records, end.hole, end.unacknowledged), (1, None, 0));
     }
 
     #[test]
     fn group_commit_from_many_threads() {
-        let dev = MemDevice::new(BLOCK + REGION + BLOCK);
-        let log = Arc::new(LogWriter::new(Arc::new(dev.clone()), BLOCK, REGION, 1, 0).unwrap());
+        let (dev, log) = fresh(1);
+        let log = Arc::new(log);
         let seq = Arc::new(Mutex::new(1u64));
         let threads: Vec<_> = (0..4)
             .map(|_| {
@@ -568,7 +919,7 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(collect(&dev, 0, 1, 1).unwrap().len(), 80);
+        assert_eq!(collect(&dev, 0, 1, 1).len(), 80);
         assert!(log.flush_count() <= 80);
     }
 }

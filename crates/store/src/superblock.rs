@@ -4,23 +4,32 @@ use crate::{crc32c_of, AlignedBuf, Device, Extent, Layout, StoreError, StoreResu
 
 /// First eight bytes of both superblock copies.
 pub const MAGIC: [u8; 8] = *b"BETREEFS";
-/// The on-disk format this build writes and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The on-disk format this build writes, and the only one it reads (before
+/// 1.0 the format changes freely; older images are refused with a message
+/// saying so, see [`StoreError::OlderVersion`]).
+///
+/// Version 2: log records carry the first sequence number of the flush
+/// that wrote them, and the superblock has a flags word (`clean`).
+pub const FORMAT_VERSION: u32 = 2;
 /// How many trees (key spaces) a superblock can name.
 pub const MAX_TREES: usize = 8;
 
 const CRC_OFFSET: usize = BLOCK_SIZE - 4;
 
-/// The root record of an image, format version 1.
+/// The root record of an image, format version 2.
 ///
 /// Two copies live in blocks 0 and 1; a checkpoint of generation `g` writes
 /// copy `g % 2`, so the previous checkpoint stays intact until the new one is
-/// durable. Layout (little-endian, 4096 bytes):
+/// durable. Every open writes two checkpoints before it accepts a write, so
+/// both copies name the current log epoch, and the previous checkpoint's
+/// nodes and log records are kept until the next one is durable: either copy
+/// alone recovers everything (docs/design.md, "Durability").
+/// Layout (little-endian, 4096 bytes):
 ///
 /// ```text
 /// off  size  field
 ///   0     8  magic "BETREEFS"
-///   8     4  format_version (1)
+///   8     4  format_version (2)
 ///  12     4  block_size (4096)
 ///  16     8  generation (checkpoint number, +1 per checkpoint)
 ///  24     8  device_bytes
@@ -32,7 +41,9 @@ const CRC_OFFSET: usize = BLOCK_SIZE - 4;
 ///  84     4  tree_count (<= 8)
 ///  88     8  btt.block  96  4  btt.len  100  4  btt_crc
 /// 104    64  roots[8]: u64 node number of each tree's root
-/// 168  3924  zero
+/// 168     4  flags: bit 0 = clean (written at close: no log record
+///            follows this checkpoint); other bits zero
+/// 172  3920  zero
 /// 4092    4  crc32c of bytes [0, 4092)
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,6 +57,19 @@ pub struct Superblock {
     pub btt: Extent,
     pub btt_crc: u32,
     pub roots: Vec<u64>,
+    /// Written by a clean close: nothing in the log follows this checkpoint.
+    pub clean: bool,
+}
+
+const FLAG_CLEAN: u32 = 1;
+
+/// What [`Superblock::read_copies`] found.
+#[derive(Clone, Debug)]
+pub struct SuperblockCopies {
+    /// The valid copy with the highest generation.
+    pub newest: Superblock,
+    /// Why the other copy is unusable, if it is.
+    pub damaged: Option<String>,
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -73,6 +97,7 @@ fn put_u64(b: &mut [u8], at: usize, v: u64) {
 enum CopyProblem {
     NoMagic,
     NewerVersion(u32),
+    OlderVersion(u32),
     Corrupt(String),
 }
 
@@ -80,7 +105,9 @@ fn describe(copy: &Result<Superblock, CopyProblem>) -> String {
     match copy {
         Ok(sb) => format!("valid (generation {})", sb.generation),
         Err(CopyProblem::NoMagic) => "no betreefs magic".into(),
-        Err(CopyProblem::NewerVersion(v)) => format!("format version {v}"),
+        Err(CopyProblem::NewerVersion(v)) | Err(CopyProblem::OlderVersion(v)) => {
+            format!("format version {v}")
+        }
         Err(CopyProblem::Corrupt(why)) => why.clone(),
     }
 }
@@ -108,6 +135,7 @@ impl Superblock {
         for (i, root) in self.roots.iter().enumerate() {
             put_u64(&mut b, 104 + 8 * i, *root);
         }
+        put_u32(&mut b, 168, if self.clean { FLAG_CLEAN } else { 0 });
         let crc = crc32c_of(&[&b[..CRC_OFFSET]]);
         put_u32(&mut b, CRC_OFFSET, crc);
         b
@@ -130,6 +158,16 @@ impl Superblock {
                 "bad version {version} or block size {}",
                 u32_at(b, 12)
             )));
+        }
+        if version < FORMAT_VERSION {
+            return Err(CopyProblem::OlderVersion(version));
+        }
+        let flags = u32_at(b, 168);
+        if flags & !FLAG_CLEAN != 0 {
+            return Err(CopyProblem::Corrupt(format!("unknown flags {flags:#x}")));
+        }
+        if b[172..CRC_OFFSET].iter().any(|&x| x != 0) {
+            return Err(CopyProblem::Corrupt("reserved bytes are not zero".into()));
         }
         let layout = Layout {
             device_bytes: u64_at(b, 24),
@@ -163,14 +201,22 @@ impl Superblock {
             btt,
             btt_crc: u32_at(b, 100),
             roots: (0..tree_count).map(|i| u64_at(b, 104 + 8 * i)).collect(),
+            clean: flags & FLAG_CLEAN != 0,
         })
     }
 
     /// Reads both copies and returns the valid one with the highest
-    /// generation. A copy that is merely torn or corrupt is skipped with a
-    /// warning when the other one is valid (a crash during a superblock write
-    /// leaves exactly that); when neither is usable the error says why.
+    /// generation. A copy that is torn or damaged is skipped when the other
+    /// one is valid (a crash during a superblock write leaves exactly that);
+    /// when neither is usable the error says why.
     pub fn read_newest(device: &dyn Device) -> StoreResult<Superblock> {
+        Self::read_copies(device).map(|c| c.newest)
+    }
+
+    /// Like [`Superblock::read_newest`], and says whether the other copy
+    /// was unusable: the unusable one may have been the newer, so recovery
+    /// then looks past the end of the log it replays (see `replay_log`).
+    pub fn read_copies(device: &dyn Device) -> StoreResult<SuperblockCopies> {
         let device_bytes = device.len_bytes();
         if device_bytes < 2 * BLOCK_SIZE as u64 {
             return Err(StoreError::NotBetreefs(format!(
@@ -190,13 +236,19 @@ impl Superblock {
             .filter_map(|c| c.as_ref().ok())
             .max_by_key(|sb| sb.generation)
             .cloned();
-        if let Some(best) = best {
+        if let Some(newest) = best {
+            let mut damaged = None;
             for (slot, copy) in copies.iter().enumerate() {
                 if let Err(problem) = copy {
                     tracing::warn!(slot, ?problem, "superblock copy unusable; using the other");
+                    damaged = Some(format!(
+                        "superblock copy {} is unusable: {}",
+                        ["A", "B"][slot],
+                        describe(copy)
+                    ));
                 }
             }
-            return Ok(best);
+            return Ok(SuperblockCopies { newest, damaged });
         }
         match (&copies[0], &copies[1]) {
             (Err(CopyProblem::NoMagic), Err(CopyProblem::NoMagic)) => Err(StoreError::NotBetreefs(
@@ -204,6 +256,12 @@ impl Superblock {
             )),
             (Err(CopyProblem::NewerVersion(v)), _) | (_, Err(CopyProblem::NewerVersion(v))) => {
                 Err(StoreError::UnsupportedVersion {
+                    found: *v,
+                    supported: FORMAT_VERSION,
+                })
+            }
+            (Err(CopyProblem::OlderVersion(v)), _) | (_, Err(CopyProblem::OlderVersion(v))) => {
+                Err(StoreError::OlderVersion {
                     found: *v,
                     supported: FORMAT_VERSION,
                 })
@@ -243,6 +301,7 @@ mod tests {
             btt: Extent { block: 7, len: 100 },
             btt_crc: 0xdead_beef,
             roots: vec![1, 2],
+            clean: generation.is_multiple_of(3),
         }
     }
 
@@ -256,7 +315,7 @@ mod tests {
 
     #[test]
     fn every_corruption_is_detected() {
-        for byte in (0..168).chain([4000, 4095]) {
+        for byte in (0..172).chain([200, 4000, 4095]) {
             let dev = MemDevice::new(16 << 20);
             sample(4).write(&dev).unwrap();
             sample(5).write(&dev).unwrap();
@@ -277,20 +336,45 @@ mod tests {
     }
 
     #[test]
-    fn foreign_and_newer_images_are_refused() {
+    fn foreign_newer_and_older_images_are_refused() {
         let dev = MemDevice::new(16 << 20);
         assert!(matches!(
             Superblock::read_newest(&dev),
             Err(StoreError::NotBetreefs(_))
         ));
-        let mut newer = sample(1).encode();
-        newer[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
-        let crc = crc32c_of(&[&newer[..CRC_OFFSET]]);
-        newer[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
-        dev.write_at(&newer, BLOCK_SIZE as u64).unwrap();
+        let with_version = |v: u32| {
+            let mut b = sample(1).encode();
+            b[8..12].copy_from_slice(&v.to_le_bytes());
+            let crc = crc32c_of(&[&b[..CRC_OFFSET]]);
+            b[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
+            b
+        };
+        dev.write_at(&with_version(FORMAT_VERSION + 1), BLOCK_SIZE as u64)
+            .unwrap();
         assert!(matches!(
             Superblock::read_newest(&dev),
-            Err(StoreError::UnsupportedVersion { found: 2, .. })
+            Err(StoreError::UnsupportedVersion { found, .. }) if found == FORMAT_VERSION + 1
         ));
+        // An image of an earlier format is refused with a message saying so.
+        dev.write_at(&with_version(1), 0).unwrap();
+        dev.write_at(&with_version(1), BLOCK_SIZE as u64).unwrap();
+        let err = Superblock::read_newest(&dev).unwrap_err();
+        assert!(
+            matches!(err, StoreError::OlderVersion { found: 1, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("earlier betreefs"), "{err}");
+    }
+
+    #[test]
+    fn a_damaged_copy_is_reported() {
+        let dev = MemDevice::new(16 << 20);
+        sample(4).write(&dev).unwrap();
+        sample(5).write(&dev).unwrap();
+        assert!(Superblock::read_copies(&dev).unwrap().damaged.is_none());
+        dev.mutate(|img| img[BLOCK_SIZE + 166] ^= 1);
+        let copies = Superblock::read_copies(&dev).unwrap();
+        assert_eq!(copies.newest.generation, 4);
+        assert!(copies.damaged.unwrap().contains("copy B"));
     }
 }

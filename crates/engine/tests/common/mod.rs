@@ -2,6 +2,8 @@
 //! small-tree options that make every code path run on little data.
 #![allow(dead_code)]
 
+pub mod forge;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -19,7 +21,7 @@ pub fn small_options() -> Options {
         log_flush_interval: None,
         checkpoint_interval: None,
         log_bytes: Some(1 << 20),
-        merges: MergeRegistry::default(),
+        ..Options::default()
     }
 }
 
