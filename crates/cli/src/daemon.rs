@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use betreefs_engine::Store;
 use betreefs_fs::{AtimePolicy, FileSystem, Operations};
 use betreefs_fuse::MountConfig;
 use fuser::MountOption;
@@ -52,6 +51,9 @@ pub struct MountArgs {
 /// Parsed `-o` options.
 struct Settings {
     atime: AtimePolicy,
+    /// `-o ro`: the store is opened read-only too (nothing is written,
+    /// not even the log replay).
+    read_only: bool,
     config: MountConfig,
     cache_bytes: Option<usize>,
     log: Option<PathBuf>,
@@ -60,6 +62,7 @@ struct Settings {
 fn parse_options(args: &MountArgs) -> Result<Settings> {
     let mut s = Settings {
         atime: AtimePolicy::Relatime,
+        read_only: false,
         config: MountConfig {
             fs_name: args.image.display().to_string(),
             ..MountConfig::default()
@@ -88,7 +91,10 @@ fn parse_options(args: &MountArgs) -> Result<Settings> {
             }
             "relatime" => s.atime = AtimePolicy::Relatime,
             "strictatime" | "atime" => s.atime = AtimePolicy::Strictatime,
-            "ro" => s.config.flags.push(flag(MountOption::RO)?),
+            "ro" => {
+                s.read_only = true;
+                s.config.flags.push(flag(MountOption::RO)?)
+            }
             "nosuid" => s.config.flags.push(flag(MountOption::NoSuid)?),
             "suid" => s.config.flags.push(flag(MountOption::Suid)?),
             "nodev" => s.config.flags.push(flag(MountOption::NoDev)?),
@@ -150,7 +156,7 @@ fn check_mountpoint(mountpoint: &Path) -> Result<()> {
 }
 
 pub fn run_mount(args: MountArgs) -> Result<()> {
-    let settings = parse_options(&args)?;
+    let mut settings = parse_options(&args)?;
     check_mountpoint(&args.mountpoint)?;
     if !args.nullfuse && !args.image.exists() {
         fs_cmds::mkfs(&args.image, args.size.max(64 << 20), false)?;
@@ -159,6 +165,15 @@ pub fn run_mount(args: MountArgs) -> Result<()> {
             args.image.display(),
             args.size >> 20
         );
+    }
+    if !args.nullfuse {
+        // The mount's source is the image's canonical path: `fsck` and
+        // `umount` find the mount of an image by it.
+        let canonical = args
+            .image
+            .canonicalize()
+            .with_context(|| format!("{}", args.image.display()))?;
+        settings.config.fs_name = canonical.display().to_string();
     }
     if args.foreground || args.notify_fd.is_some() {
         return serve(&args, settings);
@@ -308,12 +323,24 @@ fn spawn_signal_thread(signals: libc::sigset_t, mountpoint: PathBuf) -> Result<(
 /// The daemon proper (betreefs, or the no-op file system for `nullfuse`).
 fn serve(args: &MountArgs, settings: Settings) -> Result<()> {
     let signals = block_signals();
+    // A request that panics stops the mount (see betreefs_fuse::guard):
+    // unmount from a thread of our own, never from the request's thread.
+    let guard = {
+        let mountpoint = args.mountpoint.clone();
+        Arc::new(betreefs_fuse::RequestGuard::new(move |_| {
+            let mountpoint = mountpoint.clone();
+            let _ = std::thread::Builder::new()
+                .name("betreefs-fatal".into())
+                .spawn(move || unmount(&mountpoint));
+        }))
+    };
     let started = if args.nullfuse {
-        betreefs_fuse::nullfuse::mount(&args.mountpoint, &settings.config)
+        betreefs_fuse::nullfuse::mount(&args.mountpoint, &settings.config, guard.clone())
             .map(|session| (session, None))
             .map_err(|e| anyhow!("mounting on {}: {e}", args.mountpoint.display()))
     } else {
-        start(args, &settings).map(|(fs, session, socket)| (session, Some((fs, socket))))
+        start(args, &settings, guard.clone())
+            .map(|(fs, session, socket)| (session, Some((fs, socket))))
     };
     let (session, betreefs) = match started {
         Ok(v) => v,
@@ -333,10 +360,26 @@ fn serve(args: &MountArgs, settings: Settings) -> Result<()> {
     if let Err(e) = session.join() {
         tracing::warn!("session ended with {e}");
     }
+    let fatal = guard.failure();
     let Some((fs, socket)) = betreefs else {
-        return Ok(());
+        return match fatal {
+            Some(what) => bail!("stopped serving: {what}"),
+            None => Ok(()),
+        };
     };
     let _ = std::fs::remove_file(&socket);
+    if let Some(what) = fatal {
+        // The in-memory state may be inconsistent: keep only the log (it
+        // holds every acknowledged write, and the next mount replays it).
+        let flushed = match fs.store().sync() {
+            Ok(()) => "the log was flushed".to_string(),
+            Err(e) => format!("flushing the log failed too: {e}"),
+        };
+        bail!(
+            "stopped serving: {what}; {flushed}, no final checkpoint was written (the next \
+             mount replays the log)"
+        );
+    }
     match Arc::try_unwrap(fs) {
         Ok(fs) => fs.close().context("final checkpoint")?,
         Err(fs) => {
@@ -352,19 +395,30 @@ fn serve(args: &MountArgs, settings: Settings) -> Result<()> {
 
 type Started = (Arc<FileSystem>, fuser::BackgroundSession, PathBuf);
 
-fn start(args: &MountArgs, settings: &Settings) -> Result<Started> {
+fn start(
+    args: &MountArgs,
+    settings: &Settings,
+    guard: Arc<betreefs_fuse::RequestGuard>,
+) -> Result<Started> {
     let mut options = fs_cmds::engine_options_for(&args.image);
     if let Some(c) = settings.cache_bytes {
         options.cache_bytes = c;
     }
-    let store =
-        Store::open(&args.image, options).map_err(|e| anyhow!("{}: {e}", args.image.display()))?;
+    options.read_only = settings.read_only;
+    let store = crate::image::open_store(&args.image, options, crate::image::UNMOUNT_WAIT)
+        .map_err(|e| anyhow!("{}: {e:#}", args.image.display()))?;
     let fs = FileSystem::mount(store, settings.atime)
         .map_err(|e| anyhow!("{}: {e}", args.image.display()))?;
     let fs = Arc::new(fs);
     let socket = control_socket(&args.mountpoint)?;
-    let session = betreefs_fuse::mount(fs.clone(), &args.mountpoint, &settings.config, "betreefs")
-        .map_err(|e| anyhow!("mounting on {}: {e}", args.mountpoint.display()))?;
+    let session = betreefs_fuse::mount(
+        fs.clone(),
+        &args.mountpoint,
+        &settings.config,
+        "betreefs",
+        guard,
+    )
+    .map_err(|e| anyhow!("mounting on {}: {e}", args.mountpoint.display()))?;
     serve_control(Arc::downgrade(&fs), &socket)?;
     Ok((fs, session, socket))
 }
@@ -495,13 +549,15 @@ pub struct InstallHelperArgs {
     pub dir: PathBuf,
 }
 
-/// Links `DIR/mount.fuse.betreefs` to this executable.
+/// Links `DIR/{mount,umount,fsck}.fuse.betreefs` to this executable.
 pub fn run_install_helper(args: InstallHelperArgs) -> Result<()> {
     let exe = std::env::current_exe().context("finding the betreefs executable")?;
-    let link = args.dir.join("mount.fuse.betreefs");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&exe, &link)
-        .with_context(|| format!("linking {} to {}", link.display(), exe.display()))?;
-    println!("{} -> {}", link.display(), exe.display());
+    for name in ["mount", "umount", "fsck"] {
+        let link = args.dir.join(format!("{name}.fuse.betreefs"));
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&exe, &link)
+            .with_context(|| format!("linking {} to {}", link.display(), exe.display()))?;
+        println!("{} -> {}", link.display(), exe.display());
+    }
     Ok(())
 }

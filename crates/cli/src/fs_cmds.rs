@@ -3,7 +3,6 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use betreefs_engine::{Options, Store};
@@ -109,62 +108,6 @@ pub fn run_mkfs(args: MkfsArgs) -> Result<()> {
         args.size >> 20
     );
     Ok(())
-}
-
-#[derive(clap::Args)]
-pub struct FsckArgs {
-    /// Image file or block device (not mounted).
-    pub path: PathBuf,
-}
-
-/// Checks an image; the exit code is 0 when clean, 1 when not.
-pub fn run_fsck(args: FsckArgs) -> Result<i32> {
-    if !args.path.exists() {
-        bail!("{}: no such image", args.path.display());
-    }
-    let bar = indicatif::ProgressBar::new_spinner();
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
-    );
-    bar.set_message("opening (replaying the log if needed)");
-    bar.enable_steady_tick(Duration::from_millis(200));
-    let store = Store::open(&args.path, engine_options_for(&args.path))
-        .with_context(|| format!("opening {}", args.path.display()))?;
-    bar.set_message("verifying the tree (checksums, order, bounds)");
-    let nodes = match store.verify() {
-        Ok(n) => n,
-        Err(e) => {
-            bar.finish_and_clear();
-            println!("{}: tree damaged: {e}", args.path.display());
-            return Ok(1);
-        }
-    };
-    let report = betreefs_fs::fsck::check(&store, |n| {
-        bar.set_message(format!("checking the schema: {n} keys"))
-    })
-    .map_err(|e| anyhow::anyhow!(e))?;
-    bar.finish_and_clear();
-    store.close().context("closing")?;
-    println!(
-        "{}: {} nodes, {} entries, {} directories, {} data blocks, {} xattrs",
-        args.path.display(),
-        nodes,
-        report.entries,
-        report.directories,
-        report.data_keys,
-        report.xattrs
-    );
-    if report.is_clean() {
-        println!("clean");
-        Ok(0)
-    } else {
-        for p in &report.problems {
-            println!("problem: {p}");
-        }
-        println!("{} problem(s) found", report.problems.len());
-        Ok(1)
-    }
 }
 
 /// Where a mounted file system's daemon listens for `stats`.

@@ -2,7 +2,10 @@
 
 mod daemon;
 mod fs_cmds;
+mod fsck;
+mod image;
 mod kv_bench;
+mod unmount;
 
 use clap::{Parser, Subcommand};
 
@@ -25,14 +28,19 @@ enum Command {
     /// once the mount answers. Unmount with `umount DIR` or
     /// `fusermount3 -u DIR`.
     Mount(daemon::MountArgs),
-    /// Check an unmounted image: checksums, tree and schema invariants.
-    /// Exit status 0 when clean, 1 when not.
-    Fsck(fs_cmds::FsckArgs),
+    /// Check an unmounted image without writing to it: checksums, tree
+    /// and schema invariants; --repair fixes what can be fixed. Exit
+    /// status as fsck(8): 0 clean, 1 corrected, 4 uncorrected, 8 error.
+    Fsck(fsck::FsckArgs),
+    /// Unmount and wait until the daemon has written its final checkpoint
+    /// and exited (what `umount` does once `install-helper` ran).
+    Umount(unmount::UmountArgs),
     /// Print a mounted file system's engine counters and amplification
     /// figures as JSON.
     Stats(fs_cmds::StatsArgs),
-    /// Install the mount(8) helper, so that `mount -t fuse.betreefs IMAGE
-    /// DIR` and fstab lines work.
+    /// Install the mount(8), umount(8) and fsck(8) helpers, so that
+    /// `mount -t fuse.betreefs IMAGE DIR`, fstab lines, a `umount` that
+    /// waits for the final checkpoint and `fsck -t fuse.betreefs` work.
     InstallHelper(daemon::InstallHelperArgs),
     /// Mount a no-op FUSE file system (names and sizes kept in memory, data
     /// dropped) with betreefs's FUSE settings: the ceiling for benchmarks.
@@ -74,6 +82,36 @@ fn tune_allocator(mode: Allocator) {
     }
 }
 
+/// fsck's own command line (as `betreefs fsck` or `fsck.fuse.betreefs`),
+/// so that usage errors exit 16 as fsck(8) expects.
+#[derive(Parser)]
+#[command(name = "fsck.fuse.betreefs")]
+struct FsckCli {
+    #[command(flatten)]
+    args: fsck::FsckArgs,
+}
+
+fn run_fsck_helper(argv: &[String]) -> i32 {
+    match FsckCli::try_parse_from(argv) {
+        Ok(cli) => run_fsck(cli.args),
+        Err(e) => {
+            let _ = e.print();
+            if e.use_stderr() {
+                fsck::FSCK_USAGE
+            } else {
+                fsck::FSCK_CLEAN
+            }
+        }
+    }
+}
+
+fn run_fsck(args: fsck::FsckArgs) -> i32 {
+    fsck::run(args).unwrap_or_else(|e| {
+        eprintln!("betreefs fsck: {e:#}");
+        fsck::FSCK_OPERATIONAL
+    })
+}
+
 fn main() {
     let argv: Vec<String> = std::env::args().collect();
     let serves_a_mount =
@@ -94,11 +132,18 @@ fn main() {
         .unwrap_or_default();
     let result = if invoked_as.starts_with("mount.") {
         daemon::run_helper(&argv[1..]).map(|()| 0)
+    } else if invoked_as.starts_with("umount.") {
+        unmount::run_helper(&argv[1..]).map(|()| 0)
+    } else if invoked_as.starts_with("fsck.") {
+        Ok(run_fsck_helper(&argv))
+    } else if argv.get(1).is_some_and(|a| a == "fsck") {
+        Ok(run_fsck_helper(&argv[1..]))
     } else {
         match Cli::parse().command {
             Command::Mkfs(args) => fs_cmds::run_mkfs(args).map(|()| 0),
             Command::Mount(args) => daemon::run_mount(args).map(|()| 0),
-            Command::Fsck(args) => fs_cmds::run_fsck(args),
+            Command::Fsck(args) => Ok(run_fsck(args)),
+            Command::Umount(args) => unmount::run(args).map(|()| 0),
             Command::Stats(args) => fs_cmds::run_stats(args).map(|()| 0),
             Command::InstallHelper(args) => daemon::run_install_helper(args).map(|()| 0),
             Command::Nullfuse(args) => daemon::run_nullfuse(args).map(|()| 0),

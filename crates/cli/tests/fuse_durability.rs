@@ -236,3 +236,40 @@ fn sigterm_unmounts_with_a_final_checkpoint() {
     );
     m.unmount();
 }
+
+/// A request that panics in the daemon gets EIO, every later one fails
+/// too, the mount goes away and the daemon exits non-zero — never a dead
+/// mount with a daemon reporting success. Nothing fsync'd is lost: the
+/// next mount replays the log.
+#[test]
+fn a_panicking_request_stops_the_mount_and_loses_nothing_synced() {
+    if !common::fuse_available() {
+        return;
+    }
+    let scratch = Scratch::new("panic");
+    let image = scratch.0.join("img");
+    let dir = scratch.0.join("mnt");
+    common::mkfs(&image, "256M");
+    let mount = Mount::start_with_env(&image, &dir, &[], &[("BETREEFS_TEST_PANIC_LOOKUP", "boom")]);
+    let kept = mount.path("kept");
+    {
+        let mut f = std::fs::File::create(&kept).unwrap();
+        f.write_all(b"synced before the panic").unwrap();
+        f.sync_all().unwrap();
+    }
+    let err = std::fs::metadata(mount.path("boom")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    let status = mount.wait_exit(std::time::Duration::from_secs(30));
+    assert!(
+        !status.success(),
+        "the daemon must not exit 0 after a panic"
+    );
+    assert!(!common::is_mounted(&dir), "the mount must go away");
+    common::assert_fsck_clean(&image, "after a panic");
+    let again = Mount::start(&image, &dir, &[]);
+    assert_eq!(
+        std::fs::read(again.path("kept")).unwrap(),
+        b"synced before the panic"
+    );
+    again.unmount();
+}

@@ -75,6 +75,15 @@ impl BlockTable {
         })
     }
 
+    /// Every node number in use (written or not).
+    pub fn live_numbers(&self) -> impl Iterator<Item = u64> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !matches!(s, Slot::Free))
+            .map(|(i, _)| i as u64)
+    }
+
     /// Node numbers in use (free numbers all sit on the free list).
     pub fn live_count(&self) -> usize {
         self.slots.len() - self.free.len()

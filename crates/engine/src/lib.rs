@@ -25,7 +25,7 @@ pub use error::{EngineError, EngineResult};
 pub use message::{
     KeySpace, Message, RangeRename, WriteBatch, KEY_SPACES, MAX_KEY_BYTES, MAX_VALUE_BYTES,
 };
-pub use tree::TreeOptions;
+pub use tree::{TreeOptions, VerifyReport};
 mod store;
 
 pub use merge::{MergeRegistry, RecordOp, MERGE_PATCH, MERGE_RECORD, MERGE_TRUNCATE};

@@ -23,7 +23,7 @@ use crate::error::{EngineError, EngineResult};
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, WriteBatch};
 use crate::stats::{add, Stats, StatsSnapshot};
-use crate::tree::{Tree, TreeOptions};
+use crate::tree::{Tree, TreeOptions, VerifyReport};
 use crate::validate::check_batch;
 
 /// Tunables. The defaults were chosen by measurement on the reference
@@ -492,11 +492,24 @@ impl Store {
         self.inner.stats_snapshot()
     }
 
-    /// Verifies every node of both trees (checksums, order, bounds, heights).
-    /// Returns how many nodes were checked.
-    pub fn verify(&self) -> EngineResult<u64> {
+    /// Verifies every node of both trees (checksums, order, bounds,
+    /// heights) and finds nodes no tree reaches.
+    pub fn verify(&self) -> EngineResult<VerifyReport> {
         let mut tree = self.inner.lock_tree();
-        tree.verify()
+        let report = tree.verify();
+        tree.evict_clean_if_needed();
+        report
+    }
+
+    /// Frees nodes the block table holds but no tree reaches (fsck's
+    /// repair of leaked space), then checkpoints.
+    pub fn free_unreachable_nodes(&self) -> EngineResult<u64> {
+        self.inner.check_writable()?;
+        let mut tree = self.inner.lock_tree();
+        let unreachable = tree.verify()?.unreachable;
+        tree.free_unreachable(&unreachable);
+        self.inner.checkpoint_locked(&mut tree)?;
+        Ok(unreachable.len() as u64)
     }
 
     /// Stops the background thread and writes a final checkpoint.

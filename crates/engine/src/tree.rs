@@ -6,7 +6,7 @@
 //! Every step that can fail (reading a node) runs before the step that
 //! changes anything, so an error leaves a consistent tree behind.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -49,6 +49,15 @@ enum Want<'a> {
     Whole,
     Key(&'a [u8]),
     Range(&'a [u8], Option<&'a [u8]>),
+}
+
+/// What [`Tree::verify`] found besides errors.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Nodes visited (each tree's nodes, read whole).
+    pub nodes: u64,
+    /// Node numbers the block table holds but no tree reaches.
+    pub unreachable: Vec<u64>,
 }
 
 /// New right siblings produced by a split: (separator pivot, node number).
@@ -1440,17 +1449,34 @@ impl Tree {
     // ---- verification (fsck and tests) -------------------------------------
 
     /// Walks every node of every tree, reading all of them, and checks
-    /// ordering, bounds, heights, buffer placement and fanout. Returns the
-    /// number of nodes visited.
-    pub fn verify(&mut self) -> EngineResult<u64> {
-        let mut visited = 0;
+    /// ordering, bounds, heights, buffer placement and fanout; also finds
+    /// nodes the block table holds but no tree reaches (leaked space).
+    pub fn verify(&mut self) -> EngineResult<VerifyReport> {
+        let mut visited = HashSet::new();
         for ks in KeySpace::ALL {
             let root = self.roots[ks.index()];
             self.load(ks, root, &Bounds::full(), Want::Whole, None)?;
             let height = self.node(root).height();
-            visited += self.verify_subtree(ks, root, &Bounds::full(), height)?;
+            self.verify_subtree(ks, root, &Bounds::full(), height, &mut visited)?;
         }
-        Ok(visited)
+        let unreachable = self
+            .btt
+            .live_numbers()
+            .filter(|n| !visited.contains(n))
+            .collect();
+        Ok(VerifyReport {
+            nodes: visited.len() as u64,
+            unreachable,
+        })
+    }
+
+    /// Frees nodes no tree reaches (found by [`Tree::verify`]).
+    pub fn free_unreachable(&mut self, nums: &[u64]) {
+        for &num in nums {
+            if !self.roots.contains(&num) {
+                self.free_node(num);
+            }
+        }
     }
 
     fn verify_subtree(
@@ -1459,7 +1485,11 @@ impl Tree {
         num: u64,
         bounds: &Bounds,
         height: u32,
-    ) -> EngineResult<u64> {
+        visited: &mut HashSet<u64>,
+    ) -> EngineResult<()> {
+        if !visited.insert(num) {
+            return Err(Self::corrupt(ks, num, "reached twice"));
+        }
         self.load(ks, num, bounds, Want::Whole, Some(height))?;
         let bad = |reason: String| Self::corrupt(ks, num, reason);
         let kids: Vec<(u64, Bounds)> = match &self.node(num).body {
@@ -1522,11 +1552,12 @@ impl Tree {
                     .collect()
             }
         };
-        let mut visited = 1;
         for (child, child_bounds) in kids {
-            visited += self.verify_subtree(ks, child, &child_bounds, height - 1)?;
+            self.verify_subtree(ks, child, &child_bounds, height - 1, visited)?;
+            // A whole-tree walk must not hold the whole tree in memory.
+            self.evict_clean_if_needed();
         }
-        Ok(visited)
+        Ok(())
     }
 }
 

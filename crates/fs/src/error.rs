@@ -23,6 +23,7 @@ impl Errno {
     pub const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);
     pub const EFBIG: Errno = Errno(libc::EFBIG);
     pub const EMLINK: Errno = Errno(libc::EMLINK);
+    pub const EROFS: Errno = Errno(libc::EROFS);
 }
 
 impl std::fmt::Display for Errno {
@@ -39,6 +40,9 @@ impl From<EngineError> for Errno {
     fn from(e: EngineError) -> Errno {
         if e.is_no_space() {
             return Errno::ENOSPC;
+        }
+        if matches!(e, EngineError::ReadOnly) {
+            return Errno::EROFS;
         }
         tracing::error!("engine: {e}");
         Errno::EIO

@@ -26,13 +26,15 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 
-use betreefs_engine::merge::{patch_arg, record_arg, truncate_arg};
-use betreefs_engine::{
-    KeySpace, RecordOp, Store, WriteBatch, MERGE_PATCH, MERGE_RECORD, MERGE_TRUNCATE,
-};
+use betreefs_engine::merge::patch_arg;
+use betreefs_engine::{KeySpace, Store, WriteBatch, MERGE_PATCH};
 
 use crate::error::{Errno, FsResult};
 use crate::ops::Operations;
+use crate::plan::{
+    count_update, dir_record_key, inode_record, move_file_data, move_subtree, purge_file,
+    truncate_blocks,
+};
 use crate::record::{Attr, FsInfo, Record, Timespec, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::schema::{self, NameError};
 
@@ -50,7 +52,7 @@ pub const FILE_SIZE_MAX: u64 = 1 << 50;
 /// xattr suffix within the engine's key limit.
 const ENTRY_KEY_MAX: usize = betreefs_engine::MAX_KEY_BYTES - 300;
 /// Inode numbers are reserved in the identity record this many at a time.
-const INO_BATCH: u64 = 4096;
+pub(crate) const INO_BATCH: u64 = 4096;
 /// Data blocks per write batch: bounds a log record (small images have a
 /// 1 MiB log).
 const BLOCKS_PER_BATCH: usize = 64;
@@ -211,50 +213,6 @@ fn decode(value: &[u8]) -> FsResult<Record> {
         tracing::error!("corrupt record: {}", e.0);
         Errno::EIO
     })
-}
-
-fn inode_record(attr: &Attr, target: &[u8]) -> Vec<u8> {
-    Record::Inode {
-        attr: attr.clone(),
-        target: target.to_vec(),
-    }
-    .encode()
-}
-
-fn count_update(batch: &mut WriteBatch, delta: i64) {
-    let op = if delta >= 0 {
-        RecordOp::Add(0, delta as u64)
-    } else {
-        RecordOp::Sub(0, delta.unsigned_abs())
-    };
-    batch.upsert(
-        KeySpace::Meta,
-        schema::COUNTS_KEY,
-        MERGE_RECORD,
-        &record_arg(&[op]),
-    );
-}
-
-/// Removes everything a file owns: its record and its data range.
-fn purge_file(batch: &mut WriteBatch, file_key: &[u8]) {
-    batch.delete(KeySpace::Meta, file_key);
-    let (lo, hi) = schema::file_range(file_key);
-    batch.range_delete(KeySpace::Data, &lo, &hi);
-}
-
-/// Moves everything a file owns in the data space from one file key to
-/// another.
-fn move_file_data(batch: &mut WriteBatch, from: &[u8], to: &[u8]) {
-    let (lo, hi) = schema::file_range(from);
-    batch.range_rename(KeySpace::Data, &lo, &hi, from.len(), to);
-}
-
-/// Moves a directory's subtree (both key spaces) from one dir key to another.
-fn move_subtree(batch: &mut WriteBatch, from: &[u8], to: &[u8]) {
-    let (lo, hi) = schema::subtree_range(from);
-    for ks in KeySpace::ALL {
-        batch.range_rename(ks, &lo, &hi, from.len(), to);
-    }
 }
 
 impl State {
@@ -440,11 +398,6 @@ impl State {
     }
 }
 
-/// The record key of the directory whose directory key is `dir`.
-fn dir_record_key(dir: &[u8]) -> Vec<u8> {
-    schema::dir_entry_key(dir).unwrap_or_else(|| schema::ROOT_KEY.to_vec())
-}
-
 /// What an entry key resolved to.
 struct Found {
     /// The directory key of the parent the entry was found in.
@@ -527,8 +480,11 @@ impl FileSystem {
             atime,
             kernel_places_appends: std::sync::atomic::AtomicBool::new(false),
         };
-        fs.purge_orphans()
-            .map_err(|e| format!("removing orphaned files: {e}"))?;
+        // Read-only, orphans stay until a read-write mount removes them.
+        if !fs.store.is_read_only() {
+            fs.purge_orphans()
+                .map_err(|e| format!("removing orphaned files: {e}"))?;
+        }
         Ok(fs)
     }
 
@@ -1768,25 +1724,5 @@ fn finish_move(
     }
     if f.is_dir() {
         move_subtree(batch, scratch[1], sub);
-    }
-}
-
-/// Truncate from `old` to `new` bytes: drop whole blocks past the end and
-/// cut the last partial one, so that no stale bytes lie beyond the end.
-fn truncate_blocks(batch: &mut WriteBatch, file: &[u8], old: u64, new: u64) {
-    if new >= old {
-        return;
-    }
-    let keep_blocks = new.div_ceil(BLOCK_SIZE);
-    let (lo, hi) = schema::data_range_from(file, keep_blocks);
-    batch.range_delete(KeySpace::Data, &lo, &hi);
-    let tail = new % BLOCK_SIZE;
-    if tail != 0 {
-        batch.upsert(
-            KeySpace::Data,
-            &schema::data_key(file, new / BLOCK_SIZE),
-            MERGE_TRUNCATE,
-            &truncate_arg(tail),
-        );
     }
 }

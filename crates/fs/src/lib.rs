@@ -13,6 +13,7 @@ pub mod error;
 pub mod fs;
 pub mod fsck;
 pub mod ops;
+mod plan;
 pub mod record;
 pub mod schema;
 

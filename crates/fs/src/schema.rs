@@ -167,6 +167,12 @@ pub fn inode_key(ino: u64) -> Vec<u8> {
     out
 }
 
+/// The inode number of an inode key (see [`inode_key`]).
+pub fn inode_key_ino(key: &[u8]) -> Option<u64> {
+    let raw = key.strip_prefix(b"\x01i")?;
+    Some(u64::from_be_bytes(raw.try_into().ok()?))
+}
+
 /// The marker of an unlinked file still open when it was unlinked: it is
 /// removed on the last close, or at the next mount after a crash.
 pub fn orphan_key(ino: u64) -> Vec<u8> {

@@ -71,7 +71,10 @@ fn unsafe_is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+pub mod guard;
 pub mod nullfuse;
+
+pub use guard::RequestGuard;
 
 /// Mounts `fs` on `mountpoint` as file-system type `fuse.<subtype>`;
 /// requests are served by background threads until the file system is
@@ -81,10 +84,12 @@ pub fn mount<F: Operations>(
     mountpoint: &Path,
     config: &MountConfig,
     subtype: &str,
+    guard: Arc<RequestGuard>,
 ) -> std::io::Result<fuser::BackgroundSession> {
     let fs = Fuse {
         fs,
         writeback_cache: config.writeback_cache,
+        guard,
     };
     let mut options = vec![
         MountOption::FSName(config.fs_name.clone()),
@@ -139,6 +144,15 @@ fn tune_kernel(config: &mut KernelConfig, writeback_cache: bool) -> bool {
 struct Fuse<F> {
     fs: Arc<F>,
     writeback_cache: bool,
+    guard: Arc<RequestGuard>,
+}
+
+impl<F: Operations> Fuse<F> {
+    /// Serves one request through the guard (see [`guard`]).
+    fn run<T>(&self, op: &str, ino: u64, request: impl FnOnce(&F) -> FsResult<T>) -> FsResult<T> {
+        self.guard
+            .run(|| format!("{op} (inode {ino})"), || request(&self.fs))
+    }
 }
 
 fn errno(e: Errno) -> fuser::Errno {
@@ -236,18 +250,25 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.fs.lookup(parent.0, name.as_bytes()) {
+        match self.run("lookup", parent.0, |fs| {
+            guard::injected_panic(name.as_bytes());
+            fs.lookup(parent.0, name.as_bytes())
+        }) {
             Err(Errno::ENOENT) => negative_entry(reply),
             other => reply_entry(reply, other),
         }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.fs.forget(ino.0, nlookup);
+        // Nothing to reply; a refused forget only keeps an entry longer.
+        let _ = self.run("forget", ino.0, |fs| {
+            fs.forget(ino.0, nlookup);
+            Ok(())
+        });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino.0) {
+        match self.run("getattr", ino.0, |fs| fs.getattr(ino.0)) {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
@@ -280,14 +301,14 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
             mtime: mtime.map(set_time),
             ctime: ctime.map(Timespec::from_system),
         };
-        match self.fs.setattr(ino.0, &set) {
+        match self.run("setattr", ino.0, |fs| fs.setattr(ino.0, &set)) {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(ino.0) {
+        match self.run("readlink", ino.0, |fs| fs.readlink(ino.0)) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(e)),
         }
@@ -303,9 +324,9 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let r = self
-            .fs
-            .mknod(parent.0, name.as_bytes(), mode, rdev, caller(req));
+        let r = self.run("mknod", parent.0, |fs| {
+            fs.mknod(parent.0, name.as_bytes(), mode, rdev, caller(req))
+        });
         reply_entry(reply, r);
     }
 
@@ -320,16 +341,26 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
     ) {
         reply_entry(
             reply,
-            self.fs.mkdir(parent.0, name.as_bytes(), mode, caller(req)),
+            self.run("mkdir", parent.0, |fs| {
+                fs.mkdir(parent.0, name.as_bytes(), mode, caller(req))
+            }),
         );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        reply_empty(reply, self.fs.unlink(parent.0, name.as_bytes()));
+        reply_empty(
+            reply,
+            self.run("unlink", parent.0, |fs| {
+                fs.unlink(parent.0, name.as_bytes())
+            }),
+        );
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        reply_empty(reply, self.fs.rmdir(parent.0, name.as_bytes()));
+        reply_empty(
+            reply,
+            self.run("rmdir", parent.0, |fs| fs.rmdir(parent.0, name.as_bytes())),
+        );
     }
 
     fn symlink(
@@ -340,12 +371,14 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let r = self.fs.symlink(
-            parent.0,
-            link_name.as_bytes(),
-            target.as_os_str().as_bytes(),
-            caller(req),
-        );
+        let r = self.run("symlink", parent.0, |fs| {
+            fs.symlink(
+                parent.0,
+                link_name.as_bytes(),
+                target.as_os_str().as_bytes(),
+                caller(req),
+            )
+        });
         reply_entry(reply, r);
     }
 
@@ -367,13 +400,15 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
             noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
         };
-        let r = self.fs.rename(
-            parent.0,
-            name.as_bytes(),
-            newparent.0,
-            newname.as_bytes(),
-            flags,
-        );
+        let r = self.run("rename", parent.0, |fs| {
+            fs.rename(
+                parent.0,
+                name.as_bytes(),
+                newparent.0,
+                newname.as_bytes(),
+                flags,
+            )
+        });
         reply_empty(reply, r);
     }
 
@@ -385,11 +420,16 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        reply_entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()));
+        reply_entry(
+            reply,
+            self.run("link", ino.0, |fs| {
+                fs.link(ino.0, newparent.0, newname.as_bytes())
+            }),
+        );
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open(ino.0, flags.0) {
+        match self.run("open", ino.0, |fs| fs.open(ino.0, flags.0)) {
             Ok(fh) => reply.opened(FileHandle(fh), open_flags()),
             Err(e) => reply.error(errno(e)),
         }
@@ -406,7 +446,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(ino.0, offset, size) {
+        match self.run("read", ino.0, |fs| fs.read(ino.0, offset, size)) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(errno(e)),
         }
@@ -424,7 +464,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write(ino.0, fh.0, offset, data) {
+        match self.run("write", ino.0, |fs| fs.write(ino.0, fh.0, offset, data)) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(e)),
         }
@@ -451,7 +491,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.fs.release(fh.0));
+        reply_empty(reply, self.run("release", fh.0, |fs| fs.release(fh.0)));
     }
 
     fn fsync(
@@ -462,11 +502,11 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.fs.fsync());
+        reply_empty(reply, self.run("fsync", 0, |fs| fs.fsync()));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.opendir(ino.0) {
+        match self.run("opendir", ino.0, |fs| fs.opendir(ino.0)) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),
         }
@@ -480,13 +520,15 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let r = self.fs.readdir(ino.0, fh.0, offset, false, &mut |e| {
-            reply.add(
-                INodeNo(e.ino),
-                e.offset,
-                file_type(e.file_type),
-                OsStr::from_bytes(e.name),
-            )
+        let r = self.run("readdir", ino.0, |fs| {
+            fs.readdir(ino.0, fh.0, offset, false, &mut |e| {
+                reply.add(
+                    INodeNo(e.ino),
+                    e.offset,
+                    file_type(e.file_type),
+                    OsStr::from_bytes(e.name),
+                )
+            })
         });
         match r {
             Ok(()) => reply.ok(),
@@ -502,15 +544,17 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let r = self.fs.readdir(ino.0, fh.0, offset, true, &mut |e| {
-            // "." and ".." come without attributes: the kernel takes no
-            // reference for them, so nothing is cached.
-            let (ttl, attr) = match e.attr {
-                Some(a) => (TTL, file_attr(a)),
-                None => (Duration::ZERO, file_attr(&dot_attr(e.ino))),
-            };
-            let name = OsStr::from_bytes(e.name);
-            reply.add(INodeNo(e.ino), e.offset, name, &ttl, &attr, Generation(0))
+        let r = self.run("readdir", ino.0, |fs| {
+            fs.readdir(ino.0, fh.0, offset, true, &mut |e| {
+                // "." and ".." come without attributes: the kernel takes no
+                // reference for them, so nothing is cached.
+                let (ttl, attr) = match e.attr {
+                    Some(a) => (TTL, file_attr(a)),
+                    None => (Duration::ZERO, file_attr(&dot_attr(e.ino))),
+                };
+                let name = OsStr::from_bytes(e.name);
+                reply.add(INodeNo(e.ino), e.offset, name, &ttl, &attr, Generation(0))
+            })
         });
         match r {
             Ok(()) => reply.ok(),
@@ -526,7 +570,10 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.fs.releasedir(fh.0);
+        let _ = self.run("releasedir", fh.0, |fs| {
+            fs.releasedir(fh.0);
+            Ok(())
+        });
         reply.ok();
     }
 
@@ -538,11 +585,14 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.fs.fsync());
+        reply_empty(reply, self.run("fsync", 0, |fs| fs.fsync()));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let s = self.fs.statfs();
+        let s = match self.run("statfs", 0, |fs| Ok(fs.statfs())) {
+            Ok(s) => s,
+            Err(e) => return reply.error(errno(e)),
+        };
         reply.statfs(
             s.blocks,
             s.blocks_free,
@@ -570,20 +620,35 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         }
         reply_empty(
             reply,
-            self.fs.setxattr(ino.0, name.as_bytes(), value, flags),
+            self.run("setxattr", ino.0, |fs| {
+                fs.setxattr(ino.0, name.as_bytes(), value, flags)
+            }),
         );
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        reply_xattr(reply, size, self.fs.getxattr(ino.0, name.as_bytes()));
+        reply_xattr(
+            reply,
+            size,
+            self.run("getxattr", ino.0, |fs| fs.getxattr(ino.0, name.as_bytes())),
+        );
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        reply_xattr(reply, size, self.fs.listxattr(ino.0));
+        reply_xattr(
+            reply,
+            size,
+            self.run("listxattr", ino.0, |fs| fs.listxattr(ino.0)),
+        );
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        reply_empty(reply, self.fs.removexattr(ino.0, name.as_bytes()));
+        reply_empty(
+            reply,
+            self.run("removexattr", ino.0, |fs| {
+                fs.removexattr(ino.0, name.as_bytes())
+            }),
+        );
     }
 
     fn create(
@@ -596,10 +661,9 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        match self
-            .fs
-            .create(parent.0, name.as_bytes(), mode, flags, caller(req))
-        {
+        match self.run("create", parent.0, |fs| {
+            fs.create(parent.0, name.as_bytes(), mode, flags, caller(req))
+        }) {
             Ok((a, fh)) => reply.created(
                 &TTL,
                 &file_attr(&a),
@@ -621,7 +685,12 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.fs.fallocate(ino.0, offset, length, mode));
+        reply_empty(
+            reply,
+            self.run("fallocate", ino.0, |fs| {
+                fs.fallocate(ino.0, offset, length, mode)
+            }),
+        );
     }
 }
 

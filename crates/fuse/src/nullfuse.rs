@@ -345,10 +345,20 @@ impl Operations for NullFs {
 }
 
 /// Mounts a fresh nullfuse on `mountpoint` with the settings betreefs uses.
-pub fn mount(mountpoint: &Path, config: &MountConfig) -> std::io::Result<fuser::BackgroundSession> {
+pub fn mount(
+    mountpoint: &Path,
+    config: &MountConfig,
+    guard: Arc<crate::RequestGuard>,
+) -> std::io::Result<fuser::BackgroundSession> {
     let config = MountConfig {
         fs_name: "nullfuse".into(),
         ..config.clone()
     };
-    crate::mount(Arc::new(NullFs::default()), mountpoint, &config, "nullfuse")
+    crate::mount(
+        Arc::new(NullFs::default()),
+        mountpoint,
+        &config,
+        "nullfuse",
+        guard,
+    )
 }

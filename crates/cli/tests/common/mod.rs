@@ -108,11 +108,22 @@ pub struct Mount {
 
 impl Mount {
     pub fn start(image: &Path, dir: &Path, options: &[&str]) -> Mount {
+        Self::start_with_env(image, dir, options, &[])
+    }
+
+    /// [`Mount::start`] with extra environment variables for the daemon.
+    pub fn start_with_env(
+        image: &Path,
+        dir: &Path,
+        options: &[&str],
+        env: &[(&str, &str)],
+    ) -> Mount {
         if std::fs::metadata(dir).is_err() {
             let _ = std::fs::create_dir_all(dir);
         }
         let mut cmd = Command::new(binary());
         cmd.arg("mount").arg(image).arg(dir).arg("--foreground");
+        cmd.envs(env.iter().copied());
         for o in options {
             cmd.arg("-o").arg(o);
         }
@@ -152,6 +163,19 @@ impl Mount {
         if let Some(mut c) = child {
             let status = c.wait().expect("wait for daemon");
             assert!(status.success(), "daemon exited with {status}");
+        }
+    }
+
+    /// Waits (up to `limit`) for the daemon to exit on its own; its status.
+    pub fn wait_exit(mut self, limit: Duration) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("a running daemon");
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait for daemon") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the daemon did not exit");
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 

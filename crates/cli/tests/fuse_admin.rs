@@ -1,0 +1,235 @@
+//! Operating betreefs as an administrator does: unmounting means done,
+//! fsck reads without writing and follows fsck(8)'s exit codes, a
+//! read-only mount writes nothing.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::*;
+
+fn betreefs(args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(binary())
+        .args(args)
+        .output()
+        .expect("run betreefs")
+}
+
+fn fsck_code(image: &Path, extra: &[&str]) -> (i32, String) {
+    let mut cmd = Command::new(binary());
+    cmd.arg("fsck").args(extra).arg(image);
+    let out = cmd.output().expect("run fsck");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// A CRC of the whole image file.
+fn image_crc(image: &Path) -> u32 {
+    crc32c::crc32c(&fs::read(image).expect("read image"))
+}
+
+fn mount_bg(image: &Path, dir: &Path, options: &[&str]) {
+    let mut args = vec!["mount".as_ref(), image.as_os_str(), dir.as_os_str()];
+    for o in options {
+        args.push("-o".as_ref());
+        args.push(o.as_ref());
+    }
+    assert_succeeded(&betreefs(&args));
+}
+
+/// The installed umount helper in a scratch directory.
+fn umount_helper(scratch: &Path) -> PathBuf {
+    let dir = scratch.join("sbin");
+    fs::create_dir_all(&dir).unwrap();
+    assert_succeeded(&betreefs(&[
+        "install-helper".as_ref(),
+        "--dir".as_ref(),
+        dir.as_os_str(),
+    ]));
+    dir.join("umount.fuse.betreefs")
+}
+
+/// The issue's loop: mount, write, unmount, at once fsck, at once mount
+/// again — twenty times, with every way of unmounting.
+#[test]
+fn unmount_means_done() {
+    if !fuse_available() {
+        return;
+    }
+    let s = Scratch::new("umount");
+    let image = s.0.join("img");
+    let dir = s.0.join("mnt");
+    fs::create_dir(&dir).unwrap();
+    mkfs(&image, "256M");
+    let helper = umount_helper(&s.0);
+    for round in 0..20u32 {
+        mount_bg(&image, &dir, &[]);
+        let name = format!("f{round}");
+        let mut f = fs::File::create(dir.join(&name)).unwrap();
+        f.write_all(&vec![round as u8; 100_000]).unwrap();
+        drop(f);
+        // A mounted image is refused by fsck at once, naming the mount.
+        if round == 0 {
+            let (code, text) = fsck_code(&image, &[]);
+            assert_eq!(code, 8, "{text}");
+            assert!(text.contains("is mounted on"), "{text}");
+        }
+        match round % 3 {
+            // umount(8) without the helper returns before the daemon is
+            // done: fsck and mount wait for it.
+            0 => umount(&dir),
+            1 => assert_succeeded(&betreefs(&["umount".as_ref(), dir.as_os_str()])),
+            _ => assert_succeeded(&Command::new(&helper).arg(&dir).output().unwrap()),
+        }
+        let (code, text) = fsck_code(&image, &[]);
+        assert_eq!(code, 0, "round {round}: {text}");
+    }
+    mount_bg(&image, &dir, &[]);
+    for round in 0..20u32 {
+        assert_eq!(
+            fs::read(dir.join(format!("f{round}"))).unwrap(),
+            vec![round as u8; 100_000]
+        );
+    }
+    assert_succeeded(&betreefs(&["umount".as_ref(), dir.as_os_str()]));
+    // Once `betreefs umount` returned, the image is free at once.
+    let err = betreefs(&["umount".as_ref(), dir.as_os_str()]);
+    assert!(!err.status.success(), "not mounted any more");
+}
+
+/// fsck changes no byte of the image, even with a log to replay (after
+/// kill -9), and checks an image on read-only media.
+#[test]
+fn fsck_writes_nothing() {
+    if !fuse_available() {
+        return;
+    }
+    let s = Scratch::new("fsck-ro");
+    let image = s.0.join("img");
+    let dir = s.0.join("mnt");
+    mkfs(&image, "256M");
+    let mount = Mount::start(&image, &dir, &[]);
+    for i in 0..50 {
+        let mut f = fs::File::create(mount.path(&format!("f{i}"))).unwrap();
+        f.write_all(&[i as u8; 5000]).unwrap();
+        f.sync_all().unwrap();
+    }
+    mount.kill();
+    detach(&dir);
+    let before = image_crc(&image);
+    let (code, text) = fsck_code(&image, &[]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("log records replayed in memory"), "{text}");
+    assert_eq!(image_crc(&image), before, "fsck wrote to the image");
+    // On a read-only loop device: checkable all the same.
+    let out = Command::new("losetup")
+        .args(["-f", "--show", "-r"])
+        .arg(&image)
+        .output()
+        .unwrap();
+    if out.status.success() {
+        let loopdev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let (code, text) = fsck_code(Path::new(&loopdev), &[]);
+        let _ = Command::new("losetup").args(["-d", &loopdev]).status();
+        assert_eq!(code, 0, "{text}");
+    } else {
+        eprintln!("no loop device: the read-only device case is skipped");
+    }
+    assert_eq!(image_crc(&image), before);
+    // The next mount replays the log for good; the files are all there.
+    let mount = Mount::start(&image, &dir, &[]);
+    assert_eq!(fs::read(mount.path("f49")).unwrap(), vec![49u8; 5000]);
+    mount.unmount();
+}
+
+/// Exit codes as fsck(8) defines them, and a repair that fixes a damaged
+/// superblock copy.
+#[test]
+fn fsck_exit_codes_and_repair() {
+    if !fuse_available() {
+        return;
+    }
+    let s = Scratch::new("fsck-codes");
+    let image = s.0.join("img");
+    let dir = s.0.join("mnt");
+    mkfs(&image, "256M");
+    let mount = Mount::start(&image, &dir, &[]);
+    fs::write(mount.path("kept"), b"kept").unwrap();
+    mount.unmount();
+    assert_eq!(fsck_code(&image, &[]).0, 0);
+    assert_eq!(fsck_code(&s.0.join("missing"), &[]).0, 8);
+    assert_eq!(fsck_code(&image, &["--no-such-flag"]).0, 16);
+    let foreign = s.0.join("foreign");
+    fs::write(&foreign, vec![0x5au8; 8 << 20]).unwrap();
+    assert_eq!(fsck_code(&foreign, &[]).0, 8, "not a betreefs image");
+
+    // One superblock copy damaged: found, left alone without --repair,
+    // repaired with it.
+    let mut bytes = fs::read(&image).unwrap();
+    bytes[4096 + 40] ^= 0x01;
+    fs::write(&image, &bytes).unwrap();
+    let (code, text) = fsck_code(&image, &[]);
+    assert_eq!(code, 4, "{text}");
+    assert!(text.contains("superblock copy B"), "{text}");
+    assert!(text.contains("--repair"), "{text}");
+    let (code, text) = fsck_code(&image, &["-n"]);
+    assert_eq!(code, 4, "{text}");
+    let (code, text) = fsck_code(&image, &["--repair"]);
+    assert_eq!(code, 1, "{text}");
+    let (code, text) = fsck_code(&image, &[]);
+    assert_eq!(code, 0, "{text}");
+    // fsck -t fuse.betreefs runs the helper with fsck(8)'s flags.
+    let sbin = s.0.join("sbin");
+    fs::create_dir(&sbin).unwrap();
+    assert_succeeded(&betreefs(&[
+        "install-helper".as_ref(),
+        "--dir".as_ref(),
+        sbin.as_os_str(),
+    ]));
+    let out = Command::new(sbin.join("fsck.fuse.betreefs"))
+        .arg("-a")
+        .arg(&image)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let mount = Mount::start(&image, &dir, &[]);
+    assert_eq!(fs::read(mount.path("kept")).unwrap(), b"kept");
+    mount.unmount();
+}
+
+/// `-o ro` replays a crashed image's log in memory and writes nothing.
+#[test]
+fn a_read_only_mount_writes_nothing() {
+    if !fuse_available() {
+        return;
+    }
+    let s = Scratch::new("ro");
+    let image = s.0.join("img");
+    let dir = s.0.join("mnt");
+    mkfs(&image, "256M");
+    let mount = Mount::start(&image, &dir, &[]);
+    let mut f = fs::File::create(mount.path("synced")).unwrap();
+    f.write_all(b"in the log only").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    mount.kill();
+    detach(&dir);
+    let before = image_crc(&image);
+    let mount = Mount::start(&image, &dir, &["ro"]);
+    assert_eq!(fs::read(mount.path("synced")).unwrap(), b"in the log only");
+    assert_eq!(
+        err_of(fs::write(mount.path("new"), b"x")),
+        libc::EROFS,
+        "writes are refused"
+    );
+    mount.unmount();
+    assert_eq!(image_crc(&image), before, "a read-only mount wrote");
+    assert_fsck_clean(&image, "after the read-only mount");
+}
