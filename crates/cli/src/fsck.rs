@@ -85,13 +85,6 @@ fn recovery_findings(r: &RecoveryReport, findings: &mut Findings) {
             r.replayed_records
         ));
     }
-    if r.unacknowledged_records > 0 {
-        findings.notes.push(format!(
-            "{} records left unreplayed: the torn tail of the last flush before a crash \
-             (never acknowledged)",
-            r.unacknowledged_records
-        ));
-    }
     if let Some(why) = &r.damaged_superblock {
         findings.problems.push((
             format!("{why}; the other copy was used (repair rewrites both)"),

@@ -123,9 +123,6 @@ struct BackgroundState {
 pub struct RecoveryReport {
     /// Log records replayed on top of the checkpoint.
     pub replayed_records: u64,
-    /// Intact records past the end of the log written by the flush that was
-    /// torn by the crash (never acknowledged, so not replayed).
-    pub unacknowledged_records: u64,
     /// A hole in the log: acknowledged records past it were not replayed.
     pub hole: Option<LogHole>,
     /// Why one superblock copy was unusable (recovery used the other).
@@ -291,17 +288,10 @@ impl Store {
             }
             tracing::error!("the redo log has a hole; records past it are not replayed: {hole}");
         }
-        if end.unacknowledged > 0 {
-            tracing::warn!(
-                "{} records of the flush the crash interrupted were not replayed (never acknowledged)",
-                end.unacknowledged
-            );
-        }
         add(&stats.log_replayed_records, end.records);
         tree.next_seq = end.next_seq;
         let recovery = RecoveryReport {
             replayed_records: end.records,
-            unacknowledged_records: end.unacknowledged,
             hole: end.hole.clone(),
             damaged_superblock: copies.damaged,
         };

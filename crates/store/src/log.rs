@@ -21,14 +21,17 @@
 //! and stops at the first record that is torn (checksum), stale (other epoch
 //! or sequence number: the previous lap of the circle) or absent (zeros).
 //!
-//! Where replay stops is the end of the log only if nothing acknowledged
-//! lies beyond it. Flushes are strictly sequential and each one is synced
-//! before the next begins, so an intact record whose `flush_first` is above
-//! the sequence number replay stopped at proves that the missing record had
-//! been made durable: the log has a hole (a lost or misdirected write, or
-//! damage), and [`replay_log`] reports it instead of taking it for the end.
-//! Intact records past the end written by the same flush as the missing one
-//! are the torn tail of a flush that never completed (never acknowledged).
+//! Where replay stops is the end of the log only if nothing lies beyond it.
+//! A power cut tears at most the last flush, and a torn write keeps a
+//! prefix of what it wrote, so an intact record of the same epoch numbered
+//! at or past the point where replay stopped cannot be the debris of a
+//! crash: the log has a hole (a lost or misdirected write, or damage), and
+//! [`replay_log`] reports it instead of taking it for the end. Its
+//! `flush_first` tells how sure that is: above the missing number, the
+//! missing record had been made durable by an earlier flush; otherwise both
+//! were written by one flush, which a disk that reorders sectors within a
+//! torn write could also leave behind — still reported, never guessed
+//! away, since that flush may have been acknowledged.
 //!
 //! The writer keeps every record from the previous checkpoint's log head
 //! on, not only the newest one's: if the newest superblock copy is lost,
@@ -390,25 +393,33 @@ pub struct ReplayStart {
     pub look_beyond: bool,
 }
 
-/// A record past the end of replay that proves acknowledged records are
-/// missing: the log has a hole, not an end.
+/// A record past the end of replay that shows records are missing: the
+/// log has a hole, not an end.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogHole {
     /// Where replay stopped, and the sequence number it expected there.
     pub stopped_at: u64,
     pub missing_seq: u64,
-    /// The intact record that proves it.
+    /// The intact record that shows it.
     pub found_at: u64,
     pub found_seq: u64,
     pub found_epoch: u32,
+    /// Whether the found record was written by a later flush than the
+    /// missing one (which had then certainly been made durable).
+    pub later_flush: bool,
 }
 
 impl std::fmt::Display for LogHole {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let how = if self.later_flush {
+            "by a later flush, after the missing one had been made durable"
+        } else {
+            "by the same flush (damage, or a torn write whose sectors were reordered)"
+        };
         write!(
             f,
             "log record {} at log position {} is missing or damaged, but record {} (epoch {}) \
-             at position {} was written after it had been made durable",
+             at position {} is intact, written {how}",
             self.missing_seq, self.stopped_at, self.found_seq, self.found_epoch, self.found_at
         )
     }
@@ -422,10 +433,7 @@ pub struct ReplayEnd {
     /// Sequence number the next record would carry.
     pub next_seq: u64,
     pub records: u64,
-    /// Intact records past the end written by the flush that replay
-    /// stopped in: the torn tail of a flush that never completed.
-    pub unacknowledged: u64,
-    /// Evidence that acknowledged records lie past a break in the log.
+    /// Evidence that records lie past a break in the log.
     pub hole: Option<LogHole>,
 }
 
@@ -570,7 +578,6 @@ pub fn replay_log(
         end_pos: pos,
         next_seq: seq,
         records,
-        unacknowledged: 0,
         hole: None,
     };
     if start.look_beyond {
@@ -618,22 +625,16 @@ fn look_beyond(
                 continue;
             }
             let newer_epoch = rec.epoch == next_epoch && rec.epoch != start.epoch;
-            let proves_hole = newer_epoch
-                || (rec.epoch == start.epoch
-                    && rec.seq >= end.next_seq
-                    && rec.flush_first > end.next_seq);
-            if proves_hole {
+            if newer_epoch || (rec.epoch == start.epoch && rec.seq >= end.next_seq) {
                 end.hole = Some(LogHole {
                     stopped_at: end.end_pos,
                     missing_seq: end.next_seq,
                     found_at: pos,
                     found_seq: rec.seq,
                     found_epoch: rec.epoch,
+                    later_flush: newer_epoch || rec.flush_first > end.next_seq,
                 });
                 return Ok(());
-            }
-            if rec.epoch == start.epoch && rec.seq >= end.next_seq {
-                end.unacknowledged += 1;
             }
         }
         at += n;
@@ -805,6 +806,7 @@ mod tests {
         let hole = end.hole.expect("a hole");
         assert_eq!((hole.stopped_at, hole.missing_seq), (128, 2));
         assert_eq!((hole.found_seq, hole.found_at), (3, 256));
+        assert!(hole.later_flush);
         assert!(hole.to_string().contains("log record 2"), "{hole}");
     }
 
@@ -849,7 +851,7 @@ mod tests {
     }
 
     #[test]
-    fn damage_within_the_last_flush_is_its_torn_tail() {
+    fn damage_within_one_flush_is_a_hole_too() {
         let (dev, log) = fresh(1);
         for seq in 1..=5 {
             log.append(seq, &[seq as u8; 100]).unwrap();
@@ -859,8 +861,9 @@ mod tests {
         dev.mutate(|img| img[at] ^= 1);
         let (replayed, end) = replay(&dev, 0, 1, 1);
         assert_eq!(replayed.len(), 1);
-        assert_eq!(end.hole, None);
-        assert_eq!(end.unacknowledged, 3);
+        let hole = end.hole.expect("a hole");
+        assert!(!hole.later_flush);
+        assert!(hole.to_string().contains("same flush"), "{hole}");
     }
 
     #[test]
@@ -893,7 +896,7 @@ mod tests {
             ..start(0, 1, 1)
         };
         let end = replay_log(&dev, BLOCK, REGION, &quiet, |_, _| Ok(())).unwrap();
-        assert_eq!((end.records, end.hole, end.unacknowledged), (1, None, 0));
+        assert_eq!((end.records, end.hole), (1, None));
     }
 
     #[test]
