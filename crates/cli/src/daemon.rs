@@ -159,7 +159,7 @@ pub fn run_mount(args: MountArgs) -> Result<()> {
     let mut settings = parse_options(&args)?;
     check_mountpoint(&args.mountpoint)?;
     if !args.nullfuse && !args.image.exists() {
-        fs_cmds::mkfs(&args.image, args.size.max(64 << 20), false)?;
+        fs_cmds::mkfs(&args.image, Some(args.size.max(64 << 20)), false)?;
         eprintln!(
             "betreefs: created {} ({} MiB)",
             args.image.display(),
@@ -395,11 +395,30 @@ fn serve(args: &MountArgs, settings: Settings) -> Result<()> {
 
 type Started = (Arc<FileSystem>, fuser::BackgroundSession, PathBuf);
 
+/// With `allow_other`, other users reach the files through their
+/// permissions; an image they can read would hand them every byte without
+/// any. Block devices follow the system's disk-group rules instead.
+fn check_image_private(image: &Path, allow_other: bool) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(image).with_context(|| format!("{}", image.display()))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if allow_other && meta.is_file() && mode & 0o077 != 0 {
+        bail!(
+            "{} is open to other users (mode {mode:o}): with allow_other they would reach \
+             every file through the image, bypassing its permissions; `chmod 600 {}` first",
+            image.display(),
+            image.display()
+        );
+    }
+    Ok(())
+}
+
 fn start(
     args: &MountArgs,
     settings: &Settings,
     guard: Arc<betreefs_fuse::RequestGuard>,
 ) -> Result<Started> {
+    check_image_private(&args.image, settings.config.allow_other)?;
     let mut options = fs_cmds::engine_options_for(&args.image);
     if let Some(c) = settings.cache_bytes {
         options.cache_bytes = c;

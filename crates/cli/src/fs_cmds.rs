@@ -59,10 +59,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 pub struct MkfsArgs {
     /// Image file (created sparse) or block device.
     pub path: PathBuf,
-    /// Size of a new image file, e.g. 4G.
-    #[arg(long, value_parser = parse_size, default_value = "8G")]
-    pub size: u64,
-    /// Overwrite an existing image file.
+    /// Size, e.g. 4G: of a new image file (default 8G), or how much of a
+    /// block device to use (default: all of it).
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Overwrite an existing image, or a device that holds a file system.
     #[arg(long)]
     pub force: bool,
 }
@@ -77,19 +78,86 @@ fn caller() -> Caller {
     }
 }
 
-/// Formats an image: an empty store holding an empty file system.
-pub fn mkfs(path: &Path, size: u64, force: bool) -> Result<()> {
+/// What `path` already holds, if anything recognisable: a betreefs (its
+/// magic in either superblock), or whatever blkid(8) finds (file systems,
+/// swap, RAID members, partition tables).
+pub fn existing_signature(path: &Path) -> Option<String> {
+    let mut head = vec![0u8; 2 * 4096];
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let n = f.read(&mut head).unwrap_or(0);
+        head.truncate(n);
+    }
+    let magic = betreefs_store::MAGIC;
+    if head.starts_with(&magic) || head.get(4096..4104) == Some(&magic[..]) {
+        return Some("a betreefs file system".into());
+    }
+    let out = std::process::Command::new("blkid")
+        .args(["-p", "-o", "export"])
+        .arg(path)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).map(str::to_string))
+    };
+    match (field("TYPE="), field("PTTYPE=")) {
+        (Some(kind), _) => Some(format!("a {kind} file system or signature")),
+        (None, Some(table)) => Some(format!("a {table} partition table")),
+        (None, None) => None,
+    }
+}
+
+/// The size of a block device, or `None` for anything else.
+fn block_device_bytes(path: &Path) -> Result<Option<u64>> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(None);
+    };
+    if !meta.file_type().is_block_device() {
+        return Ok(None);
+    }
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let bytes = std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0))
+        .with_context(|| format!("sizing {}", path.display()))?;
+    Ok(Some(bytes))
+}
+
+/// Formats an image: an empty store holding an empty file system. `size`
+/// is the size of a new image file (default 8 GiB) or how much of a block
+/// device to use (default: all of it). Returns the size formatted.
+pub fn mkfs(path: &Path, size: Option<u64>, force: bool) -> Result<u64> {
+    let device_bytes = block_device_bytes(path)?;
+    let size = match (device_bytes, size) {
+        (Some(dev), Some(s)) if s > dev => bail!(
+            "{} holds only {} MiB, less than the {} MiB asked for",
+            path.display(),
+            dev >> 20,
+            s >> 20
+        ),
+        (Some(dev), s) => s.unwrap_or(dev),
+        (None, s) => s.unwrap_or(DEFAULT_IMAGE_SIZE),
+    };
     if let Ok(meta) = std::fs::metadata(path) {
         if meta.is_dir() {
             bail!("{} is a directory", path.display());
         }
-        if meta.is_file() && meta.len() > 0 {
-            if !force {
-                bail!(
-                    "{} already exists; pass --force to overwrite it",
+        let occupied = device_bytes.is_some() || meta.len() > 0;
+        if occupied && !force {
+            match existing_signature(path) {
+                Some(what) => bail!(
+                    "{} already holds {what}; pass --force to overwrite it",
                     path.display()
-                );
+                ),
+                None if device_bytes.is_none() => bail!(
+                    "{} already exists ({} bytes of data); pass --force to overwrite it",
+                    path.display(),
+                    meta.len()
+                ),
+                None => {}
             }
+        }
+        if meta.is_file() && meta.len() > 0 {
             std::fs::remove_file(path).with_context(|| format!("removing {}", path.display()))?;
         }
     }
@@ -97,15 +165,15 @@ pub fn mkfs(path: &Path, size: u64, force: bool) -> Result<()> {
         .with_context(|| format!("creating {}", path.display()))?;
     FileSystem::format(&store, caller()).map_err(|e| anyhow::anyhow!("formatting: {e}"))?;
     store.close().context("writing the first checkpoint")?;
-    Ok(())
+    Ok(size)
 }
 
 pub fn run_mkfs(args: MkfsArgs) -> Result<()> {
-    mkfs(&args.path, args.size, args.force)?;
+    let size = mkfs(&args.path, args.size, args.force)?;
     println!(
         "betreefs: formatted {} ({} MiB)",
         args.path.display(),
-        args.size >> 20
+        size >> 20
     );
     Ok(())
 }

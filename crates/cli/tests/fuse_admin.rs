@@ -233,3 +233,129 @@ fn a_read_only_mount_writes_nothing() {
     assert_eq!(image_crc(&image), before, "a read-only mount wrote");
     assert_fsck_clean(&image, "after the read-only mount");
 }
+
+/// Images are created 0600, and one that other users can read is not
+/// mounted with allow_other (they would read every file from it).
+#[test]
+fn images_are_private() {
+    if !fuse_available() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::new("private");
+    let image = s.0.join("img");
+    let dir = s.0.join("mnt");
+    fs::create_dir(&dir).unwrap();
+    mkfs(&image, "256M");
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&image), 0o600);
+    // The default image `mount` creates.
+    let created = s.0.join("created");
+    mount_bg(&created, &dir, &[]);
+    assert_eq!(mode(&created), 0o600);
+    assert_succeeded(&betreefs(&["umount".as_ref(), dir.as_os_str()]));
+    fs::set_permissions(&image, fs::Permissions::from_mode(0o644)).unwrap();
+    let out = betreefs(&["mount".as_ref(), image.as_os_str(), dir.as_os_str()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("chmod 600"), "{err}");
+    assert!(!is_mounted(&dir));
+    fs::set_permissions(&image, fs::Permissions::from_mode(0o600)).unwrap();
+    mount_bg(&image, &dir, &[]);
+    assert_succeeded(&betreefs(&["umount".as_ref(), dir.as_os_str()]));
+}
+
+/// A loop device attached for a test, detached on drop.
+struct LoopDevice(String);
+
+impl LoopDevice {
+    fn attach(file: &Path) -> Option<LoopDevice> {
+        let out = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(file)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| LoopDevice(String::from_utf8_lossy(&out.stdout).trim().to_string()))
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+/// mkfs formats a whole block device unless --size says otherwise, and
+/// refuses (without --force) one that holds a file system, naming it.
+#[test]
+fn mkfs_on_block_devices() {
+    if !fuse_available() {
+        return;
+    }
+    let s = Scratch::new("mkfs-dev");
+    let backing = s.0.join("backing");
+    fs::File::create(&backing)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let Some(dev) = LoopDevice::attach(&backing) else {
+        eprintln!("no loop device: skipped");
+        return;
+    };
+    let devpath = Path::new(&dev.0);
+    let mkfs_dev = |extra: &[&str]| {
+        let mut cmd = Command::new(binary());
+        cmd.arg("mkfs").args(extra).arg(devpath);
+        cmd.output().unwrap()
+    };
+    // Another file system on it: named, and kept without --force.
+    if Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(devpath)
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        let out = mkfs_dev(&[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("ext4"), "{err}");
+    }
+    let out = mkfs_dev(&["--force"]);
+    assert_succeeded(&out);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1024 MiB"),
+        "the whole device: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Now a betreefs: refused again without --force.
+    let out = mkfs_dev(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("betreefs"), "{err}");
+    assert_succeeded(&mkfs_dev(&["--force", "--size", "512M"]));
+    let out = mkfs_dev(&["--force", "--size", "2G"]);
+    assert!(!out.status.success(), "larger than the device");
+    // It mounts, and holds 512 MiB.
+    let dir = s.0.join("mnt");
+    let mount = Mount::start(devpath, &dir, &[]);
+    fs::write(mount.path("f"), b"on a device").unwrap();
+    let total = {
+        let c = cstr(&dir);
+        // SAFETY: valid path; st is written by statvfs.
+        unsafe {
+            let mut st: libc::statvfs = std::mem::zeroed();
+            assert_eq!(libc::statvfs(c.as_ptr(), &mut st), 0);
+            st.f_blocks * st.f_frsize
+        }
+    };
+    assert!(
+        total > 400 << 20 && total <= 512 << 20,
+        "{total} bytes in a 512 MiB file system"
+    );
+    mount.unmount();
+    // An existing image file: named too.
+    let image = s.0.join("img");
+    mkfs(&image, "128M");
+    let out = betreefs(&["mkfs".as_ref(), image.as_os_str()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("betreefs"), "{err}");
+}

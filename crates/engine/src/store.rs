@@ -156,14 +156,14 @@ fn fresh_epoch() -> u32 {
 }
 
 impl Store {
-    /// Formats `path` (a new sparse file of `size` bytes, or an existing
-    /// block device) and opens the empty store.
+    /// Formats `path` (a new sparse file of `size` bytes, or the first
+    /// `size` bytes of an existing block device) and opens the empty store.
     pub fn create(path: &Path, size: u64, options: Options) -> EngineResult<Store> {
         use std::os::unix::fs::FileTypeExt;
         let is_block_device =
             std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
         let device = if is_block_device {
-            FileDevice::open(path)
+            FileDevice::open(path).map(|d| d.limited_to(size))
         } else {
             FileDevice::create_file(path, size)
         }

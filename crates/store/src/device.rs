@@ -69,20 +69,32 @@ pub struct FileDevice {
 }
 
 impl FileDevice {
-    /// Creates (or truncates) a sparse image file of `len` bytes.
+    /// Creates (or truncates) a sparse image file of `len` bytes, readable
+    /// and writable by its owner only: the image holds every file's bytes,
+    /// whatever their permissions.
     pub fn create_file(path: &Path, len: u64) -> io::Result<FileDevice> {
+        use std::os::unix::fs::PermissionsExt;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
             .open(path)?;
         // Never truncate an image another process is using.
         lock(&file, true)?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
         file.set_len(0)?;
         file.set_len(len)?;
         drop(file);
         Self::open(path)
+    }
+
+    /// Uses only the first `len` bytes of the device (a file system
+    /// smaller than its block device); a larger `len` changes nothing.
+    pub fn limited_to(mut self, len: u64) -> FileDevice {
+        self.len = self.len.min(len);
+        self
     }
 
     /// Opens an existing image file or block device.
