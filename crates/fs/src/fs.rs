@@ -96,6 +96,9 @@ pub struct SetAttr {
     pub atime: Option<SetTime>,
     pub mtime: Option<SetTime>,
     pub ctime: Option<Timespec>,
+    /// The request comes through an open file (ftruncate, open with
+    /// O_TRUNC): a truncation marks the times even when the size stays.
+    pub through_open_file: bool,
 }
 
 /// rename(2) flags.
@@ -1317,8 +1320,17 @@ impl Operations for FileSystem {
         if let Some(gid) = set.gid {
             a.gid = gid;
         }
+        // Linux's rules: a size change marks mtime and ctime; truncate(2)
+        // to the same size changes nothing, while ftruncate and O_TRUNC
+        // (which name an open file) mark both anyway; any other change
+        // marks ctime.
+        let data_changed = set
+            .size
+            .is_some_and(|size| size != a.size || set.through_open_file);
         if let Some(size) = set.size {
             a.size = size;
+        }
+        if data_changed {
             a.mtime = now;
         }
         let pick = |t: SetTime| match t {
@@ -1331,8 +1343,19 @@ impl Operations for FileSystem {
         if let Some(t) = set.mtime {
             a.mtime = pick(t);
         }
-        a.ctime = set.ctime.unwrap_or(now);
+        let attributes_changed = set.mode.is_some()
+            || set.uid.is_some()
+            || set.gid.is_some()
+            || set.atime.is_some()
+            || set.mtime.is_some()
+            || set.ctime.is_some();
+        if data_changed || attributes_changed {
+            a.ctime = set.ctime.unwrap_or(now);
+        }
         let after = a.clone();
+        if after == before {
+            return Ok(after);
+        }
         if let Some(key) = &key {
             st.put_record_at(&mut batch, key, ino)?;
         }
@@ -1349,12 +1372,15 @@ impl Operations for FileSystem {
         if node.attr.is_dir() && flags & libc::O_ACCMODE != libc::O_RDONLY {
             return Err(Errno::EISDIR);
         }
-        if flags & libc::O_TRUNC != 0 && node.attr.file_type() == S_IFREG && node.attr.size > 0 {
+        // POSIX marks mtime and ctime for update on O_TRUNC of an existing
+        // file even when it is empty already (Linux does too).
+        if flags & libc::O_TRUNC != 0 && node.attr.file_type() == S_IFREG {
             drop(st);
             self.setattr(
                 ino,
                 &SetAttr {
                     size: Some(0),
+                    through_open_file: true,
                     ..SetAttr::default()
                 },
             )?;

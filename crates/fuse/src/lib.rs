@@ -285,7 +285,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
@@ -300,6 +300,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
             atime: atime.map(set_time),
             mtime: mtime.map(set_time),
             ctime: ctime.map(Timespec::from_system),
+            through_open_file: fh.is_some(),
         };
         match self.run("setattr", ino.0, |fs| fs.setattr(ino.0, &set)) {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
