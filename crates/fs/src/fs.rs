@@ -1,5 +1,5 @@
 //! POSIX operations over the engine: every metadata change and data write
-//! is a batch of messages (BetrFS 0.4 §3, `shared/DESIGN.md`).
+//! is a batch of messages (BetrFS 0.4 §3, docs/design.md).
 //!
 //! Inode numbers are stored in the records and stay the same across rename
 //! and remount. The kernel names files by inode number, so the file system
@@ -1614,6 +1614,11 @@ impl Operations for FileSystem {
         }
         if value.len() > XATTR_SIZE_MAX {
             return Err(Errno::E2BIG);
+        }
+        // An ACL the kernel does not enforce would be a lie to the user who
+        // set it (and a hole, if it was meant to shut someone out).
+        if name.starts_with(b"system.posix_acl_") {
+            return Err(Errno::EOPNOTSUPP);
         }
         let mut st = self.lock();
         let key = schema::xattr_key(&st.file_key(ino)?, name);

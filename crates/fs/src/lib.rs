@@ -3,7 +3,7 @@
 //! here; `betreefs-fuse` adapts [`FileSystem`] to the kernel.
 //!
 //! - [`schema`]: how paths become keys (the five invariants of
-//!   `shared/DESIGN.md`, so that every directory's subtree is one range);
+//!   docs/design.md, so that every directory's subtree is one range);
 //! - [`record`]: the stored attribute records (format version 1);
 //! - [`fs`]: the operations and the table of inodes the kernel holds;
 //! - [`ops`]: the operations a FUSE front end needs ([`Operations`]);

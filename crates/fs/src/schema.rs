@@ -1,4 +1,4 @@
-//! Full-path keys (BetrFS 0.4 §2.2, `shared/DESIGN.md` "File system schema").
+//! Full-path keys (BetrFS 0.4 §2.2, docs/design.md "The file system schema").
 //!
 //! A directory at path `/c1/c2/.../cn` is encoded as
 //! `enc = esc(c1) 01 esc(c2) 01 ... 01 esc(cn)` (the root is empty). The

@@ -1,6 +1,6 @@
 //! The FUSE front end: each kernel request becomes one call on
 //! [`betreefs_fs::FileSystem`], and the mount is tuned to remove round
-//! trips (`shared/DESIGN.md`, "FUSE front end"):
+//! trips (docs/design.md, "The FUSE front end"):
 //! - readdirplus, so a directory scan fills the kernel's dentry and inode
 //!   caches from the same range scan (0.6 §3.3);
 //! - 1 MiB requests (`max_pages`), several dispatch threads each reading

@@ -1,0 +1,368 @@
+//! The tests behind docs/SEMANTICS.md: each section of that page names one
+//! of these, which fails if the section stops being true.
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+fn mounted(tag: &str, options: &[&str]) -> (Scratch, Mount) {
+    let s = Scratch::new(tag);
+    let image = s.0.join("img");
+    mkfs(&image, "256M");
+    let m = Mount::start(&image, &s.0.join("mnt"), options);
+    (s, m)
+}
+
+/// Every `Test: name` line of the document names a test here, and every
+/// test here is named there.
+#[test]
+fn semantics_document_and_tests_agree() {
+    let doc = include_str!("../../../docs/SEMANTICS.md");
+    let source = include_str!("semantics.rs");
+    let named: Vec<&str> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("Test: `"))
+        .filter_map(|l| l.strip_suffix('`'))
+        .collect();
+    assert!(named.len() >= 10, "{named:?}");
+    for name in &named {
+        assert!(
+            source.contains(&format!("fn {name}(")),
+            "SEMANTICS.md names {name}, which is not a test here"
+        );
+    }
+    let marker = ["#[test]", "\nfn "].concat();
+    for chunk in source.split(&marker).skip(1) {
+        let name = chunk.split('(').next().unwrap_or_default();
+        assert!(
+            name == "semantics_document_and_tests_agree" || named.contains(&name),
+            "test {name} is not named in SEMANTICS.md"
+        );
+    }
+}
+
+#[test]
+fn fsync_of_one_file_makes_every_earlier_write_durable() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("sem-fsync", &[]);
+    fs::write(m.path("unsynced"), b"written, never fsync'd").unwrap();
+    let mut other = File::create(m.path("other")).unwrap();
+    other.write_all(b"x").unwrap();
+    other.sync_all().unwrap();
+    let (image, dir) = (m.image.clone(), m.dir.clone());
+    m.kill();
+    let m = Mount::start(&image, &dir, &[]);
+    assert_eq!(
+        fs::read(m.path("unsynced")).unwrap(),
+        b"written, never fsync'd"
+    );
+    m.unmount();
+}
+
+#[test]
+fn a_second_mount_is_refused_and_names_the_first() {
+    if !fuse_available() {
+        return;
+    }
+    let (s, m) = mounted("sem-second", &[]);
+    let other = s.0.join("other");
+    fs::create_dir(&other).unwrap();
+    let out = std::process::Command::new(binary())
+        .arg("mount")
+        .arg(&m.image)
+        .arg(&other)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains(&m.dir.display().to_string()), "{err}");
+    m.unmount();
+}
+
+#[test]
+fn locks_are_kept_by_the_kernel() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("sem-locks", &[]);
+    let path = m.path("locked");
+    fs::write(&path, b"l").unwrap();
+    let a = File::open(&path).unwrap();
+    let b = File::open(&path).unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: valid descriptors.
+    unsafe {
+        assert_eq!(libc::flock(a.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB), 0);
+        assert_eq!(
+            libc::flock(b.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB),
+            -1
+        );
+    }
+    assert_eq!(errno(), libc::EWOULDBLOCK);
+    drop((a, b));
+    m.unmount();
+}
+
+#[test]
+fn cached_reads_do_not_update_atime() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("sem-atime", &["strictatime"]);
+    fs::write(m.path("f"), vec![1u8; 8192]).unwrap();
+    let (image, dir) = (m.image.clone(), m.dir.clone());
+    let atime = |p: &Path| {
+        let md = fs::metadata(p).unwrap();
+        std::time::UNIX_EPOCH + Duration::new(md.atime() as u64, md.atime_nsec() as u32)
+    };
+    // A cold read reaches the file system and updates the access time
+    // (seen once the kernel's cached attributes are gone: a remount).
+    m.unmount();
+    let m = Mount::start(&image, &dir, &["strictatime"]);
+    let before = atime(&m.path("f"));
+    std::thread::sleep(Duration::from_millis(20));
+    fs::read(m.path("f")).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let second_read = std::time::SystemTime::now();
+    fs::read(m.path("f")).unwrap();
+    m.unmount();
+    let m = Mount::start(&image, &dir, &["strictatime"]);
+    let after = atime(&m.path("f"));
+    assert!(after > before, "the cold read updated the access time");
+    assert!(
+        after < second_read,
+        "the read from the page cache did not reach the file system"
+    );
+    m.unmount();
+}
+
+#[test]
+fn fifo_io_leaves_its_times() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("sem-fifo", &[]);
+    let path = m.path("fifo");
+    let c = cstr(&path);
+    // SAFETY: valid path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let times = |p: &Path| {
+        let md = fs::metadata(p).unwrap();
+        (md.mtime(), md.mtime_nsec(), md.ctime(), md.ctime_nsec())
+    };
+    let before = times(&path);
+    std::thread::sleep(Duration::from_millis(20));
+    // O_RDWR on a FIFO never waits for a partner.
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    f.write_all(b"through the pipe").unwrap();
+    let mut back = [0u8; 16];
+    f.read_exact(&mut back).unwrap();
+    drop(f);
+    assert_eq!(times(&path), before);
+    m.unmount();
+}
+
+#[test]
+fn timestamps_follow_the_linux_rules() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("sem-times", &[]);
+    let path = m.path("f");
+    fs::write(&path, b"").unwrap();
+    let times = |p: &Path| {
+        let md = fs::metadata(p).unwrap();
+        ((md.mtime(), md.mtime_nsec()), (md.ctime(), md.ctime_nsec()))
+    };
+    let pause = || std::thread::sleep(Duration::from_millis(5));
+    let before = times(&path);
+    pause();
+    // O_TRUNC of an empty file marks both.
+    drop(
+        OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap(),
+    );
+    let after_otrunc = times(&path);
+    assert!(after_otrunc.0 > before.0 && after_otrunc.1 > before.1);
+    pause();
+    // truncate(2) to the same size marks nothing.
+    let c = cstr(&path);
+    // SAFETY: valid path.
+    assert_eq!(unsafe { libc::truncate(c.as_ptr(), 0) }, 0);
+    assert_eq!(times(&path), after_otrunc);
+    // ftruncate to the same size marks both.
+    let f = OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(0).unwrap();
+    drop(f);
+    let after_ftruncate = times(&path);
+    assert!(after_ftruncate.0 > after_otrunc.0);
+    pause();
+    // chmod: ctime only.
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+    let after_chmod = times(&path);
+    assert_eq!(after_chmod.0, after_ftruncate.0);
+    assert!(after_chmod.1 > after_ftruncate.1);
+    m.unmount();
+}
+
+#[test]
+fn space_is_reported_as_documented() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("sem-space", &[]);
+    let path = m.path("f");
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: valid descriptor.
+    let fallocate = |mode: i32, len: i64| unsafe {
+        if libc::fallocate(f.as_raw_fd(), mode, 0, len) == 0 {
+            0
+        } else {
+            errno()
+        }
+    };
+    assert_eq!(fallocate(0, 100_000), 0);
+    assert_eq!(fs::metadata(&path).unwrap().len(), 100_000);
+    assert_eq!(
+        fallocate(libc::FALLOC_FL_KEEP_SIZE, 200_000),
+        libc::EOPNOTSUPP
+    );
+    assert_eq!(
+        fallocate(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 4096),
+        libc::EOPNOTSUPP
+    );
+    // A hole counts in st_blocks.
+    assert_eq!(
+        fs::metadata(&path).unwrap().blocks(),
+        100_000u64.div_ceil(512)
+    );
+    fs::create_dir(m.path("d")).unwrap();
+    fs::write(m.path("d/x"), b"x").unwrap();
+    assert_eq!(fs::metadata(m.path("d")).unwrap().len(), 0);
+    drop(f);
+    m.unmount();
+}
+
+#[test]
+fn writeback_mounts_keep_data_and_sizes() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("sem-writeback", &["writeback"]);
+    let path = m.path("f");
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap();
+    for i in 0..100u8 {
+        f.write_all(&[i; 100]).unwrap();
+    }
+    drop(f);
+    let data = fs::read(&path).unwrap();
+    assert_eq!(data.len(), 10_000);
+    assert!(data
+        .chunks(100)
+        .enumerate()
+        .all(|(i, c)| c == [i as u8; 100]));
+    let (image, dir) = (m.image.clone(), m.dir.clone());
+    m.unmount();
+    let m = Mount::start(&image, &dir, &[]);
+    assert_eq!(fs::read(m.path("f")).unwrap(), data);
+    m.unmount();
+}
+
+#[test]
+fn limits_give_the_documented_errors() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("sem-limits", &[]);
+    let long = "n".repeat(255);
+    fs::write(m.path(&long), b"ok").unwrap();
+    assert_eq!(
+        err_of(fs::write(m.path(&"n".repeat(256)), b"x")),
+        libc::ENAMETOOLONG
+    );
+    let f = File::create(m.path("big")).unwrap();
+    assert_eq!(err_of(f.set_len(1 << 50)), 0);
+    assert_eq!(err_of(f.set_len((1 << 50) + 1)), libc::EFBIG);
+    drop(f);
+    let p = m.path("big");
+    assert_eq!(set_xattr(&p, "user.v", &vec![0; 65536], 0), Ok(()));
+    assert_eq!(
+        set_xattr(&p, "user.v", &vec![0; 65537], 0),
+        Err(libc::E2BIG)
+    );
+    m.unmount();
+}
+
+#[test]
+fn unsupported_features_say_so() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("sem-unsupported", &[]);
+    fs::create_dir(m.path("d")).unwrap();
+    let p = m.path("f");
+    fs::write(&p, b"f").unwrap();
+    // ACLs are refused rather than stored and ignored.
+    // version 2; user::rw-, group::r--, other::r--
+    let entry = |tag: u16, perm: u16| {
+        [
+            &tag.to_le_bytes()[..],
+            &perm.to_le_bytes(),
+            &u32::MAX.to_le_bytes(),
+        ]
+        .concat()
+    };
+    let acl = [
+        2u32.to_le_bytes().to_vec(),
+        entry(0x01, 6),
+        entry(0x04, 4),
+        entry(0x20, 4),
+    ]
+    .concat();
+    assert_eq!(
+        set_xattr(&p, "system.posix_acl_access", &acl, 0),
+        Err(libc::EOPNOTSUPP)
+    );
+    // O_TMPFILE.
+    let tmp = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(m.path("d"));
+    assert!(
+        matches!(err_of(tmp), libc::EOPNOTSUPP | libc::EISDIR),
+        "O_TMPFILE"
+    );
+    // RENAME_WHITEOUT.
+    assert_eq!(
+        renameat2(&p, &m.path("g"), libc::RENAME_WHITEOUT),
+        libc::EINVAL
+    );
+    m.unmount();
+}
