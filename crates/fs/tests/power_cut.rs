@@ -256,11 +256,7 @@ fn power_cut_once(seed: u64) -> bool {
                 }
                 synced = states.len() - 1;
             }
-            1 => {
-                if fs.store().checkpoint().is_err() {
-                    break;
-                }
-            }
+            1 if fs.store().checkpoint().is_err() => break,
             _ => {}
         }
     }
