@@ -16,6 +16,10 @@ use crate::codec::{DecodeError, DecodeResult, Decoder, Encoder};
 const BTT_MAGIC: u32 = u32::from_le_bytes(*b"BBTT");
 const BTT_VERSION: u32 = 1;
 const FREE: u64 = u64::MAX;
+/// Longest node image: nodes split at 64 MiB at most (the largest node
+/// size) and may hold one more flush's worth before they do. A longer
+/// extent in a table is damage, refused before anything reads it whole.
+pub const NODE_BYTES_MAX: u32 = 256 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Slot {
@@ -42,8 +46,10 @@ impl BlockTable {
     /// A fresh node number.
     pub fn allocate(&mut self) -> u64 {
         if let Some(num) = self.free.pop() {
-            self.slots[num as usize] = Slot::Unwritten;
-            return num;
+            if let Some(slot) = self.slots.get_mut(num as usize) {
+                *slot = Slot::Unwritten;
+                return num;
+            }
         }
         self.slots.push(Slot::Unwritten);
         self.slots.len() as u64 - 1
@@ -51,7 +57,9 @@ impl BlockTable {
 
     /// Records a node's new location; returns the old extent, if any.
     pub fn set(&mut self, num: u64, extent: Extent, crc: u32) -> Option<Extent> {
-        let old = std::mem::replace(&mut self.slots[num as usize], Slot::OnDisk { extent, crc });
+        let slot = self.slots.get_mut(num as usize);
+        debug_assert!(slot.is_some(), "node number {num} was never allocated");
+        let old = std::mem::replace(slot?, Slot::OnDisk { extent, crc });
         match old {
             Slot::OnDisk { extent, .. } => Some(extent),
             _ => None,
@@ -60,7 +68,9 @@ impl BlockTable {
 
     /// Frees a number; returns its extent, if it had one.
     pub fn release(&mut self, num: u64) -> Option<Extent> {
-        let old = std::mem::replace(&mut self.slots[num as usize], Slot::Free);
+        let slot = self.slots.get_mut(num as usize);
+        debug_assert!(slot.is_some(), "node number {num} was never allocated");
+        let old = std::mem::replace(slot?, Slot::Free);
         self.free.push(num);
         match old {
             Slot::OnDisk { extent, .. } => Some(extent),
@@ -134,6 +144,11 @@ impl BlockTable {
         let mut table = BlockTable::default();
         for i in 0..count {
             let (block, len, crc) = (d.u64()?, d.u32()?, d.u32()?);
+            if block != FREE && len > NODE_BYTES_MAX {
+                return Err(DecodeError(format!(
+                    "node {i} is {len} bytes long, more than any node can be"
+                )));
+            }
             if block == FREE {
                 table.slots.push(Slot::Free);
                 table.free.push(i);

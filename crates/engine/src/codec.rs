@@ -75,12 +75,18 @@ impl<'a> Decoder<'a> {
                 self.remaining()
             )));
         }
-        let out = &self.buf[self.pos..self.pos + n];
+        let out = self
+            .buf
+            .get(self.pos..self.pos + n)
+            .ok_or_else(|| DecodeError(format!("needs {n} bytes at offset {}", self.pos)))?;
         self.pos += n;
         Ok(out)
     }
     pub fn u8(&mut self) -> DecodeResult<u8> {
-        Ok(self.take(1)?[0])
+        self.take(1)?
+            .first()
+            .copied()
+            .ok_or_else(|| DecodeError("needs a byte".into()))
     }
     pub fn u32(&mut self) -> DecodeResult<u32> {
         let mut b = [0u8; 4];

@@ -68,7 +68,23 @@ fn strip<'k>(key: &'k [u8], prefix: &[u8]) -> &'k [u8] {
         key.starts_with(prefix),
         "key lifting invariant broken: key {key:?} lacks prefix {prefix:?}"
     );
-    &key[prefix.len()..]
+    key.get(prefix.len()..).unwrap_or_default()
+}
+
+/// Copies `bytes` into `buf` at `at` (a layout computed from the same sizes).
+fn place(buf: &mut [u8], at: usize, bytes: &[u8]) {
+    debug_assert!(
+        at + bytes.len() <= buf.len(),
+        "node layout overflows its buffer"
+    );
+    if let Some(dst) = buf.get_mut(at..at + bytes.len()) {
+        dst.copy_from_slice(bytes);
+    }
+}
+
+/// Whether the keys are strictly increasing.
+fn strictly_increasing(keys: &[Vec<u8>]) -> bool {
+    keys.iter().zip(keys.iter().skip(1)).all(|(a, b)| a < b)
 }
 
 fn unlift(prefix: &[u8], suffix: &[u8]) -> Vec<u8> {
@@ -125,8 +141,8 @@ pub fn encode_node(node: &Node, num: u64) -> NodeImage {
             let mut m = Encoder::with_capacity(64 * leaf.basements.len() + 16);
             m.varint(leaf.basements.len() as u64);
             for (i, b) in leaf.basements.iter().enumerate() {
-                if i > 0 {
-                    m.bytes(strip(&leaf.pivots[i - 1], prefix));
+                if let Some(pivot) = i.checked_sub(1).and_then(|p| leaf.pivots.get(p)) {
+                    m.bytes(strip(pivot, prefix));
                 }
                 let loc = locs.get(i).copied().unwrap_or(BasementLoc {
                     offset: 0,
@@ -158,9 +174,9 @@ pub fn encode_node(node: &Node, num: u64) -> NodeImage {
         None => HEADER_BYTES + meta.buf.len(),
     };
     let mut buf = AlignedBuf::zeroed(total);
-    buf[HEADER_BYTES..HEADER_BYTES + meta.buf.len()].copy_from_slice(&meta.buf);
+    place(&mut buf, HEADER_BYTES, &meta.buf);
     for (loc, bytes) in locs.iter().zip(&basement_bytes) {
-        buf[loc.offset as usize..loc.offset as usize + bytes.len()].copy_from_slice(bytes);
+        place(&mut buf, loc.offset as usize, bytes);
     }
     let mut h = Encoder::with_capacity(HEADER_BYTES);
     h.u32(NODE_MAGIC);
@@ -177,7 +193,7 @@ pub fn encode_node(node: &Node, num: u64) -> NodeImage {
     h.buf.resize(60, 0);
     let crc = crc32c_of(&[&h.buf]);
     h.u32(crc);
-    buf[..HEADER_BYTES].copy_from_slice(&h.buf);
+    place(&mut buf, 0, &h.buf);
     NodeImage {
         buf,
         len: total as u32,
@@ -231,16 +247,17 @@ pub fn decode_header(
     num: u64,
     prefix: &[u8],
 ) -> DecodeResult<NodeHeader> {
-    if bytes.len() < HEADER_BYTES {
+    let Some(header_bytes) = bytes.get(..HEADER_BYTES) else {
         return Err(DecodeError("node shorter than its header".into()));
-    }
-    let mut d = Decoder::new(&bytes[..HEADER_BYTES]);
+    };
+    let mut d = Decoder::new(header_bytes);
     let magic = d.u32()?;
     if magic != NODE_MAGIC {
         return Err(DecodeError(format!("bad node magic {magic:#x}")));
     }
-    let stored_crc = u32::from_le_bytes([bytes[60], bytes[61], bytes[62], bytes[63]]);
-    if crc32c_of(&[&bytes[..60]]) != stored_crc {
+    let (covered, crc_field) = header_bytes.split_at(60);
+    let stored_crc = Decoder::new(crc_field).u32()?;
+    if crc32c_of(&[covered]) != stored_crc {
         return Err(DecodeError("node header checksum mismatch".into()));
     }
     if stored_crc != expect_crc {
@@ -248,11 +265,10 @@ pub fn decode_header(
             "node header differs from the block table's record (stale or misplaced node)".into(),
         ));
     }
-    let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+    let version = u16::from(d.u8()?) | u16::from(d.u8()?) << 8;
     if version != NODE_FORMAT_VERSION {
         return Err(DecodeError(format!("unsupported node version {version}")));
     }
-    d.take(2)?;
     let kind = d.u8()?;
     let header = NodeHeader {
         kind_leaf: match kind {
@@ -335,7 +351,7 @@ pub fn decode_meta(header: &NodeHeader, meta: &[u8], bounds: &Bounds) -> DecodeR
                 count: entries,
             });
         }
-        if leaf.pivots.windows(2).any(|w| w[0] >= w[1]) {
+        if !strictly_increasing(&leaf.pivots) {
             return Err(DecodeError("basement pivots out of order".into()));
         }
         NodeBody::Leaf(leaf)
@@ -368,7 +384,7 @@ fn decode_interior(d: &mut Decoder<'_>, height: u32, prefix: &[u8]) -> DecodeRes
     for _ in 1..count {
         int.pivots.push(unlift(prefix, d.bytes()?));
     }
-    if int.pivots.windows(2).any(|w| w[0] >= w[1]) {
+    if !strictly_increasing(&int.pivots) {
         return Err(DecodeError("pivots out of order".into()));
     }
     for _ in 0..count {

@@ -8,6 +8,11 @@
 //! Limits: keys up to [`MAX_KEY_BYTES`] (12 KiB), values and upsert arguments
 //! up to [`MAX_VALUE_BYTES`] (128 KiB), keys compare by memcmp.
 
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
+)]
+
 pub mod btt;
 pub mod buffer;
 pub mod codec;

@@ -147,7 +147,9 @@ fn merge_patch(old: Option<&[u8]>, arg: &[u8]) -> Vec<u8> {
     if value.len() < end {
         value.resize(end, 0);
     }
-    value[offset..end].copy_from_slice(bytes);
+    if let Some(dst) = value.get_mut(offset..end) {
+        dst.copy_from_slice(bytes);
+    }
     value
 }
 
@@ -172,7 +174,7 @@ fn merge_truncate(old: Option<&[u8]>, arg: &[u8]) -> Vec<u8> {
     let keep = Decoder::new(arg)
         .varint()
         .map_or(value.len(), |len| value.len().min(len as usize));
-    value[..keep].to_vec()
+    value.get(..keep).unwrap_or(value).to_vec()
 }
 
 /// One field update of a [`MERGE_RECORD`] upsert.
@@ -235,9 +237,7 @@ fn merge_record(old: Option<&[u8]>, arg: &[u8]) -> Vec<u8> {
         if value.len() < at + 8 {
             value.resize(at + 8, 0);
         }
-        let mut raw = [0u8; 8];
-        raw.copy_from_slice(&value[at..at + 8]);
-        let current = u64::from_le_bytes(raw);
+        let current = record_slot(&value, slot as usize);
         let updated = match code {
             0 => operand,
             1 => current.max(operand),
@@ -245,7 +245,9 @@ fn merge_record(old: Option<&[u8]>, arg: &[u8]) -> Vec<u8> {
             3 => current.saturating_sub(operand),
             _ => break,
         };
-        value[at..at + 8].copy_from_slice(&updated.to_le_bytes());
+        if let Some(dst) = value.get_mut(at..at + 8) {
+            dst.copy_from_slice(&updated.to_le_bytes());
+        }
     }
     value
 }

@@ -81,7 +81,7 @@ impl RangeRename {
     pub fn destination(&self, key: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.new_prefix.len() + key.len());
         out.extend_from_slice(&self.new_prefix);
-        out.extend_from_slice(&key[self.old_prefix_len.min(key.len())..]);
+        out.extend_from_slice(key.get(self.old_prefix_len..).unwrap_or_default());
         out
     }
 
@@ -94,7 +94,8 @@ impl RangeRename {
     /// bounds share the prefix, and a destination disjoint from it.
     pub fn check(&self) -> Result<(), String> {
         let p = self.old_prefix_len;
-        if self.start.len() < p || self.end.len() < p || self.start[..p] != self.end[..p] {
+        let (start_prefix, end_prefix) = (self.start.get(..p), self.end.get(..p));
+        if start_prefix.is_none() || start_prefix != end_prefix {
             return Err(format!("range bounds do not share a {p}-byte prefix"));
         }
         if self.start >= self.end {

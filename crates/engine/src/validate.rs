@@ -178,7 +178,11 @@ pub fn check_interior(
     }
     let mut children = int.children.clone();
     children.sort_unstable();
-    if children.windows(2).any(|w| w[0] == w[1]) || children.contains(&num) {
+    let repeated = children
+        .iter()
+        .zip(children.iter().skip(1))
+        .any(|(a, b)| a == b);
+    if repeated || children.contains(&num) {
         return Err("a child is referenced twice".into());
     }
     for (i, buffer) in int.buffers.iter().enumerate() {

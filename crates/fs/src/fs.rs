@@ -899,7 +899,7 @@ impl FileSystem {
             let Some((key, value)) = h.pending.front() else {
                 continue;
             };
-            let esc = key[dir.len() + 1..].to_vec();
+            let esc = key.get(dir.len() + 1..).unwrap_or_default().to_vec();
             let Some(name) = schema::child_name(dir, key) else {
                 h.pending.pop_front();
                 continue;
@@ -1434,10 +1434,10 @@ impl Operations for FileSystem {
                     // The overlap of [block_start, block_start + v.len()) and [offset, end).
                     let from = block_start.max(offset);
                     let to = (block_start + v.len() as u64).min(end);
-                    if from < to {
-                        out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(
-                            &v[(from - block_start) as usize..(to - block_start) as usize],
-                        );
+                    let dst = out.get_mut((from - offset) as usize..(to - offset) as usize);
+                    let src = v.get((from - block_start) as usize..(to - block_start) as usize);
+                    if let (true, Some(dst), Some(src)) = (from < to, dst, src) {
+                        dst.copy_from_slice(src);
                     }
                 })?;
         }
@@ -1473,7 +1473,7 @@ impl Operations for FileSystem {
                 let block = pos / BLOCK_SIZE;
                 let in_block = (pos % BLOCK_SIZE) as usize;
                 let n = (BLOCK_SIZE as usize - in_block).min(data.len() - written);
-                let bytes = &data[written..written + n];
+                let bytes = data.get(written..written + n).unwrap_or_default();
                 let dkey = schema::data_key(&key, block);
                 let block_start = block * BLOCK_SIZE;
                 if in_block == 0 && (n == BLOCK_SIZE as usize || block_start >= old_size) {
@@ -1678,7 +1678,7 @@ impl Operations for FileSystem {
         let mut out = Vec::new();
         for item in self.store.range(KeySpace::Data, &lo, Some(&hi)) {
             let (k, _) = item?;
-            out.extend_from_slice(&k[file.len() + 1..]);
+            out.extend_from_slice(k.get(file.len() + 1..).unwrap_or_default());
             out.push(0);
         }
         Ok(out)

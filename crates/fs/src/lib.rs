@@ -9,6 +9,11 @@
 //! - [`ops`]: the operations a FUSE front end needs ([`Operations`]);
 //! - [`fsck`]: the offline checker.
 
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
+)]
+
 pub mod error;
 pub mod fs;
 pub mod fsck;

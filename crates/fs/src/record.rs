@@ -36,6 +36,8 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use betreefs_engine::codec::Decoder;
+
 pub const RECORD_VERSION: u8 = 1;
 const KIND_INODE: u8 = 1;
 const KIND_LINK: u8 = 2;
@@ -182,52 +184,52 @@ impl Record {
     }
 
     pub fn decode(value: &[u8]) -> Result<Record, RecordError> {
-        let bad = |why: &str| Err(RecordError(format!("{why} ({} bytes)", value.len())));
-        if value.len() < LINK_LEN {
-            return bad("record too short");
+        let bad = |why: &str| RecordError(format!("{why} ({} bytes)", value.len()));
+        let mut d = Decoder::new(value);
+        let short = |_| bad("record too short");
+        let (version, kind) = (d.u8().map_err(short)?, d.u8().map_err(short)?);
+        if version != RECORD_VERSION {
+            return Err(bad(&format!("unknown record version {version}")));
         }
-        if value[0] != RECORD_VERSION {
-            return bad(&format!("unknown record version {}", value[0]));
-        }
-        let u32_at =
-            |o: usize| u32::from_le_bytes([value[o], value[o + 1], value[o + 2], value[o + 3]]);
-        let u64_at = |o: usize| {
-            let mut raw = [0u8; 8];
-            raw.copy_from_slice(&value[o..o + 8]);
-            u64::from_le_bytes(raw)
-        };
-        let time_at = |o: usize| Timespec {
-            sec: u64_at(o) as i64,
-            nsec: u32_at(o + 8),
-        };
-        match value[1] {
-            KIND_LINK if value.len() == LINK_LEN => Ok(Record::Link {
-                ino: u64_at(2),
-                mode: u32_at(10),
-            }),
-            KIND_INODE if value.len() >= INODE_FIXED => {
+        let (ino, mode) = (d.u64().map_err(short)?, d.u32().map_err(short)?);
+        match kind {
+            KIND_LINK if d.is_empty() => Ok(Record::Link { ino, mode }),
+            KIND_INODE => {
+                let mut u32s = [0u32; 4];
+                for v in &mut u32s {
+                    *v = d.u32().map_err(short)?;
+                }
+                let [uid, gid, nlink, rdev] = u32s;
+                let size = d.u64().map_err(short)?;
+                let mut times = [Timespec::default(); 4];
+                for t in &mut times {
+                    *t = Timespec {
+                        sec: d.u64().map_err(short)? as i64,
+                        nsec: d.u32().map_err(short)?,
+                    };
+                }
+                let [atime, mtime, ctime, crtime] = times;
+                let _flags = d.u32().map_err(short)?;
                 let attr = Attr {
-                    ino: u64_at(2),
-                    mode: u32_at(10),
-                    uid: u32_at(14),
-                    gid: u32_at(18),
-                    nlink: u32_at(22),
-                    rdev: u32_at(26),
-                    size: u64_at(30),
-                    atime: time_at(38),
-                    mtime: time_at(50),
-                    ctime: time_at(62),
-                    crtime: time_at(74),
+                    ino,
+                    mode,
+                    uid,
+                    gid,
+                    nlink,
+                    rdev,
+                    size,
+                    atime,
+                    mtime,
+                    ctime,
+                    crtime,
                 };
                 if attr.nsecs().any(|n| n >= 1_000_000_000) {
-                    return bad("nanoseconds out of range");
+                    return Err(bad("nanoseconds out of range"));
                 }
-                Ok(Record::Inode {
-                    attr,
-                    target: value[INODE_FIXED..].to_vec(),
-                })
+                let target = d.take(d.remaining()).map_err(short)?.to_vec();
+                Ok(Record::Inode { attr, target })
             }
-            kind => bad(&format!("unknown record kind {kind}")),
+            kind => Err(bad(&format!("unknown record kind {kind}"))),
         }
     }
 }
@@ -276,24 +278,25 @@ impl FsInfo {
     }
 
     pub fn decode(value: &[u8]) -> Result<FsInfo, RecordError> {
-        if value.len() != FS_INFO_LEN || &value[..8] != FS_MAGIC {
-            return Err(RecordError(
-                "not a betreefs file system (no identity record)".into(),
-            ));
+        let foreign = || RecordError("not a betreefs file system (no identity record)".into());
+        if value.len() != FS_INFO_LEN {
+            return Err(foreign());
         }
-        let version = u32::from_le_bytes([value[8], value[9], value[10], value[11]]);
+        let mut d = Decoder::new(value);
+        if d.take(FS_MAGIC.len()).map_err(|_| foreign())? != FS_MAGIC {
+            return Err(foreign());
+        }
+        let version = d.u32().map_err(|_| foreign())?;
         if version != FS_VERSION {
             return Err(RecordError(format!(
                 "file-system format version {version} is not supported (this build reads version {FS_VERSION})"
             )));
         }
-        let mut raw = [0u8; 8];
-        raw.copy_from_slice(&value[12..20]);
-        let ino_reserved = u64::from_le_bytes(raw);
-        raw.copy_from_slice(&value[20..28]);
+        let ino_reserved = d.u64().map_err(|_| foreign())?;
+        let created = d.u64().map_err(|_| foreign())? as i64;
         Ok(FsInfo {
             ino_reserved,
-            created: i64::from_le_bytes(raw),
+            created,
         })
     }
 }

@@ -231,7 +231,7 @@ pub fn parse_data_key(key: &[u8]) -> Option<DataKey<'_>> {
         ROOT_KEY.len()
     } else {
         let sep = key.iter().position(|&b| b == SEP_ENTRY)?;
-        sep + 1 + key[sep + 1..].iter().position(|&b| b <= RANGE_END)?
+        sep + 1 + key.get(sep + 1..)?.iter().position(|&b| b <= RANGE_END)?
     };
     let (file, rest) = (key.get(..file_len)?, key.get(file_len..)?);
     match rest.split_first()? {
@@ -248,7 +248,7 @@ pub fn parse_data_key(key: &[u8]) -> Option<DataKey<'_>> {
 /// entry's name; `None` for keys that are not an entry's.
 pub fn parse_entry_key(key: &[u8]) -> Option<(&[u8], Vec<u8>)> {
     let sep = key.iter().position(|&b| b == SEP_ENTRY)?;
-    let (dir, name) = (&key[..sep], &key[sep + 1..]);
+    let (dir, name) = (key.get(..sep)?, key.get(sep + 1..)?);
     if dir.first().is_some_and(|&b| b < ESCAPE) {
         return None;
     }
@@ -262,8 +262,8 @@ pub fn dir_entry_key(dir: &[u8]) -> Option<Vec<u8>> {
         return None;
     }
     let (parent, name) = match dir.iter().rposition(|&b| b == SEP_DIR) {
-        Some(i) => (&dir[..i], &dir[i + 1..]),
-        None => (&dir[..0], dir),
+        Some(i) => (dir.get(..i)?, dir.get(i + 1..)?),
+        None => (&b""[..], dir),
     };
     let mut out = Vec::with_capacity(dir.len() + 1);
     out.extend_from_slice(parent);

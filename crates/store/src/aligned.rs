@@ -129,8 +129,10 @@ impl AlignedBuf {
     pub fn from_slice(data: &[u8]) -> Self {
         let len = block_len(data.len());
         if let Some(mut buf) = Self::take_pooled(len) {
-            buf[..data.len()].copy_from_slice(data);
-            buf[data.len()..].fill(0);
+            // `len` is `data.len()` rounded up: both parts exist.
+            let (head, tail) = buf.split_at_mut(data.len().min(len));
+            head.copy_from_slice(data);
+            tail.fill(0);
             return buf;
         }
         let cap = capacity_for(len);

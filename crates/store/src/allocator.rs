@@ -26,16 +26,24 @@ pub struct BlockAllocator {
     cursor: u64,
 }
 
+/// Word `w` of a bitmap; past the end every block counts as used, so a
+/// block outside the region is never handed out.
+fn word(map: &[u64], w: usize) -> u64 {
+    map.get(w).copied().unwrap_or(u64::MAX)
+}
+
 fn bit(map: &[u64], i: u64) -> bool {
-    map[(i / 64) as usize] & (1 << (i % 64)) != 0
+    word(map, (i / 64) as usize) & (1 << (i % 64)) != 0
 }
 
 fn set(map: &mut [u64], i: u64, on: bool) {
-    let word = &mut map[(i / 64) as usize];
-    if on {
-        *word |= 1 << (i % 64);
-    } else {
-        *word &= !(1 << (i % 64));
+    debug_assert!((i / 64) < map.len() as u64, "block {i} outside the bitmap");
+    if let Some(word) = map.get_mut((i / 64) as usize) {
+        if on {
+            *word |= 1 << (i % 64);
+        } else {
+            *word &= !(1 << (i % 64));
+        }
     }
 }
 
@@ -69,7 +77,7 @@ impl BlockAllocator {
     }
 
     fn held_word(&self, w: usize) -> u64 {
-        self.current[w] | self.checkpointed[w] | self.previous[w]
+        word(&self.current, w) | word(&self.checkpointed, w) | word(&self.previous, w)
     }
 
     /// Records an extent as in use now and by the newest checkpoint (used

@@ -8,6 +8,7 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::bytes::put_bytes;
 use crate::{AlignedBuf, BLOCK_SIZE};
 
 /// Block-granular storage. Offsets and lengths are multiples of
@@ -293,15 +294,17 @@ impl MemDevice {
             CrashMode::TearLast { sectors_kept } => {
                 if let Some((offset, data)) = state.unsynced.last() {
                     let keep = (sectors_kept * 512).min(data.len());
-                    let at = *offset as usize;
-                    image[at..at + keep].copy_from_slice(&data[..keep]);
+                    put_bytes(
+                        &mut image,
+                        *offset as usize,
+                        data.get(..keep).unwrap_or_default(),
+                    );
                 }
             }
             CrashMode::KeepSome { mask } => {
                 for (i, (offset, data)) in state.unsynced.iter().enumerate() {
                     if mask & (1 << (i % 64)) != 0 {
-                        let at = *offset as usize;
-                        image[at..at + data.len()].copy_from_slice(data);
+                        put_bytes(&mut image, *offset as usize, data);
                     }
                 }
             }
@@ -375,7 +378,7 @@ impl Device for MemDevice {
                 lose.countdown -= 1;
             }
         }
-        state.current[at..at + buf.len()].copy_from_slice(buf);
+        put_bytes(&mut state.current, at, buf);
         state.unsynced.push((offset, buf.to_vec()));
         Ok(())
     }
@@ -387,8 +390,7 @@ impl Device for MemDevice {
         }
         let unsynced = std::mem::take(&mut state.unsynced);
         for (offset, data) in unsynced {
-            let at = offset as usize;
-            state.durable[at..at + data.len()].copy_from_slice(&data);
+            put_bytes(&mut state.durable, offset as usize, &data);
         }
         state.syncs += 1;
         Ok(())

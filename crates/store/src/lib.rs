@@ -19,10 +19,14 @@
 //! 64-bit numbers. The exact byte layout of every structure is in
 //! `docs/format.md` (format version [`FORMAT_VERSION`]).
 
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
+)]
 
 mod aligned;
 mod allocator;
+mod bytes;
 mod device;
 mod error;
 mod layout;

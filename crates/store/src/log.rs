@@ -40,6 +40,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use crate::bytes::{le_u32 as u32_le, le_u64 as u64_le};
 use crate::{crc32c_of, AlignedBuf, Device, StoreError, StoreResult, BLOCK_SIZE};
 
 /// Bytes of a record before its payload.
@@ -157,7 +158,12 @@ impl LogWriter {
             device
                 .read_at(&mut block, region_offset + buf_start % region_bytes)
                 .map_err(|e| StoreError::io("reading log tail", e))?;
-            buf.extend_from_slice(&block[..(start - buf_start) as usize]);
+            // Less than a block lies before `start` in its block.
+            buf.extend_from_slice(
+                block
+                    .get(..(start - buf_start) as usize)
+                    .unwrap_or_default(),
+            );
         }
         Ok(LogWriter {
             device,
@@ -337,13 +343,14 @@ impl LogWriter {
         let physical = start % self.region_bytes;
         let first = ((self.region_bytes - physical) as usize).min(data.len());
         let io = |e| StoreError::io("writing log", e);
+        let (to_end, wrapped) = data.split_at(first);
         self.device
-            .write_at(&data[..first], self.region_offset + physical)
+            .write_at(to_end, self.region_offset + physical)
             .map_err(io)?;
-        if first < data.len() {
+        if !wrapped.is_empty() {
             self.device.sync().map_err(io)?;
             self.device
-                .write_at(&data[first..], self.region_offset)
+                .write_at(wrapped, self.region_offset)
                 .map_err(io)?;
         }
         self.device.sync().map_err(io)?;
@@ -480,11 +487,11 @@ impl<'a> StreamReader<'a> {
             while done < want {
                 let physical = (start + done) % self.region_bytes;
                 let chunk = (self.region_bytes - physical).min(want - done);
+                let Some(part) = buf.get_mut(done as usize..(done + chunk) as usize) else {
+                    break;
+                };
                 self.device
-                    .read_at(
-                        &mut buf[done as usize..(done + chunk) as usize],
-                        self.region_offset + physical,
-                    )
+                    .read_at(part, self.region_offset + physical)
                     .map_err(|e| StoreError::io("reading log", e))?;
                 done += chunk;
             }
@@ -527,22 +534,6 @@ impl<'a> StreamReader<'a> {
             checksum_ok,
         }))
     }
-}
-
-fn u32_le(b: &[u8], at: usize) -> u32 {
-    let mut raw = [0u8; 4];
-    if let Some(src) = b.get(at..at + 4) {
-        raw.copy_from_slice(src);
-    }
-    u32::from_le_bytes(raw)
-}
-
-fn u64_le(b: &[u8], at: usize) -> u64 {
-    let mut raw = [0u8; 8];
-    if let Some(src) = b.get(at..at + 8) {
-        raw.copy_from_slice(src);
-    }
-    u64::from_le_bytes(raw)
 }
 
 /// Replays the records from `start.head` on, calling `apply(seq, payload)`

@@ -1,5 +1,8 @@
 //! The two alternating superblock copies.
 
+use crate::bytes::{
+    le_u32 as u32_at, le_u64 as u64_at, put_bytes, put_le_u32 as put_u32, put_le_u64 as put_u64,
+};
 use crate::{crc32c_of, AlignedBuf, Device, Extent, Layout, StoreError, StoreResult, BLOCK_SIZE};
 
 /// First eight bytes of both superblock copies.
@@ -72,26 +75,6 @@ pub struct SuperblockCopies {
     pub damaged: Option<String>,
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut raw = [0u8; 4];
-    raw.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(raw)
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut raw = [0u8; 8];
-    raw.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(raw)
-}
-
-fn put_u32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put_u64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
-}
-
 /// Why one copy could not be used.
 #[derive(Debug)]
 enum CopyProblem {
@@ -113,10 +96,22 @@ fn describe(copy: &Result<Superblock, CopyProblem>) -> String {
 }
 
 impl Superblock {
+    /// Decodes one copy (4096 bytes) of a device of `device_bytes`: what
+    /// `read_copies` does for each slot; for fuzzing and tools.
+    pub fn decode_copy(block: &[u8], device_bytes: u64) -> Result<Superblock, String> {
+        if block.len() != BLOCK_SIZE {
+            return Err(format!(
+                "a superblock copy is {BLOCK_SIZE} bytes, not {}",
+                block.len()
+            ));
+        }
+        Self::decode(block, device_bytes).map_err(|p| describe(&Err(p)))
+    }
+
     pub fn encode(&self) -> AlignedBuf {
         debug_assert!(self.roots.len() <= MAX_TREES);
         let mut b = AlignedBuf::zeroed(BLOCK_SIZE);
-        b[0..8].copy_from_slice(&MAGIC);
+        put_bytes(&mut b, 0, &MAGIC);
         put_u32(&mut b, 8, FORMAT_VERSION);
         put_u32(&mut b, 12, BLOCK_SIZE as u32);
         put_u64(&mut b, 16, self.generation);
@@ -136,17 +131,20 @@ impl Superblock {
             put_u64(&mut b, 104 + 8 * i, *root);
         }
         put_u32(&mut b, 168, if self.clean { FLAG_CLEAN } else { 0 });
-        let crc = crc32c_of(&[&b[..CRC_OFFSET]]);
+        let crc = crc32c_of(&[b.get(..CRC_OFFSET).unwrap_or_default()]);
         put_u32(&mut b, CRC_OFFSET, crc);
         b
     }
 
     fn decode(b: &[u8], device_bytes: u64) -> Result<Superblock, CopyProblem> {
-        if b[0..8] != MAGIC {
+        if b.get(0..8) != Some(&MAGIC[..]) {
             return Err(CopyProblem::NoMagic);
         }
+        let (Some(covered), Some(reserved)) = (b.get(..CRC_OFFSET), b.get(172..CRC_OFFSET)) else {
+            return Err(CopyProblem::Corrupt("shorter than a block".into()));
+        };
         let stored = u32_at(b, CRC_OFFSET);
-        if crc32c_of(&[&b[..CRC_OFFSET]]) != stored {
+        if crc32c_of(&[covered]) != stored {
             return Err(CopyProblem::Corrupt("checksum mismatch".into()));
         }
         let version = u32_at(b, 8);
@@ -166,7 +164,7 @@ impl Superblock {
         if flags & !FLAG_CLEAN != 0 {
             return Err(CopyProblem::Corrupt(format!("unknown flags {flags:#x}")));
         }
-        if b[172..CRC_OFFSET].iter().any(|&x| x != 0) {
+        if reserved.iter().any(|&x| x != 0) {
             return Err(CopyProblem::Corrupt("reserved bytes are not zero".into()));
         }
         let layout = Layout {
@@ -191,6 +189,15 @@ impl Superblock {
             return Err(CopyProblem::Corrupt(
                 "block table outside the node region".into(),
             ));
+        }
+        // 16 bytes per node and a node takes at least a block: a longer
+        // table (read whole before its checksum is known) is damage.
+        if btt.len as u64 > 16 + layout.node_blocks() * 16 {
+            return Err(CopyProblem::Corrupt(format!(
+                "block table of {} bytes for {} blocks",
+                btt.len,
+                layout.node_blocks()
+            )));
         }
         Ok(Superblock {
             generation: u64_at(b, 16),
@@ -241,16 +248,19 @@ impl Superblock {
             for (slot, copy) in copies.iter().enumerate() {
                 if let Err(problem) = copy {
                     tracing::warn!(slot, ?problem, "superblock copy unusable; using the other");
+                    let name = if slot == 0 { "A" } else { "B" };
                     damaged = Some(format!(
-                        "superblock copy {} is unusable: {}",
-                        ["A", "B"][slot],
+                        "superblock copy {name} is unusable: {}",
                         describe(copy)
                     ));
                 }
             }
             return Ok(SuperblockCopies { newest, damaged });
         }
-        match (&copies[0], &copies[1]) {
+        let [a, b] = copies.as_slice() else {
+            unreachable!("two copies were read")
+        };
+        match (a, b) {
             (Err(CopyProblem::NoMagic), Err(CopyProblem::NoMagic)) => Err(StoreError::NotBetreefs(
                 "no betreefs magic in either superblock".into(),
             )),
