@@ -111,10 +111,7 @@ fn fsck_writes_nothing() {
     if !fuse_available() {
         return;
     }
-    let s = Scratch::new("fsck-ro");
-    let image = s.0.join("img");
-    let dir = s.0.join("mnt");
-    mkfs(&image, "256M");
+    let (_s, image, dir) = formatted("fsck-ro", "256M");
     let mount = Mount::start(&image, &dir, &[]);
     for i in 0..50 {
         let mut f = fs::File::create(mount.path(&format!("f{i}"))).unwrap();
@@ -156,10 +153,7 @@ fn fsck_exit_codes_and_repair() {
     if !fuse_available() {
         return;
     }
-    let s = Scratch::new("fsck-codes");
-    let image = s.0.join("img");
-    let dir = s.0.join("mnt");
-    mkfs(&image, "256M");
+    let (s, image, dir) = formatted("fsck-codes", "256M");
     let mount = Mount::start(&image, &dir, &[]);
     fs::write(mount.path("kept"), b"kept").unwrap();
     mount.unmount();
@@ -210,10 +204,7 @@ fn a_read_only_mount_writes_nothing() {
     if !fuse_available() {
         return;
     }
-    let s = Scratch::new("ro");
-    let image = s.0.join("img");
-    let dir = s.0.join("mnt");
-    mkfs(&image, "256M");
+    let (_s, image, dir) = formatted("ro", "256M");
     let mount = Mount::start(&image, &dir, &[]);
     let mut f = fs::File::create(mount.path("synced")).unwrap();
     f.write_all(b"in the log only").unwrap();

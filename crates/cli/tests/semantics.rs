@@ -12,10 +12,8 @@ use std::time::Duration;
 use common::*;
 
 fn mounted(tag: &str, options: &[&str]) -> (Scratch, Mount) {
-    let s = Scratch::new(tag);
-    let image = s.0.join("img");
-    mkfs(&image, "256M");
-    let m = Mount::start(&image, &s.0.join("mnt"), options);
+    let (s, image, dir) = formatted(tag, "256M");
+    let m = Mount::start(&image, &dir, options);
     (s, m)
 }
 

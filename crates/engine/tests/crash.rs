@@ -98,13 +98,7 @@ fn crash_once(seed: u64, fault: Fault) -> Outcome {
     };
     let crashed_mid_workload = dev.has_crashed();
     dev.power_off();
-    let mode = match rng.gen_range(0..3) {
-        0 => CrashMode::DropUnsynced,
-        1 => CrashMode::TearLast {
-            sectors_kept: rng.gen_range(0..8),
-        },
-        _ => CrashMode::KeepSome { mask: rng.gen() },
-    };
+    let mode = CrashMode::from_random(rng.gen());
     let mut image = dev.crash_image(mode);
     drop(store);
     if fault == Fault::DamagedSuperblock {

@@ -262,13 +262,7 @@ fn power_cut_once(seed: u64) -> bool {
     }
     let crashed = dev.has_crashed();
     dev.power_off();
-    let mode = match rng.gen_range(0..3) {
-        0 => CrashMode::DropUnsynced,
-        1 => CrashMode::TearLast {
-            sectors_kept: rng.gen_range(0..8),
-        },
-        _ => CrashMode::KeepSome { mask: rng.gen() },
-    };
+    let mode = CrashMode::from_random(rng.gen());
     let image = dev.crash_image(mode);
     drop(fs);
     let context = format!("seed {seed}, {mode:?}");

@@ -203,6 +203,22 @@ pub enum CrashMode {
     KeepSome { mask: u64 },
 }
 
+impl CrashMode {
+    /// One of the three modes, chosen by a random value (for tests that
+    /// crash at random: which mode, which sectors or writes survive).
+    pub fn from_random(r: u64) -> CrashMode {
+        match r % 3 {
+            0 => CrashMode::DropUnsynced,
+            1 => CrashMode::TearLast {
+                sectors_kept: ((r >> 8) % 8) as usize,
+            },
+            _ => CrashMode::KeepSome {
+                mask: r.rotate_left(17).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            },
+        }
+    }
+}
+
 struct MemState {
     durable: Vec<u8>,
     current: Vec<u8>,

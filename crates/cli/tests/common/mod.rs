@@ -49,6 +49,16 @@ impl Drop for Scratch {
     }
 }
 
+/// A scratch directory with a fresh image of `size` (not mounted) and the
+/// path of a mountpoint in it: (scratch, image, mountpoint).
+pub fn formatted(tag: &str, size: &str) -> (Scratch, PathBuf, PathBuf) {
+    let s = Scratch::new(tag);
+    let image = s.0.join("img");
+    let dir = s.0.join("mnt");
+    mkfs(&image, size);
+    (s, image, dir)
+}
+
 pub fn mkfs(image: &Path, size: &str) {
     let out = Command::new(binary())
         .args(["mkfs", "--size", size])
