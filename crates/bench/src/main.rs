@@ -462,6 +462,9 @@ fn markdown(report: &Report, kinds: &[Kind], plots: &[(String, Result<()>)]) -> 
     let order: Vec<String> = report.file_systems.iter().map(|s| s.to_string()).collect();
     let keeps_data = |fs: &str| kinds.iter().any(|k| k.name() == fs && k.keeps_data());
     for suite in report.results.suites() {
+        if suite == suites::REQUESTS_TABLE {
+            continue;
+        }
         let _ = writeln!(md, "## {suite}\n");
         if let Some((_, note)) = SUITE_NOTES.iter().find(|(s, _)| *s == suite) {
             let _ = writeln!(md, "{note}\n");
@@ -471,6 +474,34 @@ fn markdown(report: &Report, kinds: &[Kind], plots: &[(String, Result<()>)]) -> 
             "{}",
             report.results.markdown(&suite, &order, &keeps_data)
         );
+    }
+    if report
+        .results
+        .suites()
+        .iter()
+        .any(|s| s == suites::REQUESTS_TABLE)
+    {
+        let fuse: Vec<String> = kinds
+            .iter()
+            .filter(|k| k.is_fuse())
+            .map(|k| k.name().to_string())
+            .collect();
+        let _ = writeln!(md, "## FUSE requests\n");
+        let _ = writeln!(
+            md,
+            "Requests the daemon answered during each phase (its per-opcode counters, \
+             `betreefs stats`), divided by the phase's operations: the entries of the tree for \
+             untar, tar and rm -rf, its directories for find, its files for grep, the files \
+             created for tokubench; the phase's closing sync included.\n"
+        );
+        let _ = writeln!(
+            md,
+            "{}",
+            report
+                .results
+                .markdown(suites::REQUESTS_TABLE, &fuse, &|_| false)
+        );
+        let _ = writeln!(md, "{}", report.results.request_mix_markdown(&fuse));
     }
     if !plots.is_empty() {
         let _ = writeln!(md, "## Plots\n");

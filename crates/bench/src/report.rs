@@ -41,6 +41,9 @@ pub struct Series {
 pub struct Results {
     pub rows: Vec<Row>,
     pub series: BTreeMap<String, Series>,
+    /// FUSE requests per operation by opcode: row, file system, opcode,
+    /// one value per round.
+    pub request_mix: BTreeMap<String, BTreeMap<String, BTreeMap<String, Vec<f64>>>>,
     /// Failures of a suite on a file system (the run goes on without it).
     pub errors: Vec<String>,
 }
@@ -79,6 +82,44 @@ impl Results {
             }
         };
         row.values.entry(fs.to_string()).or_default().push(value);
+    }
+
+    /// Adds one round's requests of one opcode per operation.
+    pub fn record_request_mix(&mut self, row: &str, fs: &str, opcode: &str, per_op: f64) {
+        self.request_mix
+            .entry(row.to_string())
+            .or_default()
+            .entry(fs.to_string())
+            .or_default()
+            .entry(opcode.to_string())
+            .or_default()
+            .push(per_op);
+    }
+
+    /// The request mix as a Markdown table: for each workload and FUSE
+    /// file system, the median requests per operation of each opcode,
+    /// most frequent first.
+    pub fn request_mix_markdown(&self, order: &[String]) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "| workload | file system | requests per operation |");
+        let _ = writeln!(out, "|---|---|---|");
+        for (row, per_fs) in &self.request_mix {
+            for fs in order {
+                let Some(mix) = per_fs.get(fs) else { continue };
+                let mut ops: Vec<(&str, f64)> = mix
+                    .iter()
+                    .filter_map(|(op, v)| Some((op.as_str(), median(v)?)))
+                    .filter(|(_, m)| *m >= 0.005)
+                    .collect();
+                ops.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
+                let cells: Vec<String> = ops
+                    .iter()
+                    .map(|(op, m)| format!("{op} {}", format_value(*m)))
+                    .collect();
+                let _ = writeln!(out, "| {row} | {fs} | {} |", cells.join(", "));
+            }
+        }
+        out
     }
 
     /// Sets the curve of one file system (the last round's wins).

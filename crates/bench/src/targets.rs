@@ -46,6 +46,11 @@ impl Kind {
         matches!(self, Kind::Betreefs | Kind::Ext4 | Kind::Xfs | Kind::Btrfs)
     }
 
+    /// Whether it is served by a FUSE daemon (with request counters).
+    pub fn is_fuse(self) -> bool {
+        matches!(self, Kind::Betreefs | Kind::Nullfuse)
+    }
+
     /// Whether it keeps what is written. nullfuse does not, so it is shown
     /// beside the others but never counted as the best of a row.
     pub fn keeps_data(self) -> bool {
@@ -310,6 +315,38 @@ impl Target {
         Ok(())
     }
 
+    /// The FUSE request counters of the daemon (count per opcode name),
+    /// from `betreefs stats`; None for a kernel file system.
+    pub fn request_counts(&self) -> Result<Option<RequestCounts>> {
+        if !self.kind.is_fuse() {
+            return Ok(None);
+        }
+        let out = Command::new(&self.env.betreefs)
+            .arg("stats")
+            .arg(&self.dir)
+            .output()
+            .context("running betreefs stats")?;
+        if !out.status.success() {
+            bail!(
+                "betreefs stats {}: {}",
+                self.dir.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let json: serde_json::Value =
+            serde_json::from_slice(&out.stdout).context("parsing betreefs stats")?;
+        let fuse = json
+            .get("fuse")
+            .and_then(|f| f.as_object())
+            .context("betreefs stats has no request counters")?;
+        Ok(Some(
+            fuse.iter()
+                .filter(|(op, _)| op.as_str() != "total")
+                .filter_map(|(op, f)| Some((op.clone(), f.get("count")?.as_u64()?)))
+                .collect(),
+        ))
+    }
+
     /// Empties every cache the next phase could read from: the page cache
     /// for all, and for betreefs its own node cache (unmount and mount).
     pub fn cold(&mut self) -> Result<()> {
@@ -379,6 +416,9 @@ impl Target {
         }
     }
 }
+
+/// Requests a FUSE daemon has answered, by opcode name.
+pub type RequestCounts = std::collections::BTreeMap<String, u64>;
 
 /// A device's counters and a digest of its image.
 pub struct DeviceState {

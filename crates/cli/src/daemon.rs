@@ -334,15 +334,15 @@ fn serve(args: &MountArgs, settings: Settings) -> Result<()> {
                 .spawn(move || unmount(&mountpoint));
         }))
     };
+    let stats = Arc::new(betreefs_fuse::RequestStats::default());
     let started = if args.nullfuse {
-        betreefs_fuse::nullfuse::mount(&args.mountpoint, &settings.config, guard.clone())
-            .map(|session| (session, None))
-            .map_err(|e| anyhow!("mounting on {}: {e}", args.mountpoint.display()))
+        start_nullfuse(args, &settings, guard.clone(), stats.clone())
+            .map(|(session, socket)| (session, socket, None))
     } else {
-        start(args, &settings, guard.clone())
-            .map(|(fs, session, socket)| (session, Some((fs, socket))))
+        start(args, &settings, guard.clone(), stats.clone())
+            .map(|(fs, session, socket)| (session, socket, Some(fs)))
     };
-    let (session, betreefs) = match started {
+    let (session, socket, betreefs) = match started {
         Ok(v) => v,
         Err(e) => {
             notify(args.notify_fd, &format!("error: {e:#}\n"));
@@ -361,13 +361,13 @@ fn serve(args: &MountArgs, settings: Settings) -> Result<()> {
         tracing::warn!("session ended with {e}");
     }
     let fatal = guard.failure();
-    let Some((fs, socket)) = betreefs else {
+    let _ = std::fs::remove_file(&socket);
+    let Some(fs) = betreefs else {
         return match fatal {
             Some(what) => bail!("stopped serving: {what}"),
             None => Ok(()),
         };
     };
-    let _ = std::fs::remove_file(&socket);
     if let Some(what) = fatal {
         // The in-memory state may be inconsistent: keep only the log (it
         // holds every acknowledged write, and the next mount replays it).
@@ -413,10 +413,29 @@ fn check_image_private(image: &Path, allow_other: bool) -> Result<()> {
     Ok(())
 }
 
+/// Mounts the no-op file system and its control socket (request counters).
+fn start_nullfuse(
+    args: &MountArgs,
+    settings: &Settings,
+    guard: Arc<betreefs_fuse::RequestGuard>,
+    stats: Arc<betreefs_fuse::RequestStats>,
+) -> Result<(fuser::BackgroundSession, PathBuf)> {
+    let socket = control_socket(&args.mountpoint)?;
+    let session =
+        betreefs_fuse::nullfuse::mount(&args.mountpoint, &settings.config, guard, stats.clone())
+            .map_err(|e| anyhow!("mounting on {}: {e}", args.mountpoint.display()))?;
+    serve_control(&socket, move |request| match request {
+        "stats" => Some(format!("{{\"fuse\":{}}}", stats.to_json())),
+        _ => None,
+    })?;
+    Ok((session, socket))
+}
+
 fn start(
     args: &MountArgs,
     settings: &Settings,
     guard: Arc<betreefs_fuse::RequestGuard>,
+    stats: Arc<betreefs_fuse::RequestStats>,
 ) -> Result<Started> {
     check_image_private(&args.image, settings.config.allow_other)?;
     let mut options = fs_cmds::engine_options_for(&args.image);
@@ -436,15 +455,35 @@ fn start(
         &settings.config,
         "betreefs",
         guard,
+        stats.clone(),
     )
     .map_err(|e| anyhow!("mounting on {}: {e}", args.mountpoint.display()))?;
-    serve_control(Arc::downgrade(&fs), &socket)?;
+    let weak = Arc::downgrade(&fs);
+    serve_control(&socket, move |request| {
+        let fs = weak.upgrade()?;
+        Some(match request {
+            "stats" => stats_json(&fs, &stats),
+            "checkpoint" => match fs.store().checkpoint() {
+                Ok(()) => "{\"checkpoint\":\"ok\"}".to_string(),
+                Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
+            },
+            other => {
+                serde_json::json!({ "error": format!("unknown request {other:?}") }).to_string()
+            }
+        })
+    })?;
     Ok((fs, session, socket))
 }
 
-/// Answers `stats` (JSON of the engine's counters and statfs figures) and
-/// `checkpoint` on a Unix socket named after the mountpoint.
-fn serve_control(fs: std::sync::Weak<FileSystem>, socket: &Path) -> Result<()> {
+/// Serves requests on a Unix socket named after the mountpoint, one line
+/// each: `stats` (JSON of the request counters, and for betreefs the
+/// engine's counters and statfs figures) and `checkpoint`. `answer`
+/// returns None once the file system is gone (or, for nullfuse, for a
+/// request it does not know).
+fn serve_control(
+    socket: &Path,
+    answer: impl Fn(&str) -> Option<String> + Send + 'static,
+) -> Result<()> {
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -455,23 +494,15 @@ fn serve_control(fs: std::sync::Weak<FileSystem>, socket: &Path) -> Result<()> {
         .name("betreefs-control".into())
         .spawn(move || {
             for stream in listener.incoming().flatten() {
-                let Some(fs) = fs.upgrade() else {
-                    return;
-                };
                 let mut line = String::new();
                 let mut reader = BufReader::new(&stream);
                 if reader.read_line(&mut line).is_err() {
                     continue;
                 }
-                let reply = match line.trim() {
-                    "stats" => stats_json(&fs),
-                    "checkpoint" => match fs.store().checkpoint() {
-                        Ok(()) => "{\"checkpoint\":\"ok\"}".to_string(),
-                        Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
-                    },
-                    other => serde_json::json!({ "error": format!("unknown request {other:?}") })
-                        .to_string(),
-                };
+                let reply = answer(line.trim()).unwrap_or_else(|| {
+                    serde_json::json!({ "error": format!("unknown request {:?}", line.trim()) })
+                        .to_string()
+                });
                 let _ = (&stream).write_all(reply.as_bytes());
             }
         })
@@ -479,10 +510,13 @@ fn serve_control(fs: std::sync::Weak<FileSystem>, socket: &Path) -> Result<()> {
     Ok(())
 }
 
-fn stats_json(fs: &FileSystem) -> String {
+fn stats_json(fs: &FileSystem, requests: &betreefs_fuse::RequestStats) -> String {
     let s = fs.statfs();
+    let fuse: serde_json::Value =
+        serde_json::from_str(&requests.to_json()).unwrap_or(serde_json::Value::Null);
     serde_json::json!({
         "engine": fs.store().stats(),
+        "fuse": fuse,
         "statfs": {
             "block_size": s.block_size,
             "blocks": s.blocks,

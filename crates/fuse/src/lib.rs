@@ -22,7 +22,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use betreefs_fs::record::{Attr, Timespec};
 use betreefs_fs::{Caller, Errno, FsResult, Operations, RenameFlags, SetAttr, SetTime};
@@ -71,10 +71,15 @@ fn unsafe_is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+pub mod abi;
 pub mod guard;
 pub mod nullfuse;
+pub mod request;
+pub mod stats;
 
+use abi::opcode;
 pub use guard::RequestGuard;
+pub use stats::RequestStats;
 
 /// Mounts `fs` on `mountpoint` as file-system type `fuse.<subtype>`;
 /// requests are served by background threads until the file system is
@@ -85,11 +90,13 @@ pub fn mount<F: Operations>(
     config: &MountConfig,
     subtype: &str,
     guard: Arc<RequestGuard>,
+    stats: Arc<RequestStats>,
 ) -> std::io::Result<fuser::BackgroundSession> {
     let fs = Fuse {
         fs,
         writeback_cache: config.writeback_cache,
         guard,
+        stats,
     };
     let mut options = vec![
         MountOption::FSName(config.fs_name.clone()),
@@ -145,13 +152,19 @@ struct Fuse<F> {
     fs: Arc<F>,
     writeback_cache: bool,
     guard: Arc<RequestGuard>,
+    stats: Arc<RequestStats>,
 }
 
 impl<F: Operations> Fuse<F> {
-    /// Serves one request through the guard (see [`guard`]).
-    fn run<T>(&self, op: &str, ino: u64, request: impl FnOnce(&F) -> FsResult<T>) -> FsResult<T> {
-        self.guard
-            .run(|| format!("{op} (inode {ino})"), || request(&self.fs))
+    /// Serves one request through the guard (see [`guard`]), counting it.
+    fn run<T>(&self, op: u32, ino: u64, request: impl FnOnce(&F) -> FsResult<T>) -> FsResult<T> {
+        let started = Instant::now();
+        let result = self.guard.run(
+            || format!("{} (inode {ino})", opcode::name(op)),
+            || request(&self.fs),
+        );
+        self.stats.record(op, started);
+        result
     }
 }
 
@@ -250,7 +263,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.run("lookup", parent.0, |fs| {
+        match self.run(opcode::LOOKUP, parent.0, |fs| {
             guard::injected_panic(name.as_bytes());
             fs.lookup(parent.0, name.as_bytes())
         }) {
@@ -261,14 +274,14 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         // Nothing to reply; a refused forget only keeps an entry longer.
-        let _ = self.run("forget", ino.0, |fs| {
+        let _ = self.run(opcode::FORGET, ino.0, |fs| {
             fs.forget(ino.0, nlookup);
             Ok(())
         });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.run("getattr", ino.0, |fs| fs.getattr(ino.0)) {
+        match self.run(opcode::GETATTR, ino.0, |fs| fs.getattr(ino.0)) {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
@@ -302,14 +315,14 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
             ctime: ctime.map(Timespec::from_system),
             through_open_file: fh.is_some(),
         };
-        match self.run("setattr", ino.0, |fs| fs.setattr(ino.0, &set)) {
+        match self.run(opcode::SETATTR, ino.0, |fs| fs.setattr(ino.0, &set)) {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.run("readlink", ino.0, |fs| fs.readlink(ino.0)) {
+        match self.run(opcode::READLINK, ino.0, |fs| fs.readlink(ino.0)) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(e)),
         }
@@ -325,7 +338,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let r = self.run("mknod", parent.0, |fs| {
+        let r = self.run(opcode::MKNOD, parent.0, |fs| {
             fs.mknod(parent.0, name.as_bytes(), mode, rdev, caller(req))
         });
         reply_entry(reply, r);
@@ -342,7 +355,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
     ) {
         reply_entry(
             reply,
-            self.run("mkdir", parent.0, |fs| {
+            self.run(opcode::MKDIR, parent.0, |fs| {
                 fs.mkdir(parent.0, name.as_bytes(), mode, caller(req))
             }),
         );
@@ -351,7 +364,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         reply_empty(
             reply,
-            self.run("unlink", parent.0, |fs| {
+            self.run(opcode::UNLINK, parent.0, |fs| {
                 fs.unlink(parent.0, name.as_bytes())
             }),
         );
@@ -360,7 +373,9 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         reply_empty(
             reply,
-            self.run("rmdir", parent.0, |fs| fs.rmdir(parent.0, name.as_bytes())),
+            self.run(opcode::RMDIR, parent.0, |fs| {
+                fs.rmdir(parent.0, name.as_bytes())
+            }),
         );
     }
 
@@ -372,7 +387,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let r = self.run("symlink", parent.0, |fs| {
+        let r = self.run(opcode::SYMLINK, parent.0, |fs| {
             fs.symlink(
                 parent.0,
                 link_name.as_bytes(),
@@ -401,7 +416,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
             noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
         };
-        let r = self.run("rename", parent.0, |fs| {
+        let r = self.run(opcode::RENAME2, parent.0, |fs| {
             fs.rename(
                 parent.0,
                 name.as_bytes(),
@@ -423,14 +438,14 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
     ) {
         reply_entry(
             reply,
-            self.run("link", ino.0, |fs| {
+            self.run(opcode::LINK, ino.0, |fs| {
                 fs.link(ino.0, newparent.0, newname.as_bytes())
             }),
         );
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.run("open", ino.0, |fs| fs.open(ino.0, flags.0)) {
+        match self.run(opcode::OPEN, ino.0, |fs| fs.open(ino.0, flags.0)) {
             Ok(fh) => reply.opened(FileHandle(fh), open_flags()),
             Err(e) => reply.error(errno(e)),
         }
@@ -447,7 +462,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.run("read", ino.0, |fs| fs.read(ino.0, offset, size)) {
+        match self.run(opcode::READ, ino.0, |fs| fs.read(ino.0, offset, size)) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(errno(e)),
         }
@@ -465,7 +480,9 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.run("write", ino.0, |fs| fs.write(ino.0, fh.0, offset, data)) {
+        match self.run(opcode::WRITE, ino.0, |fs| {
+            fs.write(ino.0, fh.0, offset, data)
+        }) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(e)),
         }
@@ -474,12 +491,12 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        reply_empty(reply, self.run(opcode::FLUSH, ino.0, |_| Ok(())));
     }
 
     fn release(
@@ -492,7 +509,10 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.run("release", fh.0, |fs| fs.release(fh.0)));
+        reply_empty(
+            reply,
+            self.run(opcode::RELEASE, fh.0, |fs| fs.release(fh.0)),
+        );
     }
 
     fn fsync(
@@ -503,11 +523,11 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.run("fsync", 0, |fs| fs.fsync()));
+        reply_empty(reply, self.run(opcode::FSYNC, 0, |fs| fs.fsync()));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.run("opendir", ino.0, |fs| fs.opendir(ino.0)) {
+        match self.run(opcode::OPENDIR, ino.0, |fs| fs.opendir(ino.0)) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),
         }
@@ -521,7 +541,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let r = self.run("readdir", ino.0, |fs| {
+        let r = self.run(opcode::READDIR, ino.0, |fs| {
             fs.readdir(ino.0, fh.0, offset, false, &mut |e| {
                 reply.add(
                     INodeNo(e.ino),
@@ -545,7 +565,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let r = self.run("readdir", ino.0, |fs| {
+        let r = self.run(opcode::READDIRPLUS, ino.0, |fs| {
             fs.readdir(ino.0, fh.0, offset, true, &mut |e| {
                 // "." and ".." come without attributes: the kernel takes no
                 // reference for them, so nothing is cached.
@@ -571,7 +591,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        let _ = self.run("releasedir", fh.0, |fs| {
+        let _ = self.run(opcode::RELEASEDIR, fh.0, |fs| {
             fs.releasedir(fh.0);
             Ok(())
         });
@@ -586,11 +606,11 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.run("fsync", 0, |fs| fs.fsync()));
+        reply_empty(reply, self.run(opcode::FSYNCDIR, 0, |fs| fs.fsync()));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let s = match self.run("statfs", 0, |fs| Ok(fs.statfs())) {
+        let s = match self.run(opcode::STATFS, 0, |fs| Ok(fs.statfs())) {
             Ok(s) => s,
             Err(e) => return reply.error(errno(e)),
         };
@@ -621,7 +641,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         }
         reply_empty(
             reply,
-            self.run("setxattr", ino.0, |fs| {
+            self.run(opcode::SETXATTR, ino.0, |fs| {
                 fs.setxattr(ino.0, name.as_bytes(), value, flags)
             }),
         );
@@ -631,7 +651,9 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         reply_xattr(
             reply,
             size,
-            self.run("getxattr", ino.0, |fs| fs.getxattr(ino.0, name.as_bytes())),
+            self.run(opcode::GETXATTR, ino.0, |fs| {
+                fs.getxattr(ino.0, name.as_bytes())
+            }),
         );
     }
 
@@ -639,14 +661,14 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         reply_xattr(
             reply,
             size,
-            self.run("listxattr", ino.0, |fs| fs.listxattr(ino.0)),
+            self.run(opcode::LISTXATTR, ino.0, |fs| fs.listxattr(ino.0)),
         );
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         reply_empty(
             reply,
-            self.run("removexattr", ino.0, |fs| {
+            self.run(opcode::REMOVEXATTR, ino.0, |fs| {
                 fs.removexattr(ino.0, name.as_bytes())
             }),
         );
@@ -662,7 +684,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        match self.run("create", parent.0, |fs| {
+        match self.run(opcode::CREATE, parent.0, |fs| {
             fs.create(parent.0, name.as_bytes(), mode, flags, caller(req))
         }) {
             Ok((a, fh)) => reply.created(
@@ -688,7 +710,7 @@ impl<F: Operations> fuser::Filesystem for Fuse<F> {
     ) {
         reply_empty(
             reply,
-            self.run("fallocate", ino.0, |fs| {
+            self.run(opcode::FALLOCATE, ino.0, |fs| {
                 fs.fallocate(ino.0, offset, length, mode)
             }),
         );

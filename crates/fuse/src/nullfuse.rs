@@ -349,6 +349,7 @@ pub fn mount(
     mountpoint: &Path,
     config: &MountConfig,
     guard: Arc<crate::RequestGuard>,
+    stats: Arc<crate::RequestStats>,
 ) -> std::io::Result<fuser::BackgroundSession> {
     let config = MountConfig {
         fs_name: "nullfuse".into(),
@@ -360,5 +361,6 @@ pub fn mount(
         &config,
         "nullfuse",
         guard,
+        stats,
     )
 }

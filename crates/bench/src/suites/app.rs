@@ -47,6 +47,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     for (label, to, inplace) in copies {
         r.target.cold()?;
         r.phase(label)?;
+        let before = r.requests_before()?;
         let t = r.timed_durable(|| {
             let mut cmd = Command::new("rsync");
             cmd.arg("-a");
@@ -59,6 +60,12 @@ pub fn run(r: &mut Recorder) -> Result<()> {
             )
         })?;
         r.seconds(&format!("{label} of the tree + sync"), t);
+        r.record_requests(
+            &format!("{label} + sync"),
+            "entry",
+            tree.counts.entries,
+            before,
+        )?;
     }
 
     r.target.cold()?;

@@ -55,6 +55,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
 
     r.phase("tokubench")?;
     let toku = dir.join("toku");
+    let before = r.requests_before()?;
     let target = &*r.target;
     let (t, curve) = workloads::tokubench(&toku, p.toku_files, 2, 50, &|| target.sync())?;
     r.record(
@@ -63,6 +64,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
         Better::Higher,
         p.toku_files as f64 / t.as_secs_f64(),
     );
+    r.record_requests("tokubench + sync", "file", p.toku_files as u64, before)?;
     let fs = r.target.kind.name();
     r.results.set_series(
         "tokubench",

@@ -16,7 +16,10 @@ use serde::Serialize;
 use crate::progress::Progress;
 use crate::report::{Better, Results};
 use crate::scale::{Params, SourceTree};
-use crate::targets::Target;
+use crate::targets::{RequestCounts, Target};
+
+/// The table of FUSE requests per operation (FUSE file systems only).
+pub const REQUESTS_TABLE: &str = "requests";
 
 /// A suite the harness can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -87,6 +90,50 @@ impl Recorder<'_> {
         self.record(name, "s", Better::Lower, elapsed.as_secs_f64());
     }
 
+    /// The FUSE request counters before a phase (None on a kernel file
+    /// system), for [`Recorder::record_requests`].
+    pub fn requests_before(&self) -> Result<Option<RequestCounts>> {
+        self.target.request_counts()
+    }
+
+    /// Records the FUSE requests since `before` per operation of the
+    /// phase (`ops` operations of what `per` names), in the "requests"
+    /// table, and their mix by opcode.
+    pub fn record_requests(
+        &mut self,
+        workload: &str,
+        per: &str,
+        ops: u64,
+        before: Option<RequestCounts>,
+    ) -> Result<()> {
+        let (Some(before), Some(after)) = (before, self.target.request_counts()?) else {
+            return Ok(());
+        };
+        if ops == 0 {
+            return Ok(());
+        }
+        let row = format!("{workload}: requests per {per}");
+        let fs = self.target.kind.name();
+        let mut total = 0;
+        for (op, count) in &after {
+            let n = count.saturating_sub(before.get(op).copied().unwrap_or(0));
+            if n > 0 {
+                total += n;
+                self.results
+                    .record_request_mix(&row, fs, op, n as f64 / ops as f64);
+            }
+        }
+        self.results.record(
+            REQUESTS_TABLE,
+            &row,
+            "requests",
+            Better::Lower,
+            fs,
+            total as f64 / ops as f64,
+        );
+        Ok(())
+    }
+
     /// Times `body` followed by a sync of the file system: the phase ends
     /// durable.
     pub fn timed_durable(&self, body: impl FnOnce() -> Result<()>) -> Result<Duration> {
@@ -140,6 +187,47 @@ pub struct Tarball {
     pub top: String,
     /// Members to extract (all when empty).
     pub members: Vec<String>,
+    /// What extracting it creates.
+    pub counts: MemberCounts,
+}
+
+/// The entries of a tarball (what is extracted), from its listing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemberCounts {
+    /// Files, directories, links: everything tar creates.
+    pub entries: u64,
+    pub dirs: u64,
+    /// Everything but directories.
+    pub files: u64,
+}
+
+impl MemberCounts {
+    /// Counts the members `tar tf` lists (directories end in `/`).
+    fn of(tar: &Path, members: &[String]) -> Result<MemberCounts> {
+        let out = Command::new("tar")
+            .arg("tf")
+            .arg(tar)
+            .args(members)
+            .output()
+            .context("running tar tf")?;
+        if !out.status.success() {
+            bail!(
+                "tar tf {}: {}",
+                tar.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let mut counts = MemberCounts::default();
+        for line in out.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            counts.entries += 1;
+            if line.ends_with(b"/") {
+                counts.dirs += 1;
+            } else {
+                counts.files += 1;
+            }
+        }
+        Ok(counts)
+    }
 }
 
 impl Tarball {
@@ -191,10 +279,12 @@ pub fn prepare_tree(tree: &SourceTree, scratch: &Path) -> Result<Tarball> {
                     bail!("xz -dc {LINUX_XZ} failed ({status})");
                 }
             }
+            let members: Vec<String> = only.iter().map(|m| format!("{LINUX_TOP}/{m}")).collect();
             Ok(Tarball {
+                counts: MemberCounts::of(&tar, &members)?,
                 path: tar,
                 top: LINUX_TOP.to_string(),
-                members: only.iter().map(|m| format!("{LINUX_TOP}/{m}")).collect(),
+                members,
             })
         }
         SourceTree::Synthetic { files } => {
@@ -215,6 +305,7 @@ pub fn prepare_tree(tree: &SourceTree, scratch: &Path) -> Result<Tarball> {
                 std::fs::remove_dir_all(&base)?;
             }
             Ok(Tarball {
+                counts: MemberCounts::of(&tar, &[])?,
                 path: tar,
                 top: top.to_string(),
                 members: Vec::new(),

@@ -14,12 +14,16 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     let dir = r.dir();
     let top = dir.join(&tree.top);
 
+    let counts = tree.counts;
     r.phase("untar")?;
+    let before = r.requests_before()?;
     let t = r.timed_durable(|| tree.extract_into(&dir))?;
     r.seconds("untar + sync", t);
+    r.record_requests("untar + sync", "entry", counts.entries, before)?;
 
     r.target.cold()?;
     r.phase("find")?;
+    let before = r.requests_before()?;
     let t = timed(|| {
         run_tool(
             Command::new("find").arg(&top).args(["-name", "wait.c"]),
@@ -27,9 +31,11 @@ pub fn run(r: &mut Recorder) -> Result<()> {
         )
     })?;
     r.seconds("find -name wait.c (cold)", t);
+    r.record_requests("find (cold)", "directory", counts.dirs, before)?;
 
     r.target.cold()?;
     r.phase("grep")?;
+    let before = r.requests_before()?;
     // grep exits 1 when nothing matches; the quick tree has matches.
     let t = timed(|| {
         run_tool(
@@ -38,9 +44,11 @@ pub fn run(r: &mut Recorder) -> Result<()> {
         )
     })?;
     r.seconds("grep -r cpu_to_be64 (cold)", t);
+    r.record_requests("grep -r (cold)", "file", counts.files, before)?;
 
     r.target.cold()?;
     r.phase("tar")?;
+    let before = r.requests_before()?;
     // GNU tar skips reading file contents when the archive is /dev/null,
     // so the archive goes through a pipe and is counted here.
     let t = timed(|| {
@@ -57,6 +65,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
         Ok(())
     })?;
     r.seconds("tar cf of the tree (cold)", t);
+    r.record_requests("tar cf (cold)", "entry", counts.entries, before)?;
 
     r.phase("mv")?;
     let moved = dir.join("moved");
@@ -64,8 +73,10 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     r.seconds("mv of the tree root + sync", t);
 
     r.phase("rm -rf")?;
+    let before = r.requests_before()?;
     let t = r.timed_durable(|| run_tool(Command::new("rm").arg("-rf").arg(&moved), &[]))?;
     r.seconds("rm -rf + sync", t);
+    r.record_requests("rm -rf + sync", "entry", counts.entries, before)?;
     anyhow::ensure!(!moved.exists(), "rm -rf left {} behind", moved.display());
     Ok(())
 }

@@ -1,0 +1,492 @@
+//! Requests as the kernel sends them, parsed into typed operations that
+//! borrow names and data from the request buffer. Layouts are those of
+//! `include/uapi/linux/fuse.h` (see [`crate::abi`]).
+
+use crate::abi::{opcode, InHeader, Reader, Truncated, GETATTR_FH, IN_HEADER_BYTES};
+
+/// `struct fuse_setattr_in`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SetattrIn {
+    pub valid: u32,
+    pub fh: u64,
+    pub size: u64,
+    pub atime: (i64, u32),
+    pub mtime: (i64, u32),
+    pub ctime: (i64, u32),
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// `struct fuse_init_in`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InitIn {
+    pub major: u32,
+    pub minor: u32,
+    pub max_readahead: u32,
+    /// `flags | flags2 << 32` (flags2 only with `INIT_EXT`).
+    pub flags: u64,
+}
+
+/// One operation and its arguments.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Op<'a> {
+    Init(InitIn),
+    Destroy,
+    Lookup {
+        name: &'a [u8],
+    },
+    Forget {
+        nlookup: u64,
+    },
+    BatchForget {
+        /// (nodeid, nlookup) pairs.
+        forgets: Vec<(u64, u64)>,
+    },
+    Getattr {
+        fh: Option<u64>,
+    },
+    Setattr(SetattrIn),
+    Readlink,
+    Symlink {
+        name: &'a [u8],
+        target: &'a [u8],
+    },
+    Mknod {
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+        name: &'a [u8],
+    },
+    Mkdir {
+        mode: u32,
+        umask: u32,
+        name: &'a [u8],
+    },
+    Unlink {
+        name: &'a [u8],
+    },
+    Rmdir {
+        name: &'a [u8],
+    },
+    Rename {
+        newdir: u64,
+        flags: u32,
+        name: &'a [u8],
+        newname: &'a [u8],
+    },
+    Link {
+        oldnodeid: u64,
+        name: &'a [u8],
+    },
+    Open {
+        flags: u32,
+        open_flags: u32,
+    },
+    Create {
+        flags: u32,
+        mode: u32,
+        umask: u32,
+        open_flags: u32,
+        name: &'a [u8],
+    },
+    Read {
+        fh: u64,
+        offset: u64,
+        size: u32,
+    },
+    Write {
+        fh: u64,
+        offset: u64,
+        write_flags: u32,
+        data: &'a [u8],
+    },
+    Statfs,
+    Release {
+        fh: u64,
+    },
+    Flush {
+        fh: u64,
+    },
+    Fsync {
+        fh: u64,
+        datasync: bool,
+    },
+    Setxattr {
+        flags: u32,
+        setxattr_flags: u32,
+        name: &'a [u8],
+        value: &'a [u8],
+    },
+    Getxattr {
+        size: u32,
+        name: &'a [u8],
+    },
+    Listxattr {
+        size: u32,
+    },
+    Removexattr {
+        name: &'a [u8],
+    },
+    Opendir {
+        flags: u32,
+    },
+    Readdir {
+        fh: u64,
+        offset: u64,
+        size: u32,
+        plus: bool,
+    },
+    Releasedir {
+        fh: u64,
+    },
+    Fsyncdir {
+        fh: u64,
+        datasync: bool,
+    },
+    Access {
+        mask: u32,
+    },
+    Interrupt {
+        unique: u64,
+    },
+    Fallocate {
+        fh: u64,
+        offset: u64,
+        length: u64,
+        mode: u32,
+    },
+    Lseek {
+        fh: u64,
+        offset: u64,
+        whence: u32,
+    },
+    CopyFileRange {
+        fh_in: u64,
+        off_in: u64,
+        nodeid_out: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        flags: u64,
+    },
+    Syncfs,
+    Statx {
+        fh: Option<u64>,
+        flags: u32,
+        mask: u32,
+    },
+    /// An opcode this front end does not implement: answered ENOSYS.
+    Unsupported(u32),
+}
+
+/// A parsed request: its header and its operation.
+#[derive(Debug)]
+pub struct Request<'a> {
+    pub header: InHeader,
+    pub op: Op<'a>,
+}
+
+impl<'a> Request<'a> {
+    /// Parses a request read from the device (or assembled from an io_uring
+    /// entry: the header, the opcode's argument struct and the payload in
+    /// one buffer). Extensions after the arguments (`total_extlen`) are
+    /// cut off first.
+    pub fn parse(buf: &'a [u8]) -> Result<Request<'a>, Truncated> {
+        let mut r = Reader::new(buf);
+        let header = InHeader::parse(&mut r)?;
+        let len = (header.len as usize)
+            .min(buf.len())
+            .saturating_sub(header.total_extlen as usize * 8);
+        let body = buf.get(IN_HEADER_BYTES..len).ok_or(Truncated)?;
+        let op = parse_op(header.opcode, body)?;
+        Ok(Request { header, op })
+    }
+}
+
+fn timespec(r: &mut Reader<'_>) -> Result<i64, Truncated> {
+    r.u64().map(|v| v as i64)
+}
+
+fn parse_op(opcode: u32, body: &[u8]) -> Result<Op<'_>, Truncated> {
+    let mut r = Reader::new(body);
+    let r = &mut r;
+    Ok(match opcode {
+        opcode::INIT => {
+            let (major, minor, max_readahead, flags) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+            // flags2 exists from 7.36 (FUSE_INIT_EXT); older kernels send less.
+            let flags2 = r.u32().unwrap_or(0);
+            let ext = u64::from(flags) & crate::abi::init::INIT_EXT != 0;
+            Op::Init(InitIn {
+                major,
+                minor,
+                max_readahead,
+                flags: u64::from(flags) | if ext { u64::from(flags2) << 32 } else { 0 },
+            })
+        }
+        opcode::DESTROY => Op::Destroy,
+        opcode::LOOKUP => Op::Lookup { name: r.name()? },
+        opcode::FORGET => Op::Forget { nlookup: r.u64()? },
+        opcode::BATCH_FORGET => {
+            let count = r.u32()?;
+            r.skip(4)?;
+            let mut forgets = Vec::with_capacity((count as usize).min(body.len() / 16));
+            for _ in 0..count {
+                forgets.push((r.u64()?, r.u64()?));
+            }
+            Op::BatchForget { forgets }
+        }
+        opcode::GETATTR => {
+            let flags = r.u32()?;
+            r.skip(4)?;
+            let fh = r.u64()?;
+            Op::Getattr {
+                fh: (flags & GETATTR_FH != 0).then_some(fh),
+            }
+        }
+        opcode::SETATTR => {
+            let valid = r.u32()?;
+            r.skip(4)?;
+            let fh = r.u64()?;
+            let size = r.u64()?;
+            let _lock_owner = r.u64()?;
+            let (atime, mtime, ctime) = (timespec(r)?, timespec(r)?, timespec(r)?);
+            let (atimensec, mtimensec, ctimensec) = (r.u32()?, r.u32()?, r.u32()?);
+            let mode = r.u32()?;
+            r.skip(4)?;
+            let (uid, gid) = (r.u32()?, r.u32()?);
+            Op::Setattr(SetattrIn {
+                valid,
+                fh,
+                size,
+                atime: (atime, atimensec),
+                mtime: (mtime, mtimensec),
+                ctime: (ctime, ctimensec),
+                mode,
+                uid,
+                gid,
+            })
+        }
+        opcode::READLINK => Op::Readlink,
+        opcode::SYMLINK => Op::Symlink {
+            name: r.name()?,
+            target: r.name()?,
+        },
+        opcode::MKNOD => {
+            let (mode, rdev, umask) = (r.u32()?, r.u32()?, r.u32()?);
+            r.skip(4)?;
+            Op::Mknod {
+                mode,
+                rdev,
+                umask,
+                name: r.name()?,
+            }
+        }
+        opcode::MKDIR => Op::Mkdir {
+            mode: r.u32()?,
+            umask: r.u32()?,
+            name: r.name()?,
+        },
+        opcode::UNLINK => Op::Unlink { name: r.name()? },
+        opcode::RMDIR => Op::Rmdir { name: r.name()? },
+        opcode::RENAME => Op::Rename {
+            newdir: r.u64()?,
+            flags: 0,
+            name: r.name()?,
+            newname: r.name()?,
+        },
+        opcode::RENAME2 => {
+            let newdir = r.u64()?;
+            let flags = r.u32()?;
+            r.skip(4)?;
+            Op::Rename {
+                newdir,
+                flags,
+                name: r.name()?,
+                newname: r.name()?,
+            }
+        }
+        opcode::LINK => Op::Link {
+            oldnodeid: r.u64()?,
+            name: r.name()?,
+        },
+        opcode::OPEN => Op::Open {
+            flags: r.u32()?,
+            open_flags: r.u32()?,
+        },
+        opcode::OPENDIR => Op::Opendir { flags: r.u32()? },
+        opcode::CREATE => Op::Create {
+            flags: r.u32()?,
+            mode: r.u32()?,
+            umask: r.u32()?,
+            open_flags: r.u32()?,
+            name: r.name()?,
+        },
+        opcode::READ | opcode::READDIR | opcode::READDIRPLUS => {
+            let (fh, offset, size) = (r.u64()?, r.u64()?, r.u32()?);
+            match opcode {
+                opcode::READ => Op::Read { fh, offset, size },
+                _ => Op::Readdir {
+                    fh,
+                    offset,
+                    size,
+                    plus: opcode == opcode::READDIRPLUS,
+                },
+            }
+        }
+        opcode::WRITE => {
+            let (fh, offset, size, write_flags) = (r.u64()?, r.u64()?, r.u32()?, r.u32()?);
+            r.skip(16)?;
+            Op::Write {
+                fh,
+                offset,
+                write_flags,
+                data: r.bytes(size as usize)?,
+            }
+        }
+        opcode::STATFS => Op::Statfs,
+        opcode::RELEASE => Op::Release { fh: r.u64()? },
+        opcode::RELEASEDIR => Op::Releasedir { fh: r.u64()? },
+        opcode::FLUSH => Op::Flush { fh: r.u64()? },
+        opcode::FSYNC | opcode::FSYNCDIR => {
+            let (fh, flags) = (r.u64()?, r.u32()?);
+            let datasync = flags & crate::abi::FSYNC_FDATASYNC != 0;
+            if opcode == opcode::FSYNC {
+                Op::Fsync { fh, datasync }
+            } else {
+                Op::Fsyncdir { fh, datasync }
+            }
+        }
+        opcode::SETXATTR => {
+            // The extended layout (16 bytes) is what SETXATTR_EXT asks for.
+            let (size, flags, setxattr_flags) = (r.u32()?, r.u32()?, r.u32()?);
+            r.skip(4)?;
+            let name = r.name()?;
+            Op::Setxattr {
+                flags,
+                setxattr_flags,
+                name,
+                value: r.bytes(size as usize)?,
+            }
+        }
+        opcode::GETXATTR => {
+            let size = r.u32()?;
+            r.skip(4)?;
+            Op::Getxattr {
+                size,
+                name: r.name()?,
+            }
+        }
+        opcode::LISTXATTR => Op::Listxattr { size: r.u32()? },
+        opcode::REMOVEXATTR => Op::Removexattr { name: r.name()? },
+        opcode::ACCESS => Op::Access { mask: r.u32()? },
+        opcode::INTERRUPT => Op::Interrupt { unique: r.u64()? },
+        opcode::FALLOCATE => Op::Fallocate {
+            fh: r.u64()?,
+            offset: r.u64()?,
+            length: r.u64()?,
+            mode: r.u32()?,
+        },
+        opcode::LSEEK => Op::Lseek {
+            fh: r.u64()?,
+            offset: r.u64()?,
+            whence: r.u32()?,
+        },
+        opcode::COPY_FILE_RANGE => Op::CopyFileRange {
+            fh_in: r.u64()?,
+            off_in: r.u64()?,
+            nodeid_out: r.u64()?,
+            fh_out: r.u64()?,
+            off_out: r.u64()?,
+            len: r.u64()?,
+            flags: r.u64()?,
+        },
+        opcode::SYNCFS => Op::Syncfs,
+        opcode::STATX => {
+            let getattr_flags = r.u32()?;
+            r.skip(4)?;
+            let fh = r.u64()?;
+            Op::Statx {
+                fh: (getattr_flags & GETATTR_FH != 0).then_some(fh),
+                flags: r.u32()?,
+                mask: r.u32()?,
+            }
+        }
+        other => Op::Unsupported(other),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::Writer;
+
+    fn request(opcode: u32, body: &[u8]) -> Vec<u8> {
+        let mut w = Writer::default();
+        let len = (IN_HEADER_BYTES + body.len()) as u32;
+        w.u32(len)
+            .u32(opcode)
+            .u64(7)
+            .u64(1)
+            .u32(0)
+            .u32(0)
+            .u32(0)
+            .u16(0)
+            .u16(0);
+        w.bytes(body);
+        w.buf
+    }
+
+    #[test]
+    fn parses_names_and_data() {
+        let buf = request(opcode::LOOKUP, b"name\0");
+        let r = Request::parse(&buf).unwrap();
+        assert_eq!(r.header.unique, 7);
+        assert_eq!(r.op, Op::Lookup { name: b"name" });
+        let mut body = Writer::default();
+        body.u64(3)
+            .u64(4096)
+            .u32(5)
+            .u32(0)
+            .u64(0)
+            .u32(0)
+            .u32(0)
+            .bytes(b"hello");
+        let buf = request(opcode::WRITE, &body.buf);
+        assert_eq!(
+            Request::parse(&buf).unwrap().op,
+            Op::Write {
+                fh: 3,
+                offset: 4096,
+                write_flags: 0,
+                data: b"hello"
+            }
+        );
+        let mut body = Writer::default();
+        body.u64(9).u32(1).u32(0).bytes(b"a\0b\0");
+        let buf = request(opcode::RENAME2, &body.buf);
+        assert_eq!(
+            Request::parse(&buf).unwrap().op,
+            Op::Rename {
+                newdir: 9,
+                flags: 1,
+                name: b"a",
+                newname: b"b"
+            }
+        );
+    }
+
+    #[test]
+    fn short_or_odd_requests_are_errors_not_panics() {
+        for op in 0..60 {
+            for len in 0..80 {
+                let mut buf = request(op, &vec![0xffu8; len]);
+                let _ = Request::parse(&buf);
+                buf.truncate(buf.len() / 2);
+                let _ = Request::parse(&buf);
+            }
+        }
+        assert!(Request::parse(&request(opcode::LOOKUP, b"no nul")).is_err());
+        assert!(Request::parse(&[0; 10]).is_err());
+    }
+}
