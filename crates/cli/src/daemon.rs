@@ -16,7 +16,6 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Context, Result};
 use betreefs_fs::{AtimePolicy, FileSystem, Operations};
 use betreefs_fuse::MountConfig;
-use fuser::MountOption;
 
 use crate::fs_cmds::{self, control_socket, parse_size, DEFAULT_IMAGE_SIZE};
 
@@ -28,8 +27,10 @@ pub struct MountArgs {
     /// An existing directory to mount on.
     pub mountpoint: PathBuf,
     /// Comma-separated options: noatime, relatime (default), strictatime,
-    /// ro, nosuid, nodev, noexec, allow_other, threads=N, cache=SIZE,
-    /// log=FILE, writeback (kernel writeback cache; off by default);
+    /// ro, nosuid, nodev, noexec (and suid, dev, exec), allow_other,
+    /// threads=N, cache=SIZE, log=FILE, writeback (kernel writeback cache;
+    /// off by default), transport=auto|devfuse|uring (FUSE over io_uring
+    /// when the kernel offers it, by default);
     /// fstab's defaults, auto, noauto, nofail, _netdev, user(s), rw and
     /// x-* are accepted and ignored.
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -75,32 +76,39 @@ fn parse_options(args: &MountArgs) -> Result<Settings> {
             Some((k, v)) => (k, Some(v)),
             None => (opt, None),
         };
-        let flag = |f: MountOption| -> Result<MountOption> {
+        let no_value = || -> Result<bool> {
             if value.is_some() {
                 bail!("option {key} takes no value");
             }
-            Ok(f)
+            Ok(true)
         };
+        let flags = &mut s.config.flags;
         match key {
             "" | "defaults" | "auto" | "noauto" | "nofail" | "_netdev" | "user" | "users"
             | "rw" | "async" => {}
             k if k.starts_with("x-") => {}
             "noatime" => {
                 s.atime = AtimePolicy::Noatime;
-                s.config.flags.push(flag(MountOption::NoAtime)?);
+                flags.noatime = no_value()?;
             }
             "relatime" => s.atime = AtimePolicy::Relatime,
             "strictatime" | "atime" => s.atime = AtimePolicy::Strictatime,
             "ro" => {
                 s.read_only = true;
-                s.config.flags.push(flag(MountOption::RO)?)
+                flags.read_only = no_value()?;
             }
-            "nosuid" => s.config.flags.push(flag(MountOption::NoSuid)?),
-            "suid" => s.config.flags.push(flag(MountOption::Suid)?),
-            "nodev" => s.config.flags.push(flag(MountOption::NoDev)?),
-            "dev" => s.config.flags.push(flag(MountOption::Dev)?),
-            "noexec" => s.config.flags.push(flag(MountOption::NoExec)?),
-            "exec" => s.config.flags.push(flag(MountOption::Exec)?),
+            "nosuid" => flags.nosuid = no_value()?,
+            "suid" => flags.nosuid = !no_value()?,
+            "nodev" => flags.nodev = no_value()?,
+            "dev" => flags.nodev = !no_value()?,
+            "noexec" => flags.noexec = no_value()?,
+            "exec" => flags.noexec = !no_value()?,
+            "transport" => {
+                s.config.transport = value
+                    .ok_or_else(|| anyhow!("transport= needs auto, devfuse or uring"))?
+                    .parse()
+                    .map_err(|e: String| anyhow!(e))?;
+            }
             "allow_other" => s.config.allow_other = true,
             "writeback" => s.config.writeback_cache = true,
             "nowriteback" => s.config.writeback_cache = false,
@@ -271,17 +279,8 @@ fn block_signals() -> libc::sigset_t {
 }
 
 fn unmount(mountpoint: &Path) {
-    let status = std::process::Command::new("fusermount3")
-        .arg("-u")
-        .arg("-z")
-        .arg(mountpoint)
-        .status();
-    if !matches!(status, Ok(s) if s.success()) {
-        let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes()) else {
-            return;
-        };
-        // SAFETY: path is a valid NUL-terminated string.
-        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+    if let Err(e) = betreefs_fuse::mount::unmount(mountpoint) {
+        tracing::warn!("unmounting {}: {e}", mountpoint.display());
     }
 }
 
@@ -393,7 +392,7 @@ fn serve(args: &MountArgs, settings: Settings) -> Result<()> {
     Ok(())
 }
 
-type Started = (Arc<FileSystem>, fuser::BackgroundSession, PathBuf);
+type Started = (Arc<FileSystem>, betreefs_fuse::Session, PathBuf);
 
 /// With `allow_other`, other users reach the files through their
 /// permissions; an image they can read would hand them every byte without
@@ -419,7 +418,7 @@ fn start_nullfuse(
     settings: &Settings,
     guard: Arc<betreefs_fuse::RequestGuard>,
     stats: Arc<betreefs_fuse::RequestStats>,
-) -> Result<(fuser::BackgroundSession, PathBuf)> {
+) -> Result<(betreefs_fuse::Session, PathBuf)> {
     let socket = control_socket(&args.mountpoint)?;
     let session =
         betreefs_fuse::nullfuse::mount(&args.mountpoint, &settings.config, guard, stats.clone())

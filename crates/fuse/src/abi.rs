@@ -450,44 +450,60 @@ impl Kstatfs {
     }
 }
 
-/// Appends one `struct fuse_dirent` (aligned to 8 bytes); `false` when it
-/// would not fit in `max` bytes.
-pub fn dirent(w: &mut Writer, max: usize, ino: u64, off: u64, kind: u32, name: &[u8]) -> bool {
-    let size = (24 + name.len()).next_multiple_of(8);
-    if w.buf.len() + size > max {
+/// One directory entry of a READDIR or READDIRPLUS reply.
+#[derive(Clone, Copy, Debug)]
+pub struct Dirent<'a> {
+    pub ino: u64,
+    /// The offset to continue after this entry.
+    pub off: u64,
+    /// `DT_*` (see [`dirent_type`]).
+    pub kind: u32,
+    pub name: &'a [u8],
+}
+
+impl Dirent<'_> {
+    /// Bytes of its `struct fuse_dirent`, padded to 8.
+    fn size(&self) -> usize {
+        (24 + self.name.len()).next_multiple_of(8)
+    }
+
+    fn write(&self, w: &mut Writer) {
+        w.u64(self.ino)
+            .u64(self.off)
+            .u32(self.name.len() as u32)
+            .u32(self.kind)
+            .bytes(self.name)
+            .pad8();
+    }
+}
+
+/// Appends one `struct fuse_dirent`; `false` when it would not fit in
+/// `max` bytes.
+pub fn dirent(w: &mut Writer, max: usize, d: &Dirent<'_>) -> bool {
+    if w.buf.len() + d.size() > max {
         return false;
     }
-    w.u64(ino)
-        .u64(off)
-        .u32(name.len() as u32)
-        .u32(kind)
-        .bytes(name)
-        .pad8();
+    d.write(w);
     true
 }
 
+/// What a `struct fuse_direntplus` adds to its dirent: the entry (node
+/// id 0 for none: the kernel then takes no reference).
+#[derive(Clone, Copy, Debug)]
+pub struct EntryOut<'a> {
+    pub nodeid: u64,
+    pub generation: u64,
+    pub ttl: Ttl,
+    pub attr: &'a Attr,
+}
+
 /// Appends one `struct fuse_direntplus`; `false` when it would not fit.
-#[allow(clippy::too_many_arguments)]
-pub fn direntplus(
-    w: &mut Writer,
-    max: usize,
-    entry: (u64, u64, Ttl, &Attr),
-    off: u64,
-    kind: u32,
-    name: &[u8],
-) -> bool {
-    let size = (128 + 24 + name.len()).next_multiple_of(8);
-    if w.buf.len() + size > max {
+pub fn direntplus(w: &mut Writer, max: usize, e: &EntryOut<'_>, d: &Dirent<'_>) -> bool {
+    if w.buf.len() + 128 + d.size() > max {
         return false;
     }
-    let (nodeid, generation, ttl, attr) = entry;
-    entry_out(w, nodeid, generation, ttl, attr);
-    w.u64(attr.ino)
-        .u64(off)
-        .u32(name.len() as u32)
-        .u32(kind)
-        .bytes(name)
-        .pad8();
+    entry_out(w, e.nodeid, e.generation, e.ttl, e.attr);
+    d.write(w);
     true
 }
 
@@ -529,18 +545,23 @@ mod tests {
         Kstatfs::default().write(&mut w);
         assert_eq!(w.buf.len(), 80, "fuse_kstatfs");
         let mut w = Writer::default();
-        assert!(dirent(&mut w, 4096, 1, 1, 4, b"abc"));
+        let d = Dirent {
+            ino: 1,
+            off: 1,
+            kind: 4,
+            name: b"abc",
+        };
+        assert!(dirent(&mut w, 4096, &d));
         assert_eq!(w.buf.len(), 32);
-        assert!(!dirent(&mut w, 40, 1, 1, 4, b"abc"));
+        assert!(!dirent(&mut w, 40, &d));
         let mut w = Writer::default();
-        assert!(direntplus(
-            &mut w,
-            4096,
-            (1, 0, Ttl::ZERO, &Attr::default()),
-            1,
-            4,
-            b"a"
-        ));
+        let e = EntryOut {
+            nodeid: 1,
+            generation: 0,
+            ttl: Ttl::ZERO,
+            attr: &Attr::default(),
+        };
+        assert!(direntplus(&mut w, 4096, &e, &Dirent { name: b"a", ..d }));
         assert_eq!(w.buf.len(), 160);
         assert_eq!(dirent_type(libc::S_IFDIR), 4);
         assert_eq!(dirent_type(libc::S_IFREG | 0o644), 8);

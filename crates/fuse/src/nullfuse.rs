@@ -350,7 +350,7 @@ pub fn mount(
     config: &MountConfig,
     guard: Arc<crate::RequestGuard>,
     stats: Arc<crate::RequestStats>,
-) -> std::io::Result<fuser::BackgroundSession> {
+) -> std::io::Result<crate::Session> {
     let config = MountConfig {
         fs_name: "nullfuse".into(),
         ..config.clone()

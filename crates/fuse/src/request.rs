@@ -188,10 +188,9 @@ pub struct Request<'a> {
 }
 
 impl<'a> Request<'a> {
-    /// Parses a request read from the device (or assembled from an io_uring
-    /// entry: the header, the opcode's argument struct and the payload in
-    /// one buffer). Extensions after the arguments (`total_extlen`) are
-    /// cut off first.
+    /// Parses a request read from `/dev/fuse`: the header, then the
+    /// opcode's argument struct, then its names and data. Extensions after
+    /// them (`total_extlen`) are cut off first.
     pub fn parse(buf: &'a [u8]) -> Result<Request<'a>, Truncated> {
         let mut r = Reader::new(buf);
         let header = InHeader::parse(&mut r)?;
@@ -199,8 +198,76 @@ impl<'a> Request<'a> {
             .min(buf.len())
             .saturating_sub(header.total_extlen as usize * 8);
         let body = buf.get(IN_HEADER_BYTES..len).ok_or(Truncated)?;
-        let op = parse_op(header.opcode, body)?;
+        let split = match header.opcode {
+            // INIT grew over the versions: all of it is the argument.
+            opcode::INIT => body.len(),
+            op => arg_size(op),
+        };
+        let args = body.get(..split).ok_or(Truncated)?;
+        let payload = body.get(split..).ok_or(Truncated)?;
+        let op = parse_op(header.opcode, args, payload)?;
         Ok(Request { header, op })
+    }
+
+    /// Parses a request delivered through an io_uring entry: the header,
+    /// the argument struct (the first [`arg_size`] bytes of the entry's
+    /// `op_in`), and the payload (names, data; extensions last).
+    pub fn parse_parts(
+        header: &'a [u8],
+        op_in: &'a [u8],
+        payload: &'a [u8],
+    ) -> Result<Request<'a>, Truncated> {
+        let header = InHeader::parse(&mut Reader::new(header))?;
+        let ext = header.total_extlen as usize * 8;
+        let payload = payload
+            .get(..payload.len().saturating_sub(ext))
+            .ok_or(Truncated)?;
+        let args = op_in.get(..arg_size(header.opcode)).ok_or(Truncated)?;
+        let op = parse_op(header.opcode, args, payload)?;
+        Ok(Request { header, op })
+    }
+}
+
+/// The size of an opcode's fixed argument struct (`fuse_*_in`), which
+/// precedes its names and data; 0 for opcodes that have none (and for
+/// opcodes this front end does not know). SETXATTR is the extended layout
+/// that `SETXATTR_EXT` asks for.
+pub fn arg_size(op: u32) -> usize {
+    match op {
+        opcode::FORGET
+        | opcode::MKDIR
+        | opcode::RENAME
+        | opcode::LINK
+        | opcode::OPEN
+        | opcode::OPENDIR
+        | opcode::GETXATTR
+        | opcode::LISTXATTR
+        | opcode::ACCESS
+        | opcode::INTERRUPT
+        | opcode::BATCH_FORGET
+        | opcode::SYNCFS => 8,
+        opcode::GETATTR
+        | opcode::MKNOD
+        | opcode::FSYNC
+        | opcode::FSYNCDIR
+        | opcode::SETXATTR
+        | opcode::CREATE
+        | opcode::TMPFILE
+        | opcode::BMAP
+        | opcode::RENAME2 => 16,
+        opcode::RELEASE
+        | opcode::RELEASEDIR
+        | opcode::FLUSH
+        | opcode::POLL
+        | opcode::LSEEK
+        | opcode::STATX => 24,
+        opcode::FALLOCATE | opcode::IOCTL => 32,
+        opcode::READ | opcode::WRITE | opcode::READDIR | opcode::READDIRPLUS => 40,
+        opcode::GETLK | opcode::SETLK | opcode::SETLKW => 48,
+        opcode::COPY_FILE_RANGE => 56,
+        opcode::INIT => 64,
+        opcode::SETATTR => 88,
+        _ => 0,
     }
 }
 
@@ -208,9 +275,11 @@ fn timespec(r: &mut Reader<'_>) -> Result<i64, Truncated> {
     r.u64().map(|v| v as i64)
 }
 
-fn parse_op(opcode: u32, body: &[u8]) -> Result<Op<'_>, Truncated> {
-    let mut r = Reader::new(body);
-    let r = &mut r;
+/// Builds the operation from its argument struct (`a`) and its names and
+/// data (`p`).
+fn parse_op<'a>(opcode: u32, args: &'a [u8], payload: &'a [u8]) -> Result<Op<'a>, Truncated> {
+    let (mut a, mut p) = (Reader::new(args), Reader::new(payload));
+    let (r, p) = (&mut a, &mut p);
     Ok(match opcode {
         opcode::INIT => {
             let (major, minor, max_readahead, flags) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
@@ -225,14 +294,13 @@ fn parse_op(opcode: u32, body: &[u8]) -> Result<Op<'_>, Truncated> {
             })
         }
         opcode::DESTROY => Op::Destroy,
-        opcode::LOOKUP => Op::Lookup { name: r.name()? },
+        opcode::LOOKUP => Op::Lookup { name: p.name()? },
         opcode::FORGET => Op::Forget { nlookup: r.u64()? },
         opcode::BATCH_FORGET => {
             let count = r.u32()?;
-            r.skip(4)?;
-            let mut forgets = Vec::with_capacity((count as usize).min(body.len() / 16));
+            let mut forgets = Vec::with_capacity((count as usize).min(payload.len() / 16));
             for _ in 0..count {
-                forgets.push((r.u64()?, r.u64()?));
+                forgets.push((p.u64()?, p.u64()?));
             }
             Op::BatchForget { forgets }
         }
@@ -269,46 +337,42 @@ fn parse_op(opcode: u32, body: &[u8]) -> Result<Op<'_>, Truncated> {
         }
         opcode::READLINK => Op::Readlink,
         opcode::SYMLINK => Op::Symlink {
-            name: r.name()?,
-            target: r.name()?,
+            name: p.name()?,
+            target: p.name()?,
         },
         opcode::MKNOD => {
             let (mode, rdev, umask) = (r.u32()?, r.u32()?, r.u32()?);
-            r.skip(4)?;
             Op::Mknod {
                 mode,
                 rdev,
                 umask,
-                name: r.name()?,
+                name: p.name()?,
             }
         }
         opcode::MKDIR => Op::Mkdir {
             mode: r.u32()?,
             umask: r.u32()?,
-            name: r.name()?,
+            name: p.name()?,
         },
-        opcode::UNLINK => Op::Unlink { name: r.name()? },
-        opcode::RMDIR => Op::Rmdir { name: r.name()? },
-        opcode::RENAME => Op::Rename {
-            newdir: r.u64()?,
-            flags: 0,
-            name: r.name()?,
-            newname: r.name()?,
-        },
-        opcode::RENAME2 => {
+        opcode::UNLINK => Op::Unlink { name: p.name()? },
+        opcode::RMDIR => Op::Rmdir { name: p.name()? },
+        opcode::RENAME | opcode::RENAME2 => {
             let newdir = r.u64()?;
-            let flags = r.u32()?;
-            r.skip(4)?;
+            let flags = if opcode == opcode::RENAME2 {
+                r.u32()?
+            } else {
+                0
+            };
             Op::Rename {
                 newdir,
                 flags,
-                name: r.name()?,
-                newname: r.name()?,
+                name: p.name()?,
+                newname: p.name()?,
             }
         }
         opcode::LINK => Op::Link {
             oldnodeid: r.u64()?,
-            name: r.name()?,
+            name: p.name()?,
         },
         opcode::OPEN => Op::Open {
             flags: r.u32()?,
@@ -320,7 +384,7 @@ fn parse_op(opcode: u32, body: &[u8]) -> Result<Op<'_>, Truncated> {
             mode: r.u32()?,
             umask: r.u32()?,
             open_flags: r.u32()?,
-            name: r.name()?,
+            name: p.name()?,
         },
         opcode::READ | opcode::READDIR | opcode::READDIRPLUS => {
             let (fh, offset, size) = (r.u64()?, r.u64()?, r.u32()?);
@@ -336,12 +400,11 @@ fn parse_op(opcode: u32, body: &[u8]) -> Result<Op<'_>, Truncated> {
         }
         opcode::WRITE => {
             let (fh, offset, size, write_flags) = (r.u64()?, r.u64()?, r.u32()?, r.u32()?);
-            r.skip(16)?;
             Op::Write {
                 fh,
                 offset,
                 write_flags,
-                data: r.bytes(size as usize)?,
+                data: p.bytes(size as usize)?,
             }
         }
         opcode::STATFS => Op::Statfs,
@@ -358,27 +421,20 @@ fn parse_op(opcode: u32, body: &[u8]) -> Result<Op<'_>, Truncated> {
             }
         }
         opcode::SETXATTR => {
-            // The extended layout (16 bytes) is what SETXATTR_EXT asks for.
             let (size, flags, setxattr_flags) = (r.u32()?, r.u32()?, r.u32()?);
-            r.skip(4)?;
-            let name = r.name()?;
             Op::Setxattr {
                 flags,
                 setxattr_flags,
-                name,
-                value: r.bytes(size as usize)?,
+                name: p.name()?,
+                value: p.bytes(size as usize)?,
             }
         }
-        opcode::GETXATTR => {
-            let size = r.u32()?;
-            r.skip(4)?;
-            Op::Getxattr {
-                size,
-                name: r.name()?,
-            }
-        }
+        opcode::GETXATTR => Op::Getxattr {
+            size: r.u32()?,
+            name: p.name()?,
+        },
         opcode::LISTXATTR => Op::Listxattr { size: r.u32()? },
-        opcode::REMOVEXATTR => Op::Removexattr { name: r.name()? },
+        opcode::REMOVEXATTR => Op::Removexattr { name: p.name()? },
         opcode::ACCESS => Op::Access { mask: r.u32()? },
         opcode::INTERRUPT => Op::Interrupt { unique: r.u64()? },
         opcode::FALLOCATE => Op::Fallocate {

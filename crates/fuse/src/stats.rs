@@ -5,6 +5,7 @@
 //! into requests per operation for each workload.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use crate::abi::opcode;
@@ -20,6 +21,11 @@ struct OpcodeCounter {
 pub struct RequestStats {
     /// Indexed by opcode; the last slot takes opcodes past the known ones.
     per_opcode: Vec<OpcodeCounter>,
+    /// Requests that came through each transport.
+    via_device: AtomicU64,
+    via_uring: AtomicU64,
+    /// The transport the mount settled on (set once it is serving).
+    transport: OnceLock<String>,
 }
 
 impl Default for RequestStats {
@@ -28,8 +34,18 @@ impl Default for RequestStats {
             per_opcode: (0..=opcode::COUNT)
                 .map(|_| OpcodeCounter::default())
                 .collect(),
+            via_device: AtomicU64::new(0),
+            via_uring: AtomicU64::new(0),
+            transport: OnceLock::new(),
         }
     }
+}
+
+/// Which transport carried a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    Device,
+    Uring,
 }
 
 /// One opcode's figures in a snapshot.
@@ -46,7 +62,12 @@ impl RequestStats {
     }
 
     /// Counts one request of `op` that took `started.elapsed()`.
-    pub fn record(&self, op: u32, started: Instant) {
+    pub fn record(&self, op: u32, via: Via, started: Instant) {
+        match via {
+            Via::Device => &self.via_device,
+            Via::Uring => &self.via_uring,
+        }
+        .fetch_add(1, Ordering::Relaxed);
         if let Some(c) = self.counter(op) {
             let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
             c.count.fetch_add(1, Ordering::Relaxed);
@@ -72,7 +93,21 @@ impl RequestStats {
             .collect()
     }
 
-    /// `{"lookup": {"count": n, "nanos": t}, ...}`, plus `"total"`.
+    /// Names the transport the mount serves with.
+    pub fn set_transport(&self, transport: String) {
+        let _ = self.transport.set(transport);
+    }
+
+    /// Requests that came through `/dev/fuse` and through io_uring.
+    pub fn by_transport(&self) -> (u64, u64) {
+        (
+            self.via_device.load(Ordering::Relaxed),
+            self.via_uring.load(Ordering::Relaxed),
+        )
+    }
+
+    /// `{"lookup": {"count": n, "nanos": t}, ...}`, plus `"total"`, and
+    /// the transport: `"transport": {"name": ..., "devfuse": n, "uring": n}`.
     pub fn to_json(&self) -> String {
         let snapshot = self.snapshot();
         let total = snapshot
@@ -91,7 +126,11 @@ impl RequestStats {
                 f.count, f.nanos
             ));
         }
-        out.push('}');
+        let (device, uring) = self.by_transport();
+        let name = self.transport.get().map(String::as_str).unwrap_or("");
+        out.push_str(&format!(
+            ",\"transport\":{{\"name\":\"{name}\",\"devfuse\":{device},\"uring\":{uring}}}}}"
+        ));
         out
     }
 }
@@ -104,10 +143,11 @@ mod tests {
     fn counts_by_opcode_with_a_total() {
         let stats = RequestStats::default();
         let t = Instant::now();
-        stats.record(opcode::LOOKUP, t);
-        stats.record(opcode::LOOKUP, t);
-        stats.record(opcode::CREATE, t);
-        stats.record(9999, t);
+        stats.record(opcode::LOOKUP, Via::Device, t);
+        stats.record(opcode::LOOKUP, Via::Uring, t);
+        stats.record(opcode::CREATE, Via::Uring, t);
+        stats.record(9999, Via::Uring, t);
+        assert_eq!(stats.by_transport(), (1, 3));
         let snap = stats.snapshot();
         let count = |n: &str| snap.iter().find(|(k, _)| *k == n).map(|(_, f)| f.count);
         assert_eq!(count("lookup"), Some(2));

@@ -1,0 +1,475 @@
+//! From a parsed request to its reply: INIT negotiation, and every other
+//! opcode mapped onto one call of [`Operations`] through the
+//! [`RequestGuard`], counted in [`RequestStats`]. Both transports
+//! (`/dev/fuse` and io_uring) hand requests here and send back what it
+//! returns.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use betreefs_fs::record::{Attr, Timespec};
+use betreefs_fs::{Caller, Errno, FsResult, Operations, RenameFlags, SetAttr, SetTime};
+
+use crate::abi::{self, fattr, fopen, init, opcode, Reader, Ttl, Writer};
+use crate::request::{InitIn, Op, Request, SetattrIn};
+use crate::stats::Via;
+use crate::{MountConfig, RequestGuard, RequestStats, MAX_REQUEST, TTL};
+
+/// What to send back for one request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// Nothing (FORGET, BATCH_FORGET).
+    None,
+    /// An error number (positive, as errno).
+    Error(i32),
+    /// Success with this body (possibly empty).
+    Ok(Vec<u8>),
+}
+
+impl Reply {
+    fn from_result(result: FsResult<Vec<u8>>) -> Reply {
+        match result {
+            Ok(body) => Reply::Ok(body),
+            Err(e) => Reply::Error(e.0),
+        }
+    }
+
+    /// The `fuse_out_header` for this reply to request `unique`.
+    pub fn header(&self, unique: u64) -> [u8; abi::OUT_HEADER_BYTES] {
+        let (error, len) = match self {
+            Reply::None => (0, 0),
+            Reply::Error(e) => (-e, 0),
+            Reply::Ok(body) => (0, body.len()),
+        };
+        let mut w = Writer::default();
+        abi::out_header(&mut w, (abi::OUT_HEADER_BYTES + len) as u32, error, unique);
+        let mut out = [0u8; abi::OUT_HEADER_BYTES];
+        out.copy_from_slice(&w.buf);
+        out
+    }
+
+    /// The body after the header.
+    pub fn body(&self) -> &[u8] {
+        match self {
+            Reply::Ok(body) => body,
+            _ => &[],
+        }
+    }
+}
+
+/// What INIT settled with the kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct Negotiated {
+    pub minor: u32,
+    /// The flags granted (ours, limited to what the kernel offered).
+    pub flags: u64,
+    pub max_write: u32,
+}
+
+impl Negotiated {
+    pub fn has(&self, flag: u64) -> bool {
+        self.flags & flag != 0
+    }
+}
+
+/// Serves requests for one mount.
+pub struct Dispatcher<F> {
+    fs: Arc<F>,
+    config: MountConfig,
+    guard: Arc<RequestGuard>,
+    stats: Arc<RequestStats>,
+    negotiated: OnceLock<Negotiated>,
+    /// Set once the kernel said DESTROY (or the connection ended).
+    destroyed: AtomicBool,
+}
+
+/// The flags this front end asks for (module documentation of the crate
+/// says why each).
+fn wanted_flags(config: &MountConfig) -> u64 {
+    let mut flags = init::ASYNC_READ
+        | init::BIG_WRITES
+        | init::DO_READDIRPLUS
+        | init::READDIRPLUS_AUTO
+        | init::PARALLEL_DIROPS
+        | init::ATOMIC_O_TRUNC
+        | init::CACHE_SYMLINKS
+        | init::ASYNC_DIO
+        | init::MAX_PAGES
+        | init::INIT_EXT
+        | init::SETXATTR_EXT;
+    if config.writeback_cache {
+        flags |= init::WRITEBACK_CACHE;
+    }
+    flags
+}
+
+impl<F: Operations> Dispatcher<F> {
+    pub fn new(
+        fs: Arc<F>,
+        config: MountConfig,
+        guard: Arc<RequestGuard>,
+        stats: Arc<RequestStats>,
+    ) -> Self {
+        Dispatcher {
+            fs,
+            config,
+            guard,
+            stats,
+            negotiated: OnceLock::new(),
+            destroyed: AtomicBool::new(false),
+        }
+    }
+
+    /// The mount's counters.
+    pub fn stats(&self) -> &RequestStats {
+        &self.stats
+    }
+
+    /// What INIT settled, once it has been answered.
+    pub fn negotiated(&self) -> Option<Negotiated> {
+        self.negotiated.get().copied()
+    }
+
+    pub fn destroyed(&self) -> bool {
+        self.destroyed.load(Ordering::Relaxed)
+    }
+
+    /// Answers INIT; `Err` with a message when the kernel's protocol is
+    /// too old. A kernel with a newer major version gets ours and sends
+    /// INIT again.
+    /// `uring`: the io_uring queues are ready, so `OVER_IO_URING` may be
+    /// granted.
+    pub fn init(&self, init_in: &InitIn, uring: bool) -> Result<Reply, String> {
+        let mut w = Writer::default();
+        if init_in.major > abi::KERNEL_VERSION {
+            w.u32(abi::KERNEL_VERSION).u32(abi::KERNEL_MINOR_VERSION);
+            w.bytes(&[0; 56]);
+            return Ok(Reply::Ok(w.buf));
+        }
+        if init_in.major < abi::KERNEL_VERSION || init_in.minor < abi::MIN_MINOR_VERSION {
+            return Err(format!(
+                "the kernel speaks FUSE {}.{}; betreefs needs {}.{} or newer",
+                init_in.major,
+                init_in.minor,
+                abi::KERNEL_VERSION,
+                abi::MIN_MINOR_VERSION
+            ));
+        }
+        let mut wanted = wanted_flags(&self.config);
+        if uring {
+            wanted |= init::OVER_IO_URING;
+        }
+        let flags = wanted & init_in.flags;
+        let negotiated = Negotiated {
+            minor: init_in.minor.min(abi::KERNEL_MINOR_VERSION),
+            flags,
+            max_write: MAX_REQUEST,
+        };
+        if negotiated.has(init::WRITEBACK_CACHE) {
+            self.fs.set_kernel_places_appends(true);
+        } else if self.config.writeback_cache {
+            tracing::warn!("the kernel does not offer the FUSE writeback cache");
+        }
+        let _ = self.negotiated.set(negotiated);
+        let max_pages = (MAX_REQUEST as usize / page_size()) as u16;
+        w.u32(abi::KERNEL_VERSION)
+            .u32(negotiated.minor)
+            .u32(init_in.max_readahead.min(MAX_REQUEST))
+            .u32(flags as u32)
+            .u16(MAX_BACKGROUND)
+            .u16(MAX_BACKGROUND * 3 / 4)
+            .u32(negotiated.max_write)
+            // time_gran: timestamps are kept to the nanosecond.
+            .u32(1)
+            .u16(max_pages)
+            .u16(0)
+            .u32((flags >> 32) as u32)
+            .u32(0)
+            .u16(0);
+        w.bytes(&[0; 22]);
+        Ok(Reply::Ok(w.buf))
+    }
+
+    /// Serves one request (INIT aside) and says what to reply.
+    pub fn dispatch(&self, req: &Request<'_>, via: Via) -> Reply {
+        let started = Instant::now();
+        let h = &req.header;
+        let reply = match &req.op {
+            Op::Forget { nlookup } => {
+                self.guarded(h.nodeid, "forget", |fs| {
+                    fs.forget(h.nodeid, *nlookup);
+                    Ok(())
+                })
+                .ok();
+                Reply::None
+            }
+            Op::BatchForget { forgets } => {
+                for &(ino, nlookup) in forgets {
+                    self.guarded(ino, "forget", |fs| {
+                        fs.forget(ino, nlookup);
+                        Ok(())
+                    })
+                    .ok();
+                }
+                Reply::None
+            }
+            Op::Interrupt { .. } => {
+                // Requests are short and not interruptible; ENOSYS tells
+                // the kernel to stop sending interrupts.
+                Reply::Error(libc::ENOSYS)
+            }
+            Op::Destroy => {
+                self.destroyed.store(true, Ordering::Relaxed);
+                Reply::Ok(Vec::new())
+            }
+            op => Reply::from_result(
+                self.guarded(h.nodeid, opcode::name(h.opcode), |fs| self.serve(fs, h, op)),
+            ),
+        };
+        self.stats.record(h.opcode, via, started);
+        reply
+    }
+
+    /// Runs `body` through the panic guard (see [`crate::guard`]).
+    fn guarded<T>(
+        &self,
+        ino: u64,
+        what: &str,
+        body: impl FnOnce(&F) -> FsResult<T>,
+    ) -> FsResult<T> {
+        self.guard
+            .run(|| format!("{what} (inode {ino})"), || body(&self.fs))
+    }
+
+    fn serve(&self, fs: &F, h: &abi::InHeader, op: &Op<'_>) -> FsResult<Vec<u8>> {
+        let ino = h.nodeid;
+        let caller = Caller {
+            uid: h.uid,
+            gid: h.gid,
+        };
+        let mut w = Writer::default();
+        match *op {
+            Op::Lookup { name } => {
+                crate::guard::injected_panic(name);
+                match fs.lookup(ino, name) {
+                    Ok(a) => entry(&mut w, &a),
+                    // A negative entry: the kernel caches the absence for
+                    // the TTL, so a create right after needs no lookup.
+                    Err(Errno::ENOENT) => {
+                        abi::entry_out(&mut w, 0, 0, ttl(), &abi::Attr::default());
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Op::Getattr { .. } => abi::attr_out(&mut w, ttl(), &kernel_attr(&fs.getattr(ino)?)),
+            Op::Setattr(ref s) => {
+                let a = fs.setattr(ino, &set_attr(s))?;
+                abi::attr_out(&mut w, ttl(), &kernel_attr(&a));
+            }
+            Op::Readlink => return fs.readlink(ino),
+            Op::Symlink { name, target } => entry(&mut w, &fs.symlink(ino, name, target, caller)?),
+            Op::Mknod {
+                mode, rdev, name, ..
+            } => entry(&mut w, &fs.mknod(ino, name, mode, rdev, caller)?),
+            Op::Mkdir { mode, name, .. } => entry(&mut w, &fs.mkdir(ino, name, mode, caller)?),
+            Op::Unlink { name } => fs.unlink(ino, name)?,
+            Op::Rmdir { name } => fs.rmdir(ino, name)?,
+            Op::Rename {
+                newdir,
+                flags,
+                name,
+                newname,
+            } => {
+                let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE;
+                if flags & !known != 0 {
+                    return Err(Errno::EINVAL);
+                }
+                let flags = RenameFlags {
+                    noreplace: flags & libc::RENAME_NOREPLACE != 0,
+                    exchange: flags & libc::RENAME_EXCHANGE != 0,
+                };
+                fs.rename(ino, name, newdir, newname, flags)?
+            }
+            Op::Link { oldnodeid, name } => entry(&mut w, &fs.link(oldnodeid, ino, name)?),
+            Op::Open { flags, .. } => {
+                let fh = fs.open(ino, flags as i32)?;
+                abi::open_out(&mut w, fh, fopen::KEEP_CACHE);
+            }
+            Op::Create {
+                flags, mode, name, ..
+            } => {
+                let (a, fh) = fs.create(ino, name, mode, flags as i32, caller)?;
+                entry(&mut w, &a);
+                abi::open_out(&mut w, fh, fopen::KEEP_CACHE);
+            }
+            Op::Read { offset, size, .. } => return fs.read(ino, offset, size),
+            Op::Write {
+                fh, offset, data, ..
+            } => {
+                let n = fs.write(ino, fh, offset, data)?;
+                w.u32(n).u32(0);
+            }
+            Op::Statfs => {
+                let s = fs.statfs();
+                abi::Kstatfs {
+                    blocks: s.blocks,
+                    bfree: s.blocks_free,
+                    bavail: s.blocks_free,
+                    files: s.files,
+                    ffree: s.files_free,
+                    bsize: s.block_size as u32,
+                    namelen: s.name_max as u32,
+                    frsize: s.block_size as u32,
+                }
+                .write(&mut w);
+            }
+            Op::Release { fh } => fs.release(fh)?,
+            Op::Flush { .. } => {}
+            Op::Fsync { .. } | Op::Fsyncdir { .. } | Op::Syncfs => fs.fsync()?,
+            Op::Setxattr {
+                flags, name, value, ..
+            } => fs.setxattr(ino, name, value, flags as i32)?,
+            Op::Getxattr { size, name } => return xattr_reply(size, fs.getxattr(ino, name)?),
+            Op::Listxattr { size } => return xattr_reply(size, fs.listxattr(ino)?),
+            Op::Removexattr { name } => fs.removexattr(ino, name)?,
+            Op::Opendir { .. } => abi::open_out(&mut w, fs.opendir(ino)?, 0),
+            Op::Readdir {
+                fh,
+                offset,
+                size,
+                plus,
+            } => {
+                let max = size as usize;
+                fs.readdir(ino, fh, offset, plus, &mut |e| {
+                    let d = abi::Dirent {
+                        ino: e.ino,
+                        off: e.offset,
+                        kind: abi::dirent_type(e.file_type),
+                        name: e.name,
+                    };
+                    let fits = if plus {
+                        // "." and ".." come without attributes, as node
+                        // id 0: the kernel takes no reference for them.
+                        let attr = e.attr.map(kernel_attr).unwrap_or_default();
+                        let entry = abi::EntryOut {
+                            nodeid: if e.attr.is_some() { e.ino } else { 0 },
+                            generation: 0,
+                            ttl: if e.attr.is_some() { ttl() } else { Ttl::ZERO },
+                            attr: &attr,
+                        };
+                        abi::direntplus(&mut w, max, &entry, &d)
+                    } else {
+                        abi::dirent(&mut w, max, &d)
+                    };
+                    !fits
+                })?;
+            }
+            Op::Releasedir { fh } => fs.releasedir(fh),
+            Op::Fallocate {
+                offset,
+                length,
+                mode,
+                ..
+            } => fs.fallocate(ino, offset, length, mode as i32)?,
+            Op::Init(_)
+            | Op::Destroy
+            | Op::Forget { .. }
+            | Op::BatchForget { .. }
+            | Op::Interrupt { .. }
+            | Op::Access { .. }
+            | Op::Lseek { .. }
+            | Op::CopyFileRange { .. }
+            | Op::Statx { .. }
+            | Op::Unsupported(_) => return Err(Errno(libc::ENOSYS)),
+        }
+        Ok(w.buf)
+    }
+}
+
+/// Background requests the kernel may have outstanding (readahead,
+/// asynchronous direct IO); congestion starts at three quarters of it.
+const MAX_BACKGROUND: u16 = 64;
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+}
+
+fn ttl() -> Ttl {
+    Ttl {
+        secs: TTL.as_secs(),
+        nanos: TTL.subsec_nanos(),
+    }
+}
+
+fn entry(w: &mut Writer, a: &Attr) {
+    abi::entry_out(w, a.ino, 0, ttl(), &kernel_attr(a));
+}
+
+/// The kernel's view of an inode's attributes.
+pub fn kernel_attr(a: &Attr) -> abi::Attr {
+    abi::Attr {
+        ino: a.ino,
+        size: a.size,
+        blocks: a.blocks(),
+        atime: (a.atime.sec, a.atime.nsec),
+        mtime: (a.mtime.sec, a.mtime.nsec),
+        ctime: (a.ctime.sec, a.ctime.nsec),
+        mode: a.mode,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: betreefs_fs::fs::BLOCK_SIZE as u32,
+    }
+}
+
+/// A SETATTR request as the file system's [`SetAttr`].
+fn set_attr(s: &SetattrIn) -> SetAttr {
+    let has = |bit: u32| s.valid & bit != 0;
+    let time = |set: u32, now: u32, (sec, nsec): (i64, u32)| {
+        if has(now) {
+            Some(SetTime::Now)
+        } else if has(set) {
+            Some(SetTime::At(Timespec { sec, nsec }))
+        } else {
+            None
+        }
+    };
+    SetAttr {
+        mode: has(fattr::MODE).then_some(s.mode),
+        uid: has(fattr::UID).then_some(s.uid),
+        gid: has(fattr::GID).then_some(s.gid),
+        size: has(fattr::SIZE).then_some(s.size),
+        atime: time(fattr::ATIME, fattr::ATIME_NOW, s.atime),
+        mtime: time(fattr::MTIME, fattr::MTIME_NOW, s.mtime),
+        ctime: has(fattr::CTIME).then_some(Timespec {
+            sec: s.ctime.0,
+            nsec: s.ctime.1,
+        }),
+        through_open_file: has(fattr::FH),
+    }
+}
+
+/// getxattr/listxattr: the size when asked for it (`fuse_getxattr_out`),
+/// else the bytes, or ERANGE when they do not fit.
+fn xattr_reply(size: u32, value: Vec<u8>) -> FsResult<Vec<u8>> {
+    if size == 0 {
+        let mut w = Writer::default();
+        w.u32(value.len() as u32).u32(0);
+        Ok(w.buf)
+    } else if value.len() > size as usize {
+        Err(Errno(libc::ERANGE))
+    } else {
+        Ok(value)
+    }
+}
+
+/// Reads the `unique` of a reply header (for tests and transports).
+pub fn reply_unique(header: &[u8]) -> Option<u64> {
+    let mut r = Reader::new(header);
+    r.skip(8).ok()?;
+    r.u64().ok()
+}
