@@ -1,0 +1,492 @@
+//! POSIX operations over the engine: every metadata change and data write
+//! is a batch of messages (BetrFS 0.4 §3, docs/design.md).
+//!
+//! Inode numbers are stored in the records and stay the same across rename
+//! and remount. The kernel names files by inode number, so the file system
+//! keeps a table of the inodes the kernel holds (from lookup until forget),
+//! each with its parent and name: a path is found by walking up, so a
+//! directory rename changes one table entry, never its descendants'.
+//!
+//! How operations map to messages:
+//! - create, mkdir, mknod, symlink: one put of the record, a put of the
+//!   parent's record (times, link count) and an upsert of the inode count;
+//!   no query when an earlier lookup already found the name absent;
+//! - write: a put per whole block, an upsert (`MERGE_PATCH`) per partial
+//!   block — never a read — and a put of the file's record;
+//! - truncate: a range delete of the blocks past the end, an upsert
+//!   (`MERGE_TRUNCATE`) of the last partial block;
+//! - unlink: a delete and a range delete of the file's data and xattrs;
+//!   rmdir: a delete and range deletes over the directory's whole subtree;
+//! - rename: range renames of the file's or directory's ranges in both
+//!   key spaces (copied inside the engine for now; tree surgery is later);
+//! - hard link: the file moves to its inode key (one range rename), each
+//!   name then holds a small link record (the 0.2 "zone" idea, used only
+//!   for files with several names).
+//!
+//! Where things are: [`state`] holds the inode table; [`names`] finds,
+//! makes, removes, links and renames entries; [`attrs`] is setattr and
+//! access times; [`data`] open files, reads and writes; [`listing`]
+//! readdir; [`xattr`] extended attributes. This module has the types the
+//! front end sees and the [`Operations`] implementation, which calls into
+//! the others.
+
+mod attrs;
+mod data;
+mod listing;
+mod names;
+mod state;
+mod xattr;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, MutexGuard};
+
+use betreefs_engine::{KeySpace, Store, WriteBatch};
+
+use crate::error::{Errno, FsResult};
+use crate::ops::Operations;
+use crate::plan::{count_update, inode_record, purge_file};
+use crate::record::{Attr, FsInfo, Record, Timespec, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
+use crate::schema::{self, NameError};
+use state::{Home, Node, State};
+
+pub type Ino = u64;
+pub const ROOT_INO: Ino = 1;
+/// File data is stored in blocks of this size, one key each.
+pub const BLOCK_SIZE: u64 = 4096;
+/// Longest extended attribute value (as Linux's XATTR_SIZE_MAX).
+pub const XATTR_SIZE_MAX: usize = 65536;
+/// Longest symlink target.
+pub const SYMLINK_MAX: usize = schema::PATH_MAX - 1;
+/// Largest file (the block number must fit a u64 key; keep well inside).
+pub const FILE_SIZE_MAX: u64 = 1 << 50;
+/// Longest entry key a path may have: room is left for the data or
+/// xattr suffix within the engine's key limit.
+const ENTRY_KEY_MAX: usize = betreefs_engine::MAX_KEY_BYTES - 300;
+/// Inode numbers are reserved in the identity record this many at a time.
+pub(crate) const INO_BATCH: u64 = 4096;
+/// Data blocks per write batch: bounds a log record (small images have a
+/// 1 MiB log).
+const BLOCKS_PER_BATCH: usize = 64;
+/// Names remembered as absent (cleared when full).
+const NEGATIVE_CACHE_MAX: usize = 1 << 16;
+/// A relatime update happens at least this often.
+const RELATIME_SECS: i64 = 24 * 3600;
+
+/// When reads update access times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtimePolicy {
+    /// Only when atime is older than mtime or ctime, or a day old (default).
+    Relatime,
+    /// Never.
+    Noatime,
+    /// On every read.
+    Strictatime,
+}
+
+/// Who is asking (for ownership of new files).
+#[derive(Clone, Copy, Debug)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// A time to set: now, or a given one.
+#[derive(Clone, Copy, Debug)]
+pub enum SetTime {
+    Now,
+    At(Timespec),
+}
+
+/// A setattr request; `None` leaves a field alone.
+#[derive(Clone, Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+    pub ctime: Option<Timespec>,
+    /// The request comes through an open file (ftruncate, open with
+    /// O_TRUNC): a truncation marks the times even when the size stays.
+    pub through_open_file: bool,
+}
+
+/// rename(2) flags.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RenameFlags {
+    pub noreplace: bool,
+    pub exchange: bool,
+}
+
+/// One directory entry handed to a readdir callback.
+pub struct DirEntry<'a> {
+    pub ino: Ino,
+    /// The offset to continue after this entry.
+    pub offset: u64,
+    /// `st_mode & S_IFMT`.
+    pub file_type: u32,
+    pub name: &'a [u8],
+    /// Attributes (readdirplus only; `None` for "." and "..").
+    pub attr: Option<&'a Attr>,
+}
+
+/// File-system figures for statfs.
+#[derive(Clone, Copy, Debug)]
+pub struct FsStats {
+    pub block_size: u64,
+    pub blocks: u64,
+    pub blocks_free: u64,
+    pub files: u64,
+    pub files_free: u64,
+    /// Inodes in use (files, directories, symlinks, special files).
+    pub inodes: u64,
+    pub name_max: u64,
+}
+/// A mounted betreefs: the engine plus the inode table.
+pub struct FileSystem {
+    store: Store,
+    state: Mutex<State>,
+    atime: AtimePolicy,
+    /// The kernel caches writes and places O_APPEND writes itself (FUSE
+    /// writeback cache): offsets of writes are then final.
+    kernel_places_appends: std::sync::atomic::AtomicBool,
+}
+
+fn name_check(name: &[u8]) -> FsResult<()> {
+    match schema::check_name(name) {
+        Ok(()) => Ok(()),
+        Err(NameError::TooLong(_)) => Err(Errno::ENAMETOOLONG),
+        Err(NameError::Empty) => Err(Errno::ENOENT),
+        Err(NameError::Invalid) => Err(Errno::EINVAL),
+    }
+}
+
+fn decode(value: &[u8]) -> FsResult<Record> {
+    Record::decode(value).map_err(|e| {
+        tracing::error!("corrupt record: {}", e.0);
+        Errno::EIO
+    })
+}
+
+impl FileSystem {
+    /// Writes a new, empty file system into a freshly created store.
+    pub fn format(store: &Store, caller: Caller) -> FsResult<()> {
+        let now = Timespec::now();
+        let info = FsInfo {
+            ino_reserved: ROOT_INO + 1 + INO_BATCH,
+            created: now.sec,
+        };
+        let root = Attr::new(ROOT_INO, S_IFDIR | 0o755, caller.uid, caller.gid, now);
+        let mut batch = WriteBatch::new();
+        batch
+            .put(KeySpace::Meta, schema::INFO_KEY, &info.encode())
+            .put(KeySpace::Meta, schema::ROOT_KEY, &inode_record(&root, &[]))
+            .put(KeySpace::Meta, schema::COUNTS_KEY, &1u64.to_le_bytes());
+        store.write(&batch)?;
+        store.sync()?;
+        Ok(())
+    }
+
+    /// Opens the file system in `store`: checks its identity, and removes
+    /// files a crash left unlinked but open.
+    pub fn mount(store: Store, atime: AtimePolicy) -> Result<FileSystem, String> {
+        let info = match store.get(KeySpace::Meta, schema::INFO_KEY) {
+            Ok(Some(v)) => FsInfo::decode(&v).map_err(|e| e.0)?,
+            Ok(None) => return Err("not a betreefs file system (no identity record)".into()),
+            Err(e) => return Err(format!("reading the identity record: {e}")),
+        };
+        let root = match store.get(KeySpace::Meta, schema::ROOT_KEY) {
+            Ok(Some(v)) => match Record::decode(&v) {
+                Ok(Record::Inode { attr, .. }) if attr.is_dir() => attr,
+                _ => return Err("the root directory's record is corrupt".into()),
+            },
+            Ok(None) => return Err("the root directory's record is missing".into()),
+            Err(e) => return Err(format!("reading the root directory: {e}")),
+        };
+        let mut nodes = HashMap::new();
+        nodes.insert(
+            ROOT_INO,
+            Node {
+                parent: ROOT_INO,
+                name: Vec::new(),
+                attr: root,
+                target: Vec::new(),
+                home: Home::Path,
+                lookups: 1,
+                opens: 0,
+                children: 0,
+                dir_version: 0,
+                has_xattrs: None,
+            },
+        );
+        let fs = FileSystem {
+            store,
+            state: Mutex::new(State {
+                nodes,
+                absent: HashSet::new(),
+                handles: HashMap::new(),
+                next_handle: 1,
+                next_ino: info.ino_reserved,
+                ino_reserved: info.ino_reserved,
+                created: info.created,
+            }),
+            atime,
+            kernel_places_appends: std::sync::atomic::AtomicBool::new(false),
+        };
+        // Read-only, orphans stay until a read-write mount removes them.
+        if !fs.store.is_read_only() {
+            fs.purge_orphans()
+                .map_err(|e| format!("removing orphaned files: {e}"))?;
+        }
+        Ok(fs)
+    }
+
+    fn purge_orphans(&self) -> FsResult<()> {
+        let (lo, hi) = schema::orphan_range();
+        let orphans: Vec<Vec<u8>> = self
+            .store
+            .range(KeySpace::Meta, &lo, Some(&hi))
+            .map(|r| r.map(|(k, _)| k))
+            .collect::<Result<_, _>>()?;
+        for key in orphans {
+            let Some(ino) = schema::orphan_ino(&key) else {
+                continue;
+            };
+            let mut batch = WriteBatch::new();
+            purge_file(&mut batch, &schema::inode_key(ino));
+            batch.delete(KeySpace::Meta, &key);
+            count_update(&mut batch, -1);
+            self.store.write(&batch)?;
+            tracing::info!("removed orphaned inode {ino}");
+        }
+        Ok(())
+    }
+
+    /// The engine underneath (stats, checkpoints).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Final checkpoint.
+    pub fn close(self) -> Result<(), betreefs_engine::EngineError> {
+        self.store.close()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Operations for FileSystem {
+    fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+        self.lookup_entry(parent, name)
+    }
+
+    fn forget(&self, ino: Ino, count: u64) {
+        let mut st = self.lock();
+        if let Some(node) = st.nodes.get_mut(&ino) {
+            node.lookups = node.lookups.saturating_sub(count);
+            st.drop_if_unused(ino);
+        }
+    }
+
+    fn getattr(&self, ino: Ino) -> FsResult<Attr> {
+        Ok(self.lock().node(ino)?.attr.clone())
+    }
+
+    fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        caller: Caller,
+    ) -> FsResult<Attr> {
+        let kind = mode & S_IFMT;
+        let mode = if kind == 0 { mode | S_IFREG } else { mode };
+        if mode & S_IFMT == S_IFDIR || mode & S_IFMT == S_IFLNK {
+            return Err(Errno::EINVAL);
+        }
+        self.make_node(&mut self.lock(), parent, name, mode, rdev, &[], caller)
+    }
+
+    fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> FsResult<Attr> {
+        let mode = S_IFDIR | (mode & 0o7777);
+        self.make_node(&mut self.lock(), parent, name, mode, 0, &[], caller)
+    }
+
+    fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], caller: Caller) -> FsResult<Attr> {
+        if target.is_empty() {
+            return Err(Errno::ENOENT);
+        }
+        if target.len() > SYMLINK_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        self.make_node(
+            &mut self.lock(),
+            parent,
+            name,
+            S_IFLNK | 0o777,
+            0,
+            target,
+            caller,
+        )
+    }
+
+    fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        let st = self.lock();
+        let node = st.node(ino)?;
+        if node.attr.file_type() != S_IFLNK {
+            return Err(Errno::EINVAL);
+        }
+        Ok(node.target.clone())
+    }
+
+    /// create(2) with O_CREAT: makes the file and opens it.
+    fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+    ) -> FsResult<(Attr, u64)> {
+        let mut st = self.lock();
+        let mode = S_IFREG | (mode & 0o7777);
+        let attr = self.make_node(&mut st, parent, name, mode, 0, &[], caller)?;
+        let fh = Self::add_file_handle(&mut st, attr.ino, flags)?;
+        Ok((attr, fh))
+    }
+
+    fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> FsResult<Attr> {
+        self.link_entry(ino, new_parent, new_name)
+    }
+
+    fn unlink(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        let mut st = self.lock();
+        let found = self.find(&st, parent, name)?.ok_or(Errno::ENOENT)?;
+        if found.is_dir() {
+            return Err(Errno::EISDIR);
+        }
+        self.remove_and_commit(&mut st, parent, name, found)
+    }
+
+    fn rmdir(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        let mut st = self.lock();
+        let found = self.find(&st, parent, name)?.ok_or(Errno::ENOENT)?;
+        if !found.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        if !self.dir_is_empty(&schema::child_dir_key(&found.dir, name))? {
+            return Err(Errno::ENOTEMPTY);
+        }
+        self.remove_and_commit(&mut st, parent, name, found)
+    }
+
+    fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> FsResult<()> {
+        self.rename_entry(parent, name, new_parent, new_name, flags)
+    }
+
+    fn setattr(&self, ino: Ino, set: &SetAttr) -> FsResult<Attr> {
+        self.set_attributes(ino, set)
+    }
+
+    fn open(&self, ino: Ino, flags: i32) -> FsResult<u64> {
+        self.open_file(ino, flags)
+    }
+
+    fn release(&self, fh: u64) -> FsResult<()> {
+        self.release_file(fh)
+    }
+
+    fn read(&self, ino: Ino, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        self.read_data(ino, offset, size)
+    }
+
+    fn write(&self, ino: Ino, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+        self.write_data(ino, fh, offset, data)
+    }
+
+    /// Makes everything written so far durable (one log for all files: an
+    /// fsync of one file is an fsync of every earlier operation).
+    fn fsync(&self) -> FsResult<()> {
+        self.store.sync()?;
+        Ok(())
+    }
+
+    fn fallocate(&self, ino: Ino, offset: u64, length: u64, mode: i32) -> FsResult<()> {
+        self.allocate(ino, offset, length, mode)
+    }
+
+    fn opendir(&self, ino: Ino) -> FsResult<u64> {
+        self.open_dir(ino)
+    }
+
+    fn readdir(
+        &self,
+        ino: Ino,
+        fh: u64,
+        offset: u64,
+        plus: bool,
+        add: &mut dyn FnMut(DirEntry<'_>) -> bool,
+    ) -> FsResult<()> {
+        self.list_dir(ino, fh, offset, plus, add)
+    }
+
+    fn releasedir(&self, fh: u64) {
+        self.release_dir(fh)
+    }
+
+    fn statfs(&self) -> FsStats {
+        let s = self.store.stats();
+        let blocks = s.node_region_bytes / BLOCK_SIZE;
+        let used = s.node_region_used_bytes / BLOCK_SIZE;
+        let free = blocks.saturating_sub(used);
+        let files = self
+            .store
+            .get(KeySpace::Meta, schema::COUNTS_KEY)
+            .ok()
+            .flatten()
+            .map_or(0, |v| betreefs_engine::merge::record_slot(&v, 0));
+        FsStats {
+            block_size: BLOCK_SIZE,
+            blocks,
+            blocks_free: free,
+            files: files + free,
+            files_free: free,
+            inodes: files,
+            name_max: schema::NAME_MAX as u64,
+        }
+    }
+
+    fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> FsResult<()> {
+        self.set_xattr(ino, name, value, flags)
+    }
+
+    fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
+        self.get_xattr(ino, name)
+    }
+
+    fn listxattr(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        self.list_xattrs(ino)
+    }
+
+    fn removexattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
+        self.remove_xattr(ino, name)
+    }
+
+    /// Called when the kernel's writeback cache is on: it then computes
+    /// O_APPEND offsets itself, and a write's offset is final.
+    fn set_kernel_places_appends(&self, on: bool) {
+        self.kernel_places_appends
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,559 @@
+//! Names: finding entries, making and removing them, hard links and
+//! rename (range renames of a file's or a directory's key ranges).
+
+use betreefs_engine::{KeySpace, WriteBatch};
+
+use super::state::{Home, State};
+use super::{decode, name_check, Caller, FileSystem, Ino, RenameFlags, ENTRY_KEY_MAX};
+use crate::error::{Errno, FsResult};
+use crate::plan::{
+    count_update, dir_record_key, inode_record, move_file_data, move_subtree, purge_file,
+};
+use crate::record::{Attr, Record, Timespec, S_IFDIR, S_IFMT};
+use crate::schema;
+
+/// What an entry key resolved to.
+pub(super) struct Found {
+    /// The directory key of the parent the entry was found in.
+    pub(super) dir: Vec<u8>,
+    pub(super) key: Vec<u8>,
+    pub(super) record: Record,
+}
+
+impl Found {
+    pub(super) fn ino(&self) -> Ino {
+        self.record.ino()
+    }
+    pub(super) fn is_dir(&self) -> bool {
+        self.record.mode() & S_IFMT == S_IFDIR
+    }
+}
+
+impl FileSystem {
+    /// The entry `name` of directory `parent`, if any.
+    pub(super) fn find(&self, st: &State, parent: Ino, name: &[u8]) -> FsResult<Option<Found>> {
+        name_check(name)?;
+        if st.absent.contains(&(parent, name.to_vec())) {
+            return Ok(None);
+        }
+        self.find_in(st, parent, st.dir_key(parent)?, name)
+    }
+
+    /// [`FileSystem::find`] when the caller already has the parent's key.
+    pub(super) fn find_in(
+        &self,
+        st: &State,
+        parent: Ino,
+        dir: Vec<u8>,
+        name: &[u8],
+    ) -> FsResult<Option<Found>> {
+        name_check(name)?;
+        if st.absent.contains(&(parent, name.to_vec())) {
+            return Ok(None);
+        }
+        let key = schema::entry_key(&dir, name);
+        match self.store.get(KeySpace::Meta, &key)? {
+            None => Ok(None),
+            Some(v) => Ok(Some(Found {
+                dir,
+                key,
+                record: decode(&v)?,
+            })),
+        }
+    }
+
+    /// The attributes behind a record (following a hard link).
+    pub(super) fn resolve(&self, st: &State, record: Record) -> FsResult<(Attr, Vec<u8>, Home)> {
+        match record {
+            Record::Inode { attr, target } => Ok((attr, target, Home::Path)),
+            Record::Link { ino, .. } => {
+                if let Some(n) = st.nodes.get(&ino) {
+                    return Ok((n.attr.clone(), n.target.clone(), Home::Inode));
+                }
+                match self.store.get(KeySpace::Meta, &schema::inode_key(ino))? {
+                    Some(v) => match decode(&v)? {
+                        Record::Inode { attr, target } => Ok((attr, target, Home::Inode)),
+                        Record::Link { .. } => Err(Errno::EIO),
+                    },
+                    None => {
+                        tracing::error!("hard link to missing inode {ino}");
+                        Err(Errno::EIO)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Creates a new inode named `name` in `parent`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn make_node(
+        &self,
+        st: &mut State,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        target: &[u8],
+        caller: Caller,
+    ) -> FsResult<Attr> {
+        let dir = st.dir_key(parent)?;
+        name_check(name)?;
+        let key = schema::entry_key(&dir, name);
+        if key.len() > ENTRY_KEY_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let parent_key = dir_record_key(&dir);
+        if self.find_in(st, parent, dir, name)?.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        let parent_attr = &st.node(parent)?.attr;
+        let is_dir = mode & S_IFMT == S_IFDIR;
+        let mut mode = mode;
+        // BSD group semantics under a setgid directory.
+        let gid = if parent_attr.mode & libc::S_ISGID != 0 {
+            if is_dir {
+                mode |= libc::S_ISGID;
+            }
+            parent_attr.gid
+        } else {
+            caller.gid
+        };
+        let now = Timespec::now();
+        let mut batch = WriteBatch::new();
+        let ino = st.allocate_ino(&mut batch);
+        let attr = Attr {
+            rdev,
+            size: target.len() as u64,
+            ..Attr::new(ino, mode, caller.uid, gid, now)
+        };
+        batch.put(KeySpace::Meta, &key, &inode_record(&attr, target));
+        st.touch_dir(parent, now, if is_dir { 1 } else { 0 })?;
+        st.put_record_at(&mut batch, &parent_key, parent)?;
+        count_update(&mut batch, 1);
+        if let Err(e) = self.store.write(&batch) {
+            st.touch_dir(parent, now, if is_dir { -1 } else { 0 })?;
+            return Err(e.into());
+        }
+        st.forget_absent(parent, name);
+        st.add_lookup(parent, name, attr.clone(), target.to_vec(), Home::Path);
+        if let Some(n) = st.nodes.get_mut(&ino) {
+            n.has_xattrs = Some(false);
+        }
+        Ok(attr)
+    }
+
+    /// Removes what an entry names, for unlink, rmdir and rename over it.
+    /// `delete_entry` is false when the caller overwrites the entry key.
+    /// `sub` is the directory key the entry would have as a directory.
+    pub(super) fn remove_entry(
+        &self,
+        st: &mut State,
+        batch: &mut WriteBatch,
+        found: &Found,
+        sub: &[u8],
+        now: Timespec,
+        delete_entry: bool,
+    ) -> FsResult<()> {
+        let ino = found.ino();
+        if delete_entry {
+            batch.delete(KeySpace::Meta, &found.key);
+        }
+        if found.is_dir() {
+            let (lo, hi) = schema::subtree_range(sub);
+            for ks in KeySpace::ALL {
+                batch.range_delete(ks, &lo, &hi);
+            }
+            let (lo, hi) = schema::file_range(&found.key);
+            batch.range_delete(KeySpace::Data, &lo, &hi);
+            count_update(batch, -1);
+            st.mark_unlinked(ino, Home::Gone, now);
+            return Ok(());
+        }
+        let open = st.nodes.get(&ino).is_some_and(|n| n.opens > 0);
+        let inode_key = schema::inode_key(ino);
+        match &found.record {
+            Record::Inode { attr, target } => {
+                if open {
+                    // Keep the data readable until the last close.
+                    move_file_data(batch, &found.key, &inode_key);
+                    let mut attr = attr.clone();
+                    attr.nlink = 0;
+                    attr.ctime = now;
+                    batch.put(KeySpace::Meta, &inode_key, &inode_record(&attr, target));
+                    batch.put(KeySpace::Meta, &schema::orphan_key(ino), &[]);
+                    st.mark_unlinked(ino, Home::Inode, now);
+                } else {
+                    let (lo, hi) = schema::file_range(&found.key);
+                    batch.range_delete(KeySpace::Data, &lo, &hi);
+                    count_update(batch, -1);
+                    st.mark_unlinked(ino, Home::Gone, now);
+                }
+            }
+            Record::Link { .. } => {
+                let (mut attr, target, _) = self.resolve(st, found.record.clone())?;
+                attr.nlink = attr.nlink.saturating_sub(1);
+                attr.ctime = now;
+                if attr.nlink > 0 {
+                    batch.put(KeySpace::Meta, &inode_key, &inode_record(&attr, &target));
+                } else if open {
+                    batch.put(KeySpace::Meta, &inode_key, &inode_record(&attr, &target));
+                    batch.put(KeySpace::Meta, &schema::orphan_key(ino), &[]);
+                } else {
+                    purge_file(batch, &inode_key);
+                    count_update(batch, -1);
+                }
+                if let Some(n) = st.nodes.get_mut(&ino) {
+                    n.attr = attr.clone();
+                    if attr.nlink == 0 && !open {
+                        n.home = Home::Gone;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn remove_and_commit(
+        &self,
+        st: &mut State,
+        parent: Ino,
+        name: &[u8],
+        found: Found,
+    ) -> FsResult<()> {
+        let now = Timespec::now();
+        let mut batch = WriteBatch::new();
+        let is_dir = found.is_dir();
+        let saved = st.nodes.get(&found.ino()).map(|n| (n.home, n.attr.clone()));
+        let sub = schema::child_dir_key(&found.dir, name);
+        self.remove_entry(st, &mut batch, &found, &sub, now, true)?;
+        st.touch_dir(parent, now, if is_dir { -1 } else { 0 })?;
+        st.put_record_at(&mut batch, &dir_record_key(&found.dir), parent)?;
+        if let Err(e) = self.store.write(&batch) {
+            if let (Some((home, attr)), Some(n)) = (saved, st.nodes.get_mut(&found.ino())) {
+                n.home = home;
+                n.attr = attr;
+            }
+            st.touch_dir(parent, now, if is_dir { 1 } else { 0 })?;
+            return Err(e.into());
+        }
+        st.remember_absent(parent, name);
+        Ok(())
+    }
+
+    pub(super) fn dir_is_empty(&self, dir: &[u8]) -> FsResult<bool> {
+        let (lo, hi) = schema::children_range(dir);
+        match self.store.range(KeySpace::Meta, &lo, Some(&hi)).next() {
+            None => Ok(true),
+            Some(Ok(_)) => Ok(false),
+            Some(Err(e)) => Err(e.into()),
+        }
+    }
+
+    /// The longest metadata key below a directory (for rename's key limit).
+    pub(super) fn longest_key_below(&self, dir: &[u8]) -> FsResult<usize> {
+        let (lo, hi) = schema::subtree_range(dir);
+        let mut longest = 0;
+        for item in self.store.range(KeySpace::Meta, &lo, Some(&hi)) {
+            longest = longest.max(item?.0.len());
+        }
+        Ok(longest)
+    }
+
+    pub(super) fn rename_in_table(
+        &self,
+        st: &mut State,
+        ino: Ino,
+        new_parent: Ino,
+        new_name: &[u8],
+    ) {
+        let Some(n) = st.nodes.get_mut(&ino) else {
+            return;
+        };
+        if n.home == Home::Inode {
+            return;
+        }
+        let old_parent = n.parent;
+        n.parent = new_parent;
+        n.name = new_name.to_vec();
+        st.move_pin(old_parent, new_parent);
+    }
+
+    pub(super) fn lookup_entry(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+        let mut st = self.lock();
+        let Some(found) = self.find(&st, parent, name)? else {
+            st.remember_absent(parent, name);
+            return Err(Errno::ENOENT);
+        };
+        let ino = found.ino();
+        let (attr, target, home) = self.resolve(&st, found.record)?;
+        st.add_lookup(parent, name, attr, target, home);
+        Ok(st.node(ino)?.attr.clone())
+    }
+
+    pub(super) fn link_entry(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> FsResult<Attr> {
+        let mut st = self.lock();
+        let node = st.node(ino)?;
+        if node.attr.is_dir() {
+            return Err(Errno::EPERM);
+        }
+        if node.attr.nlink >= u32::MAX - 1 {
+            return Err(Errno::EMLINK);
+        }
+        let dir = st.dir_key(new_parent)?;
+        name_check(new_name)?;
+        let new_key = schema::entry_key(&dir, new_name);
+        if new_key.len() > ENTRY_KEY_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let parent_key = dir_record_key(&dir);
+        if self.find_in(&st, new_parent, dir, new_name)?.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        let now = Timespec::now();
+        let mut batch = WriteBatch::new();
+        let was_home = st.node(ino)?.home;
+        let inode_key = schema::inode_key(ino);
+        if was_home == Home::Path {
+            // First extra name: the file moves under its inode number.
+            let old_key = st.file_key(ino)?;
+            move_file_data(&mut batch, &old_key, &inode_key);
+            let mode = st.node(ino)?.attr.mode;
+            batch.put(
+                KeySpace::Meta,
+                &old_key,
+                &Record::Link { ino, mode }.encode(),
+            );
+        }
+        let node = st.node_mut(ino)?;
+        node.attr.nlink += 1;
+        node.attr.ctime = now;
+        node.home = Home::Inode;
+        let mode = node.attr.mode;
+        st.put_record_at(&mut batch, &inode_key, ino)?;
+        batch.put(
+            KeySpace::Meta,
+            &new_key,
+            &Record::Link { ino, mode }.encode(),
+        );
+        st.touch_dir(new_parent, now, 0)?;
+        st.put_record_at(&mut batch, &parent_key, new_parent)?;
+        if let Err(e) = self.store.write(&batch) {
+            let node = st.node_mut(ino)?;
+            node.attr.nlink -= 1;
+            node.home = was_home;
+            return Err(e.into());
+        }
+        st.forget_absent(new_parent, new_name);
+        let node = st.node(ino)?;
+        let (attr, target) = (node.attr.clone(), node.target.clone());
+        st.add_lookup(new_parent, new_name, attr.clone(), target, Home::Inode);
+        Ok(attr)
+    }
+
+    pub(super) fn rename_entry(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> FsResult<()> {
+        let mut st = self.lock();
+        if flags.noreplace && flags.exchange {
+            return Err(Errno::EINVAL);
+        }
+        let src = self.find(&st, parent, name)?.ok_or(Errno::ENOENT)?;
+        name_check(new_name)?;
+        let dst_dir = st.dir_key(new_parent)?;
+        let src_dir = src.dir.clone();
+        let dst_key = schema::entry_key(&dst_dir, new_name);
+        if dst_key.len() > ENTRY_KEY_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        if dst_key == src.key {
+            return Ok(());
+        }
+        let dst = self.find_in(&st, new_parent, dst_dir.clone(), new_name)?;
+        if flags.noreplace && dst.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        if flags.exchange && dst.is_none() {
+            return Err(Errno::ENOENT);
+        }
+        // A directory cannot move into its own subtree.
+        if src.is_dir() && st.is_within(new_parent, src.ino()) {
+            return Err(Errno::EINVAL);
+        }
+        if let Some(d) = &dst {
+            if flags.exchange {
+                if d.is_dir() && st.is_within(parent, d.ino()) {
+                    return Err(Errno::EINVAL);
+                }
+            } else {
+                if d.ino() == src.ino() {
+                    return Ok(()); // two names of one file: nothing to do
+                }
+                match (src.is_dir(), d.is_dir()) {
+                    (true, false) => return Err(Errno::ENOTDIR),
+                    (false, true) => return Err(Errno::EISDIR),
+                    (true, true) => {
+                        let d_dir = schema::child_dir_key(&dst_dir, new_name);
+                        if !self.dir_is_empty(&d_dir)? {
+                            return Err(Errno::ENOTEMPTY);
+                        }
+                    }
+                    (false, false) => {}
+                }
+            }
+        }
+        let src_sub = schema::child_dir_key(&src_dir, name);
+        let dst_sub = schema::child_dir_key(&dst_dir, new_name);
+        // Keys below a moved directory grow by the difference in prefix.
+        let longest = |fs: &Self, is_dir: bool, from: &[u8], to: &[u8]| -> FsResult<()> {
+            if is_dir && to.len() > from.len() {
+                let longest = fs.longest_key_below(from)?;
+                if longest + (to.len() - from.len()) > ENTRY_KEY_MAX {
+                    return Err(Errno::ENAMETOOLONG);
+                }
+            }
+            Ok(())
+        };
+        longest(self, src.is_dir(), &src_sub, &dst_sub)?;
+        if flags.exchange {
+            if let Some(d) = &dst {
+                longest(self, d.is_dir(), &dst_sub, &src_sub)?;
+            }
+        }
+
+        let now = Timespec::now();
+        let mut batch = WriteBatch::new();
+        let src_ino = src.ino();
+        let mut restore: Vec<(Ino, Home, Attr)> = Vec::new();
+        for ino in [Some(src_ino), dst.as_ref().map(Found::ino)]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(n) = st.nodes.get(&ino) {
+                restore.push((ino, n.home, n.attr.clone()));
+            }
+        }
+        let saved_parents: Vec<(Ino, Attr)> = [parent, new_parent]
+            .iter()
+            .filter_map(|&p| st.nodes.get(&p).map(|n| (p, n.attr.clone())))
+            .collect();
+
+        let mut src_record = src.record.clone();
+        if let Record::Inode { attr, .. } = &mut src_record {
+            attr.ctime = now;
+        }
+        if let Some(n) = st.nodes.get_mut(&src_ino) {
+            n.attr.ctime = now;
+        }
+        if flags.exchange {
+            let Some(d) = &dst else {
+                return Err(Errno::ENOENT);
+            };
+            let mut dst_record = d.record.clone();
+            if let Record::Inode { attr, .. } = &mut dst_record {
+                attr.ctime = now;
+            }
+            if let Some(n) = st.nodes.get_mut(&d.ino()) {
+                n.attr.ctime = now;
+            }
+            // Park both in scratch space, then move each into the other's place.
+            let [a, b] = schema::SCRATCH_KEYS;
+            stage_move(&mut batch, &src, &src_sub, a);
+            stage_move(&mut batch, d, &dst_sub, b);
+            finish_move(&mut batch, &src, a, &dst_key, &dst_sub, &src_record);
+            finish_move(&mut batch, d, b, &src.key, &src_sub, &dst_record);
+            if parent != new_parent && src.is_dir() != d.is_dir() {
+                let delta = if src.is_dir() { 1 } else { -1 };
+                st.touch_dir(parent, now, -delta)?;
+                st.touch_dir(new_parent, now, delta)?;
+            } else {
+                st.touch_dir(parent, now, 0)?;
+                st.touch_dir(new_parent, now, 0)?;
+            }
+        } else {
+            if let Some(d) = &dst {
+                self.remove_entry(&mut st, &mut batch, d, &dst_sub, now, false)?;
+            }
+            batch.delete(KeySpace::Meta, &src.key);
+            batch.put(KeySpace::Meta, &dst_key, &src_record.encode());
+            if matches!(src.record, Record::Inode { .. }) {
+                move_file_data(&mut batch, &src.key, &dst_key);
+            }
+            if src.is_dir() {
+                move_subtree(&mut batch, &src_sub, &dst_sub);
+            }
+            let replaced_dir = dst.as_ref().is_some_and(Found::is_dir);
+            if src.is_dir() && parent != new_parent {
+                st.touch_dir(parent, now, -1)?;
+                st.touch_dir(new_parent, now, if replaced_dir { 0 } else { 1 })?;
+            } else {
+                st.touch_dir(parent, now, 0)?;
+                st.touch_dir(new_parent, now, if replaced_dir { -1 } else { 0 })?;
+            }
+        }
+        st.put_record_at(&mut batch, &dir_record_key(&src_dir), parent)?;
+        if new_parent != parent {
+            st.put_record_at(&mut batch, &dir_record_key(&dst_dir), new_parent)?;
+        }
+        if let Err(e) = self.store.write(&batch) {
+            for (ino, home, attr) in restore {
+                if let Some(n) = st.nodes.get_mut(&ino) {
+                    n.home = home;
+                    n.attr = attr;
+                }
+            }
+            for (p, attr) in saved_parents {
+                if let Some(n) = st.nodes.get_mut(&p) {
+                    n.attr = attr;
+                }
+            }
+            return Err(e.into());
+        }
+        // The table follows: names move, a replaced node is gone.
+        let dst_ino = dst.as_ref().map(Found::ino);
+        self.rename_in_table(&mut st, src_ino, new_parent, new_name);
+        if flags.exchange {
+            if let Some(d) = dst_ino {
+                self.rename_in_table(&mut st, d, parent, name);
+            }
+        } else {
+            st.remember_absent(parent, name);
+        }
+        st.forget_absent(new_parent, new_name);
+        Ok(())
+    }
+}
+
+/// First half of an exchange: everything of `f` moves to the scratch pair
+/// `(file prefix, subtree prefix)`.
+fn stage_move(batch: &mut WriteBatch, f: &Found, sub: &[u8], scratch: [&[u8]; 2]) {
+    if matches!(f.record, Record::Inode { .. }) {
+        move_file_data(batch, &f.key, scratch[0]);
+    }
+    if f.is_dir() {
+        move_subtree(batch, sub, scratch[1]);
+    }
+    batch.delete(KeySpace::Meta, &f.key);
+}
+
+/// Second half: from the scratch pair to its new entry key and subtree.
+fn finish_move(
+    batch: &mut WriteBatch,
+    f: &Found,
+    scratch: [&[u8]; 2],
+    key: &[u8],
+    sub: &[u8],
+    record: &Record,
+) {
+    batch.put(KeySpace::Meta, key, &record.encode());
+    if matches!(f.record, Record::Inode { .. }) {
+        move_file_data(batch, scratch[0], key);
+    }
+    if f.is_dir() {
+        move_subtree(batch, scratch[1], sub);
+    }
+}

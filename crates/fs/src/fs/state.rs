@@ -1,0 +1,252 @@
+//! The table of inodes the kernel holds: each with its parent and name
+//! (a path is found by walking up), its attributes, and the kernel's
+//! references; plus the names a lookup found absent and the open handles.
+
+use std::collections::{HashMap, HashSet};
+
+use betreefs_engine::{KeySpace, WriteBatch};
+
+use super::listing::DirHandle;
+use super::{Ino, INO_BATCH, NEGATIVE_CACHE_MAX, ROOT_INO};
+use crate::error::{Errno, FsResult};
+use crate::plan::inode_record;
+use crate::record::{Attr, FsInfo, Timespec};
+use crate::schema;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Home {
+    /// Attributes at the entry key of (parent, name) (or the root key).
+    Path,
+    /// Attributes and data under the inode key.
+    Inode,
+    /// Removed; nothing stored.
+    Gone,
+}
+
+pub(super) struct Node {
+    pub(super) parent: Ino,
+    pub(super) name: Vec<u8>,
+    pub(super) attr: Attr,
+    pub(super) target: Vec<u8>,
+    pub(super) home: Home,
+    /// Kernel references (lookup replies not yet forgotten).
+    pub(super) lookups: u64,
+    pub(super) opens: u32,
+    /// Table entries whose parent this is (they need this one for paths).
+    pub(super) children: u32,
+    /// Bumped on every change of a directory's entries.
+    pub(super) dir_version: u64,
+    /// Whether the file has extended attributes, once known.
+    pub(super) has_xattrs: Option<bool>,
+}
+
+pub(super) enum Handle {
+    File { ino: Ino, append: bool },
+    Dir(Box<DirHandle>),
+}
+
+pub(super) struct State {
+    pub(super) nodes: HashMap<Ino, Node>,
+    /// (parent, name) pairs a lookup found absent and nothing created since.
+    pub(super) absent: HashSet<(Ino, Vec<u8>)>,
+    pub(super) handles: HashMap<u64, Handle>,
+    pub(super) next_handle: u64,
+    pub(super) next_ino: Ino,
+    pub(super) ino_reserved: Ino,
+    pub(super) created: i64,
+}
+
+impl State {
+    pub(super) fn node(&self, ino: Ino) -> FsResult<&Node> {
+        self.nodes.get(&ino).ok_or(Errno::ESTALE)
+    }
+
+    pub(super) fn node_mut(&mut self, ino: Ino) -> FsResult<&mut Node> {
+        self.nodes.get_mut(&ino).ok_or(Errno::ESTALE)
+    }
+
+    /// The encoded path of a directory.
+    pub(super) fn dir_key(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        let mut names: Vec<&[u8]> = Vec::new();
+        let mut cur = ino;
+        while cur != ROOT_INO {
+            let node = self.node(cur)?;
+            if node.home != Home::Path || !node.attr.is_dir() {
+                return Err(if node.home == Home::Gone {
+                    Errno::ENOENT
+                } else {
+                    Errno::ENOTDIR
+                });
+            }
+            names.push(&node.name);
+            cur = node.parent;
+            if names.len() > schema::PATH_MAX {
+                tracing::error!("inode table has a parent cycle at {ino}");
+                return Err(Errno::EIO);
+            }
+        }
+        Ok(schema::dir_key(names.into_iter().rev()))
+    }
+
+    /// Where a file's record lives and the prefix of its data.
+    pub(super) fn file_key(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        let node = self.node(ino)?;
+        match node.home {
+            Home::Inode => Ok(schema::inode_key(ino)),
+            Home::Gone => Err(Errno::ENOENT),
+            Home::Path if ino == ROOT_INO => Ok(schema::ROOT_KEY.to_vec()),
+            Home::Path => Ok(schema::entry_key(&self.dir_key(node.parent)?, &node.name)),
+        }
+    }
+
+    /// Whether `ino` is `ancestor` or lies below it.
+    pub(super) fn is_within(&self, mut ino: Ino, ancestor: Ino) -> bool {
+        for _ in 0..=schema::PATH_MAX {
+            if ino == ancestor {
+                return true;
+            }
+            if ino == ROOT_INO {
+                return false;
+            }
+            match self.nodes.get(&ino) {
+                Some(n) => ino = n.parent,
+                None => return false,
+            }
+        }
+        false
+    }
+
+    pub(super) fn allocate_ino(&mut self, batch: &mut WriteBatch) -> Ino {
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        if self.next_ino > self.ino_reserved {
+            self.ino_reserved = self.next_ino + INO_BATCH;
+            let info = FsInfo {
+                ino_reserved: self.ino_reserved,
+                created: self.created,
+            };
+            batch.put(KeySpace::Meta, schema::INFO_KEY, &info.encode());
+        }
+        ino
+    }
+
+    pub(super) fn forget_absent(&mut self, parent: Ino, name: &[u8]) {
+        self.absent.remove(&(parent, name.to_vec()));
+    }
+
+    pub(super) fn remember_absent(&mut self, parent: Ino, name: &[u8]) {
+        if self.absent.len() >= NEGATIVE_CACHE_MAX {
+            self.absent.clear();
+        }
+        self.absent.insert((parent, name.to_vec()));
+    }
+
+    /// Records a kernel reference to `ino`, known as `name` in `parent`.
+    pub(super) fn add_lookup(
+        &mut self,
+        parent: Ino,
+        name: &[u8],
+        attr: Attr,
+        target: Vec<u8>,
+        home: Home,
+    ) {
+        let ino = attr.ino;
+        if let Some(node) = self.nodes.get_mut(&ino) {
+            node.lookups += 1;
+            if home == Home::Path || node.parent == parent {
+                let old_parent = node.parent;
+                node.parent = parent;
+                node.name = name.to_vec();
+                self.move_pin(old_parent, parent);
+            }
+            return;
+        }
+        self.nodes.insert(
+            ino,
+            Node {
+                parent,
+                name: name.to_vec(),
+                attr,
+                target,
+                home,
+                lookups: 1,
+                opens: 0,
+                children: 0,
+                dir_version: 0,
+                has_xattrs: None,
+            },
+        );
+        if let Some(p) = self.nodes.get_mut(&parent) {
+            p.children += 1;
+        }
+    }
+
+    pub(super) fn move_pin(&mut self, from: Ino, to: Ino) {
+        if from == to {
+            return;
+        }
+        if let Some(p) = self.nodes.get_mut(&to) {
+            p.children += 1;
+        }
+        if let Some(p) = self.nodes.get_mut(&from) {
+            p.children = p.children.saturating_sub(1);
+        }
+        self.drop_if_unused(from);
+    }
+
+    /// Drops table entries nothing refers to any more (walking up).
+    pub(super) fn drop_if_unused(&mut self, mut ino: Ino) {
+        while ino != ROOT_INO {
+            let Some(node) = self.nodes.get(&ino) else {
+                return;
+            };
+            if node.lookups > 0 || node.opens > 0 || node.children > 0 {
+                return;
+            }
+            let parent = node.parent;
+            self.nodes.remove(&ino);
+            match self.nodes.get_mut(&parent) {
+                Some(p) => p.children = p.children.saturating_sub(1),
+                None => return,
+            }
+            ino = parent;
+        }
+    }
+
+    pub(super) fn touch_dir(&mut self, dir: Ino, now: Timespec, nlink_delta: i32) -> FsResult<()> {
+        let node = self.node_mut(dir)?;
+        node.attr.mtime = now;
+        node.attr.ctime = now;
+        node.attr.nlink = node.attr.nlink.saturating_add_signed(nlink_delta);
+        node.dir_version += 1;
+        Ok(())
+    }
+
+    /// The table's view of an inode whose last name went away: `home`
+    /// says whether it still lives under its inode key (open) or is gone.
+    pub(super) fn mark_unlinked(&mut self, ino: Ino, home: Home, now: Timespec) {
+        if let Some(n) = self.nodes.get_mut(&ino) {
+            n.home = home;
+            n.attr.nlink = 0;
+            n.attr.ctime = now;
+            n.dir_version += 1;
+        }
+    }
+
+    pub(super) fn put_record(&self, batch: &mut WriteBatch, ino: Ino) -> FsResult<()> {
+        self.put_record_at(batch, &self.file_key(ino)?, ino)
+    }
+
+    /// [`State::put_record`] when the caller already has the file key (a
+    /// key is a walk up the path to build).
+    pub(super) fn put_record_at(
+        &self,
+        batch: &mut WriteBatch,
+        key: &[u8],
+        ino: Ino,
+    ) -> FsResult<()> {
+        let node = self.node(ino)?;
+        batch.put(KeySpace::Meta, key, &inode_record(&node.attr, &node.target));
+        Ok(())
+    }
+}
