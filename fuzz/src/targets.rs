@@ -108,8 +108,8 @@ fn base_image() -> &'static Vec<u8> {
                 .create(parent, name.as_bytes(), 0o644, 0, ME)
                 .expect("create");
             let data = vec![i as u8; (i as usize * 97) % 9000];
-            fs.write(attr.ino, fh, 0, &data).expect("write");
-            fs.write(attr.ino, fh, 3, b"patch").expect("patch");
+            fs.write(attr.ino, fh, 0, &data, None).expect("write");
+            fs.write(attr.ino, fh, 3, b"patch", None).expect("patch");
             fs.release(fh).expect("release");
             if i % 10 == 0 {
                 fs.setxattr(attr.ino, b"user.k", &[i as u8; 40], 0)
@@ -580,15 +580,13 @@ fn image(data: &[u8]) {
     let mut todo = vec![ROOT_INO];
     let mut seen = 0;
     while let Some(dir) = todo.pop() {
-        let Ok(fh) = fs.opendir(dir) else { continue };
         let mut names = Vec::new();
-        let _ = fs.readdir(dir, fh, 0, true, &mut |e| {
+        let _ = fs.readdir(dir, 0, true, &mut |e| {
             if e.name != b"." && e.name != b".." {
                 names.push(e.name.to_vec());
             }
             false
         });
-        fs.releasedir(fh);
         for name in names {
             seen += 1;
             if seen > 2000 {

@@ -478,7 +478,10 @@ fn random_operations_match_tmpfs() {
         fs::create_dir(&reference).unwrap();
         let image = s.0.join("img");
         mkfs(&image, "512M");
-        let mut m = Mount::start(&image, &s.0.join("mnt"), &[]);
+        // Seeds take turns with the transports.
+        let transports = transports();
+        let transport = transports[seed as usize % transports.len()];
+        let mut m = Mount::start(&image, &s.0.join("mnt"), &[transport]);
         let mut rng = SmallRng::seed_from_u64(seed);
         let mut succeeded = 0;
         for i in 0..ops {

@@ -23,7 +23,13 @@ fn files_read_write_truncate_and_open_flags() {
     if !fuse_available() {
         return;
     }
-    let (_s, m) = mounted("files", &[]);
+    for transport in transports() {
+        files_read_write_truncate_and_open_flags_through(transport);
+    }
+}
+
+fn files_read_write_truncate_and_open_flags_through(transport: &str) {
+    let (_s, m) = mounted("files", &[transport]);
     let p = m.path("f");
     fs::write(&p, b"hello world").unwrap();
     assert_eq!(fs::read(&p).unwrap(), b"hello world");
@@ -107,7 +113,13 @@ fn directories_names_links_and_renames() {
     if !fuse_available() {
         return;
     }
-    let (_s, m) = mounted("dirs", &[]);
+    for transport in transports() {
+        directories_names_links_and_renames_through(transport);
+    }
+}
+
+fn directories_names_links_and_renames_through(transport: &str) {
+    let (_s, m) = mounted("dirs", &[transport]);
     fs::create_dir_all(m.path("a/b/c")).unwrap();
     fs::write(m.path("a/b/c/file"), b"deep").unwrap();
     assert_eq!(err_of(fs::remove_dir(m.path("a/b"))), libc::ENOTEMPTY);
@@ -222,7 +234,13 @@ fn readdir_while_the_directory_changes() {
     if !fuse_available() {
         return;
     }
-    let (_s, m) = mounted("readdir", &[]);
+    for transport in transports() {
+        readdir_while_the_directory_changes_through(transport);
+    }
+}
+
+fn readdir_while_the_directory_changes_through(transport: &str) {
+    let (_s, m) = mounted("readdir", &[transport]);
     for i in 0..2000 {
         File::create(m.path(&format!("f{i:05}"))).unwrap();
     }
@@ -269,7 +287,13 @@ fn attributes_permissions_xattrs_and_statfs() {
     if !fuse_available() {
         return;
     }
-    let (_s, m) = mounted("attrs", &["noatime"]);
+    for transport in transports() {
+        attributes_permissions_xattrs_and_statfs_through(transport);
+    }
+}
+
+fn attributes_permissions_xattrs_and_statfs_through(transport: &str) {
+    let (_s, m) = mounted("attrs", &["noatime", transport]);
     let p = m.path("f");
     fs::write(&p, b"data").unwrap();
     fs::set_permissions(&p, fs::Permissions::from_mode(0o640)).unwrap();
@@ -382,7 +406,13 @@ fn relatime_updates_atime_once_after_a_write() {
     if !fuse_available() {
         return;
     }
-    let (_s, m) = mounted("atime", &[]);
+    for transport in transports() {
+        relatime_updates_atime_once_after_a_write_through(transport);
+    }
+}
+
+fn relatime_updates_atime_once_after_a_write_through(transport: &str) {
+    let (_s, m) = mounted("atime", &[transport]);
     let p = m.path("f");
     fs::write(&p, b"x").unwrap();
     let c = cstr(&p);

@@ -24,7 +24,7 @@ pub mod schema;
 
 pub use error::{Errno, FsResult};
 pub use fs::{
-    AtimePolicy, Caller, DirEntry, FileSystem, FsStats, Ino, RenameFlags, SetAttr, SetTime,
-    ROOT_INO,
+    dir_cookie, mode_without_privileges, AtimePolicy, Caller, DirEntry, FileSystem, FsStats, Ino,
+    RenameFlags, SetAttr, SetTime, CAPABILITY_XATTR, ROOT_INO,
 };
 pub use ops::Operations;

@@ -44,24 +44,44 @@ pub trait Operations: Send + Sync + 'static {
         flags: i32,
         caller: Caller,
     ) -> FsResult<(Attr, u64)>;
-    fn open(&self, ino: Ino, flags: i32) -> FsResult<u64>;
+    /// Opens a file; with O_TRUNC it is truncated, and `kill` asks to drop
+    /// set-ID bits and capabilities first (the kernel's
+    /// `FUSE_OPEN_KILL_SUIDGID`).
+    fn open(&self, ino: Ino, flags: i32, kill: Option<Caller>) -> FsResult<u64>;
     fn read(&self, ino: Ino, offset: u64, size: u32) -> FsResult<Vec<u8>>;
-    fn write(&self, ino: Ino, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32>;
-    fn release(&self, fh: u64) -> FsResult<()>;
-    /// Makes everything written so far durable.
-    fn fsync(&self) -> FsResult<()>;
-    fn fallocate(&self, ino: Ino, offset: u64, length: u64, mode: i32) -> FsResult<()>;
-    fn opendir(&self, ino: Ino) -> FsResult<u64>;
-    /// Lists from `offset`, calling `add` until it returns `true` (full).
-    fn readdir(
+    /// Writes; `kill` asks to drop set-ID bits and capabilities first (the
+    /// writer lacks CAP_FSETID: `FUSE_WRITE_KILL_SUIDGID`).
+    fn write(
         &self,
         ino: Ino,
         fh: u64,
         offset: u64,
+        data: &[u8],
+        kill: Option<Caller>,
+    ) -> FsResult<u32>;
+    fn release(&self, fh: u64) -> FsResult<()>;
+    /// Makes everything written so far durable.
+    fn fsync(&self) -> FsResult<()>;
+    /// fallocate(2); `kill` as for [`Operations::write`].
+    fn fallocate(
+        &self,
+        ino: Ino,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        kill: Option<Caller>,
+    ) -> FsResult<()>;
+    /// Lists from `offset` (0, or an entry's offset: resume after it),
+    /// calling `add` until it returns `true` (full). Offsets are stateless
+    /// cookies: any one returned earlier is valid later, from any open of
+    /// the directory (the front end keeps no directory handles).
+    fn readdir(
+        &self,
+        ino: Ino,
+        offset: u64,
         plus: bool,
         add: &mut dyn FnMut(DirEntry<'_>) -> bool,
     ) -> FsResult<()>;
-    fn releasedir(&self, fh: u64);
     fn statfs(&self) -> FsStats;
     fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> FsResult<()>;
     fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>>;

@@ -88,7 +88,7 @@ fn base_image(paths: u64, crashed: bool, seed: u64) -> (Vec<u8>, Tree) {
                 };
                 let data: Vec<u8> = (0..len).map(|j| (i as usize * 7 + j * 13) as u8).collect();
                 let (attr, fh) = fs.create(parent, &name, 0o644, 0, ME).unwrap();
-                fs.write(attr.ino, fh, 0, &data).unwrap();
+                fs.write(attr.ino, fh, 0, &data, None).unwrap();
                 fs.release(fh).unwrap();
                 tree.insert(path, Expect::File(data));
             }
@@ -185,18 +185,13 @@ fn read_all(fs: &FileSystem, tree: &Tree) -> Outcome {
         let Ok(ino) = resolve(fs, dir) else {
             continue;
         };
-        let Ok(fh) = fs.opendir(ino) else {
-            errors += 1;
-            continue;
-        };
         let mut names = Vec::new();
-        let listed = fs.readdir(ino, fh, 0, false, &mut |e| {
+        let listed = fs.readdir(ino, 0, false, &mut |e| {
             if e.name != b"." && e.name != b".." {
                 names.push(e.name.to_vec());
             }
             false
         });
-        fs.releasedir(fh);
         if listed.is_err() {
             errors += 1;
             continue;

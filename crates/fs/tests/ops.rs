@@ -44,9 +44,9 @@ fn remount(dev: &MemDevice, fs: FileSystem) -> FileSystem {
 
 /// Names and offsets from `offset` on; the `limit`-th entry is seen but
 /// refused, as when the kernel's buffer fills.
-fn list(fs: &FileSystem, dir: u64, fh: u64, offset: u64, limit: usize) -> Vec<(Vec<u8>, u64)> {
+fn list(fs: &FileSystem, dir: u64, offset: u64, limit: usize) -> Vec<(Vec<u8>, u64)> {
     let mut out = Vec::new();
-    fs.readdir(dir, fh, offset, false, &mut |e| {
+    fs.readdir(dir, offset, false, &mut |e| {
         out.push((e.name.to_vec(), e.offset));
         out.len() == limit
     })
@@ -55,16 +55,14 @@ fn list(fs: &FileSystem, dir: u64, fh: u64, offset: u64, limit: usize) -> Vec<(V
 }
 
 fn names(fs: &FileSystem, dir: u64) -> Vec<Vec<u8>> {
-    let fh = fs.opendir(dir).unwrap();
-    let out = list(fs, dir, fh, 0, usize::MAX);
-    fs.releasedir(fh);
+    let out = list(fs, dir, 0, usize::MAX);
     out.into_iter().map(|(n, _)| n).collect()
 }
 
 fn write_file(fs: &FileSystem, dir: u64, name: &[u8], data: &[u8]) -> u64 {
     let (attr, fh) = fs.create(dir, name, 0o644, 0, ME).unwrap();
     assert_eq!(
-        fs.write(attr.ino, fh, 0, data).unwrap() as usize,
+        fs.write(attr.ino, fh, 0, data, None).unwrap() as usize,
         data.len()
     );
     fs.release(fh).unwrap();
@@ -88,8 +86,8 @@ fn write_read_sparse_and_truncate() {
     let (dev, fs) = fresh();
     let (attr, fh) = fs.create(ROOT_INO, b"f", 0o600, 0, ME).unwrap();
     let ino = attr.ino;
-    fs.write(ino, fh, 10_000, b"hello").unwrap();
-    fs.write(ino, fh, 4094, b"straddle").unwrap();
+    fs.write(ino, fh, 10_000, b"hello", None).unwrap();
+    fs.write(ino, fh, 4094, b"straddle", None).unwrap();
     let data = read_all(&fs, ino);
     assert_eq!(data.len(), 10_005);
     assert_eq!(&data[4094..4102], b"straddle");
@@ -186,8 +184,8 @@ fn hard_links_share_data_and_count() {
     let f = write_file(&fs, ROOT_INO, b"one", b"shared");
     let attr = fs.link(f, ROOT_INO, b"two").unwrap();
     assert_eq!((attr.ino, attr.nlink), (f, 2));
-    let fh = fs.open(f, libc::O_WRONLY).unwrap();
-    fs.write(f, fh, 6, b"!").unwrap();
+    let fh = fs.open(f, libc::O_WRONLY, None).unwrap();
+    fs.write(f, fh, 6, b"!", None).unwrap();
     fs.release(fh).unwrap();
     let fs = remount(&dev, fs);
     let two = fs.lookup(ROOT_INO, b"two").unwrap();
@@ -204,11 +202,11 @@ fn hard_links_share_data_and_count() {
 fn an_open_unlinked_file_stays_readable_until_closed() {
     let (dev, fs) = fresh();
     let f = write_file(&fs, ROOT_INO, b"tmp", b"still here");
-    let fh = fs.open(f, libc::O_RDWR).unwrap();
+    let fh = fs.open(f, libc::O_RDWR, None).unwrap();
     fs.unlink(ROOT_INO, b"tmp").unwrap();
     assert_eq!(fs.lookup(ROOT_INO, b"tmp"), Err(Errno::ENOENT));
     assert_eq!(read_all(&fs, f), b"still here");
-    fs.write(f, fh, 0, b"STILL").unwrap();
+    fs.write(f, fh, 0, b"STILL", None).unwrap();
     assert_eq!(read_all(&fs, f), b"STILL here");
     // Crash with the file still open: the next mount removes it.
     fs.fsync().unwrap();
@@ -217,19 +215,39 @@ fn an_open_unlinked_file_stays_readable_until_closed() {
     assert_eq!(fs.statfs().inodes, inodes - 1, "orphan purged at mount");
 }
 
+/// Every offset a listing returned resumes right after its entry, in any
+/// order and from cookies long out of the recent window (seekdir to what
+/// telldir said, in a directory read in pieces).
+#[test]
+fn readdir_resumes_after_any_returned_offset() {
+    let (_dev, fs) = fresh();
+    let d = fs.mkdir(ROOT_INO, b"big", 0o755, ME).unwrap().ino;
+    for i in 0..5000 {
+        write_file(&fs, d, format!("entry-{i:05}").as_bytes(), b"");
+    }
+    let all = list(&fs, d, 0, usize::MAX);
+    assert_eq!(all.len(), 5002);
+    let offsets: std::collections::HashSet<u64> = all.iter().map(|e| e.1).collect();
+    assert_eq!(offsets.len(), all.len(), "offsets are distinct");
+    // Far apart, backwards, the oldest first: each resumes after its entry.
+    for &i in &[4999usize, 3, 2500, 0, 1, 5000, 17, 4096] {
+        let rest = list(&fs, d, all[i].1, usize::MAX);
+        assert_eq!(rest, all[i + 1..].to_vec(), "resuming after entry {i}");
+    }
+}
+
 #[test]
 fn readdir_offsets_survive_changes() {
     let (_dev, fs) = fresh();
     for i in 0..300 {
         write_file(&fs, ROOT_INO, format!("f{i:03}").as_bytes(), b"");
     }
-    let fh = fs.opendir(ROOT_INO).unwrap();
-    let first = list(&fs, ROOT_INO, fh, 0, 100);
+    let first = list(&fs, ROOT_INO, 0, 100);
     assert_eq!(first.len(), 100, "stops when the buffer is full");
     let resume = first[98].1; // the last entry actually taken is index 98
     fs.unlink(ROOT_INO, b"f299").unwrap();
     write_file(&fs, ROOT_INO, b"f150a", b"");
-    let rest = list(&fs, ROOT_INO, fh, resume, usize::MAX);
+    let rest = list(&fs, ROOT_INO, resume, usize::MAX);
     let all: Vec<Vec<u8>> = first[..99]
         .iter()
         .chain(&rest)
@@ -290,7 +308,7 @@ fn fsck_is_clean_after_every_kind_of_change_and_finds_damage() {
     fs.rename(ROOT_INO, b"d", ROOT_INO, b"d2", RenameFlags::default())
         .unwrap();
     let open = write_file(&fs, ROOT_INO, b"open", b"o");
-    let fh = fs.open(open, libc::O_RDONLY).unwrap();
+    let fh = fs.open(open, libc::O_RDONLY, None).unwrap();
     fs.unlink(ROOT_INO, b"open").unwrap();
     let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
@@ -392,12 +410,11 @@ fn listing_continues_after_the_directory_itself_is_renamed() {
     for i in 0..50 {
         write_file(&fs, d, format!("f{i:02}").as_bytes(), b"");
     }
-    let fh = fs.opendir(d).unwrap();
-    let mut seen = list(&fs, d, fh, 0, 21);
+    let mut seen = list(&fs, d, 0, 21);
     let resume = seen[19].1;
     seen.truncate(20);
     fs.rename(ROOT_INO, b"d", ROOT_INO, b"e", RenameFlags::default())
         .unwrap();
-    seen.extend(list(&fs, d, fh, resume, usize::MAX));
+    seen.extend(list(&fs, d, resume, usize::MAX));
     assert_eq!(seen.len(), 52, "., .. and all 50 entries once");
 }

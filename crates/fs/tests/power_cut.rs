@@ -92,8 +92,8 @@ fn random_op(rng: &mut SmallRng, fs: &FileSystem, tree: &mut Tree) -> Result<(),
             match exists {
                 Some(Entry::File(mut old)) => {
                     let ino = resolve(fs, &path)?;
-                    let fh = fs.open(ino, libc::O_WRONLY)?;
-                    let r = fs.write(ino, fh, offset, &data);
+                    let fh = fs.open(ino, libc::O_WRONLY, None)?;
+                    let r = fs.write(ino, fh, offset, &data, None);
                     fs.release(fh)?;
                     r?;
                     let end = offset as usize + len;
@@ -106,7 +106,7 @@ fn random_op(rng: &mut SmallRng, fs: &FileSystem, tree: &mut Tree) -> Result<(),
                 }
                 None => {
                     let (attr, fh) = fs.create(parent, name, 0o644, 0, ME)?;
-                    let r = fs.write(attr.ino, fh, 0, &data);
+                    let r = fs.write(attr.ino, fh, 0, &data, None);
                     fs.release(fh)?;
                     // The creation is one operation, the write the next.
                     tree.insert(path.clone(), Entry::File(Vec::new()));
@@ -200,16 +200,14 @@ fn read_tree(fs: &FileSystem) -> Tree {
     let mut tree = Tree::new();
     let mut todo = vec![(Vec::<Vec<u8>>::new(), ROOT_INO)];
     while let Some((path, ino)) = todo.pop() {
-        let fh = fs.opendir(ino).expect("opendir");
         let mut names = Vec::new();
-        fs.readdir(ino, fh, 0, false, &mut |e| {
+        fs.readdir(ino, 0, false, &mut |e| {
             if e.name != b"." && e.name != b".." {
                 names.push(e.name.to_vec());
             }
             false
         })
         .expect("readdir");
-        fs.releasedir(fh);
         for name in names {
             let attr = fs.lookup(ino, &name).expect("lookup of a listed name");
             let mut p = path.clone();

@@ -97,7 +97,8 @@ fn wanted_flags(config: &MountConfig) -> u64 {
         | init::ASYNC_DIO
         | init::MAX_PAGES
         | init::INIT_EXT
-        | init::SETXATTR_EXT;
+        | init::SETXATTR_EXT
+        | init::HANDLE_KILLPRIV_V2;
     if config.writeback_cache {
         flags |= init::WRITEBACK_CACHE;
     }
@@ -243,6 +244,7 @@ impl<F: Operations> Dispatcher<F> {
     }
 
     fn serve(&self, fs: &F, h: &abi::InHeader, op: &Op<'_>) -> FsResult<Vec<u8>> {
+        crate::guard::injected_delay(h.opcode);
         let ino = h.nodeid;
         let caller = Caller {
             uid: h.uid,
@@ -264,7 +266,7 @@ impl<F: Operations> Dispatcher<F> {
             }
             Op::Getattr { .. } => abi::attr_out(&mut w, ttl(), &kernel_attr(&fs.getattr(ino)?)),
             Op::Setattr(ref s) => {
-                let a = fs.setattr(ino, &set_attr(s))?;
+                let a = fs.setattr(ino, &set_attr(s, caller))?;
                 abi::attr_out(&mut w, ttl(), &kernel_attr(&a));
             }
             Op::Readlink => return fs.readlink(ino),
@@ -292,8 +294,9 @@ impl<F: Operations> Dispatcher<F> {
                 fs.rename(ino, name, newdir, newname, flags)?
             }
             Op::Link { oldnodeid, name } => entry(&mut w, &fs.link(oldnodeid, ino, name)?),
-            Op::Open { flags, .. } => {
-                let fh = fs.open(ino, flags as i32)?;
+            Op::Open { flags, open_flags } => {
+                let kill = (open_flags & abi::OPEN_KILL_SUIDGID != 0).then_some(caller);
+                let fh = fs.open(ino, flags as i32, kill)?;
                 abi::open_out(&mut w, fh, fopen::KEEP_CACHE);
             }
             Op::Create {
@@ -305,9 +308,13 @@ impl<F: Operations> Dispatcher<F> {
             }
             Op::Read { offset, size, .. } => return fs.read(ino, offset, size),
             Op::Write {
-                fh, offset, data, ..
+                fh,
+                offset,
+                data,
+                write_flags,
             } => {
-                let n = fs.write(ino, fh, offset, data)?;
+                let kill = (write_flags & abi::WRITE_KILL_SUIDGID != 0).then_some(caller);
+                let n = fs.write(ino, fh, offset, data, kill)?;
                 w.u32(n).u32(0);
             }
             Op::Statfs => {
@@ -325,7 +332,6 @@ impl<F: Operations> Dispatcher<F> {
                 .write(&mut w);
             }
             Op::Release { fh } => fs.release(fh)?,
-            Op::Flush { .. } => {}
             Op::Fsync { .. } | Op::Fsyncdir { .. } | Op::Syncfs => fs.fsync()?,
             Op::Setxattr {
                 flags, name, value, ..
@@ -333,15 +339,11 @@ impl<F: Operations> Dispatcher<F> {
             Op::Getxattr { size, name } => return xattr_reply(size, fs.getxattr(ino, name)?),
             Op::Listxattr { size } => return xattr_reply(size, fs.listxattr(ino)?),
             Op::Removexattr { name } => fs.removexattr(ino, name)?,
-            Op::Opendir { .. } => abi::open_out(&mut w, fs.opendir(ino)?, 0),
             Op::Readdir {
-                fh,
-                offset,
-                size,
-                plus,
+                offset, size, plus, ..
             } => {
                 let max = size as usize;
-                fs.readdir(ino, fh, offset, plus, &mut |e| {
+                fs.readdir(ino, offset, plus, &mut |e| {
                     let d = abi::Dirent {
                         ino: e.ino,
                         off: e.offset,
@@ -365,19 +367,37 @@ impl<F: Operations> Dispatcher<F> {
                     !fits
                 })?;
             }
-            Op::Releasedir { fh } => fs.releasedir(fh),
+            // Never sent once OPENDIR said ENOSYS.
+            Op::Releasedir { .. } => {}
             Op::Fallocate {
                 offset,
                 length,
                 mode,
                 ..
-            } => fs.fallocate(ino, offset, length, mode as i32)?,
+            } => {
+                // FALLOCATE carries no kill flag: with killpriv_v2 the
+                // kernel leaves dropping set-ID bits to us, for any caller
+                // but root (CAP_FSETID is not visible from here).
+                let killpriv = self
+                    .negotiated()
+                    .is_some_and(|n| n.has(init::HANDLE_KILLPRIV_V2));
+                let kill = (killpriv && caller.uid != 0).then_some(caller);
+                fs.fallocate(ino, offset, length, mode as i32, kill)?
+            }
             Op::Init(_)
             | Op::Destroy
             | Op::Forget { .. }
             | Op::BatchForget { .. }
             | Op::Interrupt { .. }
             | Op::Access { .. }
+            // Nothing to do at close: everything is written through, and
+            // ENOSYS stops the kernel sending FLUSH on every close.
+            | Op::Flush { .. }
+            // Directories need no handle (offsets are stateless cookies):
+            // ENOSYS makes the kernel stop sending OPENDIR and RELEASEDIR,
+            // and cache listings across opens (FOPEN_CACHE_DIR, its
+            // default then).
+            | Op::Opendir { .. }
             | Op::Lseek { .. }
             | Op::CopyFileRange { .. }
             | Op::Statx { .. }
@@ -427,7 +447,7 @@ pub fn kernel_attr(a: &Attr) -> abi::Attr {
 }
 
 /// A SETATTR request as the file system's [`SetAttr`].
-fn set_attr(s: &SetattrIn) -> SetAttr {
+fn set_attr(s: &SetattrIn, caller: Caller) -> SetAttr {
     let has = |bit: u32| s.valid & bit != 0;
     let time = |set: u32, now: u32, (sec, nsec): (i64, u32)| {
         if has(now) {
@@ -450,6 +470,7 @@ fn set_attr(s: &SetattrIn) -> SetAttr {
             nsec: s.ctime.1,
         }),
         through_open_file: has(fattr::FH),
+        kill_privileges: has(fattr::KILL_SUIDGID).then_some(caller),
     }
 }
 

@@ -95,6 +95,26 @@ pub(crate) fn injected_panic(name: &[u8]) {
     }
 }
 
+/// Test hook (debug builds): `BETREEFS_TEST_DELAY=<opcode>:<ms>` holds
+/// every request of that opcode for that long before serving it, so that
+/// tests can interrupt a request in flight.
+pub(crate) fn injected_delay(opcode: u32) {
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    static DELAY: std::sync::OnceLock<Option<(String, u64)>> = std::sync::OnceLock::new();
+    let delay = DELAY.get_or_init(|| {
+        let spec = std::env::var("BETREEFS_TEST_DELAY").ok()?;
+        let (op, ms) = spec.split_once(':')?;
+        Some((op.to_string(), ms.parse().ok()?))
+    });
+    if let Some((op, ms)) = delay {
+        if op == crate::abi::opcode::name(opcode) {
+            std::thread::sleep(std::time::Duration::from_millis(*ms));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,12 +6,13 @@
 //! the difference between it and a kernel file system is FUSE's.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use betreefs_fs::fs::{Caller, DirEntry, FsStats, Ino, RenameFlags, SetAttr, SetTime, ROOT_INO};
 use betreefs_fs::record::{Attr, Timespec};
-use betreefs_fs::{Errno, FsResult, Operations};
+use betreefs_fs::{dir_cookie, mode_without_privileges, Errno, FsResult, Operations};
 
 use crate::MountConfig;
 
@@ -20,6 +21,23 @@ struct NullNode {
     parent: Ino,
     target: Vec<u8>,
     children: BTreeMap<Vec<u8>, Ino>,
+    /// The readdir cookie of each child, to resume after it.
+    cookies: HashMap<u64, Vec<u8>>,
+    /// Kernel references (an unlinked inode stays until they are gone:
+    /// the kernel may still write back its times).
+    lookups: u64,
+}
+
+impl NullNode {
+    fn insert_child(&mut self, name: &[u8], ino: Ino) {
+        self.children.insert(name.to_vec(), ino);
+        self.cookies.insert(dir_cookie(name), name.to_vec());
+    }
+
+    fn remove_child(&mut self, name: &[u8]) {
+        self.children.remove(name);
+        self.cookies.remove(&dir_cookie(name));
+    }
 }
 
 struct NullState {
@@ -39,6 +57,8 @@ impl Default for NullFs {
             parent: ROOT_INO,
             target: Vec::new(),
             children: BTreeMap::new(),
+            cookies: HashMap::new(),
+            lookups: 1,
         };
         NullFs {
             state: Mutex::new(NullState {
@@ -82,13 +102,15 @@ impl NullState {
             ..Attr::new(ino, mode, caller.uid, caller.gid, Timespec::now())
         };
         let p = self.node(parent)?;
-        p.children.insert(name.to_vec(), ino);
+        p.insert_child(name, ino);
         p.attr.nlink += u32::from(attr.is_dir());
         let node = NullNode {
             attr: attr.clone(),
             parent,
             target: target.to_vec(),
             children: BTreeMap::new(),
+            cookies: HashMap::new(),
+            lookups: 1,
         };
         self.nodes.insert(ino, node);
         Ok(attr)
@@ -106,11 +128,11 @@ impl NullState {
             return Err(Errno::ENOTEMPTY);
         }
         node.attr.nlink = node.attr.nlink.saturating_sub(if is_dir { 2 } else { 1 });
-        if node.attr.nlink == 0 {
+        if node.attr.nlink == 0 && node.lookups == 0 {
             self.nodes.remove(&ino);
         }
         let p = self.node(parent)?;
-        p.children.remove(name);
+        p.remove_child(name);
         p.attr.nlink -= u32::from(is_dir);
         Ok(())
     }
@@ -118,15 +140,22 @@ impl NullState {
 
 impl Operations for NullFs {
     fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
-        let st = self.lock();
+        let mut st = self.lock();
         let ino = st.child(parent, name).ok_or(Errno::ENOENT)?;
-        st.nodes
-            .get(&ino)
-            .map(|n| n.attr.clone())
-            .ok_or(Errno::ENOENT)
+        let node = st.node(ino)?;
+        node.lookups += 1;
+        Ok(node.attr.clone())
     }
 
-    fn forget(&self, _ino: Ino, _count: u64) {}
+    fn forget(&self, ino: Ino, count: u64) {
+        let mut st = self.lock();
+        if let Some(node) = st.nodes.get_mut(&ino) {
+            node.lookups = node.lookups.saturating_sub(count);
+            if node.lookups == 0 && node.attr.nlink == 0 {
+                st.nodes.remove(&ino);
+            }
+        }
+    }
 
     fn getattr(&self, ino: Ino) -> FsResult<Attr> {
         Ok(self.lock().node(ino)?.attr.clone())
@@ -139,6 +168,9 @@ impl Operations for NullFs {
             SetTime::Now => Timespec::now(),
             SetTime::At(t) => t,
         };
+        if let Some(caller) = set.kill_privileges {
+            a.mode = mode_without_privileges(a.mode, a.gid, caller);
+        }
         if let Some(m) = set.mode {
             a.mode = (a.mode & libc::S_IFMT) | (m & 0o7777);
         }
@@ -201,10 +233,10 @@ impl Operations for NullFs {
         }
         let is_dir = st.node(ino)?.attr.is_dir();
         let p = st.node(parent)?;
-        p.children.remove(name);
+        p.remove_child(name);
         p.attr.nlink -= u32::from(is_dir);
         let p = st.node(new_parent)?;
-        p.children.insert(new_name.to_vec(), ino);
+        p.insert_child(new_name, ino);
         p.attr.nlink += u32::from(is_dir);
         st.node(ino)?.parent = new_parent;
         Ok(())
@@ -217,8 +249,9 @@ impl Operations for NullFs {
         }
         let node = st.node(ino)?;
         node.attr.nlink += 1;
+        node.lookups += 1;
         let attr = node.attr.clone();
-        st.node(new_parent)?.children.insert(new_name.to_vec(), ino);
+        st.node(new_parent)?.insert_child(new_name, ino);
         Ok(attr)
     }
 
@@ -236,7 +269,16 @@ impl Operations for NullFs {
         Ok((attr, 0))
     }
 
-    fn open(&self, _ino: Ino, _flags: i32) -> FsResult<u64> {
+    fn open(&self, ino: Ino, flags: i32, kill: Option<Caller>) -> FsResult<u64> {
+        if flags & libc::O_TRUNC != 0 {
+            let set = SetAttr {
+                size: Some(0),
+                through_open_file: true,
+                kill_privileges: kill,
+                ..SetAttr::default()
+            };
+            self.setattr(ino, &set)?;
+        }
         Ok(0)
     }
 
@@ -249,9 +291,19 @@ impl Operations for NullFs {
         ])
     }
 
-    fn write(&self, ino: Ino, _fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+    fn write(
+        &self,
+        ino: Ino,
+        _fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill: Option<Caller>,
+    ) -> FsResult<u32> {
         let mut st = self.lock();
         let a = &mut st.node(ino)?.attr;
+        if let Some(caller) = kill {
+            a.mode = mode_without_privileges(a.mode, a.gid, caller);
+        }
         a.size = a.size.max(offset + data.len() as u64);
         a.mtime = Timespec::now();
         Ok(data.len() as u32)
@@ -265,54 +317,88 @@ impl Operations for NullFs {
         Ok(())
     }
 
-    fn fallocate(&self, ino: Ino, offset: u64, length: u64, _mode: i32) -> FsResult<()> {
+    fn fallocate(
+        &self,
+        ino: Ino,
+        offset: u64,
+        length: u64,
+        _mode: i32,
+        kill: Option<Caller>,
+    ) -> FsResult<()> {
         let mut st = self.lock();
         let a = &mut st.node(ino)?.attr;
+        if let Some(caller) = kill {
+            a.mode = mode_without_privileges(a.mode, a.gid, caller);
+        }
         a.size = a.size.max(offset.saturating_add(length));
         Ok(())
     }
 
-    fn opendir(&self, _ino: Ino) -> FsResult<u64> {
-        Ok(0)
-    }
-
-    /// Offsets are positions in the sorted child list.
+    /// Offsets are the cookies of the names (see [`dir_cookie`]).
     fn readdir(
         &self,
         ino: Ino,
-        _fh: u64,
         offset: u64,
         plus: bool,
         add: &mut dyn FnMut(DirEntry<'_>) -> bool,
     ) -> FsResult<()> {
-        let st = self.lock();
+        let mut st = self.lock();
+        let st = &mut *st;
         let dir = st.nodes.get(&ino).ok_or(Errno::ENOENT)?;
-        let dots = [(ino, &b"."[..]), (dir.parent, &b".."[..])];
-        let children = dir.children.iter().map(|(n, &i)| (i, n.as_slice()));
-        for (i, (child, name)) in dots
-            .into_iter()
-            .chain(children)
-            .enumerate()
-            .skip(offset as usize)
-        {
-            let Some(node) = st.nodes.get(&child) else {
-                continue;
-            };
+        for (cookie, dot_ino, name) in [(1, ino, &b"."[..]), (2, dir.parent, &b".."[..])] {
             let entry = DirEntry {
-                ino: child,
-                offset: i as u64 + 1,
-                file_type: node.attr.file_type(),
+                ino: dot_ino,
+                offset: cookie,
+                file_type: libc::S_IFDIR,
                 name,
-                attr: (plus && i >= 2).then_some(&node.attr),
+                attr: None,
             };
-            if add(entry) {
-                break;
+            if offset < cookie && add(entry) {
+                return Ok(());
             }
         }
-        Ok(())
+        let start = match offset {
+            0..=2 => Bound::Unbounded,
+            cookie => match dir.cookies.get(&cookie) {
+                Some(name) => Bound::Excluded(name.clone()),
+                None => Bound::Unbounded,
+            },
+        };
+        let mut start = start;
+        loop {
+            // A batch at a time: the entries are updated while listed.
+            let batch: Vec<(Vec<u8>, Ino)> = st
+                .nodes
+                .get(&ino)
+                .ok_or(Errno::ENOENT)?
+                .children
+                .range((start, Bound::Unbounded))
+                .take(256)
+                .map(|(n, &i)| (n.clone(), i))
+                .collect();
+            let Some((last, _)) = batch.last() else {
+                return Ok(());
+            };
+            start = Bound::Excluded(last.clone());
+            for (name, child) in batch {
+                let Some(node) = st.nodes.get_mut(&child) else {
+                    continue;
+                };
+                let entry = DirEntry {
+                    ino: child,
+                    offset: dir_cookie(&name),
+                    file_type: node.attr.file_type(),
+                    name: &name,
+                    attr: plus.then_some(&node.attr),
+                };
+                if add(entry) {
+                    return Ok(());
+                }
+                // readdirplus entries are references the kernel will forget.
+                node.lookups += u64::from(plus);
+            }
+        }
     }
-
-    fn releasedir(&self, _fh: u64) {}
 
     fn statfs(&self) -> FsStats {
         let inodes = self.lock().nodes.len() as u64;

@@ -179,6 +179,10 @@ pub(crate) fn prepare() -> io::Result<PreparedQueues> {
     for qid in 0..qids {
         let ring = IoUring::<squeue::Entry128>::builder()
             .setup_cqsize(2 * depth as u32)
+            .setup_r_disabled()
+            .setup_single_issuer()
+            .setup_coop_taskrun()
+            .setup_defer_taskrun()
             .build(depth as u32)?;
         let entries = (0..depth)
             .map(|_| RingEntry::new(payload_bytes()))
@@ -336,7 +340,11 @@ fn serve_queue<F: Operations>(
         ))));
         return;
     }
-    let registered = register_all(&mut q, raw);
+    let registered = q
+        .ring
+        .submitter()
+        .register_enable_rings()
+        .and_then(|()| register_all(&mut q, raw));
     let failed = registered.is_err();
     let _ = ready.send(registered);
     // start() waits until every queue has reported and let go of its sender.

@@ -28,6 +28,56 @@ pub fn fuse_available() -> bool {
     true
 }
 
+/// The transports the FUSE suites run through: `/dev/fuse` always, and
+/// io_uring where the kernel offers it (the fuse module parameter
+/// `enable_uring`, which `.ci/run` turns on); a skipped transport is said.
+pub fn transports() -> Vec<&'static str> {
+    const KNOB: &str = "/sys/module/fuse/parameters/enable_uring";
+    let mut out = vec!["transport=devfuse"];
+    match std::fs::read_to_string(KNOB) {
+        Ok(v) if v.trim() == "Y" || v.trim() == "1" => out.push("transport=uring"),
+        Ok(_) => eprintln!("FUSE over io_uring not tested: {KNOB} is off (echo 1 > {KNOB})"),
+        Err(_) => eprintln!("FUSE over io_uring not tested: this kernel has no {KNOB}"),
+    }
+    out
+}
+
+/// The daemon's request counters (`betreefs stats`): count per opcode
+/// name, and the requests each transport carried.
+pub fn request_counts(mountpoint: &Path) -> std::collections::BTreeMap<String, u64> {
+    let out = Command::new(binary())
+        .arg("stats")
+        .arg(mountpoint)
+        .output()
+        .expect("betreefs stats");
+    assert_succeeded(&out);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
+    let mut counts = std::collections::BTreeMap::new();
+    let fuse = json["fuse"].as_object().expect("request counters");
+    for (op, figures) in fuse {
+        if let Some(n) = figures["count"].as_u64() {
+            counts.insert(op.clone(), n);
+        }
+    }
+    for via in ["devfuse", "uring"] {
+        let n = fuse["transport"][via].as_u64().unwrap_or(0);
+        counts.insert(format!("via {via}"), n);
+    }
+    counts
+}
+
+/// What changed between two [`request_counts`].
+pub fn request_delta(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(op, n)| (op.clone(), n - before.get(op).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
 /// A scratch directory removed on drop.
 pub struct Scratch(pub PathBuf);
 

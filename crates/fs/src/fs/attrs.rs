@@ -1,13 +1,37 @@
 //! Attributes: setattr (modes, owners, sizes, times) and access times.
 
-use betreefs_engine::WriteBatch;
+use betreefs_engine::{KeySpace, WriteBatch};
 
 use super::state::Home;
 use super::state::State;
-use super::{AtimePolicy, FileSystem, Ino, SetAttr, SetTime, FILE_SIZE_MAX, RELATIME_SECS};
+use super::{AtimePolicy, Caller, FileSystem, Ino, SetAttr, SetTime, FILE_SIZE_MAX, RELATIME_SECS};
 use crate::error::{Errno, FsResult};
 use crate::plan::truncate_blocks;
-use crate::record::{Attr, Timespec, S_IFMT};
+use crate::record::{Attr, Timespec, S_IFDIR, S_IFMT};
+use crate::schema;
+
+/// The extended attribute holding a file's capabilities, which a change
+/// by an unprivileged caller drops with the set-ID bits.
+pub const CAPABILITY_XATTR: &[u8] = b"security.capability";
+
+/// The mode after the set-ID bits a change by `caller` drops, as Linux
+/// does on write, truncate, fallocate and chown by a caller without
+/// CAP_FSETID (`setattr_should_drop_suidgid`): set-user-ID always;
+/// set-group-ID when the group may execute the file, or when the caller
+/// is not in the file's group. Only the caller's primary group reaches a
+/// FUSE daemon (supplementary groups do not), and root counts as a member
+/// of every group. Directories keep theirs.
+pub fn mode_without_privileges(mode: u32, file_gid: u32, caller: Caller) -> u32 {
+    if mode & S_IFMT == S_IFDIR {
+        return mode;
+    }
+    let mut mode = mode & !libc::S_ISUID;
+    let in_group = caller.uid == 0 || caller.gid == file_gid;
+    if mode & libc::S_ISGID != 0 && (mode & libc::S_IXGRP != 0 || !in_group) {
+        mode &= !libc::S_ISGID;
+    }
+    mode
+}
 
 impl FileSystem {
     pub(super) fn set_attributes(&self, ino: Ino, set: &SetAttr) -> FsResult<Attr> {
@@ -20,6 +44,12 @@ impl FileSystem {
             _ => Some(st.file_key(ino)?),
         };
         let mut batch = WriteBatch::new();
+        let dropped = match (set.kill_privileges, &key) {
+            (Some(caller), Some(key)) => {
+                self.drop_privileges(&mut st, &mut batch, ino, key, caller)?
+            }
+            _ => false,
+        };
         if let Some(size) = set.size {
             if before.is_dir() {
                 return Err(Errno::EISDIR);
@@ -64,7 +94,8 @@ impl FileSystem {
         if let Some(t) = set.mtime {
             a.mtime = pick(t);
         }
-        let attributes_changed = set.mode.is_some()
+        let attributes_changed = dropped
+            || set.mode.is_some()
             || set.uid.is_some()
             || set.gid.is_some()
             || set.atime.is_some()
@@ -85,6 +116,50 @@ impl FileSystem {
             return Err(e.into());
         }
         Ok(after)
+    }
+
+    /// Drops the set-ID bits and the capabilities of `ino` before a change
+    /// by `caller` ([`mode_without_privileges`]); the capability's delete
+    /// goes into `batch`. Says whether anything was dropped; the caller
+    /// restores the attributes if the batch fails.
+    pub(super) fn drop_privileges(
+        &self,
+        st: &mut State,
+        batch: &mut WriteBatch,
+        ino: Ino,
+        file_key: &[u8],
+        caller: Caller,
+    ) -> FsResult<bool> {
+        let attr = &st.node(ino)?.attr;
+        let mode = mode_without_privileges(attr.mode, attr.gid, caller);
+        let mut dropped = mode != attr.mode;
+        if mode & S_IFMT != S_IFDIR && self.has_capability(st, ino, file_key)? {
+            batch.delete(
+                KeySpace::Data,
+                &schema::xattr_key(file_key, CAPABILITY_XATTR),
+            );
+            // Known again once the batch is in (or not).
+            st.node_mut(ino)?.has_capability = None;
+            dropped = true;
+        }
+        st.node_mut(ino)?.attr.mode = mode;
+        Ok(dropped)
+    }
+
+    /// Whether the file has capabilities, asked of the store at most once
+    /// while the inode is in the table.
+    fn has_capability(&self, st: &mut State, ino: Ino, file_key: &[u8]) -> FsResult<bool> {
+        let node = st.node(ino)?;
+        if node.has_xattrs == Some(false) {
+            return Ok(false);
+        }
+        if let Some(known) = node.has_capability {
+            return Ok(known);
+        }
+        let key = schema::xattr_key(file_key, CAPABILITY_XATTR);
+        let present = self.store.get(KeySpace::Data, &key)?.is_some();
+        st.node_mut(ino)?.has_capability = Some(present);
+        Ok(present)
     }
 
     pub(super) fn note_access(&self, st: &mut State, ino: Ino) -> FsResult<()> {

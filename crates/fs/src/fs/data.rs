@@ -4,8 +4,8 @@
 use betreefs_engine::merge::patch_arg;
 use betreefs_engine::{KeySpace, WriteBatch, MERGE_PATCH};
 
-use super::state::{Handle, Home, State};
-use super::{FileSystem, Ino, SetAttr, BLOCKS_PER_BATCH, BLOCK_SIZE, FILE_SIZE_MAX};
+use super::state::{Home, OpenFile, State};
+use super::{Caller, FileSystem, Ino, SetAttr, BLOCKS_PER_BATCH, BLOCK_SIZE, FILE_SIZE_MAX};
 use crate::error::{Errno, FsResult};
 use crate::ops::Operations;
 use crate::plan::{count_update, purge_file};
@@ -20,7 +20,7 @@ impl FileSystem {
         st.next_handle += 1;
         st.handles.insert(
             fh,
-            Handle::File {
+            OpenFile {
                 ino,
                 append: flags & libc::O_APPEND != 0,
             },
@@ -28,7 +28,7 @@ impl FileSystem {
         Ok(fh)
     }
 
-    pub(super) fn open_file(&self, ino: Ino, flags: i32) -> FsResult<u64> {
+    pub(super) fn open_file(&self, ino: Ino, flags: i32, kill: Option<Caller>) -> FsResult<u64> {
         let mut st = self.lock();
         let node = st.node(ino)?;
         if node.attr.is_dir() && flags & libc::O_ACCMODE != libc::O_RDONLY {
@@ -43,6 +43,7 @@ impl FileSystem {
                 &SetAttr {
                     size: Some(0),
                     through_open_file: true,
+                    kill_privileges: kill,
                     ..SetAttr::default()
                 },
             )?;
@@ -54,7 +55,7 @@ impl FileSystem {
     /// The last close of an unlinked file frees it.
     pub(super) fn release_file(&self, fh: u64) -> FsResult<()> {
         let mut st = self.lock();
-        let Some(Handle::File { ino, .. }) = st.handles.remove(&fh) else {
+        let Some(OpenFile { ino, .. }) = st.handles.remove(&fh) else {
             return Err(Errno::EBADF);
         };
         let node = st.node_mut(ino)?;
@@ -109,9 +110,16 @@ impl FileSystem {
 
     /// Writes `data` at `offset` (at the end for O_APPEND handles); returns
     /// the bytes written (fewer than asked only when space ran out).
-    pub(super) fn write_data(&self, ino: Ino, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+    pub(super) fn write_data(
+        &self,
+        ino: Ino,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill: Option<Caller>,
+    ) -> FsResult<u32> {
         let mut st = self.lock();
-        let append = matches!(st.handles.get(&fh), Some(Handle::File { append: true, .. }))
+        let append = matches!(st.handles.get(&fh), Some(OpenFile { append: true, .. }))
             && !self
                 .kernel_places_appends
                 .load(std::sync::atomic::Ordering::Relaxed);
@@ -154,8 +162,11 @@ impl FileSystem {
                 blocks += 1;
             }
             let now = Timespec::now();
+            let before = st.node(ino)?.attr.clone();
+            if let (0, Some(caller)) = (chunk_start, kill) {
+                self.drop_privileges(&mut st, &mut batch, ino, &key, caller)?;
+            }
             let node = st.node_mut(ino)?;
-            let before = node.attr.clone();
             node.attr.size = node.attr.size.max(pos);
             node.attr.mtime = now;
             node.attr.ctime = now;
@@ -173,7 +184,14 @@ impl FileSystem {
 
     /// fallocate mode 0: extends the size; blocks are not written ahead
     /// (a B^ε-tree has no extents to reserve), so only free space is checked.
-    pub(super) fn allocate(&self, ino: Ino, offset: u64, length: u64, mode: i32) -> FsResult<()> {
+    pub(super) fn allocate(
+        &self,
+        ino: Ino,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        kill: Option<Caller>,
+    ) -> FsResult<()> {
         if mode != 0 {
             return Err(Errno::EOPNOTSUPP);
         }
@@ -185,21 +203,24 @@ impl FileSystem {
             return Err(Errno::EFBIG);
         }
         let size = self.getattr(ino)?.size;
-        if end <= size {
-            return Ok(());
-        }
-        if self.statfs().blocks_free * BLOCK_SIZE < end - size {
+        if end > size && self.statfs().blocks_free * BLOCK_SIZE < end - size {
             return Err(Errno::ENOSPC);
         }
+        // Like a write: times are marked (Linux's file_modified) and set-ID
+        // bits dropped even when the size stays.
         let mut st = self.lock();
         let now = Timespec::now();
+        let key = st.file_key(ino)?;
+        let before = st.node(ino)?.attr.clone();
+        let mut batch = WriteBatch::new();
+        if let Some(caller) = kill {
+            self.drop_privileges(&mut st, &mut batch, ino, &key, caller)?;
+        }
         let node = st.node_mut(ino)?;
-        let before = node.attr.clone();
-        node.attr.size = end;
+        node.attr.size = node.attr.size.max(end);
         node.attr.ctime = now;
         node.attr.mtime = now;
-        let mut batch = WriteBatch::new();
-        st.put_record(&mut batch, ino)?;
+        st.put_record_at(&mut batch, &key, ino)?;
         if let Err(e) = self.store.write(&batch) {
             st.node_mut(ino)?.attr = before;
             return Err(e.into());

@@ -1,184 +1,182 @@
-//! Directory listings: handles, and readdir over the directory's range
-//! of entry keys (one leaf's worth scanned at a time).
+//! Directory listings without per-open state: the offset of an entry (its
+//! cookie, what telldir returns and seekdir takes) is a hash of its name,
+//! so a listing resumes after any entry it returned, from any open of the
+//! directory, in any order, while entries come and go. Names are listed in
+//! key order; resuming seeks to the key after the name the cookie stands
+//! for, found in a window of recently returned cookies (sequential reads
+//! always hit it) or, failing that, by scanning the directory for the
+//! name with that hash.
+//!
+//! Offsets: 0 is the start, 1 resumes after ".", 2 after "..", and every
+//! other cookie lies in 3..2^63 (the kernel's `loff_t` is signed).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use betreefs_engine::KeySpace;
 
-use super::state::{Handle, State};
+use super::state::State;
 use super::{decode, DirEntry, FileSystem, Ino};
-use crate::error::{Errno, FsResult};
+use crate::error::FsResult;
 use crate::record::{S_IFDIR, S_IFMT};
 use crate::schema;
 
-pub(super) struct DirHandle {
-    pub(super) ino: Ino,
-    /// Escaped names returned so far, in order: offset `i + 3` resumes
-    /// after `returned[i]` (1 and 2 are "." and "..").
-    pub(super) returned: Vec<Vec<u8>>,
-    /// Entries scanned but not yet returned (key, value), valid while the
-    /// directory's version is `version`.
-    pub(super) pending: VecDeque<(Vec<u8>, Vec<u8>)>,
-    /// Where the scan continues after `pending` (None: the end).
-    pub(super) scan_from: Option<Vec<u8>>,
-    pub(super) version: u64,
-    /// The directory's key when `pending` was scanned (a rename of the
-    /// directory itself moves its entries to another prefix).
-    pub(super) dir_key: Vec<u8>,
+/// Cookies remembered per directory, and directories remembered.
+const COOKIES_PER_DIR: usize = 4096;
+const COOKIE_DIRS: usize = 256;
+
+/// The cookie of the entry whose escaped name is `esc`: FNV-1a with a
+/// final mix, stable across mounts and versions (so NFS clients may keep
+/// them), mapped into 3..2^63.
+pub fn dir_cookie(esc: &[u8]) -> u64 {
+    let mut h = esc.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    // splitmix64's finalizer: spreads similar names apart.
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^= h >> 31;
+    3 + h % ((1u64 << 63) - 3)
+}
+
+/// The names behind recently returned cookies of one directory.
+#[derive(Default)]
+struct DirCookies {
+    names: HashMap<u64, Vec<u8>>,
+    order: VecDeque<u64>,
+}
+
+/// Recently returned cookies, per directory (bounded both ways).
+#[derive(Default)]
+pub(super) struct CookieWindow {
+    dirs: HashMap<Ino, DirCookies>,
+    order: VecDeque<Ino>,
+}
+
+impl CookieWindow {
+    fn name(&self, dir: Ino, cookie: u64) -> Option<&[u8]> {
+        self.dirs.get(&dir)?.names.get(&cookie).map(Vec::as_slice)
+    }
+
+    fn remember(&mut self, dir: Ino, cookie: u64, esc: &[u8]) {
+        if !self.dirs.contains_key(&dir) {
+            if self.order.len() >= COOKIE_DIRS {
+                if let Some(old) = self.order.pop_front() {
+                    self.dirs.remove(&old);
+                }
+            }
+            self.order.push_back(dir);
+        }
+        let d = self.dirs.entry(dir).or_default();
+        if d.names.insert(cookie, esc.to_vec()).is_none() {
+            d.order.push_back(cookie);
+            if d.order.len() > COOKIES_PER_DIR {
+                if let Some(old) = d.order.pop_front() {
+                    d.names.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 impl FileSystem {
-    pub(super) fn open_dir(&self, ino: Ino) -> FsResult<u64> {
-        let mut st = self.lock();
-        let node = st.node(ino)?;
-        if !node.attr.is_dir() {
-            return Err(Errno::ENOTDIR);
-        }
-        let version = node.dir_version;
-        let dir_key = st.dir_key(ino)?;
-        let (start, _) = schema::children_range(&dir_key);
-        let fh = st.next_handle;
-        st.next_handle += 1;
-        st.handles.insert(
-            fh,
-            Handle::Dir(Box::new(DirHandle {
-                ino,
-                returned: Vec::new(),
-                pending: VecDeque::new(),
-                scan_from: Some(start),
-                version,
-                dir_key,
-            })),
-        );
-        Ok(fh)
-    }
-
-    pub(super) fn release_dir(&self, fh: u64) {
-        self.lock().handles.remove(&fh);
-    }
-
-    /// Lists a directory from `offset`, calling `add` for each entry until
-    /// it returns `true` (buffer full). With `plus`, entries carry their
-    /// attributes and count as lookups (readdirplus fills the kernel's
-    /// caches from the same scan).
+    /// Lists directory `ino` from `offset`, calling `add` for each entry
+    /// until it returns `true` (buffer full). With `plus`, entries carry
+    /// their attributes and count as lookups (readdirplus fills the
+    /// kernel's caches from the same scan).
     pub(super) fn list_dir(
         &self,
         ino: Ino,
-        fh: u64,
         offset: u64,
         plus: bool,
         add: &mut dyn FnMut(DirEntry<'_>) -> bool,
     ) -> FsResult<()> {
         let mut st = self.lock();
         let dir = st.dir_key(ino)?;
-        let node = st.node(ino)?;
-        let (parent, version) = (node.parent, node.dir_version);
-        let Some(Handle::Dir(mut h)) = st.handles.remove(&fh) else {
-            return Err(Errno::EBADF);
-        };
-        let result = self.fill_dir(
-            &mut st, &mut h, &dir, ino, parent, version, offset, plus, add,
-        );
-        st.handles.insert(fh, Handle::Dir(h));
-        result?;
-        self.note_access(&mut st, ino)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn fill_dir(
-        &self,
-        st: &mut State,
-        h: &mut DirHandle,
-        dir: &[u8],
-        ino: Ino,
-        parent: Ino,
-        version: u64,
-        offset: u64,
-        plus: bool,
-        add: &mut dyn FnMut(DirEntry<'_>) -> bool,
-    ) -> FsResult<()> {
-        debug_assert_eq!(h.ino, ino);
-        if offset == 0
-            && add(DirEntry {
-                ino,
-                offset: 1,
-                file_type: S_IFDIR,
-                name: b".",
-                attr: None,
-            })
-        {
-            return Ok(());
-        }
-        if offset <= 1
-            && add(DirEntry {
-                ino: parent,
-                offset: 2,
-                file_type: S_IFDIR,
-                name: b"..",
-                attr: None,
-            })
-        {
-            return Ok(());
-        }
-        let index = offset.saturating_sub(2) as usize;
-        if index > h.returned.len() {
-            return Ok(()); // past the end (or an offset we never gave)
-        }
-        let continuing = index == h.returned.len() && h.version == version && h.dir_key == dir;
-        if !continuing {
-            h.returned.truncate(index);
-            h.pending.clear();
-            let (lo, _) = schema::children_range(dir);
-            h.scan_from = Some(match h.returned.last() {
-                None => lo,
-                Some(esc) => [lo.as_slice(), esc, &[0]].concat(),
-            });
-            h.version = version;
-            h.dir_key = dir.to_vec();
-        }
-        let (_, hi) = schema::children_range(dir);
-        loop {
-            if h.pending.is_empty() {
-                let Some(from) = h.scan_from.take() else {
-                    return Ok(());
+        let parent = st.node(ino)?.parent;
+        let dots = [(1, ino, &b"."[..]), (2, parent, &b".."[..])];
+        for (cookie, dot_ino, name) in dots {
+            if offset < cookie {
+                let entry = DirEntry {
+                    ino: dot_ino,
+                    offset: cookie,
+                    file_type: S_IFDIR,
+                    name,
+                    attr: None,
                 };
-                // One leaf's worth at a time; the rest waits in the handle.
-                let mut iter = self.store.range(KeySpace::Meta, &from, Some(&hi));
-                let mut last = None;
-                for item in iter.by_ref() {
-                    let (k, v) = item?;
-                    last = Some(k.clone());
-                    h.pending.push_back((k, v));
-                    if h.pending.len() >= 1024 {
-                        break;
-                    }
-                }
-                if h.pending.len() >= 1024 {
-                    h.scan_from = last.map(|mut k| {
-                        k.push(0);
-                        k
-                    });
-                }
-                if h.pending.is_empty() {
+                if add(entry) {
                     return Ok(());
                 }
             }
-            let Some((key, value)) = h.pending.front() else {
+        }
+        let (lo, hi) = schema::children_range(&dir);
+        let from = if offset <= 2 {
+            lo.clone()
+        } else {
+            match self.name_of_cookie(&st, ino, &dir, offset)? {
+                Some(esc) => [lo.as_slice(), &esc, &[0]].concat(),
+                None => {
+                    // The entry is gone and its cookie forgotten: list from
+                    // the start again rather than lose entries (a later
+                    // entry may repeat; none is skipped).
+                    tracing::debug!("readdir of {ino}: unknown offset {offset}, restarting");
+                    lo.clone()
+                }
+            }
+        };
+        self.fill_from(&mut st, ino, &dir, &from, &hi, plus, add)?;
+        self.note_access(&mut st, ino)
+    }
+
+    /// The escaped name a cookie stands for: from the window, else by
+    /// scanning the directory.
+    fn name_of_cookie(
+        &self,
+        st: &State,
+        ino: Ino,
+        dir: &[u8],
+        cookie: u64,
+    ) -> FsResult<Option<Vec<u8>>> {
+        if let Some(esc) = st.cookies.name(ino, cookie) {
+            return Ok(Some(esc.to_vec()));
+        }
+        let (lo, hi) = schema::children_range(dir);
+        for item in self.store.range(KeySpace::Meta, &lo, Some(&hi)) {
+            let (key, _) = item?;
+            let esc = key.get(dir.len() + 1..).unwrap_or_default();
+            if dir_cookie(esc) == cookie {
+                return Ok(Some(esc.to_vec()));
+            }
+        }
+        Ok(None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn fill_from(
+        &self,
+        st: &mut State,
+        ino: Ino,
+        dir: &[u8],
+        from: &[u8],
+        hi: &[u8],
+        plus: bool,
+        add: &mut dyn FnMut(DirEntry<'_>) -> bool,
+    ) -> FsResult<()> {
+        for item in self.store.range(KeySpace::Meta, from, Some(hi)) {
+            let (key, value) = item?;
+            let esc = key.get(dir.len() + 1..).unwrap_or_default();
+            let Some(name) = schema::child_name(dir, &key) else {
                 continue;
             };
-            let esc = key.get(dir.len() + 1..).unwrap_or_default().to_vec();
-            let Some(name) = schema::child_name(dir, key) else {
-                h.pending.pop_front();
-                continue;
-            };
-            let record = decode(value)?;
-            let next_offset = h.returned.len() as u64 + 3;
+            let record = decode(&value)?;
+            let cookie = dir_cookie(esc);
             let full = if plus {
                 let (attr, target, home) = self.resolve(st, record)?;
                 let attr = st.nodes.get(&attr.ino).map_or(attr, |n| n.attr.clone());
                 let full = add(DirEntry {
                     ino: attr.ino,
-                    offset: next_offset,
+                    offset: cookie,
                     file_type: attr.file_type(),
                     name: &name,
                     attr: Some(&attr),
@@ -190,7 +188,7 @@ impl FileSystem {
             } else {
                 add(DirEntry {
                     ino: record.ino(),
-                    offset: next_offset,
+                    offset: cookie,
                     file_type: record.mode() & S_IFMT,
                     name: &name,
                     attr: None,
@@ -199,8 +197,38 @@ impl FileSystem {
             if full {
                 return Ok(());
             }
-            h.pending.pop_front();
-            h.returned.push(esc);
+            st.cookies.remember(ino, cookie, esc);
         }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookies_are_stable_distinct_and_in_range() {
+        assert_eq!(dir_cookie(b"a"), dir_cookie(b"a"));
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..100_000u32 {
+            let c = dir_cookie(format!("file{i}").as_bytes());
+            assert!((3..1u64 << 63).contains(&c));
+            assert!(seen.insert(c), "collision at {i}");
+        }
+    }
+
+    #[test]
+    fn the_window_forgets_oldest_first() {
+        let mut w = CookieWindow::default();
+        for i in 0..COOKIES_PER_DIR as u64 + 10 {
+            w.remember(7, i + 3, &i.to_be_bytes());
+        }
+        assert!(w.name(7, 3).is_none());
+        assert_eq!(w.name(7, 20), Some(&17u64.to_be_bytes()[..]));
+        for d in 0..COOKIE_DIRS as u64 + 1 {
+            w.remember(100 + d, 5, b"x");
+        }
+        assert!(w.name(7, 20).is_none());
     }
 }

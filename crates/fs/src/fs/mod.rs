@@ -47,6 +47,8 @@ use crate::ops::Operations;
 use crate::plan::{count_update, inode_record, purge_file};
 use crate::record::{Attr, FsInfo, Record, Timespec, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::schema::{self, NameError};
+pub use attrs::{mode_without_privileges, CAPABILITY_XATTR};
+pub use listing::dir_cookie;
 use state::{Home, Node, State};
 
 pub type Ino = u64;
@@ -84,7 +86,7 @@ pub enum AtimePolicy {
 }
 
 /// Who is asking (for ownership of new files).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
@@ -110,6 +112,9 @@ pub struct SetAttr {
     /// The request comes through an open file (ftruncate, open with
     /// O_TRUNC): a truncation marks the times even when the size stays.
     pub through_open_file: bool,
+    /// Drop set-ID bits and capabilities first, as for a change by this
+    /// caller (truncate or chown; see [`mode_without_privileges`]).
+    pub kill_privileges: Option<Caller>,
 }
 
 /// rename(2) flags.
@@ -218,6 +223,7 @@ impl FileSystem {
                 children: 0,
                 dir_version: 0,
                 has_xattrs: None,
+                has_capability: None,
             },
         );
         let fs = FileSystem {
@@ -226,6 +232,7 @@ impl FileSystem {
                 nodes,
                 absent: HashSet::new(),
                 handles: HashMap::new(),
+                cookies: Default::default(),
                 next_handle: 1,
                 next_ino: info.ino_reserved,
                 ino_reserved: info.ino_reserved,
@@ -399,8 +406,8 @@ impl Operations for FileSystem {
         self.set_attributes(ino, set)
     }
 
-    fn open(&self, ino: Ino, flags: i32) -> FsResult<u64> {
-        self.open_file(ino, flags)
+    fn open(&self, ino: Ino, flags: i32, kill: Option<Caller>) -> FsResult<u64> {
+        self.open_file(ino, flags, kill)
     }
 
     fn release(&self, fh: u64) -> FsResult<()> {
@@ -411,8 +418,15 @@ impl Operations for FileSystem {
         self.read_data(ino, offset, size)
     }
 
-    fn write(&self, ino: Ino, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
-        self.write_data(ino, fh, offset, data)
+    fn write(
+        &self,
+        ino: Ino,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill: Option<Caller>,
+    ) -> FsResult<u32> {
+        self.write_data(ino, fh, offset, data, kill)
     }
 
     /// Makes everything written so far durable (one log for all files: an
@@ -422,27 +436,25 @@ impl Operations for FileSystem {
         Ok(())
     }
 
-    fn fallocate(&self, ino: Ino, offset: u64, length: u64, mode: i32) -> FsResult<()> {
-        self.allocate(ino, offset, length, mode)
-    }
-
-    fn opendir(&self, ino: Ino) -> FsResult<u64> {
-        self.open_dir(ino)
+    fn fallocate(
+        &self,
+        ino: Ino,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        kill: Option<Caller>,
+    ) -> FsResult<()> {
+        self.allocate(ino, offset, length, mode, kill)
     }
 
     fn readdir(
         &self,
         ino: Ino,
-        fh: u64,
         offset: u64,
         plus: bool,
         add: &mut dyn FnMut(DirEntry<'_>) -> bool,
     ) -> FsResult<()> {
-        self.list_dir(ino, fh, offset, plus, add)
-    }
-
-    fn releasedir(&self, fh: u64) {
-        self.release_dir(fh)
+        self.list_dir(ino, offset, plus, add)
     }
 
     fn statfs(&self) -> FsStats {

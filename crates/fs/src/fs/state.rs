@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use betreefs_engine::{KeySpace, WriteBatch};
 
-use super::listing::DirHandle;
+use super::listing::CookieWindow;
 use super::{Ino, INO_BATCH, NEGATIVE_CACHE_MAX, ROOT_INO};
 use crate::error::{Errno, FsResult};
 use crate::plan::inode_record;
@@ -38,18 +38,23 @@ pub(super) struct Node {
     pub(super) dir_version: u64,
     /// Whether the file has extended attributes, once known.
     pub(super) has_xattrs: Option<bool>,
+    /// Whether it has a `security.capability` attribute, once known.
+    pub(super) has_capability: Option<bool>,
 }
 
-pub(super) enum Handle {
-    File { ino: Ino, append: bool },
-    Dir(Box<DirHandle>),
+/// An open file (directories need no handle: see [`super::listing`]).
+pub(super) struct OpenFile {
+    pub(super) ino: Ino,
+    pub(super) append: bool,
 }
 
 pub(super) struct State {
     pub(super) nodes: HashMap<Ino, Node>,
     /// (parent, name) pairs a lookup found absent and nothing created since.
     pub(super) absent: HashSet<(Ino, Vec<u8>)>,
-    pub(super) handles: HashMap<u64, Handle>,
+    pub(super) handles: HashMap<u64, OpenFile>,
+    /// Names behind the readdir cookies returned lately.
+    pub(super) cookies: CookieWindow,
     pub(super) next_handle: u64,
     pub(super) next_ino: Ino,
     pub(super) ino_reserved: Ino,
@@ -174,6 +179,7 @@ impl State {
                 children: 0,
                 dir_version: 0,
                 has_xattrs: None,
+                has_capability: None,
             },
         );
         if let Some(p) = self.nodes.get_mut(&parent) {

@@ -3,7 +3,7 @@
 
 use betreefs_engine::{KeySpace, WriteBatch};
 
-use super::{FileSystem, Ino, XATTR_SIZE_MAX};
+use super::{FileSystem, Ino, CAPABILITY_XATTR, XATTR_SIZE_MAX};
 use crate::error::{Errno, FsResult};
 use crate::record::Timespec;
 use crate::schema;
@@ -42,6 +42,9 @@ impl FileSystem {
         let node = st.node_mut(ino)?;
         node.attr.ctime = now;
         node.has_xattrs = Some(true);
+        if name == CAPABILITY_XATTR {
+            node.has_capability = None;
+        }
         let mut batch = WriteBatch::new();
         batch.put(KeySpace::Data, &key, value);
         st.put_record(&mut batch, ino)?;
@@ -97,7 +100,11 @@ impl FileSystem {
         if self.store.get(KeySpace::Data, &key)?.is_none() {
             return Err(Errno::ENODATA);
         }
-        st.node_mut(ino)?.attr.ctime = Timespec::now();
+        let node = st.node_mut(ino)?;
+        node.attr.ctime = Timespec::now();
+        if name == CAPABILITY_XATTR {
+            node.has_capability = None;
+        }
         let mut batch = WriteBatch::new();
         batch.delete(KeySpace::Data, &key);
         st.put_record(&mut batch, ino)?;

@@ -1,0 +1,408 @@
+//! The FUSE front end's round trips and transports, seen from the
+//! daemon's request counters: requests that must no longer arrive, every
+//! opcode through each transport, the interrupt and forget paths, a mount
+//! whose io_uring queues fail to register, and set-ID bits dropped on
+//! write, truncate, fallocate and chown exactly as the kernel drops them
+//! on tmpfs (the daemon does it since it negotiates
+//! `FUSE_HANDLE_KILLPRIV_V2`).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+fn mounted(tag: &str, options: &[&str]) -> (Scratch, Mount) {
+    let (s, image, dir) = formatted(tag, "1G");
+    let m = Mount::start(&image, &dir, options);
+    (s, m)
+}
+
+fn count(delta: &BTreeMap<String, u64>, op: &str) -> u64 {
+    delta.get(op).copied().unwrap_or(0)
+}
+
+/// Requests through /dev/fuse that the protocol keeps there whatever the
+/// transport: FORGET (also batched) and INTERRUPT.
+fn device_only(delta: &BTreeMap<String, u64>) -> u64 {
+    count(delta, "forget") + count(delta, "batch_forget") + count(delta, "interrupt")
+}
+
+#[test]
+fn removed_round_trips_stay_removed() {
+    if !fuse_available() {
+        return;
+    }
+    for transport in transports() {
+        let (_s, m) = mounted("rounds", &[transport]);
+        fs::create_dir(m.path("d")).unwrap();
+        let before = request_counts(&m.dir);
+        for i in 0..50 {
+            let mut f = File::create(m.path(&format!("d/f{i}"))).unwrap();
+            f.write_all(&[1; 100]).unwrap();
+            f.write_all(&[2; 100]).unwrap();
+        }
+        let delta = request_delta(&before, &request_counts(&m.dir));
+        assert_eq!(count(&delta, "create"), 50, "{transport}: {delta:?}");
+        assert_eq!(count(&delta, "write"), 100, "{transport}: {delta:?}");
+        // FLUSH: answered ENOSYS once per mount, then never sent again.
+        assert!(count(&delta, "flush") <= 1, "{transport}: {delta:?}");
+        // security.capability is asked once per file (killpriv_v2 lets the
+        // kernel remember the answer), not once per write.
+        assert!(count(&delta, "getxattr") <= 50, "{transport}: {delta:?}");
+
+        // Directories: no OPENDIR/RELEASEDIR, and an unchanged directory
+        // is listed from the kernel's cache the second time.
+        let before = request_counts(&m.dir);
+        let first = fs::read_dir(m.path("d")).unwrap().count();
+        let middle = request_counts(&m.dir);
+        let second = fs::read_dir(m.path("d")).unwrap().count();
+        let after = request_counts(&m.dir);
+        assert_eq!(first, 50);
+        assert_eq!(second, 50);
+        let listing = request_delta(&before, &middle);
+        // OPENDIR: answered ENOSYS once per mount, then never sent again.
+        assert!(count(&listing, "opendir") <= 1, "{transport}: {listing:?}");
+        assert_eq!(count(&listing, "releasedir"), 0, "{transport}: {listing:?}");
+        let again = request_delta(&middle, &after);
+        let reads = count(&again, "readdir") + count(&again, "readdirplus");
+        assert_eq!(
+            reads, 0,
+            "{transport}: a cached listing asked again: {again:?}"
+        );
+        let before = request_counts(&m.dir);
+        assert_eq!(fs::read_dir(&m.dir).unwrap().count(), 1);
+        let root = request_delta(&before, &request_counts(&m.dir));
+        assert_eq!(count(&root, "opendir"), 0, "{transport}: {root:?}");
+        m.unmount();
+    }
+}
+
+/// One of each operation; returns nothing, the counters tell.
+fn exercise_every_opcode(m: &Mount) {
+    let p = |rel: &str| m.path(rel);
+    fs::create_dir(p("d")).unwrap();
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(p("d/f"))
+        .unwrap();
+    f.write_all(b"hello").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(fs::read(p("d/f")).unwrap(), b"hello");
+    let f = OpenOptions::new().write(true).open(p("d/f")).unwrap();
+    f.set_len(2).unwrap();
+    // SAFETY: fallocate on a descriptor we own.
+    assert_eq!(
+        unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, 8192) },
+        0
+    );
+    drop(f);
+    fs::set_permissions(p("d/f"), fs::Permissions::from_mode(0o640)).unwrap();
+    std::os::unix::fs::symlink("f", p("d/s")).unwrap();
+    assert_eq!(fs::read_link(p("d/s")).unwrap(), Path::new("f"));
+    fs::hard_link(p("d/f"), p("d/h")).unwrap();
+    let fifo = cstr(&p("d/fifo"));
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(
+        unsafe { libc::mknod(fifo.as_ptr(), libc::S_IFIFO | 0o600, 0) },
+        0
+    );
+    set_xattr(&p("d/f"), "user.k", b"v", 0).unwrap();
+    assert_eq!(get_xattr(&p("d/f"), "user.k", 64).unwrap(), b"v");
+    assert!(!list_xattr(&p("d/f")).unwrap().is_empty());
+    remove_xattr(&p("d/f"), "user.k").unwrap();
+    fs::rename(p("d/h"), p("d/h2")).unwrap();
+    assert_eq!(renameat2(&p("d/h2"), &p("d/s"), libc::RENAME_EXCHANGE), 0);
+    assert_eq!(fs::read_dir(p("d")).unwrap().count(), 4);
+    File::open(p("d")).unwrap().sync_all().unwrap();
+    let stat = cstr(&m.dir);
+    // SAFETY: st is written by statvfs.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid path and a writable statvfs.
+    assert_eq!(unsafe { libc::statvfs(stat.as_ptr(), &mut st) }, 0);
+    fs::remove_file(p("d/fifo")).unwrap();
+    fs::remove_file(p("d/s")).unwrap();
+    fs::remove_file(p("d/h2")).unwrap();
+    fs::remove_file(p("d/f")).unwrap();
+    fs::remove_dir(p("d")).unwrap();
+    // The kernel forgets what it no longer caches.
+    drop_kernel_caches();
+}
+
+fn drop_kernel_caches() {
+    fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+}
+
+#[test]
+fn every_opcode_through_each_transport() {
+    if !fuse_available() {
+        return;
+    }
+    for transport in transports() {
+        let (_s, m) = mounted("opcodes", &[transport]);
+        let before = request_counts(&m.dir);
+        exercise_every_opcode(&m);
+        // Forgets are sent in the background: wait for them.
+        let mut delta = request_delta(&before, &request_counts(&m.dir));
+        for _ in 0..100 {
+            if count(&delta, "forget") + count(&delta, "batch_forget") > 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            delta = request_delta(&before, &request_counts(&m.dir));
+        }
+        for op in [
+            "lookup",
+            "getattr",
+            "setattr",
+            "readlink",
+            "symlink",
+            "mknod",
+            "mkdir",
+            "unlink",
+            "rmdir",
+            "rename2",
+            "link",
+            "open",
+            "read",
+            "write",
+            "statfs",
+            "release",
+            "fsync",
+            "fsyncdir",
+            "setxattr",
+            "getxattr",
+            "listxattr",
+            "removexattr",
+            "create",
+            "readdirplus",
+            "fallocate",
+        ] {
+            assert!(
+                count(&delta, op) > 0,
+                "{transport}: no {op} arrived: {delta:?}"
+            );
+        }
+        assert!(
+            count(&delta, "forget") + count(&delta, "batch_forget") > 0,
+            "{transport}: no forget after dropping the kernel's caches: {delta:?}"
+        );
+        if transport == "transport=uring" {
+            assert_eq!(
+                count(&delta, "via devfuse"),
+                device_only(&delta),
+                "{transport}: only FORGET and INTERRUPT may use /dev/fuse: {delta:?}"
+            );
+            assert!(count(&delta, "via uring") > 0);
+        } else {
+            assert_eq!(count(&delta, "via uring"), 0, "{delta:?}");
+        }
+        m.unmount();
+    }
+}
+
+extern "C" fn ignore_signal(_: libc::c_int) {}
+
+/// A signal to a thread waiting for a request makes the kernel send
+/// INTERRUPT; the daemon answers ENOSYS (its requests are not
+/// interruptible), the kernel stops sending them, and the request
+/// completes normally.
+#[test]
+fn interrupted_requests_complete() {
+    if !fuse_available() {
+        return;
+    }
+    // SAFETY: installs a handler that does nothing (so the signal is not
+    // fatal and the kernel interrupts rather than aborts the request).
+    unsafe {
+        libc::signal(
+            libc::SIGUSR1,
+            ignore_signal as *const () as libc::sighandler_t,
+        )
+    };
+    for transport in transports() {
+        let (s, image, dir) = formatted("interrupt", "1G");
+        let m = Mount::start_with_env(
+            &image,
+            &dir,
+            &[transport],
+            &[("BETREEFS_TEST_DELAY", "fsync:300")],
+        );
+        let _keep = s;
+        fs::write(m.path("f"), b"x").unwrap();
+        let before = request_counts(&m.dir);
+        let path = m.path("f");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let worker = std::thread::spawn(move || {
+            // SAFETY: pthread_self has no preconditions.
+            tx.send(unsafe { libc::pthread_self() }).unwrap();
+            File::open(&path).unwrap().sync_all()
+        });
+        let thread = rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        // SAFETY: the thread is alive (it waits for its fsync).
+        unsafe { libc::pthread_kill(thread, libc::SIGUSR1) };
+        worker
+            .join()
+            .unwrap()
+            .expect("the interrupted fsync completes");
+        let delta = request_delta(&before, &request_counts(&m.dir));
+        assert_eq!(count(&delta, "interrupt"), 1, "{transport}: {delta:?}");
+        assert_eq!(fs::read(m.path("f")).unwrap(), b"x");
+        m.unmount();
+    }
+}
+
+#[test]
+fn uring_setup_failures_fall_back_or_say_why() {
+    if !fuse_available() {
+        return;
+    }
+    if !transports().contains(&"transport=uring") {
+        // No io_uring here: asking for it must fail with the reason.
+        let (_s, image, dir) = formatted("nouring", "256M");
+        fs::create_dir_all(&dir).unwrap();
+        let out = Command::new(binary())
+            .args(["mount", "-o", "transport=uring"])
+            .arg(&image)
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("enable_uring"), "{err}");
+        return;
+    }
+    // A queue that cannot register: the kernel is told to give up io_uring
+    // and the mount works through /dev/fuse.
+    let (s, image, dir) = formatted("uringfail", "256M");
+    let m = Mount::start_with_env(
+        &image,
+        &dir,
+        &[],
+        &[("BETREEFS_TEST_URING_FAIL_QUEUE", "0")],
+    );
+    fs::write(m.path("f"), b"still served").unwrap();
+    assert_eq!(fs::read(m.path("f")).unwrap(), b"still served");
+    let counts = request_counts(&m.dir);
+    assert_eq!(counts["via uring"], 0, "{counts:?}");
+    assert!(counts["via devfuse"] > 0);
+    m.unmount();
+    // Asking for io_uring explicitly: the mount fails and says why.
+    let out = Command::new(binary())
+        .args(["mount", "-o", "transport=uring"])
+        .arg(&image)
+        .arg(&dir)
+        .env("BETREEFS_TEST_URING_FAIL_QUEUE", "0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("did not register"), "{err}");
+    assert!(!is_mounted(&dir));
+    drop(s);
+}
+
+/// Runs `script` with `sh -c` as user and group `uid` (no other groups).
+fn as_user(uid: u32, script: &str) {
+    let status = Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg("--clear-groups")
+        .args(["sh", "-c", script])
+        .status()
+        .expect("setpriv (util-linux)");
+    assert!(status.success(), "as {uid}: {script}");
+}
+
+/// The modes a set of changes leaves, for the files of `dir`.
+fn set_id_cases(dir: &Path) -> Vec<(String, u32)> {
+    const OWNER: u32 = 65534;
+    const OTHER: u32 = 65533;
+    // (name, mode, what happens to it)
+    let cases: [(&str, u32, &str); 12] = [
+        ("write-g+x", 0o6755, "owner-write"),
+        ("write-g-x", 0o6644, "owner-write"),
+        ("write-other", 0o6666, "other-write"),
+        ("write-other-g+x", 0o6777, "other-write"),
+        ("truncate", 0o6744, "owner-truncate"),
+        ("truncate-g-x", 0o6644, "owner-truncate"),
+        ("fallocate-other", 0o6666, "other-fallocate"),
+        ("fallocate-owner", 0o6644, "owner-fallocate"),
+        ("chown-root-g+x", 0o6755, "root-chown"),
+        ("chown-root-g-x", 0o6745, "root-chown"),
+        ("chgrp-owner", 0o6755, "owner-chgrp"),
+        ("dir-chown", 0o2755, "root-chown-dir"),
+    ];
+    let mut out = Vec::new();
+    for (name, mode, change) in cases {
+        let p = dir.join(name);
+        if change.ends_with("-dir") {
+            fs::create_dir(&p).unwrap();
+        } else {
+            fs::write(&p, b"data").unwrap();
+        }
+        let c = cstr(&p);
+        // SAFETY: valid path; owner then mode (chown clears set-ID bits).
+        unsafe {
+            assert_eq!(libc::chown(c.as_ptr(), OWNER, OWNER), 0);
+            assert_eq!(libc::chmod(c.as_ptr(), mode), 0);
+        }
+        let q = p.display();
+        match change {
+            "owner-write" => as_user(OWNER, &format!("printf x >> '{q}'")),
+            "other-write" => as_user(OTHER, &format!("printf x >> '{q}'")),
+            "owner-truncate" => as_user(OWNER, &format!("truncate -s 1 '{q}'")),
+            "other-fallocate" => as_user(OTHER, &format!("fallocate -l 8192 '{q}'")),
+            "owner-fallocate" => as_user(OWNER, &format!("fallocate -l 8192 '{q}'")),
+            "owner-chgrp" => as_user(OWNER, &format!("chgrp {OWNER} '{q}'")),
+            "root-chown" | "root-chown-dir" => {
+                // SAFETY: a valid path.
+                assert_eq!(unsafe { libc::chown(c.as_ptr(), OWNER, OWNER) }, 0);
+            }
+            other => unreachable!("{other}"),
+        }
+        let mode = fs::symlink_metadata(&p).unwrap().mode() & 0o7777;
+        out.push((name.to_string(), mode));
+    }
+    out
+}
+
+#[test]
+fn set_id_bits_are_dropped_as_the_kernel_drops_them() {
+    if !fuse_available() {
+        return;
+    }
+    let tmpfs = Path::new("/dev/shm").join(format!("betreefs-setid-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&tmpfs);
+    fs::create_dir(&tmpfs).unwrap();
+    fs::set_permissions(&tmpfs, fs::Permissions::from_mode(0o777)).unwrap();
+    let want = set_id_cases(&tmpfs);
+    fs::remove_dir_all(&tmpfs).unwrap();
+    for transport in transports() {
+        let (_s, m) = mounted("setid", &[transport]);
+        fs::set_permissions(&m.dir, fs::Permissions::from_mode(0o777)).unwrap();
+        // The scratch directory above the mount must let the users through.
+        let mut up = m.dir.parent();
+        while let Some(dir) = up.filter(|d| d.starts_with(std::env::temp_dir())) {
+            let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o755));
+            up = dir.parent();
+        }
+        let got = set_id_cases(&m.dir);
+        assert_eq!(
+            got, want,
+            "{transport}: modes after changes (betreefs vs tmpfs)"
+        );
+        m.unmount();
+    }
+}
