@@ -26,7 +26,7 @@ use crate::progress::Progress;
 use crate::report::Results;
 use crate::scale::{Params, Scale};
 use crate::suites::{Recorder, Suite, Trees};
-use crate::targets::{Env, Kind, Target};
+use crate::targets::{Env, FsSpec, Kind, Target};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -36,14 +36,16 @@ use crate::targets::{Env, Kind, Target};
 )]
 struct Args {
     /// File systems, comma-separated, in the order of the tables' columns:
-    /// betreefs, nullfuse, ext4, xfs, btrfs, tmpfs.
+    /// betreefs, nullfuse, ext4, xfs, btrfs, tmpfs; a FUSE one may carry
+    /// mount options after `@`, joined by `+` (`nullfuse@transport=devfuse`,
+    /// `betreefs@writeback+transport=uring`), to compare settings side by
+    /// side.
     #[arg(
         long,
-        value_enum,
         value_delimiter = ',',
         default_value = "betreefs,nullfuse,ext4,xfs,btrfs"
     )]
-    fs: Vec<Kind>,
+    fs: Vec<FsSpec>,
     /// Suites, comma-separated: micro, source, app, ioamp.
     #[arg(
         long,
@@ -76,11 +78,11 @@ struct Args {
 }
 
 /// The list without repeats, in the order given.
-fn first_of_each<T: PartialEq + Copy>(items: &[T]) -> Vec<T> {
+fn first_of_each<T: PartialEq + Clone>(items: &[T]) -> Vec<T> {
     let mut out = Vec::with_capacity(items.len());
     for item in items {
         if !out.contains(item) {
-            out.push(*item);
+            out.push(item.clone());
         }
     }
     out
@@ -95,7 +97,7 @@ struct Report<'a> {
     machine: Machine,
     scale: Scale,
     rounds: usize,
-    file_systems: Vec<&'static str>,
+    file_systems: Vec<String>,
     suites: Vec<&'static str>,
     params: &'a Params,
     results: &'a Results,
@@ -166,7 +168,7 @@ fn run(args: Args) -> Result<bool> {
     if rounds == 0 {
         bail!("--rounds must be at least 1");
     }
-    let kinds = first_of_each(&args.fs);
+    let specs = first_of_each(&args.fs);
     let suite_list = first_of_each(&args.suite);
     let mut params = Params::of(args.scale);
     if let Some(gib) = args.image_gib {
@@ -190,7 +192,7 @@ fn run(args: Args) -> Result<bool> {
         image_size: params.image_size,
         logs,
     };
-    env.check_tools(&kinds)?;
+    env.check_tools(&specs)?;
     let mut tools = vec![];
     if suite_list.contains(&Suite::Source) {
         tools.extend(["tar", "find", "grep", "xz"]);
@@ -235,12 +237,12 @@ fn run(args: Args) -> Result<bool> {
     cleanup::register(Resource::Tree(scratch.clone()))?;
 
     let runs_on = |kind: Kind, suite: Suite| suite != Suite::Ioamp || kind.has_device();
-    let total: u64 = kinds
+    let total: u64 = specs
         .iter()
-        .flat_map(|k| {
+        .flat_map(|spec| {
             suite_list
                 .iter()
-                .filter(move |s| runs_on(*k, **s))
+                .filter(move |s| runs_on(spec.kind, **s))
                 .map(|s| s.phases())
         })
         .sum::<u64>()
@@ -260,13 +262,13 @@ fn run(args: Args) -> Result<bool> {
 
     let mut results = Results::default();
     for round in 0..rounds {
-        for &kind in &kinds {
-            for &suite in suite_list.iter().filter(|s| runs_on(kind, **s)) {
+        for spec in &specs {
+            for &suite in suite_list.iter().filter(|s| runs_on(spec.kind, **s)) {
                 let start = progress.position();
-                let what = format!("round {} · {} · {}", round + 1, kind.name(), suite.name());
+                let what = format!("round {} · {} · {}", round + 1, spec.label, suite.name());
                 progress.status(&format!("{what} · setting up"));
                 let outcome =
-                    run_suite(kind, suite, &env, &params, &trees, &mut results, &progress);
+                    run_suite(spec, suite, &env, &params, &trees, &mut results, &progress);
                 if cleanup::interrupted() {
                     progress.finish();
                     cleanup::stopped_after_interrupt();
@@ -283,7 +285,7 @@ fn run(args: Args) -> Result<bool> {
     progress.finish();
     cleanup::release_all();
 
-    let names: Vec<&'static str> = kinds.iter().map(|k| k.name()).collect();
+    let names: Vec<String> = specs.iter().map(|s| s.label.clone()).collect();
     let report = Report {
         date: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
@@ -301,7 +303,7 @@ fn run(args: Args) -> Result<bool> {
         .with_context(|| format!("writing {}", json.display()))?;
     let plots = write_plots(&out, &results);
     let md = out.join("results.md");
-    std::fs::write(&md, markdown(&report, &kinds, &plots))
+    std::fs::write(&md, markdown(&report, &specs, &plots))
         .with_context(|| format!("writing {}", md.display()))?;
     eprintln!(
         "betreefs-bench: wrote {}, {} and {} plots",
@@ -318,7 +320,7 @@ fn run(args: Args) -> Result<bool> {
 /// One suite on a freshly made file system, which is torn down after it
 /// whatever happened.
 fn run_suite(
-    kind: Kind,
+    spec: &FsSpec,
     suite: Suite,
     env: &Env,
     params: &Params,
@@ -326,7 +328,7 @@ fn run_suite(
     results: &mut Results,
     progress: &Progress,
 ) -> Result<()> {
-    let mut target = Target::setup(kind, env)?;
+    let mut target = Target::setup(spec, env)?;
     let mut recorder = Recorder {
         target: &mut target,
         params,
@@ -343,7 +345,7 @@ fn run_suite(
     };
     progress.status(&format!(
         "{} · {} · tearing down",
-        kind.name(),
+        spec.label,
         suite.name()
     ));
     let teardown = target.teardown();
@@ -432,7 +434,7 @@ const SUITE_NOTES: [(&str, &str); 4] = [
     ),
 ];
 
-fn markdown(report: &Report, kinds: &[Kind], plots: &[(String, Result<()>)]) -> String {
+fn markdown(report: &Report, specs: &[FsSpec], plots: &[(String, Result<()>)]) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "# betreefs-bench results\n");
     let _ = writeln!(md, "- date: {}", report.date);
@@ -460,7 +462,7 @@ fn markdown(report: &Report, kinds: &[Kind], plots: &[(String, Result<()>)]) -> 
         report::FAR_BEHIND * 100.0
     );
     let order: Vec<String> = report.file_systems.iter().map(|s| s.to_string()).collect();
-    let keeps_data = |fs: &str| kinds.iter().any(|k| k.name() == fs && k.keeps_data());
+    let keeps_data = |fs: &str| specs.iter().any(|s| s.label == fs && s.kind.keeps_data());
     for suite in report.results.suites() {
         if suite == suites::REQUESTS_TABLE {
             continue;
@@ -481,10 +483,10 @@ fn markdown(report: &Report, kinds: &[Kind], plots: &[(String, Result<()>)]) -> 
         .iter()
         .any(|s| s == suites::REQUESTS_TABLE)
     {
-        let fuse: Vec<String> = kinds
+        let fuse: Vec<String> = specs
             .iter()
-            .filter(|k| k.is_fuse())
-            .map(|k| k.name().to_string())
+            .filter(|s| s.kind.is_fuse())
+            .map(|s| s.label.clone())
             .collect();
         let _ = writeln!(md, "## FUSE requests\n");
         let _ = writeln!(

@@ -79,6 +79,39 @@ impl Kind {
     }
 }
 
+/// A file system to run and the mount options of a FUSE one:
+/// `kind[@option+option...]`, e.g. `nullfuse@transport=devfuse` or
+/// `betreefs@writeback`. Its label (the whole spec) names its column.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsSpec {
+    pub kind: Kind,
+    pub options: Vec<String>,
+    pub label: String,
+}
+
+impl std::str::FromStr for FsSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        use clap::ValueEnum;
+        let (name, options) = match s.split_once('@') {
+            Some((name, opts)) => (name, opts.split('+').map(str::to_string).collect()),
+            None => (s, Vec::new()),
+        };
+        let kind = Kind::from_str(name, true)?;
+        if !options.is_empty() && !kind.is_fuse() {
+            return Err(format!("{s}: mount options only for betreefs and nullfuse"));
+        }
+        if options.iter().any(|o| o.is_empty() || o.contains(['/', ' '])) {
+            return Err(format!("{s}: malformed option"));
+        }
+        Ok(FsSpec {
+            kind,
+            options,
+            label: s.to_string(),
+        })
+    }
+}
+
 /// Where the targets live and what they need.
 #[derive(Debug, Clone)]
 pub struct Env {
@@ -95,8 +128,8 @@ pub struct Env {
 impl Env {
     /// Checks up front that every tool the chosen file systems need is
     /// here, so a run does not fail half-way.
-    pub fn check_tools(&self, kinds: &[Kind]) -> Result<()> {
-        for kind in kinds {
+    pub fn check_tools(&self, specs: &[FsSpec]) -> Result<()> {
+        for kind in specs.iter().map(|s| &s.kind) {
             if let Some((mkfs, _)) = kind.mkfs() {
                 if !on_path(mkfs) {
                     bail!("{mkfs} is missing (apt-get install -y e2fsprogs xfsprogs btrfs-progs)");
@@ -112,7 +145,7 @@ impl Env {
                 bail!("/dev/fuse is missing; FUSE file systems cannot be mounted here");
             }
         }
-        if kinds.iter().any(|k| k.has_device()) && !on_path("losetup") {
+        if specs.iter().any(|s| s.kind.has_device()) && !on_path("losetup") {
             bail!("losetup is missing (apt-get install -y mount)");
         }
         Ok(())
@@ -127,6 +160,9 @@ pub fn on_path(tool: &str) -> bool {
 /// A mounted file system under test.
 pub struct Target {
     pub kind: Kind,
+    /// Its column in the tables (the spec it was made from).
+    pub label: String,
+    options: Vec<String>,
     pub dir: PathBuf,
     env: Env,
     loop_dev: Option<String>,
@@ -136,15 +172,22 @@ pub struct Target {
 }
 
 impl Target {
-    /// Creates and mounts a fresh instance of `kind`.
-    pub fn setup(kind: Kind, env: &Env) -> Result<Target> {
-        let dir = env.work.join(format!("mnt-{}", kind.name()));
+    /// Creates and mounts a fresh instance of `spec`.
+    pub fn setup(spec: &FsSpec, env: &Env) -> Result<Target> {
+        let slug: String = spec
+            .label
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let dir = env.work.join(format!("mnt-{slug}"));
         if cleanup::is_mounted(&dir) {
             bail!("{} is already a mount point (another run?)", dir.display());
         }
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let mut target = Target {
-            kind,
+            kind: spec.kind,
+            label: spec.label.clone(),
+            options: spec.options.clone(),
             dir,
             env: env.clone(),
             loop_dev: None,
@@ -190,6 +233,7 @@ impl Target {
             Kind::Nullfuse => self.mount()?,
             Kind::Ext4 | Kind::Xfs | Kind::Btrfs | Kind::Betreefs => {
                 let image = self.env.work.join(format!("{}.img", self.kind.name()));
+                // One image per kind at a time: runs are sequential.
                 self.own(Resource::File(image.clone()))?;
                 if self.kind == Kind::Betreefs {
                     run_quiet(
@@ -246,7 +290,7 @@ impl Target {
                 let log_path = self
                     .env
                     .logs
-                    .join(format!("{}-daemon.log", self.kind.name()));
+                    .join(format!("{}-daemon.log", self.label.replace('/', "-")));
                 let log = std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
@@ -258,6 +302,9 @@ impl Target {
                     cmd.arg("mount").arg(dev).arg(&self.dir).arg("--foreground");
                 } else {
                     cmd.arg("nullfuse").arg(&self.dir).arg("--foreground");
+                }
+                for option in &self.options {
+                    cmd.arg("-o").arg(option);
                 }
                 // Its own process group: an interrupt of the harness must
                 // not reach the daemon before the harness unmounts.
@@ -485,4 +532,22 @@ pub fn run_quiet(cmd: &mut Command) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_name_a_kind_and_its_mount_options() {
+        let s: FsSpec = "nullfuse@transport=devfuse+writeback".parse().unwrap();
+        assert_eq!(s.kind, Kind::Nullfuse);
+        assert_eq!(s.options, ["transport=devfuse", "writeback"]);
+        assert_eq!(s.label, "nullfuse@transport=devfuse+writeback");
+        let s: FsSpec = "ext4".parse().unwrap();
+        assert_eq!((s.kind, s.options.len()), (Kind::Ext4, 0));
+        assert!("ext4@noatime".parse::<FsSpec>().is_err(), "kernel file systems take none");
+        assert!("zfs".parse::<FsSpec>().is_err());
+        assert!("betreefs@".parse::<FsSpec>().is_err());
+    }
 }

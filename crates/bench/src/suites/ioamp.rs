@@ -223,7 +223,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
         per_op.push((name.into(), traffic_rows(r, label, Per::Operations(n), &t)));
     }
 
-    let fs = r.target.kind.name();
+    let fs = r.target.label.as_str();
     let points = per_op
         .iter()
         .enumerate()

@@ -65,7 +65,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
         p.toku_files as f64 / t.as_secs_f64(),
     );
     r.record_requests("tokubench + sync", "file", p.toku_files as u64, before)?;
-    let fs = r.target.kind.name();
+    let fs = r.target.label.as_str();
     r.results.set_series(
         "tokubench",
         "files created",
@@ -105,7 +105,7 @@ fn latency_rows(r: &mut Recorder, what: &str, per_size: &[(u64, Vec<f64>)]) {
         );
         curve.push((*size as f64, ms));
     }
-    let fs = r.target.kind.name();
+    let fs = r.target.label.as_str();
     r.results.set_series(
         what,
         "file size (bytes)",

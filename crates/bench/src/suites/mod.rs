@@ -72,13 +72,13 @@ impl Recorder<'_> {
     pub fn phase(&self, name: &str) -> Result<()> {
         crate::cleanup::check_interrupted()?;
         self.progress
-            .phase(self.target.kind.name(), self.suite.name(), name);
+            .phase(self.target.label.as_str(), self.suite.name(), name);
         Ok(())
     }
 
     /// Records one figure (and counts the phase as done).
     pub fn record(&mut self, name: &str, unit: &str, better: Better, value: f64) {
-        let fs = self.target.kind.name();
+        let fs = self.target.label.as_str();
         self.results
             .record(self.suite.name(), name, unit, better, fs, value);
         self.progress
@@ -113,7 +113,7 @@ impl Recorder<'_> {
             return Ok(());
         }
         let row = format!("{workload}: requests per {per}");
-        let fs = self.target.kind.name();
+        let fs = self.target.label.as_str();
         let mut total = 0;
         for (op, count) in &after {
             let n = count.saturating_sub(before.get(op).copied().unwrap_or(0));
