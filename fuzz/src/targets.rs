@@ -598,7 +598,7 @@ fn image(data: &[u8]) {
             if attr.is_dir() {
                 todo.push(attr.ino);
             } else {
-                let _ = fs.read(attr.ino, 0, attr.size.min(1 << 20) as u32);
+                let _ = fs.read_to_vec(attr.ino, 0, attr.size.min(1 << 20) as u32);
                 let _ = fs.listxattr(attr.ino);
                 let _ = fs.readlink(attr.ino);
             }

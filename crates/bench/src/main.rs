@@ -109,6 +109,9 @@ struct Machine {
     cpu: String,
     cpus: usize,
     memory: String,
+    /// The fuse module's `enable_uring` (whether FUSE mounts may use
+    /// io_uring): "Y", "N", or "absent".
+    fuse_uring: String,
 }
 
 impl Machine {
@@ -133,6 +136,9 @@ impl Machine {
                 .map(|n| n.get())
                 .unwrap_or(1),
             memory: first("/proc/meminfo", "MemTotal"),
+            fuse_uring: std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
+                .map(|v| v.trim().to_string())
+                .unwrap_or_else(|_| "absent".into()),
         }
     }
 }
@@ -343,11 +349,7 @@ fn run_suite(
         Suite::App => suites::app::run(&mut recorder),
         Suite::Ioamp => suites::ioamp::run(&mut recorder),
     };
-    progress.status(&format!(
-        "{} · {} · tearing down",
-        spec.label,
-        suite.name()
-    ));
+    progress.status(&format!("{} · {} · tearing down", spec.label, suite.name()));
     let teardown = target.teardown();
     outcome?;
     teardown
@@ -445,8 +447,16 @@ fn markdown(report: &Report, specs: &[FsSpec], plots: &[(String, Result<()>)]) -
     let m = &report.machine;
     let _ = writeln!(
         md,
-        "- machine: Linux {}, {} × {}, {} memory",
-        m.kernel, m.cpus, m.cpu, m.memory
+        "- machine: Linux {}, {} × {}, {} memory, FUSE over io_uring: {}",
+        m.kernel,
+        m.cpus,
+        m.cpu,
+        m.memory,
+        match m.fuse_uring.as_str() {
+            "Y" | "1" => "on (FUSE mounts use it unless told otherwise)",
+            "absent" => "not in this kernel",
+            _ => "off (fuse module parameter enable_uring)",
+        }
     );
     let _ = writeln!(
         md,

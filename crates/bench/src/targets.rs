@@ -101,7 +101,10 @@ impl std::str::FromStr for FsSpec {
         if !options.is_empty() && !kind.is_fuse() {
             return Err(format!("{s}: mount options only for betreefs and nullfuse"));
         }
-        if options.iter().any(|o| o.is_empty() || o.contains(['/', ' '])) {
+        if options
+            .iter()
+            .any(|o| o.is_empty() || o.contains(['/', ' ']))
+        {
             return Err(format!("{s}: malformed option"));
         }
         Ok(FsSpec {
@@ -546,7 +549,10 @@ mod tests {
         assert_eq!(s.label, "nullfuse@transport=devfuse+writeback");
         let s: FsSpec = "ext4".parse().unwrap();
         assert_eq!((s.kind, s.options.len()), (Kind::Ext4, 0));
-        assert!("ext4@noatime".parse::<FsSpec>().is_err(), "kernel file systems take none");
+        assert!(
+            "ext4@noatime".parse::<FsSpec>().is_err(),
+            "kernel file systems take none"
+        );
         assert!("zfs".parse::<FsSpec>().is_err());
         assert!("betreefs@".parse::<FsSpec>().is_err());
     }

@@ -364,3 +364,72 @@ fn unsupported_features_say_so() {
     );
     m.unmount();
 }
+
+#[test]
+fn set_id_bits_follow_the_callers_primary_group() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("sem-setid", &[]);
+    let p = m.path("f");
+    fs::write(&p, b"data").unwrap();
+    let c = cstr(&p);
+    // SAFETY: a valid path; owner 65534, group 65532, then the mode (the
+    // chown would clear set-ID bits).
+    unsafe {
+        assert_eq!(libc::chown(c.as_ptr(), 65534, 65532), 0);
+        assert_eq!(libc::chmod(c.as_ptr(), 0o2666), 0);
+        assert_eq!(libc::chmod(cstr(&m.dir).as_ptr(), 0o777), 0);
+    }
+    // Another user whose primary group is not the file's, in the file's
+    // group only as a supplementary group: Linux would keep set-group-ID.
+    let status = std::process::Command::new("setpriv")
+        .args(["--reuid=65533", "--regid=65533", "--groups=65532"])
+        .args(["sh", "-c", &format!("printf x >> '{}'", p.display())])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(fs::metadata(&p).unwrap().mode() & 0o7777, 0o666);
+}
+
+#[test]
+fn directory_offsets_survive_seeks_and_changes() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("sem-offsets", &[]);
+    let d = m.path("d");
+    fs::create_dir(&d).unwrap();
+    for i in 0..300 {
+        fs::write(d.join(format!("e{i:03}")), b"").unwrap();
+    }
+    let dir = cstr(&d);
+    // SAFETY: opendir/readdir/telldir/seekdir on a stream we own and close.
+    unsafe {
+        let stream = libc::opendir(dir.as_ptr());
+        assert!(!stream.is_null());
+        let mut listing = Vec::new();
+        loop {
+            let pos = libc::telldir(stream);
+            let e = libc::readdir(stream);
+            if e.is_null() {
+                break;
+            }
+            let name = std::ffi::CStr::from_ptr((*e).d_name.as_ptr()).to_owned();
+            listing.push((pos, name));
+        }
+        assert_eq!(listing.len(), 302);
+        // Changes elsewhere in the directory, then seeks backwards and
+        // forwards: each position lists from its entry on.
+        fs::remove_file(d.join("e150")).unwrap();
+        fs::write(d.join("zz-new"), b"").unwrap();
+        for &i in &[250usize, 10, 299, 2] {
+            libc::seekdir(stream, listing[i].0);
+            let e = libc::readdir(stream);
+            assert!(!e.is_null(), "seekdir to entry {i} ended the listing");
+            let name = std::ffi::CStr::from_ptr((*e).d_name.as_ptr());
+            assert_eq!(name, listing[i].1.as_c_str(), "seekdir to entry {i}");
+        }
+        libc::closedir(stream);
+    }
+}

@@ -48,7 +48,19 @@ pub trait Operations: Send + Sync + 'static {
     /// set-ID bits and capabilities first (the kernel's
     /// `FUSE_OPEN_KILL_SUIDGID`).
     fn open(&self, ino: Ino, flags: i32, kill: Option<Caller>) -> FsResult<u64>;
-    fn read(&self, ino: Ino, offset: u64, size: u32) -> FsResult<Vec<u8>>;
+    /// Reads from `offset` into `buf` (up to its length, less at the end
+    /// of the file); returns the bytes read. Holes read as zeros, whatever
+    /// `buf` held before.
+    fn read(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> FsResult<usize>;
+
+    /// [`Operations::read`] into a new vector of at most `size` bytes.
+    fn read_to_vec(&self, ino: Ino, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        let left = self.getattr(ino)?.size.saturating_sub(offset);
+        let mut buf = vec![0; left.min(u64::from(size)) as usize];
+        let n = self.read(ino, offset, &mut buf)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
     /// Writes; `kill` asks to drop set-ID bits and capabilities first (the
     /// writer lacks CAP_FSETID: `FUSE_WRITE_KILL_SUIDGID`).
     fn write(

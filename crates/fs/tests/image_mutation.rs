@@ -163,7 +163,7 @@ fn read_all(fs: &FileSystem, tree: &Tree) -> Outcome {
         let got = match want {
             Expect::Dir => fs.getattr(ino).map(|a| a.is_dir()).map(|d| d.then_some(())),
             Expect::File(data) => fs
-                .read(ino, 0, data.len() as u32 + 1)
+                .read_to_vec(ino, 0, data.len() as u32 + 1)
                 .map(|d| (d == *data).then_some(())),
             Expect::Link(t) => fs.readlink(ino).map(|d| (d == *t).then_some(())),
         };

@@ -78,7 +78,7 @@ fn set_size(fs: &FileSystem, ino: u64, size: u64) {
 }
 
 fn read_all(fs: &FileSystem, ino: u64) -> Vec<u8> {
-    fs.read(ino, 0, u32::MAX).unwrap()
+    fs.read_to_vec(ino, 0, u32::MAX).unwrap()
 }
 
 #[test]
@@ -396,7 +396,7 @@ fn fsck_repairs_what_it_can() {
     assert!(d.is_dir());
     let sub = fs.lookup(d.ino, b"sub").unwrap();
     let kept = fs.lookup(sub.ino, b"kept").unwrap();
-    assert_eq!(fs.read(kept.ino, 0, 100).unwrap(), b"still here");
+    assert_eq!(fs.read_to_vec(kept.ino, 0, 100).unwrap(), b"still here");
     assert_eq!(
         fs.lookup(ROOT_INO, b"dangling"),
         Err(betreefs_fs::Errno::ENOENT)

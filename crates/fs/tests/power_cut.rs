@@ -218,7 +218,10 @@ fn read_tree(fs: &FileSystem) -> Tree {
                     Entry::Dir
                 }
                 libc::S_IFLNK => Entry::Link(fs.readlink(attr.ino).expect("readlink")),
-                _ => Entry::File(fs.read(attr.ino, 0, attr.size as u32 + 1).expect("read")),
+                _ => Entry::File(
+                    fs.read_to_vec(attr.ino, 0, attr.size as u32 + 1)
+                        .expect("read"),
+                ),
             };
             tree.insert(p, entry);
         }

@@ -232,6 +232,24 @@ impl<F: Operations> Dispatcher<F> {
         reply
     }
 
+    /// Serves a READ into `buf` (an io_uring payload buffer: no copy of
+    /// the data on the way); the bytes read, or the error number.
+    pub fn read_into(&self, req: &Request<'_>, buf: &mut [u8], via: Via) -> Result<usize, i32> {
+        let started = Instant::now();
+        let h = &req.header;
+        let Op::Read { offset, size, .. } = req.op else {
+            return Err(libc::EINVAL);
+        };
+        let len = (size as usize).min(buf.len());
+        let buf = buf.get_mut(..len).ok_or(libc::EINVAL)?;
+        let result = self.guarded(h.nodeid, "read", |fs| {
+            crate::guard::injected_delay(h.opcode);
+            fs.read(h.nodeid, offset, buf)
+        });
+        self.stats.record(h.opcode, via, started);
+        result.map_err(|e| e.0)
+    }
+
     /// Runs `body` through the panic guard (see [`crate::guard`]).
     fn guarded<T>(
         &self,
@@ -306,7 +324,12 @@ impl<F: Operations> Dispatcher<F> {
                 entry(&mut w, &a);
                 abi::open_out(&mut w, fh, fopen::KEEP_CACHE);
             }
-            Op::Read { offset, size, .. } => return fs.read(ino, offset, size),
+            Op::Read { offset, size, .. } => {
+                let mut buf = vec![0; size as usize];
+                let n = fs.read(ino, offset, &mut buf)?;
+                buf.truncate(n);
+                return Ok(buf);
+            }
             Op::Write {
                 fh,
                 offset,

@@ -105,6 +105,27 @@ impl RingEntry {
         r.u32().unwrap_or(0)
     }
 
+    /// The reply header and size for a body already in the payload buffer
+    /// (`Ok(len)`), or for an error.
+    fn set_reply_in_place(&mut self, unique: u64, result: Result<usize, i32>) {
+        let (reply, len) = match result {
+            Ok(len) => (Reply::Ok(Vec::new()), len.min(self.payload.len())),
+            Err(e) => (Reply::Error(e), 0),
+        };
+        let mut header = reply.header(unique);
+        let total = (abi::OUT_HEADER_BYTES + len) as u32;
+        header[..4].copy_from_slice(&total.to_le_bytes());
+        if let Some(dst) = self.header.get_mut(..abi::OUT_HEADER_BYTES) {
+            dst.copy_from_slice(&header);
+        }
+        if let Some(dst) = self
+            .header
+            .get_mut(PAYLOAD_SZ_OFFSET..PAYLOAD_SZ_OFFSET + 4)
+        {
+            dst.copy_from_slice(&(len as u32).to_le_bytes());
+        }
+    }
+
     /// Puts a reply into the buffers for COMMIT_AND_FETCH.
     fn set_reply(&mut self, unique: u64, reply: &Reply) {
         let body = reply.body();
@@ -457,6 +478,21 @@ fn answer<F: Operations>(
         .get_mut(index)
         .ok_or_else(|| io::Error::other("a completion for no entry"))?;
     let payload_len = entry.u32_at(PAYLOAD_SZ_OFFSET) as usize;
+    let header = entry.header.get(..abi::IN_HEADER_BYTES).unwrap_or_default();
+    if abi::InHeader::parse(&mut Reader::new(header)).is_ok_and(|h| h.opcode == abi::opcode::READ) {
+        // A READ has no payload: its data goes straight into the payload
+        // buffer, no copy on the way.
+        let op_in = entry
+            .header
+            .get(OP_IN_OFFSET..OP_IN_OFFSET + 128)
+            .unwrap_or_default();
+        if let Ok(req) = Request::parse_parts(header, op_in, &[]) {
+            let result = dispatcher.read_into(&req, &mut entry.payload, Via::Uring);
+            let unique = req.header.unique;
+            entry.set_reply_in_place(unique, result);
+            return push_commit(q, index, fd);
+        }
+    }
     let (unique, reply) = {
         let header = entry.header.get(..abi::IN_HEADER_BYTES).unwrap_or_default();
         let op_in = entry

@@ -72,22 +72,23 @@ impl FileSystem {
         Ok(())
     }
 
-    pub(super) fn read_data(&self, ino: Ino, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+    pub(super) fn read_data(&self, ino: Ino, offset: u64, out: &mut [u8]) -> FsResult<usize> {
         let mut st = self.lock();
         let node = st.node(ino)?;
         if node.attr.is_dir() {
             return Err(Errno::EISDIR);
         }
         let file_size = node.attr.size;
-        let end = file_size.min(offset.saturating_add(size as u64));
-        let mut out = Vec::new();
+        let end = file_size.min(offset.saturating_add(out.len() as u64));
+        let len = end.saturating_sub(offset) as usize;
         if offset < end {
-            out.resize((end - offset) as usize, 0);
             let key = st.file_key(ino)?;
             let (first, last) = (offset / BLOCK_SIZE, (end - 1) / BLOCK_SIZE);
             let lo = schema::data_key(&key, first);
             let hi = schema::data_key(&key, last + 1);
-            // Blocks are copied straight from the leaves into the reply.
+            // Blocks are copied straight from the leaves into the reply;
+            // what lies between them (holes) is zeroed as it is passed.
+            let mut filled = 0usize;
             self.store
                 .visit_range(KeySpace::Data, &lo, &hi, &mut |k, v| {
                     let Some(block) = schema::data_block(&key, k) else {
@@ -97,15 +98,26 @@ impl FileSystem {
                     // The overlap of [block_start, block_start + v.len()) and [offset, end).
                     let from = block_start.max(offset);
                     let to = (block_start + v.len() as u64).min(end);
-                    let dst = out.get_mut((from - offset) as usize..(to - offset) as usize);
+                    if from >= to {
+                        return;
+                    }
+                    let (at, until) = ((from - offset) as usize, (to - offset) as usize);
+                    if let Some(gap) = out.get_mut(filled..at) {
+                        gap.fill(0);
+                    }
+                    let dst = out.get_mut(at..until);
                     let src = v.get((from - block_start) as usize..(to - block_start) as usize);
-                    if let (true, Some(dst), Some(src)) = (from < to, dst, src) {
+                    if let (Some(dst), Some(src)) = (dst, src) {
                         dst.copy_from_slice(src);
                     }
+                    filled = filled.max(until);
                 })?;
+            if let Some(rest) = out.get_mut(filled..len) {
+                rest.fill(0);
+            }
         }
         self.note_access(&mut st, ino)?;
-        Ok(out)
+        Ok(len)
     }
 
     /// Writes `data` at `offset` (at the end for O_APPEND handles); returns

@@ -224,6 +224,7 @@ impl FileSystem {
                 dir_version: 0,
                 has_xattrs: None,
                 has_capability: None,
+                child_names: None,
             },
         );
         let fs = FileSystem {
@@ -414,8 +415,8 @@ impl Operations for FileSystem {
         self.release_file(fh)
     }
 
-    fn read(&self, ino: Ino, offset: u64, size: u32) -> FsResult<Vec<u8>> {
-        self.read_data(ino, offset, size)
+    fn read(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> FsResult<usize> {
+        self.read_data(ino, offset, buf)
     }
 
     fn write(

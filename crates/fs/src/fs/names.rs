@@ -33,7 +33,7 @@ impl FileSystem {
     /// The entry `name` of directory `parent`, if any.
     pub(super) fn find(&self, st: &State, parent: Ino, name: &[u8]) -> FsResult<Option<Found>> {
         name_check(name)?;
-        if st.absent.contains(&(parent, name.to_vec())) {
+        if st.known_absent(parent, name) {
             return Ok(None);
         }
         self.find_in(st, parent, st.dir_key(parent)?, name)
@@ -48,7 +48,7 @@ impl FileSystem {
         name: &[u8],
     ) -> FsResult<Option<Found>> {
         name_check(name)?;
-        if st.absent.contains(&(parent, name.to_vec())) {
+        if st.known_absent(parent, name) {
             return Ok(None);
         }
         let key = schema::entry_key(&dir, name);
@@ -134,10 +134,13 @@ impl FileSystem {
             st.touch_dir(parent, now, if is_dir { -1 } else { 0 })?;
             return Err(e.into());
         }
-        st.forget_absent(parent, name);
+        st.note_added(parent, name);
         st.add_lookup(parent, name, attr.clone(), target.to_vec(), Home::Path);
         if let Some(n) = st.nodes.get_mut(&ino) {
             n.has_xattrs = Some(false);
+            if is_dir {
+                n.child_names = Some(Default::default());
+            }
         }
         Ok(attr)
     }
@@ -343,7 +346,7 @@ impl FileSystem {
             node.home = was_home;
             return Err(e.into());
         }
-        st.forget_absent(new_parent, new_name);
+        st.note_added(new_parent, new_name);
         let node = st.node(ino)?;
         let (attr, target) = (node.attr.clone(), node.target.clone());
         st.add_lookup(new_parent, new_name, attr.clone(), target, Home::Inode);
@@ -523,7 +526,7 @@ impl FileSystem {
         } else {
             st.remember_absent(parent, name);
         }
-        st.forget_absent(new_parent, new_name);
+        st.note_added(new_parent, new_name);
         Ok(())
     }
 }

@@ -6,8 +6,13 @@ use std::collections::{HashMap, HashSet};
 
 use betreefs_engine::{KeySpace, WriteBatch};
 
+use super::listing::dir_cookie as name_hash;
 use super::listing::CookieWindow;
 use super::{Ino, INO_BATCH, NEGATIVE_CACHE_MAX, ROOT_INO};
+
+/// Names remembered per directory made during the mount; past this the
+/// directory's names are looked up in the store again.
+const CHILD_NAMES_MAX: usize = 1 << 16;
 use crate::error::{Errno, FsResult};
 use crate::plan::inode_record;
 use crate::record::{Attr, FsInfo, Timespec};
@@ -40,6 +45,11 @@ pub(super) struct Node {
     pub(super) has_xattrs: Option<bool>,
     /// Whether it has a `security.capability` attribute, once known.
     pub(super) has_capability: Option<bool>,
+    /// For a directory made during this mount: a hash of every name ever
+    /// added to it, so that a lookup of any other name is answered absent
+    /// without a query (the LOOKUP before each CREATE of an untar). None
+    /// when unknown (directories found on the image, or grown too big).
+    pub(super) child_names: Option<HashSet<u64>>,
 }
 
 /// An open file (directories need no handle: see [`super::listing`]).
@@ -135,8 +145,28 @@ impl State {
         ino
     }
 
-    pub(super) fn forget_absent(&mut self, parent: Ino, name: &[u8]) {
+    /// Records that `name` now exists in `parent`.
+    pub(super) fn note_added(&mut self, parent: Ino, name: &[u8]) {
         self.absent.remove(&(parent, name.to_vec()));
+        if let Some(node) = self.nodes.get_mut(&parent) {
+            if let Some(names) = &mut node.child_names {
+                if names.len() >= CHILD_NAMES_MAX {
+                    node.child_names = None;
+                } else {
+                    names.insert(name_hash(name));
+                }
+            }
+        }
+    }
+
+    /// Whether `name` is known not to exist in `parent`, without a query.
+    pub(super) fn known_absent(&self, parent: Ino, name: &[u8]) -> bool {
+        let never_added = self
+            .nodes
+            .get(&parent)
+            .and_then(|n| n.child_names.as_ref())
+            .is_some_and(|names| !names.contains(&name_hash(name)));
+        never_added || self.absent.contains(&(parent, name.to_vec()))
     }
 
     pub(super) fn remember_absent(&mut self, parent: Ino, name: &[u8]) {
@@ -180,6 +210,7 @@ impl State {
                 dir_version: 0,
                 has_xattrs: None,
                 has_capability: None,
+                child_names: None,
             },
         );
         if let Some(p) = self.nodes.get_mut(&parent) {
