@@ -286,10 +286,26 @@ pub fn assert_succeeded(out: &std::process::Output) {
     );
 }
 
-/// umount(8) of a mount the test made; it must succeed.
+/// umount(8) of a mount the test made; it must succeed. "Busy" is retried
+/// for a few seconds: a child that another test thread is spawning holds
+/// copies of this process's descriptors (a file still open here) until it
+/// execs, which is the test harness's doing, not the file system's.
 pub fn umount(dir: &Path) {
-    let status = Command::new("umount").arg(dir).status().expect("umount");
-    assert!(status.success(), "umount {} failed", dir.display());
+    for _ in 0..50 {
+        let out = Command::new("umount").arg(dir).output().expect("umount");
+        if out.status.success() {
+            return;
+        }
+        if !String::from_utf8_lossy(&out.stderr).contains("busy") {
+            panic!(
+                "umount {} failed: {}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("umount {} failed: still busy after 5 s", dir.display());
 }
 
 /// mount(8) with `args`, retried for up to 5 s: the daemon of the last
