@@ -86,7 +86,7 @@ fn options() -> Options {
     }
 }
 
-const ME: Caller = Caller { uid: 0, gid: 0 };
+const ME: Caller = Caller::new(0, 0);
 
 /// A small file system, crashed after a synced tail of work that only the
 /// log holds: the seed every target draws from.

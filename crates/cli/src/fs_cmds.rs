@@ -70,12 +70,7 @@ pub struct MkfsArgs {
 
 fn caller() -> Caller {
     // SAFETY: getuid/getgid have no preconditions and cannot fail.
-    unsafe {
-        Caller {
-            uid: libc::getuid(),
-            gid: libc::getgid(),
-        }
-    }
+    unsafe { Caller::new(libc::getuid(), libc::getgid()) }
 }
 
 /// What `path` already holds, if anything recognisable: a betreefs (its

@@ -531,6 +531,23 @@ fn cli_usage_errors_background_mount_and_helper() {
         .unwrap();
     assert_succeeded(&out);
     assert_eq!(fs::read(mnt.join("f")).unwrap(), b"bg");
+    // As root, like mount -t ext4: set-ID bits and device nodes work unless
+    // nosuid/nodev are asked for (mount(8) leaves these defaults to the
+    // helper).
+    let opts = mount_options(&mnt);
+    assert!(
+        !opts.iter().any(|o| o == "nosuid" || o == "nodev"),
+        "{opts:?}"
+    );
+    let null = mnt.join("null");
+    let c = cstr(&null);
+    // SAFETY: valid path; makedev(1, 3) is /dev/null's number.
+    assert_eq!(
+        unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) },
+        0
+    );
+    fs::write(&null, b"into the device").expect("a device node opens on a dev mount");
+    fs::remove_file(&null).unwrap();
     if Path::new("/sbin/mount.fuse.betreefs").exists()
         || fs::symlink_metadata("/sbin/mount.fuse.betreefs").is_err()
     {
@@ -553,7 +570,7 @@ fn cli_usage_errors_background_mount_and_helper() {
             fs::write(
                 &fstab,
                 format!(
-                    "{} {} fuse.betreefs defaults,noatime 0 0\n",
+                    "{} {} fuse.betreefs defaults,noatime,nosuid,nodev 0 0\n",
                     img.display(),
                     mnt.display()
                 ),
@@ -563,9 +580,29 @@ fn cli_usage_errors_background_mount_and_helper() {
             let _ = fs::remove_file("/sbin/mount.fuse.betreefs");
             assert!(status, "mounting from an fstab line failed");
             assert_eq!(fs::read(mnt.join("f")).unwrap(), b"bg");
+            let opts = mount_options(&mnt);
+            assert!(
+                opts.iter().any(|o| o == "nosuid") && opts.iter().any(|o| o == "nodev"),
+                "{opts:?}"
+            );
         }
     }
     umount(&mnt);
+}
+
+/// The options /proc/mounts shows for the mount on `dir`.
+fn mount_options(dir: &Path) -> Vec<String> {
+    let mounts = fs::read_to_string("/proc/mounts").unwrap();
+    let line = mounts
+        .lines()
+        .rfind(|l| l.split(' ').nth(1) == dir.to_str())
+        .unwrap_or_default();
+    line.split(' ')
+        .nth(3)
+        .unwrap_or_default()
+        .split(',')
+        .map(str::to_string)
+        .collect()
 }
 
 #[test]

@@ -327,27 +327,6 @@ fn unsupported_features_say_so() {
     fs::create_dir(m.path("d")).unwrap();
     let p = m.path("f");
     fs::write(&p, b"f").unwrap();
-    // ACLs are refused rather than stored and ignored.
-    // version 2; user::rw-, group::r--, other::r--
-    let entry = |tag: u16, perm: u16| {
-        [
-            &tag.to_le_bytes()[..],
-            &perm.to_le_bytes(),
-            &u32::MAX.to_le_bytes(),
-        ]
-        .concat()
-    };
-    let acl = [
-        2u32.to_le_bytes().to_vec(),
-        entry(0x01, 6),
-        entry(0x04, 4),
-        entry(0x20, 4),
-    ]
-    .concat();
-    assert_eq!(
-        set_xattr(&p, "system.posix_acl_access", &acl, 0),
-        Err(libc::EOPNOTSUPP)
-    );
     // O_TMPFILE.
     let tmp = OpenOptions::new()
         .write(true)
@@ -432,4 +411,207 @@ fn directory_offsets_survive_seeks_and_changes() {
         }
         libc::closedir(stream);
     }
+}
+
+/// An ACL in the kernel's xattr form: (tag, permissions, id) entries.
+fn acl_bytes(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut out = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        out.extend_from_slice(&tag.to_le_bytes());
+        out.extend_from_slice(&perm.to_le_bytes());
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    out
+}
+
+/// The (tag, permissions, id) entries of an ACL in xattr form.
+fn acl_entries(bytes: &[u8]) -> Vec<(u16, u16, u32)> {
+    assert_eq!(bytes.get(..4), Some(&2u32.to_le_bytes()[..]), "{bytes:?}");
+    bytes[4..]
+        .chunks_exact(8)
+        .map(|c| {
+            let tag = u16::from_le_bytes([c[0], c[1]]);
+            let id = u32::from_le_bytes([c[4], c[5], c[6], c[7]]);
+            let id = if tag == 0x02 || tag == 0x08 {
+                id
+            } else {
+                u32::MAX
+            };
+            (tag, u16::from_le_bytes([c[2], c[3]]), id)
+        })
+        .collect()
+}
+
+/// Runs `script` with sh as `uid` (group `uid`, no other groups).
+fn as_user(uid: u32, script: &str) -> bool {
+    std::process::Command::new("setpriv")
+        .args([
+            format!("--reuid={uid}"),
+            format!("--regid={uid}"),
+            "--clear-groups".to_string(),
+        ])
+        .args(["sh", "-c", script])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+}
+
+fn chmod(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn posix_acls_are_enforced_and_follow_the_mode() {
+    if !fuse_available() {
+        return;
+    }
+    const ACCESS: &str = "system.posix_acl_access";
+    const DEFAULT: &str = "system.posix_acl_default";
+    const NONE: u32 = u32::MAX;
+    let (user_obj, user, group_obj, mask, other) = (0x01, 0x02, 0x04, 0x10, 0x20);
+    let (alice, bob) = (65531, 65530);
+    let (_s, m) = mounted("sem-acl", &[]);
+    let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
+    let reads = |uid, p: &Path| as_user(uid, &format!("cat '{}' > /dev/null", p.display()));
+    let f = m.path("f");
+    fs::write(&f, b"secret").unwrap();
+    chmod(&f, 0o644);
+    assert!(reads(alice, &f) && reads(bob, &f));
+
+    // An ACL that shuts one user out: the kernel enforces it.
+    let shut_out = acl_bytes(&[
+        (user_obj, 6, NONE),
+        (user, 0, alice),
+        (group_obj, 4, NONE),
+        (mask, 4, NONE),
+        (other, 4, NONE),
+    ]);
+    set_xattr(&f, ACCESS, &shut_out, 0).unwrap();
+    assert!(!reads(alice, &f), "the ACL must shut alice out");
+    assert!(reads(bob, &f));
+    assert_eq!(mode(&f), 0o644);
+    assert_eq!(get_xattr(&f, ACCESS, 4096).unwrap(), shut_out);
+
+    // chmod rewrites the owner, mask and other entries.
+    chmod(&f, 0o600);
+    assert!(!reads(bob, &f));
+    assert_eq!(
+        acl_entries(&get_xattr(&f, ACCESS, 4096).unwrap()),
+        [
+            (user_obj, 6, NONE),
+            (user, 0, alice),
+            (group_obj, 4, NONE),
+            (mask, 0, NONE),
+            (other, 0, NONE)
+        ]
+    );
+    // Setting an ACL sets the mode: group bits from the mask.
+    let wide = acl_bytes(&[
+        (user_obj, 6, NONE),
+        (user, 0, alice),
+        (group_obj, 4, NONE),
+        (mask, 7, NONE),
+        (other, 5, NONE),
+    ]);
+    set_xattr(&f, ACCESS, &wide, 0).unwrap();
+    assert_eq!(mode(&f), 0o675);
+    assert!(reads(bob, &f) && !reads(alice, &f));
+    // An ACL the mode says exactly is not kept as one.
+    let minimal = acl_bytes(&[(user_obj, 6, NONE), (group_obj, 4, NONE), (other, 0, NONE)]);
+    set_xattr(&f, ACCESS, &minimal, 0).unwrap();
+    assert_eq!(mode(&f), 0o640);
+    assert_eq!(get_xattr(&f, ACCESS, 4096), Err(libc::ENODATA));
+    assert!(!reads(alice, &f) && !reads(bob, &f));
+    // Malformed ACLs are refused.
+    let named_without_mask = acl_bytes(&[
+        (user_obj, 6, NONE),
+        (user, 4, alice),
+        (group_obj, 4, NONE),
+        (other, 0, NONE),
+    ]);
+    assert_eq!(
+        set_xattr(&f, ACCESS, &named_without_mask, 0),
+        Err(libc::EINVAL)
+    );
+
+    // Default ACLs: inherited by new files and directories, masked by the
+    // requested mode; the umask does not apply.
+    let d = m.path("d");
+    fs::create_dir(&d).unwrap();
+    chmod(&d, 0o755);
+    let default = acl_bytes(&[
+        (user_obj, 7, NONE),
+        (user, 7, alice),
+        (group_obj, 5, NONE),
+        (mask, 7, NONE),
+        (other, 0, NONE),
+    ]);
+    set_xattr(&d, DEFAULT, &default, 0).unwrap();
+    assert_eq!(set_xattr(&f, DEFAULT, &default, 0), Err(libc::EACCES));
+    let made = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "umask 077 && touch '{0}/new' && mkdir '{0}/sub'",
+            d.display()
+        ))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let new = d.join("new");
+    assert_eq!(mode(&new), 0o660);
+    assert_eq!(
+        acl_entries(&get_xattr(&new, ACCESS, 4096).unwrap()),
+        [
+            (user_obj, 6, NONE),
+            (user, 7, alice),
+            (group_obj, 5, NONE),
+            (mask, 6, NONE),
+            (other, 0, NONE)
+        ]
+    );
+    assert_eq!(get_xattr(&new, DEFAULT, 4096), Err(libc::ENODATA));
+    assert!(as_user(alice, &format!("printf x >> '{}'", new.display())));
+    assert!(!as_user(bob, &format!("printf x >> '{}'", new.display())));
+    let sub = d.join("sub");
+    assert_eq!(mode(&sub), 0o770);
+    assert_eq!(get_xattr(&sub, DEFAULT, 4096).unwrap(), default);
+    // Without a default ACL, the umask.
+    let plain = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "umask 027 && touch '{}'",
+            m.path("plain").display()
+        ))
+        .status()
+        .unwrap();
+    assert!(plain.success());
+    assert_eq!(mode(&m.path("plain")), 0o640);
+
+    // The owner sets an ACL while outside the file's group: set-group-ID
+    // goes, as chmod would drop it.
+    let g = m.path("g");
+    fs::write(&g, b"g").unwrap();
+    std::os::unix::fs::chown(&g, Some(alice), Some(0)).unwrap();
+    chmod(&g, 0o2770);
+    let value: String = minimal.iter().map(|b| format!("\\x{b:02x}")).collect();
+    assert!(as_user(
+        alice,
+        &format!(
+            "python3 -c \"import os; os.setxattr('{}', '{ACCESS}', b'{value}')\"",
+            g.display()
+        )
+    ));
+    assert_eq!(mode(&g), 0o640);
+
+    // All of it survives a remount.
+    let (image, dir) = (m.image.clone(), m.dir.clone());
+    m.unmount();
+    let m = Mount::start(&image, &dir, &[]);
+    assert_eq!(mode(&m.path("f")), 0o640);
+    assert_eq!(get_xattr(&m.path("d"), DEFAULT, 4096).unwrap(), default);
+    assert!(reads(alice, &m.path("d/new")));
+    assert!(!reads(bob, &m.path("d/new")));
+    m.unmount();
 }

@@ -18,6 +18,7 @@ impl Errno {
     pub const ERANGE: Errno = Errno(libc::ERANGE);
     pub const E2BIG: Errno = Errno(libc::E2BIG);
     pub const EPERM: Errno = Errno(libc::EPERM);
+    pub const EACCES: Errno = Errno(libc::EACCES);
     pub const ESTALE: Errno = Errno(libc::ESTALE);
     pub const EBADF: Errno = Errno(libc::EBADF);
     pub const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);

@@ -6,6 +6,7 @@
 //!   docs/design.md, so that every directory's subtree is one range);
 //! - [`record`]: the stored attribute records (format version 1);
 //! - [`fs`]: the operations and the table of inodes the kernel holds;
+//! - [`acl`]: POSIX ACLs kept consistent with modes, and inherited;
 //! - [`ops`]: the operations a FUSE front end needs ([`Operations`]);
 //! - [`fsck`]: the offline checker.
 
@@ -14,6 +15,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
 )]
 
+pub mod acl;
 pub mod error;
 pub mod fs;
 pub mod fsck;
@@ -25,6 +27,6 @@ pub mod schema;
 pub use error::{Errno, FsResult};
 pub use fs::{
     dir_cookie, mode_without_privileges, AtimePolicy, Caller, DirEntry, FileSystem, FsStats, Ino,
-    RenameFlags, SetAttr, SetTime, CAPABILITY_XATTR, ROOT_INO,
+    RenameFlags, SetAttr, SetTime, CAPABILITY_XATTR, ROOT_INO, XATTR_ACL_KILL_SGID,
 };
 pub use ops::Operations;

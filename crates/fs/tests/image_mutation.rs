@@ -19,7 +19,7 @@ use betreefs_fs::{AtimePolicy, Caller, FileSystem, Operations, ROOT_INO};
 use betreefs_store::{CrashMode, MemDevice, Superblock, BLOCK_SIZE, LOG_RECORD_OVERHEAD_BYTES};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
-const ME: Caller = Caller { uid: 0, gid: 0 };
+const ME: Caller = Caller::new(0, 0);
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)

@@ -10,10 +10,7 @@ use betreefs_fs::{
 };
 use betreefs_store::MemDevice;
 
-const ME: Caller = Caller {
-    uid: 1000,
-    gid: 1000,
-};
+const ME: Caller = Caller::new(1000, 1000);
 
 fn options() -> Options {
     Options {

@@ -19,7 +19,7 @@ use betreefs_fs::{
 use betreefs_store::{CrashMode, MemDevice};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
-const ME: Caller = Caller { uid: 0, gid: 0 };
+const ME: Caller = Caller::new(0, 0);
 
 fn options() -> Options {
     Options {

@@ -9,7 +9,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use betreefs_fs::record::{Attr, Timespec};
-use betreefs_fs::{Caller, Errno, FsResult, Operations, RenameFlags, SetAttr, SetTime};
+use betreefs_fs::{
+    Caller, Errno, FsResult, Operations, RenameFlags, SetAttr, SetTime, XATTR_ACL_KILL_SGID,
+};
 
 use crate::abi::{self, fattr, fopen, init, opcode, Reader, Ttl, Writer};
 use crate::request::{InitIn, Op, Request, SetattrIn};
@@ -98,7 +100,9 @@ fn wanted_flags(config: &MountConfig) -> u64 {
         | init::MAX_PAGES
         | init::INIT_EXT
         | init::SETXATTR_EXT
-        | init::HANDLE_KILLPRIV_V2;
+        | init::HANDLE_KILLPRIV_V2
+        | init::POSIX_ACL
+        | init::DONT_MASK;
     if config.writeback_cache {
         flags |= init::WRITEBACK_CACHE;
     }
@@ -264,10 +268,7 @@ impl<F: Operations> Dispatcher<F> {
     fn serve(&self, fs: &F, h: &abi::InHeader, op: &Op<'_>) -> FsResult<Vec<u8>> {
         crate::guard::injected_delay(h.opcode);
         let ino = h.nodeid;
-        let caller = Caller {
-            uid: h.uid,
-            gid: h.gid,
-        };
+        let caller = Caller::new(h.uid, h.gid);
         let mut w = Writer::default();
         match *op {
             Op::Lookup { name } => {
@@ -290,9 +291,14 @@ impl<F: Operations> Dispatcher<F> {
             Op::Readlink => return fs.readlink(ino),
             Op::Symlink { name, target } => entry(&mut w, &fs.symlink(ino, name, target, caller)?),
             Op::Mknod {
-                mode, rdev, name, ..
-            } => entry(&mut w, &fs.mknod(ino, name, mode, rdev, caller)?),
-            Op::Mkdir { mode, name, .. } => entry(&mut w, &fs.mkdir(ino, name, mode, caller)?),
+                mode,
+                rdev,
+                umask,
+                name,
+            } => entry(&mut w, &fs.mknod(ino, name, mode, rdev, caller.with_umask(umask))?),
+            Op::Mkdir { mode, umask, name } => {
+                entry(&mut w, &fs.mkdir(ino, name, mode, caller.with_umask(umask))?)
+            }
             Op::Unlink { name } => fs.unlink(ino, name)?,
             Op::Rmdir { name } => fs.rmdir(ino, name)?,
             Op::Rename {
@@ -318,9 +324,13 @@ impl<F: Operations> Dispatcher<F> {
                 abi::open_out(&mut w, fh, fopen::KEEP_CACHE);
             }
             Op::Create {
-                flags, mode, name, ..
+                flags,
+                mode,
+                umask,
+                name,
+                ..
             } => {
-                let (a, fh) = fs.create(ino, name, mode, flags as i32, caller)?;
+                let (a, fh) = fs.create(ino, name, mode, flags as i32, caller.with_umask(umask))?;
                 entry(&mut w, &a);
                 abi::open_out(&mut w, fh, fopen::KEEP_CACHE);
             }
@@ -357,8 +367,17 @@ impl<F: Operations> Dispatcher<F> {
             Op::Release { fh } => fs.release(fh)?,
             Op::Fsync { .. } | Op::Fsyncdir { .. } | Op::Syncfs => fs.fsync()?,
             Op::Setxattr {
-                flags, name, value, ..
-            } => fs.setxattr(ino, name, value, flags as i32)?,
+                flags,
+                setxattr_flags,
+                name,
+                value,
+            } => {
+                let mut flags = flags as i32 & !XATTR_ACL_KILL_SGID;
+                if setxattr_flags & abi::SETXATTR_ACL_KILL_SGID != 0 {
+                    flags |= XATTR_ACL_KILL_SGID;
+                }
+                fs.setxattr(ino, name, value, flags)?
+            }
             Op::Getxattr { size, name } => return xattr_reply(size, fs.getxattr(ino, name)?),
             Op::Listxattr { size } => return xattr_reply(size, fs.listxattr(ino)?),
             Op::Removexattr { name } => fs.removexattr(ino, name)?,

@@ -7,19 +7,24 @@
 //! - readdirplus, so a directory scan fills the kernel's dentry and inode
 //!   caches from the same range scan (0.6 §3.3);
 //! - 1 MiB requests (`max_pages`), several request threads each reading
-//!   the device on a cloned descriptor, or one io_uring queue per CPU;
+//!   the device on a cloned descriptor, or one io_uring queue per CPU
+//!   (`-o transport=`, io_uring when the kernel offers it);
+//! - `HANDLE_KILLPRIV_V2` (the daemon clears set-ID bits and capabilities
+//!   as the kernel would, so the kernel stops asking for them), FLUSH and
+//!   OPENDIR answered ENOSYS (no FLUSH at close, no OPENDIR/RELEASEDIR,
+//!   listings cached across opens), stateless readdir cookies;
 //! - long entry and attribute timeouts, negative entries cached too: the
 //!   daemon is the only writer of its image, and every change goes through
 //!   the kernel, which invalidates what a change affects;
 //! - `keep_cache` on open for the same reason;
 //! - no kernel writeback cache by default (`-o writeback` turns it on):
-//!   measured on the untar of linux-source-6.1 it changed nothing (83.1 s
-//!   with, 82.7 s without: per-file requests, not write requests, set the
-//!   pace), while it turns a partial-page write into a read of that page
-//!   first — what a write-optimized file system exists to avoid, small
-//!   writes being blind upserts here — and reads served from its pages
-//!   never reach the daemon, so access times would not be kept;
+//!   measured after the round-trip cuts it leaves untar unchanged and slows
+//!   tokubench and rm -rf (an extra WRITE and SETATTR at close, a SETATTR
+//!   at unlink), and it turns a partial-page write into a read of that page
+//!   first — what a write-optimized file system exists to avoid;
 //! - `default_permissions`: the kernel checks modes against the caller.
+//!
+//! Why each choice, with figures: docs/design.md, "The FUSE front end".
 
 use std::time::Duration;
 

@@ -97,6 +97,13 @@ impl NullState {
         }
         let ino = self.next_ino;
         self.next_ino += 1;
+        // The kernel leaves the umask to the file system (DONT_MASK);
+        // nullfuse keeps no ACLs, so it always applies.
+        let mode = if mode & libc::S_IFMT == libc::S_IFLNK {
+            mode
+        } else {
+            mode & !(caller.umask & 0o777)
+        };
         let attr = Attr {
             size: target.len() as u64,
             ..Attr::new(ino, mode, caller.uid, caller.gid, Timespec::now())
@@ -413,7 +420,12 @@ impl Operations for NullFs {
         }
     }
 
-    fn setxattr(&self, _ino: Ino, _name: &[u8], _value: &[u8], _flags: i32) -> FsResult<()> {
+    fn setxattr(&self, _ino: Ino, name: &[u8], _value: &[u8], _flags: i32) -> FsResult<()> {
+        // Values are dropped like data; an ACL dropped would be one the
+        // kernel cannot enforce, so it is refused instead.
+        if name.starts_with(b"system.posix_acl_") {
+            return Err(Errno::EOPNOTSUPP);
+        }
         Ok(())
     }
 

@@ -5,6 +5,7 @@ use betreefs_engine::{KeySpace, WriteBatch};
 use super::state::Home;
 use super::state::State;
 use super::{AtimePolicy, Caller, FileSystem, Ino, SetAttr, SetTime, FILE_SIZE_MAX, RELATIME_SECS};
+use crate::acl::{self, Acl};
 use crate::error::{Errno, FsResult};
 use crate::plan::truncate_blocks;
 use crate::record::{Attr, Timespec, S_IFDIR, S_IFMT};
@@ -59,6 +60,16 @@ impl FileSystem {
             }
             let key = key.as_deref().ok_or(Errno::ENOENT)?;
             truncate_blocks(&mut batch, key, before.size, size);
+        }
+        // chmod rewrites the access ACL's owner, mask and other entries
+        // (`posix_acl_chmod`), so the two never disagree.
+        if let (Some(mode), Some(key)) = (set.mode, &key) {
+            if let Some(stored) = self.stored_xattr(&mut st, ino, acl::ACCESS_XATTR)? {
+                let mut access = Acl::decode(&stored).map_err(|_| Errno::EIO)?;
+                access.chmod(mode);
+                let at = schema::xattr_key(key, acl::ACCESS_XATTR);
+                batch.put(KeySpace::Data, &at, &access.encode());
+            }
         }
         let node = st.node_mut(ino)?;
         let a = &mut node.attr;

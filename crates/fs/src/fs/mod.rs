@@ -50,6 +50,7 @@ use crate::schema::{self, NameError};
 pub use attrs::{mode_without_privileges, CAPABILITY_XATTR};
 pub use listing::dir_cookie;
 use state::{Home, Node, State};
+pub use xattr::XATTR_ACL_KILL_SGID;
 
 pub type Ino = u64;
 pub const ROOT_INO: Ino = 1;
@@ -85,11 +86,27 @@ pub enum AtimePolicy {
     Strictatime,
 }
 
-/// Who is asking (for ownership of new files).
+/// Who is asking (for ownership of new files, and which set-ID bits a
+/// change by them drops).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
+    /// The caller's umask, applied to new inodes unless their directory
+    /// has a default ACL (then the ACL masks instead: [`crate::acl`]).
+    pub umask: u32,
+}
+
+impl Caller {
+    /// A caller with no umask.
+    pub const fn new(uid: u32, gid: u32) -> Caller {
+        Caller { uid, gid, umask: 0 }
+    }
+
+    /// The same caller with the umask of its request.
+    pub const fn with_umask(self, umask: u32) -> Caller {
+        Caller { umask, ..self }
+    }
 }
 
 /// A time to set: now, or a given one.

@@ -5,6 +5,7 @@ use betreefs_engine::{KeySpace, WriteBatch};
 
 use super::state::{Home, State};
 use super::{decode, name_check, Caller, FileSystem, Ino, RenameFlags, ENTRY_KEY_MAX};
+use crate::acl;
 use crate::error::{Errno, FsResult};
 use crate::plan::{
     count_update, dir_record_key, inode_record, move_file_data, move_subtree, purge_file,
@@ -106,9 +107,18 @@ impl FileSystem {
         if self.find_in(st, parent, dir, name)?.is_some() {
             return Err(Errno::EEXIST);
         }
-        let parent_attr = &st.node(parent)?.attr;
         let is_dir = mode & S_IFMT == S_IFDIR;
-        let mut mode = mode;
+        // The directory's default ACL, or the caller's umask.
+        let parent_default = if mode & S_IFMT == libc::S_IFLNK {
+            None
+        } else {
+            self.stored_xattr(st, parent, acl::DEFAULT_XATTR)?
+        };
+        // A stored default ACL that does not decode is damage, not bad input.
+        let inherited =
+            acl::inherit(parent_default.as_deref(), mode, caller.umask).map_err(|_| Errno::EIO)?;
+        let mut mode = inherited.mode;
+        let parent_attr = &st.node(parent)?.attr;
         // BSD group semantics under a setgid directory.
         let gid = if parent_attr.mode & libc::S_ISGID != 0 {
             if is_dir {
@@ -127,6 +137,15 @@ impl FileSystem {
             ..Attr::new(ino, mode, caller.uid, gid, now)
         };
         batch.put(KeySpace::Meta, &key, &inode_record(&attr, target));
+        let acls = [
+            (acl::ACCESS_XATTR, &inherited.access),
+            (acl::DEFAULT_XATTR, &inherited.default),
+        ];
+        for (name, value) in acls {
+            if let Some(value) = value {
+                batch.put(KeySpace::Data, &schema::xattr_key(&key, name), value);
+            }
+        }
         st.touch_dir(parent, now, if is_dir { 1 } else { 0 })?;
         st.put_record_at(&mut batch, &parent_key, parent)?;
         count_update(&mut batch, 1);
@@ -137,7 +156,7 @@ impl FileSystem {
         st.note_added(parent, name);
         st.add_lookup(parent, name, attr.clone(), target.to_vec(), Home::Path);
         if let Some(n) = st.nodes.get_mut(&ino) {
-            n.has_xattrs = Some(false);
+            n.has_xattrs = Some(inherited.access.is_some() || inherited.default.is_some());
             if is_dir {
                 n.child_names = Some(Default::default());
             }

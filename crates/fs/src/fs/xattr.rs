@@ -3,10 +3,17 @@
 
 use betreefs_engine::{KeySpace, WriteBatch};
 
-use super::{FileSystem, Ino, CAPABILITY_XATTR, XATTR_SIZE_MAX};
+use super::{FileSystem, Ino, State, CAPABILITY_XATTR, XATTR_SIZE_MAX};
+use crate::acl::{self, Acl};
 use crate::error::{Errno, FsResult};
 use crate::record::Timespec;
 use crate::schema;
+
+/// A setxattr flag of our own beside `XATTR_CREATE`/`XATTR_REPLACE`: the
+/// caller may not keep the set-group-ID bit when an access ACL sets the
+/// mode (the kernel's `FUSE_SETXATTR_ACL_KILL_SGID`: not in the file's
+/// group and without CAP_FSETID).
+pub const XATTR_ACL_KILL_SGID: i32 = 0x4000_0000;
 
 impl FileSystem {
     pub(super) fn set_xattr(
@@ -22,14 +29,29 @@ impl FileSystem {
         if value.len() > XATTR_SIZE_MAX {
             return Err(Errno::E2BIG);
         }
-        // An ACL the kernel does not enforce would be a lie to the user who
-        // set it (and a hole, if it was meant to shut someone out).
-        if name.starts_with(b"system.posix_acl_") {
-            return Err(Errno::EOPNOTSUPP);
-        }
         let mut st = self.lock();
         let key = schema::xattr_key(&st.file_key(ino)?, name);
-        if flags & (libc::XATTR_CREATE | libc::XATTR_REPLACE) != 0 {
+        // ACLs (the kernel enforces them) keep the mode in step; an access
+        // ACL the mode says exactly is not stored (`posix_acl_update_mode`).
+        // The kernel ignores the create/replace flags for them.
+        let mut keep = true;
+        let mut new_mode = None;
+        if name == acl::ACCESS_XATTR || name == acl::DEFAULT_XATTR {
+            let parsed = Acl::decode(value)?;
+            let attr = &st.node(ino)?.attr;
+            if name == acl::DEFAULT_XATTR && !attr.is_dir() {
+                return Err(Errno::EACCES);
+            }
+            if name == acl::ACCESS_XATTR {
+                let (bits, equivalent) = parsed.mode_bits();
+                let mut mode = (attr.mode & !0o777) | bits;
+                if flags & XATTR_ACL_KILL_SGID != 0 {
+                    mode &= !libc::S_ISGID;
+                }
+                new_mode = Some(mode);
+                keep = !equivalent;
+            }
+        } else if flags & (libc::XATTR_CREATE | libc::XATTR_REPLACE) != 0 {
             let exists = self.store.get(KeySpace::Data, &key)?.is_some();
             if exists && flags & libc::XATTR_CREATE != 0 {
                 return Err(Errno::EEXIST);
@@ -40,44 +62,66 @@ impl FileSystem {
         }
         let now = Timespec::now();
         let node = st.node_mut(ino)?;
+        let before = node.attr.clone();
         node.attr.ctime = now;
-        node.has_xattrs = Some(true);
+        if let Some(mode) = new_mode {
+            node.attr.mode = mode;
+        }
+        if keep {
+            node.has_xattrs = Some(true);
+        }
         if name == CAPABILITY_XATTR {
             node.has_capability = None;
         }
         let mut batch = WriteBatch::new();
-        batch.put(KeySpace::Data, &key, value);
+        if keep {
+            batch.put(KeySpace::Data, &key, value);
+        } else {
+            batch.delete(KeySpace::Data, &key);
+        }
         st.put_record(&mut batch, ino)?;
-        self.store.write(&batch)?;
+        if let Err(e) = self.store.write(&batch) {
+            st.node_mut(ino)?.attr = before;
+            return Err(e.into());
+        }
         Ok(())
+    }
+
+    /// The value of `name` on `ino`, if it has one. Learns, on a miss,
+    /// whether the file has any extended attribute, so later misses (the
+    /// kernel asks for `security.capability` before writes, and for ACLs
+    /// on permission checks and creates) cost no query.
+    pub(super) fn stored_xattr(
+        &self,
+        st: &mut State,
+        ino: Ino,
+        name: &[u8],
+    ) -> FsResult<Option<Vec<u8>>> {
+        if st.node(ino)?.has_xattrs == Some(false) {
+            return Ok(None);
+        }
+        let file = st.file_key(ino)?;
+        if let Some(v) = self
+            .store
+            .get(KeySpace::Data, &schema::xattr_key(&file, name))?
+        {
+            return Ok(Some(v));
+        }
+        if st.node(ino)?.has_xattrs.is_none() {
+            let (lo, hi) = schema::xattr_range(&file);
+            let any = self
+                .store
+                .range(KeySpace::Data, &lo, Some(&hi))
+                .next()
+                .is_some();
+            st.node_mut(ino)?.has_xattrs = Some(any);
+        }
+        Ok(None)
     }
 
     pub(super) fn get_xattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
         let mut st = self.lock();
-        if st.node(ino)?.has_xattrs == Some(false) {
-            return Err(Errno::ENODATA);
-        }
-        let file = st.file_key(ino)?;
-        match self
-            .store
-            .get(KeySpace::Data, &schema::xattr_key(&file, name))?
-        {
-            Some(v) => Ok(v),
-            None => {
-                // Learn whether there are any, so later misses (the kernel
-                // asks for security.capability on every write) cost nothing.
-                if st.node(ino)?.has_xattrs.is_none() {
-                    let (lo, hi) = schema::xattr_range(&file);
-                    let any = self
-                        .store
-                        .range(KeySpace::Data, &lo, Some(&hi))
-                        .next()
-                        .is_some();
-                    st.node_mut(ino)?.has_xattrs = Some(any);
-                }
-                Err(Errno::ENODATA)
-            }
-        }
+        self.stored_xattr(&mut st, ino, name)?.ok_or(Errno::ENODATA)
     }
 
     /// The names, each followed by a NUL (as listxattr(2) returns them).
