@@ -234,28 +234,73 @@ fn space_is_reported_as_documented() {
         .open(&path)
         .unwrap();
     use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
     // SAFETY: valid descriptor.
-    let fallocate = |mode: i32, len: i64| unsafe {
-        if libc::fallocate(f.as_raw_fd(), mode, 0, len) == 0 {
+    let fallocate = |mode: i32, offset: i64, len: i64| unsafe {
+        if libc::fallocate(f.as_raw_fd(), mode, offset, len) == 0 {
             0
         } else {
             errno()
         }
     };
-    assert_eq!(fallocate(0, 100_000), 0);
-    assert_eq!(fs::metadata(&path).unwrap().len(), 100_000);
+    // SAFETY: valid descriptor.
+    let seek = |offset: i64, whence: i32| unsafe {
+        let r = libc::lseek(f.as_raw_fd(), offset, whence);
+        if r >= 0 {
+            r
+        } else {
+            -i64::from(errno())
+        }
+    };
+    let size = || fs::metadata(&path).unwrap().len();
+    assert_eq!(fallocate(0, 0, 100_000), 0);
+    assert_eq!(size(), 100_000);
+    // Preallocation past the end keeps the size.
+    assert_eq!(fallocate(libc::FALLOC_FL_KEEP_SIZE, 0, 200_000), 0);
+    assert_eq!(size(), 100_000);
+    // Holes and data: nothing written yet is all hole.
+    assert_eq!(seek(0, libc::SEEK_DATA), -i64::from(libc::ENXIO));
+    assert_eq!(seek(0, libc::SEEK_HOLE), 0);
+    f.write_all_at(&[7u8; 40_000], 20_000).unwrap();
+    assert_eq!(seek(0, libc::SEEK_DATA), 16_384);
+    assert_eq!(seek(30_000, libc::SEEK_DATA), 30_000);
+    assert_eq!(seek(20_000, libc::SEEK_HOLE), 61_440);
+    assert_eq!(seek(70_000, libc::SEEK_HOLE), 70_000);
+    assert_eq!(seek(100_000, libc::SEEK_HOLE), -i64::from(libc::ENXIO));
+    // Punching a hole: the range reads as zeros, the size stays, whole
+    // blocks inside it become a hole.
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    assert_eq!(fallocate(punch, 25_000, 20_000), 0);
+    assert_eq!(size(), 100_000);
+    let mut back = vec![0u8; 40_000];
+    f.read_exact_at(&mut back, 20_000).unwrap();
+    assert!(back[..5_000].iter().all(|&b| b == 7));
+    assert!(back[5_000..25_000].iter().all(|&b| b == 0));
+    assert!(back[25_000..].iter().all(|&b| b == 7));
+    assert_eq!(seek(20_000, libc::SEEK_HOLE), 28_672);
+    assert_eq!(seek(28_672, libc::SEEK_DATA), 40_960);
+    // Punching needs KEEP_SIZE, as on Linux.
     assert_eq!(
-        fallocate(libc::FALLOC_FL_KEEP_SIZE, 200_000),
+        fallocate(libc::FALLOC_FL_PUNCH_HOLE, 0, 4096),
         libc::EOPNOTSUPP
     );
-    assert_eq!(
-        fallocate(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 4096),
-        libc::EOPNOTSUPP
-    );
+    // Zeroing a range, past the end too: the size grows unless KEEP_SIZE.
+    assert_eq!(fallocate(libc::FALLOC_FL_ZERO_RANGE, 50_000, 60_000), 0);
+    assert_eq!(size(), 110_000);
+    f.read_exact_at(&mut back, 45_000).unwrap();
+    assert!(back[..5_000].iter().all(|&b| b == 7));
+    assert!(back[5_000..].iter().all(|&b| b == 0));
+    let zero_keep = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+    assert_eq!(fallocate(zero_keep, 100_000, 50_000), 0);
+    assert_eq!(size(), 110_000);
+    // Shifting ranges is not offered.
+    for mode in [libc::FALLOC_FL_COLLAPSE_RANGE, libc::FALLOC_FL_INSERT_RANGE] {
+        assert_eq!(fallocate(mode, 0, 4096), libc::EOPNOTSUPP);
+    }
     // A hole counts in st_blocks.
     assert_eq!(
         fs::metadata(&path).unwrap().blocks(),
-        100_000u64.div_ceil(512)
+        110_000u64.div_ceil(512)
     );
     fs::create_dir(m.path("d")).unwrap();
     fs::write(m.path("d/x"), b"x").unwrap();

@@ -19,6 +19,7 @@ impl Errno {
     pub const E2BIG: Errno = Errno(libc::E2BIG);
     pub const EPERM: Errno = Errno(libc::EPERM);
     pub const EACCES: Errno = Errno(libc::EACCES);
+    pub const ENXIO: Errno = Errno(libc::ENXIO);
     pub const ESTALE: Errno = Errno(libc::ESTALE);
     pub const EBADF: Errno = Errno(libc::EBADF);
     pub const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);

@@ -94,6 +94,12 @@ pub trait Operations: Send + Sync + 'static {
         plus: bool,
         add: &mut dyn FnMut(DirEntry<'_>) -> bool,
     ) -> FsResult<()>;
+    /// lseek(2) with `SEEK_DATA` or `SEEK_HOLE` (the kernel serves the
+    /// other kinds itself). `ENOSYS` makes the kernel treat the whole file
+    /// as data from then on.
+    fn seek_data_or_hole(&self, _ino: Ino, _offset: u64, _whence: i32) -> FsResult<u64> {
+        Err(crate::error::Errno(libc::ENOSYS))
+    }
     fn statfs(&self) -> FsStats;
     fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> FsResult<()>;
     fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>>;

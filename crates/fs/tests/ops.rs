@@ -415,3 +415,128 @@ fn listing_continues_after_the_directory_itself_is_renamed() {
     seen.extend(list(&fs, d, resume, usize::MAX));
     assert_eq!(seen.len(), 52, "., .. and all 50 entries once");
 }
+
+#[derive(Clone, Debug)]
+enum DataOp {
+    Write { at: u64, len: u64, byte: u8 },
+    Punch { at: u64, len: u64 },
+    Zero { at: u64, len: u64, keep_size: bool },
+    Truncate { size: u64 },
+}
+
+fn data_op() -> impl proptest::strategy::Strategy<Value = DataOp> {
+    use proptest::prelude::*;
+    // Offsets around a few blocks, so edges and whole blocks both occur.
+    let at = 0u64..40_000;
+    let len = 1u64..20_000;
+    prop_oneof![
+        (at.clone(), len.clone(), 1u8..255).prop_map(|(at, len, byte)| DataOp::Write {
+            at,
+            len,
+            byte
+        }),
+        (at.clone(), len.clone()).prop_map(|(at, len)| DataOp::Punch { at, len }),
+        (at.clone(), len, any::<bool>()).prop_map(|(at, len, keep_size)| DataOp::Zero {
+            at,
+            len,
+            keep_size
+        }),
+        at.prop_map(|size| DataOp::Truncate { size }),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Writes, punched holes, zeroed ranges and truncates against a byte
+    /// vector: reads match, and SEEK_DATA/SEEK_HOLE agree with the bytes
+    /// (a hole always reads as zeros; data never lies past the size) and
+    /// with each other — before and after a remount.
+    #[test]
+    fn holes_and_zeroed_ranges_match_a_model(ops in proptest::collection::vec(data_op(), 1..24)) {
+        let (dev, mut fs) = fresh();
+        let (attr, fh) = fs.create(ROOT_INO, b"f", 0o644, 0, ME).unwrap();
+        let ino = attr.ino;
+        let mut model: Vec<u8> = Vec::new();
+        for op in &ops {
+            match *op {
+                DataOp::Write { at, len, byte } => {
+                    fs.write(ino, fh, at, &vec![byte; len as usize], None).unwrap();
+                    let end = (at + len) as usize;
+                    if model.len() < end {
+                        model.resize(end, 0);
+                    }
+                    model[at as usize..end].fill(byte);
+                }
+                DataOp::Punch { at, len } => {
+                    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                    fs.fallocate(ino, at, len, mode, None).unwrap();
+                    let end = ((at + len) as usize).min(model.len());
+                    if (at as usize) < end {
+                        model[at as usize..end].fill(0);
+                    }
+                }
+                DataOp::Zero { at, len, keep_size } => {
+                    let mut mode = libc::FALLOC_FL_ZERO_RANGE;
+                    if keep_size {
+                        mode |= libc::FALLOC_FL_KEEP_SIZE;
+                    }
+                    fs.fallocate(ino, at, len, mode, None).unwrap();
+                    let end = (at + len) as usize;
+                    let clipped = end.min(model.len());
+                    if (at as usize) < clipped {
+                        model[at as usize..clipped].fill(0);
+                    }
+                    if !keep_size && model.len() < end {
+                        model.resize(end, 0);
+                    }
+                }
+                DataOp::Truncate { size } => {
+                    set_size(&fs, ino, size);
+                    model.resize(size as usize, 0);
+                }
+            }
+        }
+        for round in 0..2 {
+            proptest::prop_assert_eq!(fs.getattr(ino).unwrap().size, model.len() as u64);
+            proptest::prop_assert!(read_all(&fs, ino) == model, "contents after {:?}", ops);
+            let size = model.len() as u64;
+            let mut offset = 0;
+            // Walk data/hole boundaries from the start to the end.
+            while offset < size {
+                let data = fs.seek_data_or_hole(ino, offset, libc::SEEK_DATA);
+                let hole = fs.seek_data_or_hole(ino, offset, libc::SEEK_HOLE).unwrap();
+                proptest::prop_assert!(hole >= offset && hole <= size);
+                // Everything from offset up to the next data reads as zeros.
+                let next_data = match data {
+                    Ok(d) => d,
+                    Err(e) => {
+                        proptest::prop_assert_eq!(e, Errno(libc::ENXIO));
+                        size
+                    }
+                };
+                proptest::prop_assert!(next_data >= offset);
+                proptest::prop_assert!(
+                    model[offset as usize..next_data as usize].iter().all(|&b| b == 0),
+                    "nonzero bytes before SEEK_DATA's answer {} from {}", next_data, offset
+                );
+                if next_data == offset {
+                    proptest::prop_assert!(hole > offset, "data at {} but a hole there", offset);
+                    offset = hole;
+                } else {
+                    proptest::prop_assert_eq!(hole, offset, "a hole before data at {}", next_data);
+                    offset = next_data;
+                }
+            }
+            proptest::prop_assert_eq!(
+                fs.seek_data_or_hole(ino, size, libc::SEEK_HOLE),
+                Err(Errno(libc::ENXIO))
+            );
+            if round == 0 {
+                fs.release(fh).unwrap();
+                fs = remount(&dev, fs);
+                proptest::prop_assert_eq!(fs.lookup(ROOT_INO, b"f").unwrap().ino, ino);
+            }
+        }
+    }
+}

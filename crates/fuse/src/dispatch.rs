@@ -426,6 +426,10 @@ impl<F: Operations> Dispatcher<F> {
                 let kill = (killpriv && caller.uid != 0).then_some(caller);
                 fs.fallocate(ino, offset, length, mode as i32, kill)?
             }
+            Op::Lseek { offset, whence, .. } => {
+                let at = fs.seek_data_or_hole(ino, offset, whence as i32)?;
+                w.u64(at);
+            }
             Op::Init(_)
             | Op::Destroy
             | Op::Forget { .. }
@@ -440,7 +444,6 @@ impl<F: Operations> Dispatcher<F> {
             // and cache listings across opens (FOPEN_CACHE_DIR, its
             // default then).
             | Op::Opendir { .. }
-            | Op::Lseek { .. }
             | Op::CopyFileRange { .. }
             | Op::Statx { .. }
             | Op::Unsupported(_) => return Err(Errno(libc::ENOSYS)),

@@ -194,8 +194,14 @@ impl FileSystem {
         Ok(written as u32)
     }
 
-    /// fallocate mode 0: extends the size; blocks are not written ahead
-    /// (a B^ε-tree has no extents to reserve), so only free space is checked.
+    /// fallocate(2). Mode 0 and `KEEP_SIZE` extend the size (or not);
+    /// blocks are not written ahead (a B^ε-tree has no extents to reserve),
+    /// so only free space is checked. `PUNCH_HOLE | KEEP_SIZE` and
+    /// `ZERO_RANGE` (with or without `KEEP_SIZE`) make the range read as
+    /// zeros: a range delete of the whole blocks inside it and a patch of
+    /// zeros over the partial ones at its edges, clipped to the size (past
+    /// it nothing is stored). Collapse and insert would shift every later
+    /// block key: not offered (`EOPNOTSUPP`).
     pub(super) fn allocate(
         &self,
         ino: Ino,
@@ -204,9 +210,17 @@ impl FileSystem {
         mode: i32,
         kill: Option<Caller>,
     ) -> FsResult<()> {
-        if mode != 0 {
-            return Err(Errno::EOPNOTSUPP);
-        }
+        const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        const PUNCH_HOLE: i32 = libc::FALLOC_FL_PUNCH_HOLE;
+        const ZERO_RANGE: i32 = libc::FALLOC_FL_ZERO_RANGE;
+        let zeroes = match mode {
+            0 | KEEP_SIZE => false,
+            m if m == PUNCH_HOLE | KEEP_SIZE || m == ZERO_RANGE || m == ZERO_RANGE | KEEP_SIZE => {
+                true
+            }
+            _ => return Err(Errno::EOPNOTSUPP),
+        };
+        let keep_size = mode & KEEP_SIZE != 0;
         if length == 0 {
             return Err(Errno::EINVAL);
         }
@@ -214,8 +228,15 @@ impl FileSystem {
         if end > FILE_SIZE_MAX {
             return Err(Errno::EFBIG);
         }
-        let size = self.getattr(ino)?.size;
-        if end > size && self.statfs().blocks_free * BLOCK_SIZE < end - size {
+        let attr = self.getattr(ino)?;
+        if attr.is_dir() {
+            return Err(Errno::EISDIR);
+        }
+        let size = attr.size;
+        if mode & PUNCH_HOLE == 0
+            && end > size
+            && self.statfs().blocks_free * BLOCK_SIZE < end - size
+        {
             return Err(Errno::ENOSPC);
         }
         // Like a write: times are marked (Linux's file_modified) and set-ID
@@ -228,8 +249,13 @@ impl FileSystem {
         if let Some(caller) = kill {
             self.drop_privileges(&mut st, &mut batch, ino, &key, caller)?;
         }
+        if zeroes {
+            zero_blocks(&mut batch, &key, offset, end.min(before.size));
+        }
         let node = st.node_mut(ino)?;
-        node.attr.size = node.attr.size.max(end);
+        if !keep_size {
+            node.attr.size = node.attr.size.max(end);
+        }
         node.attr.ctime = now;
         node.attr.mtime = now;
         st.put_record_at(&mut batch, &key, ino)?;
@@ -238,5 +264,88 @@ impl FileSystem {
             return Err(e.into());
         }
         Ok(())
+    }
+
+    /// lseek(2) `SEEK_DATA` / `SEEK_HOLE` from the blocks stored: data is
+    /// any stored block (a block written with zeros is data, as on ext4),
+    /// a hole any block never written or punched out; the end of the file
+    /// counts as a hole. `ENXIO` at or past the end, or when no data
+    /// follows.
+    pub(super) fn seek_in_blocks(&self, ino: Ino, offset: u64, whence: i32) -> FsResult<u64> {
+        let st = self.lock();
+        let attr = &st.node(ino)?.attr;
+        if attr.is_dir() {
+            return Err(Errno::EISDIR);
+        }
+        let size = attr.size;
+        if offset >= size {
+            return Err(Errno::ENXIO);
+        }
+        let key = st.file_key(ino)?;
+        let first = offset / BLOCK_SIZE;
+        let lo = schema::data_key(&key, first);
+        let hi = schema::data_key(&key, size.div_ceil(BLOCK_SIZE));
+        let mut blocks = self.store.range(KeySpace::Data, &lo, Some(&hi));
+        match whence {
+            libc::SEEK_DATA => {
+                for item in blocks {
+                    let (k, _) = item?;
+                    if let Some(block) = schema::data_block(&key, &k) {
+                        return Ok((block * BLOCK_SIZE).max(offset));
+                    }
+                }
+                Err(Errno::ENXIO)
+            }
+            libc::SEEK_HOLE => {
+                // The first block at or after `first` that is not stored.
+                let mut next = first;
+                for item in blocks.by_ref() {
+                    let (k, _) = item?;
+                    match schema::data_block(&key, &k) {
+                        Some(block) if block == next => next += 1,
+                        _ => break,
+                    }
+                }
+                Ok((next * BLOCK_SIZE).clamp(offset, size))
+            }
+            _ => Err(Errno::EINVAL),
+        }
+    }
+}
+
+/// Makes [`start`, `end`) of a file read as zeros: whole blocks are range
+/// deleted (holes), the partial blocks at either edge patched with zeros.
+fn zero_blocks(batch: &mut WriteBatch, file: &[u8], start: u64, end: u64) {
+    if start >= end {
+        return;
+    }
+    let (first_whole, end_whole) = (start.div_ceil(BLOCK_SIZE), end / BLOCK_SIZE);
+    if first_whole < end_whole {
+        batch.range_delete(
+            KeySpace::Data,
+            &schema::data_key(file, first_whole),
+            &schema::data_key(file, end_whole),
+        );
+    }
+    let mut patch = |block: u64, from: u64, to: u64| {
+        let zeros = vec![0u8; (to - from) as usize];
+        batch.upsert(
+            KeySpace::Data,
+            &schema::data_key(file, block),
+            MERGE_PATCH,
+            &patch_arg(from, &zeros),
+        );
+    };
+    let (head, tail) = (start / BLOCK_SIZE, end / BLOCK_SIZE);
+    if !start.is_multiple_of(BLOCK_SIZE) {
+        let to = if head == tail {
+            end % BLOCK_SIZE
+        } else {
+            BLOCK_SIZE
+        };
+        patch(head, start % BLOCK_SIZE, to);
+    }
+    if !end.is_multiple_of(BLOCK_SIZE) && (tail != head || start.is_multiple_of(BLOCK_SIZE)) {
+        patch(tail, 0, end % BLOCK_SIZE);
     }
 }

@@ -465,6 +465,10 @@ impl Operations for FileSystem {
         self.allocate(ino, offset, length, mode, kill)
     }
 
+    fn seek_data_or_hole(&self, ino: Ino, offset: u64, whence: i32) -> FsResult<u64> {
+        self.seek_in_blocks(ino, offset, whence)
+    }
+
     fn readdir(
         &self,
         ino: Ino,
