@@ -313,6 +313,79 @@ fn uring_setup_failures_fall_back_or_say_why() {
     drop(s);
 }
 
+/// A queue that stops while the mount lives (its ring broke): the kernel
+/// keeps routing its CPU's requests to it, so the daemon gives the mount
+/// up (every waiting request fails, the daemon exits non-zero after
+/// flushing the log) instead of leaving callers hanging; nothing fsync'd
+/// is lost.
+#[test]
+fn a_stopped_uring_queue_fails_the_mount_instead_of_hanging_it() {
+    if !fuse_available() || !transports().contains(&"transport=uring") {
+        return;
+    }
+    let (_s, image, dir) = formatted("uringstop", "256M");
+    let m = Mount::start_with_env(
+        &image,
+        &dir,
+        &["transport=uring"],
+        &[("BETREEFS_TEST_URING_STOP_QUEUE", "0:200")],
+    );
+    // Requests issued on CPU 0 go to queue 0.
+    let root = m.dir.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // SAFETY: the set is zeroed and filled with CPU_SET; the call only
+        // changes this thread's affinity.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut set);
+            assert_eq!(
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                0
+            );
+        }
+        // Names are resolved from a descriptor of the mount's root: once
+        // the daemon detaches the mount, paths through the mountpoint would
+        // reach the directory underneath and succeed.
+        let base = fs::File::open(&root).unwrap();
+        let root = std::path::PathBuf::from(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&base)
+        ));
+        let kept = root.join("kept");
+        let mut f = fs::File::create(&kept).unwrap();
+        std::io::Write::write_all(&mut f, b"synced").unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        let mut failed = None;
+        for i in 0..1000 {
+            if let Err(e) = fs::write(root.join(format!("f{i}")), b"x") {
+                failed = Some(e.raw_os_error());
+                break;
+            }
+        }
+        let _ = tx.send(failed);
+    });
+    let failed = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("requests on the stopped queue's CPU hang");
+    assert!(
+        matches!(
+            failed,
+            Some(Some(
+                libc::EIO | libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED
+            ))
+        ),
+        "{failed:?}"
+    );
+    let status = m.wait_exit(std::time::Duration::from_secs(30));
+    assert!(!status.success(), "the daemon must not exit 0");
+    assert!(!is_mounted(&dir));
+    let again = Mount::start(&image, &dir, &[]);
+    assert_eq!(fs::read(again.path("kept")).unwrap(), b"synced");
+    again.unmount();
+}
+
 /// Runs `script` with `sh -c` as user and group `uid` (no other groups).
 fn as_user(uid: u32, script: &str) {
     let status = Command::new("setpriv")

@@ -84,6 +84,8 @@ pub struct Dispatcher<F> {
     negotiated: OnceLock<Negotiated>,
     /// Set once the kernel said DESTROY (or the connection ended).
     destroyed: AtomicBool,
+    /// The connection's number (its directory under fusectl), once mounted.
+    connection: OnceLock<u64>,
 }
 
 /// The flags this front end asks for (module documentation of the crate
@@ -123,6 +125,7 @@ impl<F: Operations> Dispatcher<F> {
             stats,
             negotiated: OnceLock::new(),
             destroyed: AtomicBool::new(false),
+            connection: OnceLock::new(),
         }
     }
 
@@ -138,6 +141,32 @@ impl<F: Operations> Dispatcher<F> {
 
     pub fn destroyed(&self) -> bool {
         self.destroyed.load(Ordering::Relaxed)
+    }
+
+    /// Notes the connection's number, for [`Dispatcher::abandon`].
+    pub(crate) fn set_connection(&self, id: u64) {
+        let _ = self.connection.set(id);
+    }
+
+    /// Gives the mount up after a transport broke under it (an io_uring
+    /// queue that stopped: the kernel keeps routing that CPU's requests to
+    /// it, so they would wait forever). The guard fails every later
+    /// request and tells the owner, who unmounts and exits non-zero after
+    /// flushing the log; the connection is aborted (fusectl), so requests
+    /// already waiting end with an error instead of hanging.
+    pub(crate) fn abandon(&self, why: &str) {
+        if self.destroyed() {
+            return;
+        }
+        self.guard.fail(why);
+        match self.connection.get() {
+            Some(&id) => {
+                if let Err(e) = crate::mount::abort_connection(id) {
+                    tracing::error!("aborting FUSE connection {id}: {e}");
+                }
+            }
+            None => tracing::error!("the FUSE connection's number is unknown: cannot abort it"),
+        }
     }
 
     /// Answers INIT; `Err` with a message when the kernel's protocol is

@@ -66,20 +66,25 @@ impl RequestGuard {
                     .map(|s| s.to_string())
                     .or_else(|| payload.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "a panic without a message".into());
-                let what = format!("{} panicked: {message}", describe());
-                tracing::error!("{what}; refusing every further request");
-                self.failed.store(true, Ordering::Release);
-                let first = {
-                    let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
-                    let first = failure.is_none();
-                    failure.get_or_insert_with(|| what.clone());
-                    first
-                };
-                if first {
-                    (self.on_fatal)(&what);
-                }
+                self.fail(&format!("{} panicked: {message}", describe()));
                 Err(Errno::EIO)
             }
+        }
+    }
+
+    /// Stops serving for a reason other than a panic (a transport that
+    /// broke): every later request gets EIO, the owner is told once.
+    pub fn fail(&self, what: &str) {
+        tracing::error!("{what}; refusing every further request");
+        self.failed.store(true, Ordering::Release);
+        let first = {
+            let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+            let first = failure.is_none();
+            failure.get_or_insert_with(|| what.to_string());
+            first
+        };
+        if first {
+            (self.on_fatal)(what);
         }
     }
 }

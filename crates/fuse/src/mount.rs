@@ -265,9 +265,77 @@ pub fn unmount(mountpoint: &Path) -> io::Result<()> {
     }
 }
 
+/// The FUSE connection mounted on `mountpoint`: its device number, which
+/// names its directory under fusectl. Read from /proc/self/mountinfo, so
+/// that finding it sends no request to the file system.
+pub fn connection_id(mountpoint: &Path) -> Option<u64> {
+    let mountinfo = std::fs::read(std::path::Path::new("/proc/self/mountinfo")).ok()?;
+    let want = mountinfo_escape(mountpoint.as_os_str().as_bytes());
+    // The newest mount on that directory is the last line naming it.
+    let line = mountinfo
+        .split(|&b| b == b'\n')
+        .rfind(|line| line.split(|&b| b == b' ').nth(4) == Some(&want[..]))?;
+    let dev = line.split(|&b| b == b' ').nth(2)?;
+    let dev = std::str::from_utf8(dev).ok()?;
+    let (major, minor) = dev.split_once(':')?;
+    let (major, minor): (u32, u32) = (major.parse().ok()?, minor.parse().ok()?);
+    Some(libc::makedev(major, minor))
+}
+
+/// A path as /proc/self/mountinfo writes it (octal escapes for space,
+/// tab, newline and backslash).
+fn mountinfo_escape(path: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(path.len());
+    for &b in path {
+        match b {
+            b' ' | b'\t' | b'\n' | b'\\' => out.extend_from_slice(format!("\\{b:03o}").as_bytes()),
+            _ => out.push(b),
+        }
+    }
+    out
+}
+
+/// Aborts FUSE connection `id` (fusectl's `abort`): every request waiting
+/// on it ends with an error, and so does every later one. fusectl is
+/// mounted first if it is not (root only).
+pub fn abort_connection(id: u64) -> io::Result<()> {
+    let root = Path::new("/sys/fs/fuse/connections");
+    let knob = root.join(id.to_string()).join("abort");
+    if !knob.exists() {
+        let (source, target) = (c"fusectl", c"/sys/fs/fuse/connections");
+        // SAFETY: valid NUL-terminated strings; no data argument.
+        let r = unsafe {
+            libc::mount(
+                source.as_ptr(),
+                target.as_ptr(),
+                source.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EBUSY) {
+                return Err(io::Error::other(format!("mounting fusectl: {e}")));
+            }
+        }
+    }
+    std::fs::write(&knob, b"1").map_err(|e| io::Error::other(format!("{}: {e}", knob.display())))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mountinfo_paths_are_escaped_as_the_kernel_does() {
+        assert_eq!(mountinfo_escape(b"/a b\\c"), b"/a\\040b\\134c");
+        assert_eq!(
+            connection_id(Path::new("/proc")).map(|d| libc::major(d)),
+            Some(0),
+            "procfs is an anonymous device"
+        );
+    }
 
     #[test]
     fn flags_map_to_mount_bits_and_words() {

@@ -198,6 +198,10 @@ fn start_workers<F: Operations>(
     };
     tracing::info!("serving {} through {name}", mountpoint.display());
     dispatcher.stats().set_transport(name);
+    match mount::connection_id(mountpoint) {
+        Some(id) => dispatcher.set_connection(id),
+        None => tracing::warn!("{}: no FUSE connection number found", mountpoint.display()),
+    }
     Ok(Session {
         mountpoint: mountpoint.to_path_buf(),
         workers,

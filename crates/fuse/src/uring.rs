@@ -440,13 +440,20 @@ fn serve_queue<F: Operations>(
     }
     let mut live = q.entries.len();
     let mut done = Vec::new();
+    // Why entries were lost other than by unmounting, if any were.
+    let mut broken: Option<String> = None;
+    let mut stop_after = injected_stop(q.qid);
     while live > 0 {
         if let Err(e) = q.ring.submit_and_wait(1) {
             if e.raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
-            tracing::error!("fuse-uring-{}: {e}", q.qid);
-            return;
+            broken = Some(e.to_string());
+            break;
+        }
+        if stop_after == Some(0) {
+            broken = Some("stopped (injected)".into());
+            break;
         }
         done.clear();
         done.extend(
@@ -462,12 +469,15 @@ fn serve_queue<F: Operations>(
                     }
                     if let Err(e) = answer(&mut q, index, raw, dispatcher, &mut affinity) {
                         tracing::error!("fuse-uring-{}: {e}", q.qid);
+                        broken = Some(e.to_string());
                         live -= 1;
                     }
+                    stop_after = stop_after.map(|n| n.saturating_sub(1));
                 }
                 r if r == -libc::EAGAIN || r == -libc::EINTR => {
                     if let Err(e) = resubmit(&mut q, index, raw) {
                         tracing::error!("fuse-uring-{}: {e}", q.qid);
+                        broken = Some(e.to_string());
                         live -= 1;
                     }
                 }
@@ -476,16 +486,31 @@ fn serve_queue<F: Operations>(
                     live -= 1
                 }
                 r => {
-                    tracing::error!(
-                        "fuse-uring-{}: entry {index}: {}",
-                        q.qid,
-                        io::Error::from_raw_os_error(-r)
-                    );
+                    let e = io::Error::from_raw_os_error(-r);
+                    tracing::error!("fuse-uring-{}: entry {index}: {e}", q.qid);
+                    broken = Some(e.to_string());
                     live -= 1;
                 }
             }
         }
     }
+    // A queue that stops while the mount lives would leave its CPU's
+    // requests waiting forever: give the mount up instead.
+    if let Some(why) = broken {
+        dispatcher.abandon(&format!("io_uring queue {} stopped: {why}", q.qid));
+    }
+}
+
+/// Test hook (debug builds): `BETREEFS_TEST_URING_STOP_QUEUE=<qid>:<n>`
+/// makes that queue stop after serving n requests, as a queue whose ring
+/// broke would.
+fn injected_stop(qid: u16) -> Option<u32> {
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    let spec = std::env::var("BETREEFS_TEST_URING_STOP_QUEUE").ok()?;
+    let (q, n) = spec.split_once(':')?;
+    (q.parse::<u16>().ok()? == qid).then(|| n.parse().ok())?
 }
 
 /// Submits a REGISTER for every entry of the queue.
