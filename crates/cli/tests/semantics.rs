@@ -306,7 +306,9 @@ fn space_is_reported_as_documented() {
     fs::write(m.path("d/x"), b"x").unwrap();
     assert_eq!(fs::metadata(m.path("d")).unwrap().len(), 0);
     drop(f);
+    let image = m.image.clone();
     m.unmount();
+    assert_fsck_clean(&image, "after punched and zeroed ranges");
 }
 
 #[test]
@@ -659,4 +661,5 @@ fn posix_acls_are_enforced_and_follow_the_mode() {
     assert!(reads(alice, &m.path("d/new")));
     assert!(!reads(bob, &m.path("d/new")));
     m.unmount();
+    assert_fsck_clean(&image, "after ACLs");
 }
