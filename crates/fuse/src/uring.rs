@@ -1,10 +1,12 @@
 //! FUSE over io_uring (Linux 6.14+, `FUSE_OVER_IO_URING`): one queue per
 //! possible CPU, each an io_uring of its own served by a thread pinned to
-//! that CPU (except while data streams: see [`QueueAffinity`]). A request issued on CPU n is delivered into a buffer of queue
-//! n's ring, and its reply goes back with the command that also fetches
-//! the next request (`COMMIT_AND_FETCH`): one system call per request on
-//! the CPU that issued it, where `/dev/fuse` needs a read, a write and a
-//! cross-CPU wake-up. FORGET, INTERRUPT and INIT still come through
+//! that CPU (except while data streams: see [`QueueAffinity`]). A request
+//! issued on CPU n is delivered into a buffer of queue n's ring, and its
+//! reply goes back with the command that also fetches the next request
+//! (`COMMIT_AND_FETCH`): one system call per request on the CPU that
+//! issued it, where `/dev/fuse` needs a read, a write and a cross-CPU
+//! wake-up. A queue that stops while the mount lives gives the mount up
+//! ([`Dispatcher::abandon`]). FORGET, INTERRUPT and INIT still come through
 //! `/dev/fuse`, which keeps its readers.
 //!
 //! Written from the kernel's `include/uapi/linux/fuse.h` (7.42+). Each
