@@ -313,6 +313,34 @@ fn uring_setup_failures_fall_back_or_say_why() {
     drop(s);
 }
 
+/// Names stay cached past the attribute timeout: looking at files again
+/// later costs at most a GETATTR each, never a LOOKUP of their names; a
+/// cached absent name stays absent and a create replaces it.
+#[test]
+fn names_stay_cached_past_the_attribute_timeout() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("entryttl", &[]);
+    fs::create_dir(m.path("d")).unwrap();
+    for i in 0..20 {
+        fs::write(m.path(&format!("d/f{i}")), b"x").unwrap();
+    }
+    assert!(fs::metadata(m.path("d/absent")).is_err());
+    // Past the 10 s attribute timeout.
+    std::thread::sleep(std::time::Duration::from_secs(11));
+    let before = request_counts(&m.dir);
+    for i in 0..20 {
+        assert_eq!(fs::metadata(m.path(&format!("d/f{i}"))).unwrap().len(), 1);
+    }
+    assert!(fs::metadata(m.path("d/absent")).is_err());
+    let delta = request_delta(&before, &request_counts(&m.dir));
+    assert_eq!(count(&delta, "lookup"), 0, "{delta:?}");
+    fs::write(m.path("d/absent"), b"now here").unwrap();
+    assert_eq!(fs::read(m.path("d/absent")).unwrap(), b"now here");
+    m.unmount();
+}
+
 /// A queue that stops while the mount lives (its ring broke): the kernel
 /// keeps routing its CPU's requests to it, so the daemon gives the mount
 /// up (every waiting request fails, the daemon exits non-zero after

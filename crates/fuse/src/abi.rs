@@ -387,14 +387,22 @@ impl Attr {
     }
 }
 
-/// `struct fuse_entry_out`.
-pub fn entry_out(w: &mut Writer, nodeid: u64, generation: u64, ttl: Ttl, attr: &Attr) {
+/// `struct fuse_entry_out`: how long the name (`entry`) and the
+/// attributes (`attr`) may be cached.
+pub fn entry_out(
+    w: &mut Writer,
+    nodeid: u64,
+    generation: u64,
+    entry: Ttl,
+    attr_ttl: Ttl,
+    attr: &Attr,
+) {
     w.u64(nodeid)
         .u64(generation)
-        .u64(ttl.secs)
-        .u64(ttl.secs)
-        .u32(ttl.nanos)
-        .u32(ttl.nanos);
+        .u64(entry.secs)
+        .u64(attr_ttl.secs)
+        .u32(entry.nanos)
+        .u32(attr_ttl.nanos);
     attr.write(w);
 }
 
@@ -493,7 +501,8 @@ pub fn dirent(w: &mut Writer, max: usize, d: &Dirent<'_>) -> bool {
 pub struct EntryOut<'a> {
     pub nodeid: u64,
     pub generation: u64,
-    pub ttl: Ttl,
+    pub entry_ttl: Ttl,
+    pub attr_ttl: Ttl,
     pub attr: &'a Attr,
 }
 
@@ -502,7 +511,7 @@ pub fn direntplus(w: &mut Writer, max: usize, e: &EntryOut<'_>, d: &Dirent<'_>) 
     if w.buf.len() + 128 + d.size() > max {
         return false;
     }
-    entry_out(w, e.nodeid, e.generation, e.ttl, e.attr);
+    entry_out(w, e.nodeid, e.generation, e.entry_ttl, e.attr_ttl, e.attr);
     d.write(w);
     true
 }
@@ -533,7 +542,7 @@ mod tests {
         Attr::default().write(&mut w);
         assert_eq!(w.buf.len(), 88, "fuse_attr");
         let mut w = Writer::default();
-        entry_out(&mut w, 1, 0, Ttl::ZERO, &Attr::default());
+        entry_out(&mut w, 1, 0, Ttl::ZERO, Ttl::ZERO, &Attr::default());
         assert_eq!(w.buf.len(), 128, "fuse_entry_out");
         let mut w = Writer::default();
         attr_out(&mut w, Ttl::ZERO, &Attr::default());
@@ -558,7 +567,8 @@ mod tests {
         let e = EntryOut {
             nodeid: 1,
             generation: 0,
-            ttl: Ttl::ZERO,
+            entry_ttl: Ttl::ZERO,
+            attr_ttl: Ttl::ZERO,
             attr: &Attr::default(),
         };
         assert!(direntplus(&mut w, 4096, &e, &Dirent { name: b"a", ..d }));

@@ -16,7 +16,7 @@ use betreefs_fs::{
 use crate::abi::{self, fattr, fopen, init, opcode, Reader, Ttl, Writer};
 use crate::request::{InitIn, Op, Request, SetattrIn};
 use crate::stats::Via;
-use crate::{MountConfig, RequestGuard, RequestStats, MAX_REQUEST, TTL};
+use crate::{MountConfig, RequestGuard, RequestStats, ENTRY_TTL, MAX_REQUEST, TTL};
 
 /// What to send back for one request.
 #[derive(Debug, PartialEq, Eq)]
@@ -307,7 +307,7 @@ impl<F: Operations> Dispatcher<F> {
                     // A negative entry: the kernel caches the absence for
                     // the TTL, so a create right after needs no lookup.
                     Err(Errno::ENOENT) => {
-                        abi::entry_out(&mut w, 0, 0, ttl(), &abi::Attr::default());
+                        abi::entry_out(&mut w, 0, 0, entry_ttl(), ttl(), &abi::Attr::default());
                     }
                     Err(e) => return Err(e),
                 }
@@ -428,7 +428,8 @@ impl<F: Operations> Dispatcher<F> {
                         let entry = abi::EntryOut {
                             nodeid: if e.attr.is_some() { e.ino } else { 0 },
                             generation: 0,
-                            ttl: if e.attr.is_some() { ttl() } else { Ttl::ZERO },
+                            entry_ttl: if e.attr.is_some() { entry_ttl() } else { Ttl::ZERO },
+                            attr_ttl: if e.attr.is_some() { ttl() } else { Ttl::ZERO },
                             attr: &attr,
                         };
                         abi::direntplus(&mut w, max, &entry, &d)
@@ -498,8 +499,15 @@ fn ttl() -> Ttl {
     }
 }
 
+fn entry_ttl() -> Ttl {
+    Ttl {
+        secs: ENTRY_TTL.as_secs(),
+        nanos: ENTRY_TTL.subsec_nanos(),
+    }
+}
+
 fn entry(w: &mut Writer, a: &Attr) {
-    abi::entry_out(w, a.ino, 0, ttl(), &kernel_attr(a));
+    abi::entry_out(w, a.ino, 0, entry_ttl(), ttl(), &kernel_attr(a));
 }
 
 /// The kernel's view of an inode's attributes.

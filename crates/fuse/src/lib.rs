@@ -13,9 +13,10 @@
 //!   as the kernel would, so the kernel stops asking for them), FLUSH and
 //!   OPENDIR answered ENOSYS (no FLUSH at close, no OPENDIR/RELEASEDIR,
 //!   listings cached across opens), stateless readdir cookies;
-//! - long entry and attribute timeouts, negative entries cached too: the
-//!   daemon is the only writer of its image, and every change goes through
-//!   the kernel, which invalidates what a change affects;
+//! - names cached for an hour and attributes for 10 s ([`ENTRY_TTL`],
+//!   [`TTL`]), negative entries cached too: the daemon is the only writer
+//!   of its image, and every change goes through the kernel, which
+//!   invalidates what a change affects;
 //! - `keep_cache` on open for the same reason;
 //! - no kernel writeback cache by default (`-o writeback` turns it on):
 //!   measured after the round-trip cuts it leaves untar unchanged and slows
@@ -43,8 +44,14 @@ pub use mount::MountFlags;
 pub use session::{mount, ActiveTransport, Session};
 pub use stats::RequestStats;
 
-/// How long the kernel may cache entries and attributes.
+/// How long the kernel may cache attributes.
 pub(crate) const TTL: Duration = Duration::from_secs(10);
+/// How long the kernel may cache a name, found or absent. Names change
+/// only through the kernel (the daemon is its image's only writer and
+/// renames, links and removes nothing behind it), so a name needs no
+/// revalidation: with 10 s, a walk over a tree read more than 10 s
+/// earlier (rm -rf after a tar of it) sent one LOOKUP per entry again.
+pub(crate) const ENTRY_TTL: Duration = Duration::from_secs(3600);
 /// Largest read or write request.
 pub const MAX_REQUEST: u32 = 1 << 20;
 
