@@ -135,7 +135,12 @@ fn parse_options(args: &MountArgs) -> Result<Settings> {
 }
 
 /// Whether `path` is a FUSE mount whose daemon is gone: statfs always
-/// reaches the daemon (stat may be answered from the kernel's cache).
+/// reaches the daemon (stat may be answered from the kernel's cache). A
+/// request that was queued when the connection was aborted ends with
+/// ECONNABORTED rather than ENOTCONN: with FUSE over io_uring the
+/// connection of a killed daemon is aborted only when its rings are torn
+/// down, a moment after the process is gone, so the first statfs can meet
+/// either.
 fn is_dead_mount(path: &Path) -> bool {
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
         return false;
@@ -145,7 +150,11 @@ fn is_dead_mount(path: &Path) -> bool {
         let mut st: libc::statvfs = std::mem::zeroed();
         libc::statvfs(c.as_ptr(), &mut st)
     };
-    r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
+    r != 0
+        && matches!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ENOTCONN | libc::ECONNABORTED)
+        )
 }
 
 fn check_mountpoint(mountpoint: &Path) -> Result<()> {
