@@ -19,46 +19,12 @@ use betreefs_store::StoreError;
 /// How long a command waits for a daemon that is unmounting the image.
 pub const UNMOUNT_WAIT: Duration = Duration::from_secs(120);
 
-/// Undoes mountinfo's octal escapes (`\040` for a space, ...).
-fn unescape_mountinfo(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match octal {
-            Some(d) => {
-                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
-                i += 4;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// The mounts of type `fuse.betreefs`: (source, mountpoint).
 pub fn betreefs_mounts() -> Vec<(String, PathBuf)> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines()
-        .filter_map(|line| {
-            // id parent major:minor root mountpoint options [optional...] - type source super
-            let (left, right) = line.split_once(" - ")?;
-            let mountpoint = left.split(' ').nth(4)?;
-            let mut rest = right.split(' ');
-            let (kind, source) = (rest.next()?, rest.next()?);
-            (kind == "fuse.betreefs").then(|| {
-                (
-                    unescape_mountinfo(source),
-                    PathBuf::from(unescape_mountinfo(mountpoint)),
-                )
-            })
-        })
+    betreefs_fuse::mount::mounts()
+        .into_iter()
+        .filter(|m| m.fstype == "fuse.betreefs")
+        .map(|m| (m.source, m.mountpoint))
         .collect()
 }
 
@@ -130,17 +96,5 @@ pub fn open_store(image: &Path, options: Options, wait: Duration) -> Result<Stor
             }
             Err(e) => return Err(anyhow::Error::new(e)),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mountinfo_escapes() {
-        assert_eq!(unescape_mountinfo(r"/srv/my\040image"), "/srv/my image");
-        assert_eq!(unescape_mountinfo(r"a\134b"), r"a\b");
-        assert_eq!(unescape_mountinfo(r"trailing\04"), r"trailing\04");
     }
 }

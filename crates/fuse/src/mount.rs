@@ -8,7 +8,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Kernel mount flags a user can ask for (`-o ro,nosuid,...`). Like a
@@ -265,34 +265,70 @@ pub fn unmount(mountpoint: &Path) -> io::Result<()> {
     }
 }
 
-/// The FUSE connection mounted on `mountpoint`: its device number, which
-/// names its directory under fusectl. Read from /proc/self/mountinfo, so
-/// that finding it sends no request to the file system.
-pub fn connection_id(mountpoint: &Path) -> Option<u64> {
-    let mountinfo = std::fs::read(std::path::Path::new("/proc/self/mountinfo")).ok()?;
-    let want = mountinfo_escape(mountpoint.as_os_str().as_bytes());
-    // The newest mount on that directory is the last line naming it.
-    let line = mountinfo
-        .split(|&b| b == b'\n')
-        .rfind(|line| line.split(|&b| b == b' ').nth(4) == Some(&want[..]))?;
-    let dev = line.split(|&b| b == b' ').nth(2)?;
-    let dev = std::str::from_utf8(dev).ok()?;
-    let (major, minor) = dev.split_once(':')?;
-    let (major, minor): (u32, u32) = (major.parse().ok()?, minor.parse().ok()?);
-    Some(libc::makedev(major, minor))
+/// One mount of this process's namespace, from /proc/self/mountinfo.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountEntry {
+    /// The device number (for FUSE, the connection's: it names its
+    /// directory under fusectl).
+    pub dev: u64,
+    pub mountpoint: PathBuf,
+    /// The type, as `fuse.betreefs`.
+    pub fstype: String,
+    pub source: String,
 }
 
-/// A path as /proc/self/mountinfo writes it (octal escapes for space,
-/// tab, newline and backslash).
-fn mountinfo_escape(path: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(path.len());
-    for &b in path {
-        match b {
-            b' ' | b'\t' | b'\n' | b'\\' => out.extend_from_slice(format!("\\{b:03o}").as_bytes()),
-            _ => out.push(b),
+/// The mounts of this process's namespace, oldest first. Reading them
+/// sends no request to any file system.
+pub fn mounts() -> Vec<MountEntry> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|line| {
+            // id parent major:minor root mountpoint options [optional...] - type source super
+            let (left, right) = line.split_once(" - ")?;
+            let mut fields = left.split(' ');
+            let (major, minor) = fields.nth(2)?.split_once(':')?;
+            let mountpoint = fields.nth(1)?;
+            let mut rest = right.split(' ');
+            let (fstype, source) = (rest.next()?, rest.next()?);
+            Some(MountEntry {
+                dev: libc::makedev(major.parse().ok()?, minor.parse().ok()?),
+                mountpoint: PathBuf::from(OsStr::from_bytes(&unescape_mountinfo(mountpoint))),
+                fstype: fstype.to_string(),
+                source: String::from_utf8_lossy(&unescape_mountinfo(source)).into_owned(),
+            })
+        })
+        .collect()
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, ...).
+fn unescape_mountinfo(field: &str) -> Vec<u8> {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| b == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(&[a, b, c]) => {
+                out.push((a - b'0') * 64 + (b - b'0') * 8 + (c - b'0'));
+                i += 4;
+            }
+            _ => {
+                out.push(b);
+                i += 1;
+            }
         }
     }
     out
+}
+
+/// The FUSE connection mounted on `mountpoint` (the newest mount there).
+pub fn connection_id(mountpoint: &Path) -> Option<u64> {
+    mounts()
+        .into_iter()
+        .rfind(|m| m.mountpoint == mountpoint)
+        .map(|m| m.dev)
 }
 
 /// Aborts FUSE connection `id` (fusectl's `abort`): every request waiting
@@ -328,8 +364,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mountinfo_paths_are_escaped_as_the_kernel_does() {
-        assert_eq!(mountinfo_escape(b"/a b\\c"), b"/a\\040b\\134c");
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape_mountinfo(r"/srv/my\040image"), b"/srv/my image");
+        assert_eq!(unescape_mountinfo(r"a\134b"), br"a\b");
+        assert_eq!(unescape_mountinfo(r"trailing\04"), br"trailing\04");
         assert_eq!(
             connection_id(Path::new("/proc")).map(|d| libc::major(d)),
             Some(0),

@@ -98,12 +98,8 @@ impl NullState {
         let ino = self.next_ino;
         self.next_ino += 1;
         // The kernel leaves the umask to the file system (DONT_MASK);
-        // nullfuse keeps no ACLs, so it always applies.
-        let mode = if mode & libc::S_IFMT == libc::S_IFLNK {
-            mode
-        } else {
-            mode & !(caller.umask & 0o777)
-        };
+        // nullfuse keeps no ACLs, so it is a directory without a default one.
+        let mode = betreefs_fs::acl::inherit(None, mode, caller.umask)?.mode;
         let attr = Attr {
             size: target.len() as u64,
             ..Attr::new(ino, mode, caller.uid, caller.gid, Timespec::now())

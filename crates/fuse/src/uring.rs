@@ -42,7 +42,7 @@ use std::thread::JoinHandle;
 use betreefs_fs::Operations;
 use io_uring::{opcode as uring_op, squeue, types, IoUring};
 
-use crate::abi::{self, Reader};
+use crate::abi::{self, Reader, Writer};
 use crate::dispatch::{Dispatcher, Reply};
 use crate::request::Request;
 use crate::session::serve_one;
@@ -107,48 +107,50 @@ impl RingEntry {
         r.u32().unwrap_or(0)
     }
 
-    /// The reply header and size for a body already in the payload buffer
-    /// (`Ok(len)`), or for an error.
-    fn set_reply_in_place(&mut self, unique: u64, result: Result<usize, i32>) {
-        let (reply, len) = match result {
-            Ok(len) => (Reply::Ok(Vec::new()), len.min(self.payload.len())),
-            Err(e) => (Reply::Error(e), 0),
-        };
-        let mut header = reply.header(unique);
-        let total = (abi::OUT_HEADER_BYTES + len) as u32;
-        header[..4].copy_from_slice(&total.to_le_bytes());
+    /// The reply's `fuse_out_header` and payload size, for a body of
+    /// `body_len` bytes already in the payload buffer; `error` negative or 0.
+    fn set_out_header(&mut self, unique: u64, error: i32, body_len: usize) {
+        let mut w = Writer::default();
+        abi::out_header(
+            &mut w,
+            (abi::OUT_HEADER_BYTES + body_len) as u32,
+            error,
+            unique,
+        );
         if let Some(dst) = self.header.get_mut(..abi::OUT_HEADER_BYTES) {
-            dst.copy_from_slice(&header);
+            dst.copy_from_slice(&w.buf);
         }
         if let Some(dst) = self
             .header
             .get_mut(PAYLOAD_SZ_OFFSET..PAYLOAD_SZ_OFFSET + 4)
         {
-            dst.copy_from_slice(&(len as u32).to_le_bytes());
+            dst.copy_from_slice(&(body_len as u32).to_le_bytes());
         }
     }
 
-    /// Puts a reply into the buffers for COMMIT_AND_FETCH.
+    /// The reply to a READ whose data is already in the payload buffer
+    /// (`Ok(len)`), or its error number.
+    fn set_reply_in_place(&mut self, unique: u64, result: Result<usize, i32>) {
+        match result {
+            Ok(len) => self.set_out_header(unique, 0, len.min(self.payload.len())),
+            Err(e) => self.set_out_header(unique, -e, 0),
+        }
+    }
+
+    /// Puts a reply into the buffers for COMMIT_AND_FETCH. The ring has no
+    /// reply-less requests: "no reply" commits an empty success.
     fn set_reply(&mut self, unique: u64, reply: &Reply) {
-        let body = reply.body();
-        let reply = if body.len() > self.payload.len() {
-            // Cannot happen with the negotiated sizes; never truncate.
-            &Reply::Error(libc::EIO)
-        } else {
-            reply
-        };
-        let body = reply.body();
-        if let Some(dst) = self.payload.get_mut(..body.len()) {
-            dst.copy_from_slice(body);
-        }
-        if let Some(dst) = self.header.get_mut(..abi::OUT_HEADER_BYTES) {
-            dst.copy_from_slice(&reply.header(unique));
-        }
-        if let Some(dst) = self
-            .header
-            .get_mut(PAYLOAD_SZ_OFFSET..PAYLOAD_SZ_OFFSET + 4)
-        {
-            dst.copy_from_slice(&(body.len() as u32).to_le_bytes());
+        match reply {
+            Reply::Ok(body) => match self.payload.get_mut(..body.len()) {
+                Some(dst) => {
+                    dst.copy_from_slice(body);
+                    self.set_out_header(unique, 0, body.len());
+                }
+                // Cannot happen with the negotiated sizes; never truncate.
+                None => self.set_out_header(unique, -libc::EIO, 0),
+            },
+            Reply::Error(e) => self.set_out_header(unique, -e, 0),
+            Reply::None => self.set_out_header(unique, 0, 0),
         }
     }
 }
@@ -293,26 +295,15 @@ pub(crate) fn start<F: Operations>(
 /// off and releases the requests waiting for the queues.
 fn fall_back(fd: RawFd) -> io::Result<()> {
     let mut ring = IoUring::<squeue::Entry128>::builder().build(2)?;
-    let mut header = vec![0u8; HEADER_BYTES];
-    let mut payload = vec![0u8; payload_bytes()];
-    let iov = [
-        libc::iovec {
-            iov_base: header.as_mut_ptr().cast(),
-            iov_len: header.len(),
-        },
-        libc::iovec {
-            iov_base: payload.as_mut_ptr().cast(),
-            iov_len: payload.len(),
-        },
-    ];
-    let sqe = fuse_cmd(fd, CMD_REGISTER, 0, u16::MAX, Some(&iov));
+    let entry = RingEntry::new(payload_bytes());
+    let sqe = fuse_cmd(fd, CMD_REGISTER, 0, u16::MAX, Some(&entry.iov));
     // SAFETY: the SQE's iovecs and buffers live until the ring is dropped
     // below, after its completion has been waited for.
     unsafe { ring.submission().push(&sqe) }.map_err(|_| io::Error::other("ring full"))?;
     ring.submit_and_wait(1)?;
     let result = ring.completion().next().map(|c| c.result());
     drop(ring);
-    drop((header, payload));
+    drop(entry);
     match result {
         Some(r) if r < 0 => Ok(()),
         other => Err(io::Error::other(format!(
@@ -572,49 +563,36 @@ fn answer<F: Operations>(
         .ok_or_else(|| io::Error::other("a completion for no entry"))?;
     let payload_len = entry.u32_at(PAYLOAD_SZ_OFFSET) as usize;
     let header = entry.header.get(..abi::IN_HEADER_BYTES).unwrap_or_default();
-    if abi::InHeader::parse(&mut Reader::new(header)).is_ok_and(|h| h.opcode == abi::opcode::READ) {
+    let op_in = entry
+        .header
+        .get(OP_IN_OFFSET..OP_IN_OFFSET + 128)
+        .unwrap_or_default();
+    let h = abi::InHeader::parse(&mut Reader::new(header))
+        .map_err(|_| io::Error::other("a request without a header"))?;
+    if h.opcode == abi::opcode::READ {
         // A READ has no payload: its data goes straight into the payload
         // buffer, no copy on the way.
-        let op_in = entry
-            .header
-            .get(OP_IN_OFFSET..OP_IN_OFFSET + 128)
-            .unwrap_or_default();
         if let Ok(req) = Request::parse_parts(header, op_in, &[]) {
             if let crate::request::Op::Read { size, .. } = req.op {
-                affinity.note(abi::opcode::READ, size);
+                affinity.note(h.opcode, size);
             }
             let result = dispatcher.read_into(&req, &mut entry.payload, Via::Uring);
-            let unique = req.header.unique;
-            entry.set_reply_in_place(unique, result);
+            entry.set_reply_in_place(h.unique, result);
             return push_commit(q, index, fd);
         }
     }
-    let (unique, reply) = {
-        let header = entry.header.get(..abi::IN_HEADER_BYTES).unwrap_or_default();
-        let op_in = entry
-            .header
-            .get(OP_IN_OFFSET..OP_IN_OFFSET + 128)
-            .unwrap_or_default();
-        let payload = entry.payload.get(..payload_len).unwrap_or_default();
-        match Request::parse_parts(header, op_in, payload) {
-            Ok(req) => {
-                affinity.note(req.header.opcode, payload_len as u32);
-                (req.header.unique, serve_one(dispatcher, &req, Via::Uring))
-            }
-            Err(_) => {
-                let h = abi::InHeader::parse(&mut Reader::new(header))
-                    .map_err(|_| io::Error::other("a request without a header"))?;
-                tracing::warn!("malformed {} request", abi::opcode::name(h.opcode));
-                (h.unique, Reply::Error(libc::EIO))
-            }
+    let payload = entry.payload.get(..payload_len).unwrap_or_default();
+    let reply = match Request::parse_parts(header, op_in, payload) {
+        Ok(req) => {
+            affinity.note(h.opcode, payload_len as u32);
+            serve_one(dispatcher, &req, Via::Uring)
+        }
+        Err(_) => {
+            tracing::warn!("malformed {} request", abi::opcode::name(h.opcode));
+            Reply::Error(libc::EIO)
         }
     };
-    // The ring path has no reply-less requests: even "no reply" commits.
-    let reply = match reply {
-        Reply::None => Reply::Ok(Vec::new()),
-        r => r,
-    };
-    entry.set_reply(unique, &reply);
+    entry.set_reply(h.unique, &reply);
     push_commit(q, index, fd)
 }
 

@@ -37,7 +37,7 @@ mod names;
 mod state;
 mod xattr;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
 use betreefs_engine::{KeySpace, Store, WriteBatch};
@@ -229,26 +229,14 @@ impl FileSystem {
         let mut nodes = HashMap::new();
         nodes.insert(
             ROOT_INO,
-            Node {
-                parent: ROOT_INO,
-                name: Vec::new(),
-                attr: root,
-                target: Vec::new(),
-                home: Home::Path,
-                lookups: 1,
-                opens: 0,
-                children: 0,
-                dir_version: 0,
-                has_xattrs: None,
-                has_capability: None,
-                child_names: None,
-            },
+            Node::new(ROOT_INO, Vec::new(), root, Vec::new(), Home::Path),
         );
         let fs = FileSystem {
             store,
             state: Mutex::new(State {
                 nodes,
-                absent: HashSet::new(),
+                absent: HashMap::new(),
+                absent_count: 0,
                 handles: HashMap::new(),
                 cookies: Default::default(),
                 next_handle: 1,

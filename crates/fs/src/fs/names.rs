@@ -37,7 +37,7 @@ impl FileSystem {
         if st.known_absent(parent, name) {
             return Ok(None);
         }
-        self.find_in(st, parent, st.dir_key(parent)?, name)
+        self.query_entry(st.dir_key(parent)?, name)
     }
 
     /// [`FileSystem::find`] when the caller already has the parent's key.
@@ -52,6 +52,11 @@ impl FileSystem {
         if st.known_absent(parent, name) {
             return Ok(None);
         }
+        self.query_entry(dir, name)
+    }
+
+    /// The stored entry `name` of the directory with key `dir`.
+    fn query_entry(&self, dir: Vec<u8>, name: &[u8]) -> FsResult<Option<Found>> {
         let key = schema::entry_key(&dir, name);
         match self.store.get(KeySpace::Meta, &key)? {
             None => Ok(None),

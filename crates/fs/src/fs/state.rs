@@ -52,6 +52,26 @@ pub(super) struct Node {
     pub(super) child_names: Option<HashSet<u64>>,
 }
 
+impl Node {
+    /// A node the kernel has just been given one reference to.
+    pub(super) fn new(parent: Ino, name: Vec<u8>, attr: Attr, target: Vec<u8>, home: Home) -> Node {
+        Node {
+            parent,
+            name,
+            attr,
+            target,
+            home,
+            lookups: 1,
+            opens: 0,
+            children: 0,
+            dir_version: 0,
+            has_xattrs: None,
+            has_capability: None,
+            child_names: None,
+        }
+    }
+}
+
 /// An open file (directories need no handle: see [`super::listing`]).
 pub(super) struct OpenFile {
     pub(super) ino: Ino,
@@ -60,8 +80,11 @@ pub(super) struct OpenFile {
 
 pub(super) struct State {
     pub(super) nodes: HashMap<Ino, Node>,
-    /// (parent, name) pairs a lookup found absent and nothing created since.
-    pub(super) absent: HashSet<(Ino, Vec<u8>)>,
+    /// Names a lookup found absent and nothing created since, by parent
+    /// (looked up by borrowed name: no allocation per lookup).
+    pub(super) absent: HashMap<Ino, HashSet<Vec<u8>>>,
+    /// How many names `absent` holds.
+    pub(super) absent_count: usize,
     pub(super) handles: HashMap<u64, OpenFile>,
     /// Names behind the readdir cookies returned lately.
     pub(super) cookies: CookieWindow,
@@ -147,7 +170,11 @@ impl State {
 
     /// Records that `name` now exists in `parent`.
     pub(super) fn note_added(&mut self, parent: Ino, name: &[u8]) {
-        self.absent.remove(&(parent, name.to_vec()));
+        if let Some(names) = self.absent.get_mut(&parent) {
+            if names.remove(name) {
+                self.absent_count -= 1;
+            }
+        }
         if let Some(node) = self.nodes.get_mut(&parent) {
             if let Some(names) = &mut node.child_names {
                 if names.len() >= CHILD_NAMES_MAX {
@@ -166,14 +193,17 @@ impl State {
             .get(&parent)
             .and_then(|n| n.child_names.as_ref())
             .is_some_and(|names| !names.contains(&name_hash(name)));
-        never_added || self.absent.contains(&(parent, name.to_vec()))
+        never_added || self.absent.get(&parent).is_some_and(|n| n.contains(name))
     }
 
     pub(super) fn remember_absent(&mut self, parent: Ino, name: &[u8]) {
-        if self.absent.len() >= NEGATIVE_CACHE_MAX {
+        if self.absent_count >= NEGATIVE_CACHE_MAX {
             self.absent.clear();
+            self.absent_count = 0;
         }
-        self.absent.insert((parent, name.to_vec()));
+        if self.absent.entry(parent).or_default().insert(name.to_vec()) {
+            self.absent_count += 1;
+        }
     }
 
     /// Records a kernel reference to `ino`, known as `name` in `parent`.
@@ -196,23 +226,8 @@ impl State {
             }
             return;
         }
-        self.nodes.insert(
-            ino,
-            Node {
-                parent,
-                name: name.to_vec(),
-                attr,
-                target,
-                home,
-                lookups: 1,
-                opens: 0,
-                children: 0,
-                dir_version: 0,
-                has_xattrs: None,
-                has_capability: None,
-                child_names: None,
-            },
-        );
+        self.nodes
+            .insert(ino, Node::new(parent, name.to_vec(), attr, target, home));
         if let Some(p) = self.nodes.get_mut(&parent) {
             p.children += 1;
         }
