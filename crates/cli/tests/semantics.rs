@@ -5,7 +5,7 @@ mod common;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -374,20 +374,30 @@ fn unsupported_features_say_so() {
     fs::create_dir(m.path("d")).unwrap();
     let p = m.path("f");
     fs::write(&p, b"f").unwrap();
-    // O_TMPFILE.
-    let tmp = OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_TMPFILE)
-        .open(m.path("d"));
-    assert!(
-        matches!(err_of(tmp), libc::EOPNOTSUPP | libc::EISDIR),
-        "O_TMPFILE"
-    );
-    // RENAME_WHITEOUT.
-    assert_eq!(
-        renameat2(&p, &m.path("g"), libc::RENAME_WHITEOUT),
-        libc::EINVAL
-    );
+    // FIEMAP: FUSE does not carry it.
+    let f = File::open(&p).unwrap();
+    #[repr(C)]
+    struct Fiemap {
+        start: u64,
+        length: u64,
+        flags: u32,
+        mapped: u32,
+        count: u32,
+        reserved: u32,
+    }
+    let mut map = Fiemap {
+        start: 0,
+        length: u64::MAX,
+        flags: 0,
+        mapped: 0,
+        count: 0,
+        reserved: 0,
+    };
+    const FS_IOC_FIEMAP: libc::c_ulong = 0xc020_660b;
+    use std::os::fd::AsRawFd;
+    // SAFETY: valid descriptor and a fiemap header with no extents.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_FIEMAP, &mut map) };
+    assert_eq!((r, errno()), (-1, libc::EOPNOTSUPP), "FIEMAP");
     m.unmount();
 }
 

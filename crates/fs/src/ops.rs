@@ -100,6 +100,42 @@ pub trait Operations: Send + Sync + 'static {
     fn seek_data_or_hole(&self, _ino: Ino, _offset: u64, _whence: i32) -> FsResult<u64> {
         Err(crate::error::Errno(libc::ENOSYS))
     }
+    /// The chattr flags (`FS_IOC_GETFLAGS`, `crate::record::INODE_FLAGS`).
+    fn inode_flags(&self, _ino: Ino) -> FsResult<u32> {
+        Err(crate::error::Errno(libc::ENOTTY))
+    }
+    /// Sets them; the kernel has checked the caller's right to (owner,
+    /// CAP_LINUX_IMMUTABLE for immutable and append-only).
+    fn set_inode_flags(&self, _ino: Ino, _flags: u32) -> FsResult<()> {
+        Err(crate::error::Errno(libc::ENOTTY))
+    }
+    /// open(2) with `O_TMPFILE`: an unnamed file in directory `parent`,
+    /// open, with no links; `link` may give it a name later.
+    fn tmpfile(
+        &self,
+        _parent: Ino,
+        _mode: u32,
+        _flags: i32,
+        _caller: Caller,
+    ) -> FsResult<(Attr, u64)> {
+        Err(crate::error::Errno(libc::EOPNOTSUPP))
+    }
+    /// copy_file_range(2) of `len` bytes from `ino_in` at `off_in` to
+    /// `ino_out` at `off_out`, inside the file system; returns the bytes
+    /// copied (fewer at the end of the source). `kill` as for write.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_range(
+        &self,
+        _ino_in: Ino,
+        _off_in: u64,
+        _ino_out: Ino,
+        _fh_out: u64,
+        _off_out: u64,
+        _len: u64,
+        _kill: Option<Caller>,
+    ) -> FsResult<u64> {
+        Err(crate::error::Errno(libc::ENOSYS))
+    }
     fn statfs(&self) -> FsStats;
     fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> FsResult<()>;
     fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>>;

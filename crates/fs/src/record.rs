@@ -21,7 +21,10 @@
 //!  50  12  mtime
 //!  62  12  ctime
 //!  74  12  crtime (birth)
-//!  86   4  flags (reserved, 0)
+//!  86   4  flags: the inode flags chattr sets, as `FS_IOC_GETFLAGS`
+//!          reports them (FS_IMMUTABLE_FL 0x10, FS_APPEND_FL 0x20,
+//!          FS_NODUMP_FL 0x40, FS_NOATIME_FL 0x80; other bits are refused
+//!          on decode). Images before these flags wrote 0 here.
 //!  90   *  symlink target (symlinks only; the rest of the value)
 //! ```
 //!
@@ -110,7 +113,16 @@ pub struct Attr {
     pub mtime: Timespec,
     pub ctime: Timespec,
     pub crtime: Timespec,
+    /// chattr flags (`FS_*_FL`, [`INODE_FLAGS`]).
+    pub flags: u32,
 }
+
+/// The chattr flags betreefs keeps and enforces.
+pub const FS_IMMUTABLE_FL: u32 = 0x10;
+pub const FS_APPEND_FL: u32 = 0x20;
+pub const FS_NODUMP_FL: u32 = 0x40;
+pub const FS_NOATIME_FL: u32 = 0x80;
+pub const INODE_FLAGS: u32 = FS_IMMUTABLE_FL | FS_APPEND_FL | FS_NODUMP_FL | FS_NOATIME_FL;
 
 impl Attr {
     /// A new inode: no data, every time `now`, two links for a directory
@@ -128,7 +140,21 @@ impl Attr {
             mtime: now,
             ctime: now,
             crtime: now,
+            flags: 0,
         }
+    }
+
+    /// Immutable or append-only: the entry may not be removed, renamed or
+    /// linked, its attributes not changed (Linux's `IS_IMMUTABLE ||
+    /// IS_APPEND` checks).
+    pub fn is_pinned(&self) -> bool {
+        self.flags & (FS_IMMUTABLE_FL | FS_APPEND_FL) != 0
+    }
+    pub fn is_immutable(&self) -> bool {
+        self.flags & FS_IMMUTABLE_FL != 0
+    }
+    pub fn is_append_only(&self) -> bool {
+        self.flags & FS_APPEND_FL != 0
     }
 
     pub fn file_type(&self) -> u32 {
@@ -209,7 +235,10 @@ impl Record {
                     };
                 }
                 let [atime, mtime, ctime, crtime] = times;
-                let _flags = d.u32().map_err(short)?;
+                let flags = d.u32().map_err(short)?;
+                if flags & !INODE_FLAGS != 0 {
+                    return Err(bad(&format!("unknown inode flags {flags:#x}")));
+                }
                 let attr = Attr {
                     ino,
                     mode,
@@ -222,6 +251,7 @@ impl Record {
                     mtime,
                     ctime,
                     crtime,
+                    flags,
                 };
                 if attr.nsecs().any(|n| n >= 1_000_000_000) {
                     return Err(bad("nanoseconds out of range"));
@@ -254,7 +284,7 @@ fn encode_inode(attr: &Attr, target: &[u8]) -> Vec<u8> {
         out.extend_from_slice(&t.sec.to_le_bytes());
         out.extend_from_slice(&t.nsec.to_le_bytes());
     }
-    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&attr.flags.to_le_bytes());
     debug_assert_eq!(out.len(), INODE_FIXED);
     out.extend_from_slice(target);
     out
@@ -321,6 +351,7 @@ mod tests {
             },
             ctime: Timespec { sec: 0, nsec: 0 },
             crtime: Timespec { sec: 17, nsec: 5 },
+            flags: FS_APPEND_FL | FS_NODUMP_FL,
         }
     }
 
@@ -364,6 +395,9 @@ mod tests {
         let mut bad = enc.clone();
         bad[1] = 9;
         assert!(Record::decode(&bad).is_err());
+        let mut bad = enc.clone();
+        bad[86..90].copy_from_slice(&0x1000u32.to_le_bytes());
+        assert!(Record::decode(&bad).is_err(), "unknown inode flag");
         let mut bad = enc;
         bad[46..50].copy_from_slice(&2_000_000_000u32.to_le_bytes());
         assert!(Record::decode(&bad).is_err());

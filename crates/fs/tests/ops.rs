@@ -147,11 +147,11 @@ fn rename_flags_and_replacement() {
     write_file(&fs, d, b"inner", b"i");
     let noreplace = RenameFlags {
         noreplace: true,
-        exchange: false,
+        ..RenameFlags::default()
     };
     let exchange = RenameFlags {
-        noreplace: false,
         exchange: true,
+        ..RenameFlags::default()
     };
     assert_eq!(
         fs.rename(ROOT_INO, b"x", ROOT_INO, b"y", noreplace),

@@ -15,6 +15,9 @@ pub const KERNEL_MINOR_VERSION: u32 = 43;
 /// the kill-suid flags this front end relies on.
 pub const MIN_MINOR_VERSION: u32 = 31;
 
+/// The page size the kernel's FUSE requests are counted in (x86-64).
+pub const PAGE_BYTES: u64 = 4096;
+
 /// The node id of the root.
 pub const ROOT_ID: u64 = 1;
 
@@ -412,6 +415,54 @@ pub fn attr_out(w: &mut Writer, ttl: Ttl, attr: &Attr) {
     attr.write(w);
 }
 
+/// `struct fuse_statx_out` (7.39): the attributes with the birth time.
+/// `attributes` are `STATX_ATTR_*` bits (the chattr flags that have one).
+pub fn statx_out(w: &mut Writer, ttl: Ttl, a: &Attr, btime: (i64, u32), attributes: u64) {
+    const STATX_BASIC_STATS: u32 = 0x7ff;
+    const STATX_BTIME: u32 = 0x800;
+    // STATX_ATTR_IMMUTABLE | APPEND | NODUMP: what betreefs can report.
+    const ATTRIBUTES_MASK: u64 = 0x10 | 0x20 | 0x40;
+    w.u64(ttl.secs).u32(ttl.nanos).u32(0).u64(0).u64(0);
+    // struct fuse_statx
+    w.u32(STATX_BASIC_STATS | STATX_BTIME)
+        .u32(a.blksize)
+        .u64(attributes & ATTRIBUTES_MASK)
+        .u32(a.nlink)
+        .u32(a.uid)
+        .u32(a.gid)
+        .u16(a.mode as u16)
+        .u16(0)
+        .u64(a.ino)
+        .u64(a.size)
+        .u64(a.blocks)
+        .u64(ATTRIBUTES_MASK);
+    for (sec, nsec) in [a.atime, btime, a.ctime, a.mtime] {
+        w.i64(sec).u32(nsec).i32(0);
+    }
+    let (major, minor) = (libc::major(a.rdev as u64), libc::minor(a.rdev as u64));
+    w.u32(major).u32(minor).u32(0).u32(0);
+    w.bytes(&[0; 14 * 8]);
+}
+
+/// `struct fuse_ioctl_out` followed by the data the caller gets back.
+pub fn ioctl_out(w: &mut Writer, result: i32, data: &[u8]) {
+    w.i32(result).u32(0).u32(0).u32(0).bytes(data);
+}
+
+/// The inode-flag ioctls the kernel forwards for `chattr`/`lsattr` (its
+/// `fileattr_get`/`fileattr_set`), and `struct fsxattr`'s size.
+pub mod ioctl {
+    pub const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+    pub const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+    pub const FS_IOC32_GETFLAGS: u32 = 0x8004_6601;
+    pub const FS_IOC32_SETFLAGS: u32 = 0x4004_6602;
+    pub const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+    pub const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+    pub const FSXATTR_BYTES: usize = 28;
+    /// `FS_XFLAG_*` and the `FS_*_FL` flag each stands for.
+    pub const XFLAGS: [(u32, u32); 4] = [(0x8, 0x10), (0x10, 0x20), (0x40, 0x80), (0x80, 0x40)];
+}
+
 /// How long the kernel may cache an entry or attributes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ttl {
@@ -547,6 +598,9 @@ mod tests {
         let mut w = Writer::default();
         attr_out(&mut w, Ttl::ZERO, &Attr::default());
         assert_eq!(w.buf.len(), 104, "fuse_attr_out");
+        let mut w = Writer::default();
+        statx_out(&mut w, Ttl::ZERO, &Attr::default(), (0, 0), 0);
+        assert_eq!(w.buf.len(), 288, "fuse_statx_out");
         let mut w = Writer::default();
         open_out(&mut w, 1, 0);
         assert_eq!(w.buf.len(), 16, "fuse_open_out");

@@ -336,13 +336,14 @@ impl<F: Operations> Dispatcher<F> {
                 name,
                 newname,
             } => {
-                let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE;
+                let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE | libc::RENAME_WHITEOUT;
                 if flags & !known != 0 {
                     return Err(Errno::EINVAL);
                 }
                 let flags = RenameFlags {
                     noreplace: flags & libc::RENAME_NOREPLACE != 0,
                     exchange: flags & libc::RENAME_EXCHANGE != 0,
+                    whiteout: (flags & libc::RENAME_WHITEOUT != 0).then_some(caller),
                 };
                 fs.rename(ino, name, newdir, newname, flags)?
             }
@@ -447,14 +448,43 @@ impl<F: Operations> Dispatcher<F> {
                 mode,
                 ..
             } => {
-                // FALLOCATE carries no kill flag: with killpriv_v2 the
-                // kernel leaves dropping set-ID bits to us, for any caller
-                // but root (CAP_FSETID is not visible from here).
-                let killpriv = self
-                    .negotiated()
-                    .is_some_and(|n| n.has(init::HANDLE_KILLPRIV_V2));
-                let kill = (killpriv && caller.uid != 0).then_some(caller);
-                fs.fallocate(ino, offset, length, mode as i32, kill)?
+                fs.fallocate(ino, offset, length, mode as i32, self.kill_without_flag(caller))?
+            }
+            Op::CopyFileRange {
+                off_in,
+                nodeid_out,
+                fh_out,
+                off_out,
+                len,
+                flags,
+                ..
+            } => {
+                if flags != 0 {
+                    return Err(Errno::EINVAL);
+                }
+                // The reply's count is 32 bits; the kernel asks again for
+                // the rest.
+                let len = len.min(u64::from(u32::MAX) & !(abi::PAGE_BYTES - 1));
+                let kill = self.kill_without_flag(caller);
+                let n = fs.copy_range(ino, off_in, nodeid_out, fh_out, off_out, len, kill)?;
+                w.u32(n as u32).u32(0);
+            }
+            Op::Tmpfile { flags, mode, umask } => {
+                let (a, fh) = fs.tmpfile(ino, mode, flags as i32, caller.with_umask(umask))?;
+                entry(&mut w, &a);
+                abi::open_out(&mut w, fh, fopen::KEEP_CACHE);
+            }
+            Op::Ioctl {
+                cmd,
+                out_size,
+                input,
+                ..
+            } => inode_flag_ioctl(fs, ino, cmd, out_size, input, &mut w)?,
+            Op::Statx { .. } => {
+                let a = fs.getattr(ino)?;
+                let btime = (a.crtime.sec, a.crtime.nsec);
+                let attributes = u64::from(a.flags);
+                abi::statx_out(&mut w, ttl(), &kernel_attr(&a), btime, attributes);
             }
             Op::Lseek { offset, whence, .. } => {
                 let at = fs.seek_data_or_hole(ino, offset, whence as i32)?;
@@ -474,12 +504,75 @@ impl<F: Operations> Dispatcher<F> {
             // and cache listings across opens (FOPEN_CACHE_DIR, its
             // default then).
             | Op::Opendir { .. }
-            | Op::CopyFileRange { .. }
-            | Op::Statx { .. }
             | Op::Unsupported(_) => return Err(Errno(libc::ENOSYS)),
         }
         Ok(w.buf)
     }
+
+    /// Who loses set-ID bits for a change whose request carries no kill
+    /// flag (FALLOCATE, COPY_FILE_RANGE): with killpriv_v2 the kernel
+    /// leaves it to us, for any caller but root (CAP_FSETID is not
+    /// visible from here).
+    fn kill_without_flag(&self, caller: Caller) -> Option<Caller> {
+        let killpriv = self
+            .negotiated()
+            .is_some_and(|n| n.has(init::HANDLE_KILLPRIV_V2));
+        (killpriv && caller.uid != 0).then_some(caller)
+    }
+}
+
+/// The inode-flag ioctls (`chattr`, `lsattr`, `xfs_io chattr`): the
+/// kernel's fileattr_get/set send them, having checked ownership and
+/// CAP_LINUX_IMMUTABLE. Any other command is not ours (`ENOTTY`).
+fn inode_flag_ioctl<F: Operations>(
+    fs: &F,
+    ino: u64,
+    cmd: u32,
+    out_size: u32,
+    input: &[u8],
+    w: &mut Writer,
+) -> FsResult<()> {
+    use abi::ioctl::*;
+    let reply = |w: &mut Writer, data: &[u8]| {
+        let mut data = data.to_vec();
+        data.resize(out_size as usize, 0);
+        abi::ioctl_out(w, 0, &data);
+    };
+    let first_u32 = || Reader::new(input).u32().map_err(|_| Errno::EINVAL);
+    match cmd {
+        FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => reply(w, &fs.inode_flags(ino)?.to_le_bytes()),
+        FS_IOC_SETFLAGS | FS_IOC32_SETFLAGS => {
+            fs.set_inode_flags(ino, first_u32()?)?;
+            reply(w, &[]);
+        }
+        FS_IOC_FSGETXATTR => {
+            let flags = fs.inode_flags(ino)?;
+            let xflags = XFLAGS
+                .iter()
+                .filter(|&&(_, fl)| flags & fl != 0)
+                .fold(0u32, |x, &(xf, _)| x | xf);
+            reply(w, &xflags.to_le_bytes());
+        }
+        FS_IOC_FSSETXATTR => {
+            let xflags = first_u32()?;
+            // No extent sizes or project ids here.
+            let rest = input.get(4..FSXATTR_BYTES).ok_or(Errno::EINVAL)?;
+            let (extsize, projid_and_cow) = (rest.get(..4), rest.get(8..16));
+            let zero = |b: Option<&[u8]>| b.is_some_and(|b| b.iter().all(|&x| x == 0));
+            let known = XFLAGS.iter().fold(0u32, |x, &(xf, _)| x | xf);
+            if xflags & !known != 0 || !zero(extsize) || !zero(projid_and_cow) {
+                return Err(Errno::EOPNOTSUPP);
+            }
+            let flags = XFLAGS
+                .iter()
+                .filter(|&&(xf, _)| xflags & xf != 0)
+                .fold(0u32, |f, &(_, fl)| f | fl);
+            fs.set_inode_flags(ino, flags)?;
+            reply(w, &[]);
+        }
+        _ => return Err(Errno(libc::ENOTTY)),
+    }
+    Ok(())
 }
 
 /// Background requests the kernel may have outstanding (readahead,

@@ -171,6 +171,20 @@ pub enum Op<'a> {
         flags: u64,
     },
     Syncfs,
+    /// open(2) with O_TMPFILE in directory `nodeid` (`fuse_create_in`).
+    Tmpfile {
+        flags: u32,
+        mode: u32,
+        umask: u32,
+    },
+    /// `fuse_ioctl_in` and the bytes the caller passes in.
+    Ioctl {
+        fh: u64,
+        flags: u32,
+        cmd: u32,
+        out_size: u32,
+        input: &'a [u8],
+    },
     Statx {
         fh: Option<u64>,
         flags: u32,
@@ -458,6 +472,21 @@ fn parse_op<'a>(opcode: u32, args: &'a [u8], payload: &'a [u8]) -> Result<Op<'a>
             flags: r.u64()?,
         },
         opcode::SYNCFS => Op::Syncfs,
+        opcode::TMPFILE => {
+            let (flags, mode, umask) = (r.u32()?, r.u32()?, r.u32()?);
+            Op::Tmpfile { flags, mode, umask }
+        }
+        opcode::IOCTL => {
+            let (fh, flags, cmd) = (r.u64()?, r.u32()?, r.u32()?);
+            let (_arg, in_size, out_size) = (r.u64()?, r.u32()?, r.u32()?);
+            Op::Ioctl {
+                fh,
+                flags,
+                cmd,
+                out_size,
+                input: p.bytes(in_size as usize)?,
+            }
+        }
         opcode::STATX => {
             let getattr_flags = r.u32()?;
             r.skip(4)?;

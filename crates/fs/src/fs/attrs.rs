@@ -8,7 +8,7 @@ use super::{AtimePolicy, Caller, FileSystem, Ino, SetAttr, SetTime, FILE_SIZE_MA
 use crate::acl::{self, Acl};
 use crate::error::{Errno, FsResult};
 use crate::plan::truncate_blocks;
-use crate::record::{Attr, Timespec, S_IFDIR, S_IFMT};
+use crate::record::{Attr, Timespec, FS_NOATIME_FL, INODE_FLAGS, S_IFDIR, S_IFMT};
 use crate::schema;
 
 /// The extended attribute holding a file's capabilities, which a change
@@ -39,6 +39,18 @@ impl FileSystem {
         let mut st = self.lock();
         let now = Timespec::now();
         let before = st.node(ino)?.attr.clone();
+        // Immutable: nothing changes. Append-only: times may be set to
+        // now (touch), nothing else (Linux's notify_change, do_truncate).
+        let explicit_time = |t: Option<SetTime>| matches!(t, Some(SetTime::At(_)));
+        let changes_more_than_now = set.mode.is_some()
+            || set.uid.is_some()
+            || set.gid.is_some()
+            || set.size.is_some()
+            || explicit_time(set.atime)
+            || explicit_time(set.mtime);
+        if before.is_immutable() || (before.is_append_only() && changes_more_than_now) {
+            return Err(Errno::EPERM);
+        }
         // A removed file (still known to the kernel) has nothing stored.
         let key = match st.node(ino)?.home {
             Home::Gone => None,
@@ -129,6 +141,38 @@ impl FileSystem {
         Ok(after)
     }
 
+    /// Sets the chattr flags. The kernel has checked ownership and
+    /// CAP_LINUX_IMMUTABLE (`fileattr_set_prepare`); flags betreefs does not
+    /// keep are refused, as ext4 refuses its unknown ones.
+    pub(super) fn set_inode_flags_to(&self, ino: Ino, flags: u32) -> FsResult<()> {
+        if flags & !INODE_FLAGS != 0 {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let mut st = self.lock();
+        let node = st.node(ino)?;
+        if node.attr.flags == flags {
+            return Ok(());
+        }
+        let key = match node.home {
+            Home::Gone => None,
+            _ => Some(st.file_key(ino)?),
+        };
+        let before = node.attr.clone();
+        let a = &mut st.node_mut(ino)?.attr;
+        a.flags = flags;
+        a.ctime = Timespec::now();
+        let Some(key) = key else {
+            return Ok(());
+        };
+        let mut batch = WriteBatch::new();
+        st.put_record_at(&mut batch, &key, ino)?;
+        if let Err(e) = self.store.write(&batch) {
+            st.node_mut(ino)?.attr = before;
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
     /// Drops the set-ID bits and the capabilities of `ino` before a change
     /// by `caller` ([`mode_without_privileges`]); the capability's delete
     /// goes into `batch`. Says whether anything was dropped; the caller
@@ -177,6 +221,7 @@ impl FileSystem {
         let now = Timespec::now();
         let a = &st.node(ino)?.attr;
         let due = match self.atime {
+            _ if a.flags & FS_NOATIME_FL != 0 => false,
             AtimePolicy::Noatime => false,
             AtimePolicy::Strictatime => true,
             AtimePolicy::Relatime => {

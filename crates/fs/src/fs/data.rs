@@ -31,8 +31,18 @@ impl FileSystem {
     pub(super) fn open_file(&self, ino: Ino, flags: i32, kill: Option<Caller>) -> FsResult<u64> {
         let mut st = self.lock();
         let node = st.node(ino)?;
-        if node.attr.is_dir() && flags & libc::O_ACCMODE != libc::O_RDONLY {
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        if node.attr.is_dir() && writes {
             return Err(Errno::EISDIR);
+        }
+        // Linux's may_open: an immutable file opens only for reading, an
+        // append-only one only for appending; neither is truncated.
+        let truncates = flags & libc::O_TRUNC != 0;
+        if (node.attr.is_immutable() && (writes || truncates))
+            || (node.attr.is_append_only()
+                && ((writes && flags & libc::O_APPEND == 0) || truncates))
+        {
+            return Err(Errno::EPERM);
         }
         // POSIX marks mtime and ctime for update on O_TRUNC of an existing
         // file even when it is empty already (Linux does too).
@@ -131,14 +141,22 @@ impl FileSystem {
         kill: Option<Caller>,
     ) -> FsResult<u32> {
         let mut st = self.lock();
-        let append = matches!(st.handles.get(&fh), Some(OpenFile { append: true, .. }))
-            && !self
-                .kernel_places_appends
-                .load(std::sync::atomic::Ordering::Relaxed);
+        let kernel_places = self
+            .kernel_places_appends
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let append = matches!(st.handles.get(&fh), Some(OpenFile { append: true, .. }));
         let node = st.node(ino)?;
         if node.attr.file_type() != S_IFREG {
             return Err(Errno::EINVAL);
         }
+        // A file made immutable after it was opened takes no more writes
+        // (as ext4); an append-only one takes them only at its end, whatever
+        // the handle's flags became since (fcntl cannot reach us), unless
+        // the kernel's writeback cache places writes itself.
+        if node.attr.is_immutable() {
+            return Err(Errno::EPERM);
+        }
+        let append = (append || node.attr.is_append_only()) && !kernel_places;
         let offset = if append { node.attr.size } else { offset };
         if offset.saturating_add(data.len() as u64) > FILE_SIZE_MAX {
             return Err(Errno::EFBIG);
@@ -232,6 +250,11 @@ impl FileSystem {
         if attr.is_dir() {
             return Err(Errno::EISDIR);
         }
+        // Linux's vfs_fallocate: nothing on an immutable file, only
+        // KEEP_SIZE reservations on an append-only one.
+        if attr.is_immutable() || (attr.is_append_only() && mode & !KEEP_SIZE != 0) {
+            return Err(Errno::EPERM);
+        }
         let size = attr.size;
         if mode & PUNCH_HOLE == 0
             && end > size
@@ -264,6 +287,96 @@ impl FileSystem {
             return Err(e.into());
         }
         Ok(())
+    }
+
+    /// copy_file_range(2) inside the file system: the source's data
+    /// extents are read and written to the destination a chunk at a time
+    /// (nothing goes through the caller), its holes stay holes (a range
+    /// of the destination they cover is zeroed, whole blocks punched).
+    /// Overlapping ranges of one file are refused (`EINVAL`) as Linux does.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn copy_data(
+        &self,
+        ino_in: Ino,
+        off_in: u64,
+        ino_out: Ino,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        kill: Option<Caller>,
+    ) -> FsResult<u64> {
+        const CHUNK: u64 = 1 << 20;
+        let source = self.getattr(ino_in)?;
+        let target = self.getattr(ino_out)?;
+        if source.is_dir() || target.is_dir() {
+            return Err(Errno::EISDIR);
+        }
+        if source.file_type() != S_IFREG || target.file_type() != S_IFREG {
+            return Err(Errno::EINVAL);
+        }
+        let len = len.min(source.size.saturating_sub(off_in));
+        if len == 0 {
+            return Ok(0);
+        }
+        let end_out = off_out.checked_add(len).ok_or(Errno::EFBIG)?;
+        if end_out > FILE_SIZE_MAX {
+            return Err(Errno::EFBIG);
+        }
+        if ino_in == ino_out && off_in < end_out && off_out < off_in + len {
+            return Err(Errno::EINVAL);
+        }
+        let mut buf = vec![0u8; CHUNK as usize];
+        let (mut pos, end) = (off_in, off_in + len);
+        let mut kill = kill;
+        while pos < end {
+            let data = match self.seek_in_blocks(ino_in, pos, libc::SEEK_DATA) {
+                Ok(at) => at.min(end),
+                Err(Errno::ENXIO) => end,
+                Err(e) => return Err(e),
+            };
+            if data > pos {
+                // A hole: what the destination holds there becomes zeros.
+                let to = off_out + (pos - off_in);
+                let dest_size = self.getattr(ino_out)?.size;
+                if to < dest_size {
+                    let n = (data - pos).min(dest_size - to);
+                    let mode = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+                    self.allocate(ino_out, to, n, mode, kill.take())?;
+                }
+            }
+            if data >= end {
+                break;
+            }
+            let hole = self.seek_in_blocks(ino_in, data, libc::SEEK_HOLE)?.min(end);
+            let mut at = data;
+            while at < hole {
+                let n = (hole - at).min(CHUNK) as usize;
+                let chunk = buf.get_mut(..n).ok_or(Errno::EINVAL)?;
+                let got = self.read_data(ino_in, at, chunk)?;
+                let chunk = chunk.get(..got).ok_or(Errno::EIO)?;
+                if chunk.is_empty() {
+                    break;
+                }
+                let to = off_out + (at - off_in);
+                let wrote = self.write_data(ino_out, fh_out, to, chunk, kill.take())?;
+                at += u64::from(wrote);
+                if (wrote as usize) < chunk.len() {
+                    return Ok(at - off_in);
+                }
+            }
+            pos = hole;
+        }
+        // A hole at the end still extends the destination.
+        if self.getattr(ino_out)?.size < end_out {
+            self.setattr(
+                ino_out,
+                &SetAttr {
+                    size: Some(end_out),
+                    ..SetAttr::default()
+                },
+            )?;
+        }
+        Ok(len)
     }
 
     /// lseek(2) `SEEK_DATA` / `SEEK_HOLE` from the blocks stored: data is

@@ -139,6 +139,9 @@ pub struct SetAttr {
 pub struct RenameFlags {
     pub noreplace: bool,
     pub exchange: bool,
+    /// `RENAME_WHITEOUT`: leave a whiteout (a 0/0 character device owned
+    /// by this caller) at the old name.
+    pub whiteout: Option<Caller>,
 }
 
 /// One directory entry handed to a readdir callback.
@@ -451,6 +454,31 @@ impl Operations for FileSystem {
         kill: Option<Caller>,
     ) -> FsResult<()> {
         self.allocate(ino, offset, length, mode, kill)
+    }
+
+    fn inode_flags(&self, ino: Ino) -> FsResult<u32> {
+        Ok(self.lock().node(ino)?.attr.flags)
+    }
+
+    fn set_inode_flags(&self, ino: Ino, flags: u32) -> FsResult<()> {
+        self.set_inode_flags_to(ino, flags)
+    }
+
+    fn tmpfile(&self, parent: Ino, mode: u32, flags: i32, caller: Caller) -> FsResult<(Attr, u64)> {
+        self.make_tmpfile(parent, mode, flags, caller)
+    }
+
+    fn copy_range(
+        &self,
+        ino_in: Ino,
+        off_in: u64,
+        ino_out: Ino,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        kill: Option<Caller>,
+    ) -> FsResult<u64> {
+        self.copy_data(ino_in, off_in, ino_out, fh_out, off_out, len, kill)
     }
 
     fn seek_data_or_hole(&self, ino: Ino, offset: u64, whence: i32) -> FsResult<u64> {

@@ -10,7 +10,7 @@ use crate::error::{Errno, FsResult};
 use crate::plan::{
     count_update, dir_record_key, inode_record, move_file_data, move_subtree, purge_file,
 };
-use crate::record::{Attr, Record, Timespec, S_IFDIR, S_IFMT};
+use crate::record::{Attr, Record, Timespec, S_IFDIR, S_IFMT, S_IFREG};
 use crate::schema;
 
 /// What an entry key resolved to.
@@ -90,6 +90,19 @@ impl FileSystem {
         }
     }
 
+    /// `EPERM` when the entry is immutable or append-only: it may not be
+    /// removed, replaced, renamed or linked (Linux's `may_delete`).
+    pub(super) fn check_not_pinned(&self, st: &State, found: &Found) -> FsResult<()> {
+        let pinned = match &found.record {
+            Record::Inode { attr, .. } => attr.is_pinned(),
+            Record::Link { .. } => self.resolve(st, found.record.clone())?.0.is_pinned(),
+        };
+        if pinned {
+            return Err(Errno::EPERM);
+        }
+        Ok(())
+    }
+
     /// Creates a new inode named `name` in `parent`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn make_node(
@@ -108,12 +121,57 @@ impl FileSystem {
         if key.len() > ENTRY_KEY_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
+        st.check_dir_change(parent, false)?;
         let parent_key = dir_record_key(&dir);
         if self.find_in(st, parent, dir, name)?.is_some() {
             return Err(Errno::EEXIST);
         }
         let is_dir = mode & S_IFMT == S_IFDIR;
-        // The directory's default ACL, or the caller's umask.
+        let now = Timespec::now();
+        let mut batch = WriteBatch::new();
+        let (attr, inherited_acls) =
+            self.new_inode(st, &mut batch, &key, parent, mode, caller, now)?;
+        let attr = Attr {
+            rdev,
+            size: target.len() as u64,
+            ..attr
+        };
+        batch.put(KeySpace::Meta, &key, &inode_record(&attr, target));
+        st.touch_dir(parent, now, if is_dir { 1 } else { 0 })?;
+        st.put_record_at(&mut batch, &parent_key, parent)?;
+        count_update(&mut batch, 1);
+        if let Err(e) = self.store.write(&batch) {
+            st.touch_dir(parent, now, if is_dir { -1 } else { 0 })?;
+            return Err(e.into());
+        }
+        st.note_added(parent, name);
+        st.add_lookup(parent, name, attr.clone(), target.to_vec(), Home::Path);
+        if let Some(n) = st.nodes.get_mut(&attr.ino) {
+            n.has_xattrs = Some(inherited_acls);
+            if is_dir {
+                n.child_names = Some(Default::default());
+            }
+        }
+        Ok(attr)
+    }
+
+    /// The attributes of a new inode of `mode` in `parent` (its number
+    /// taken from the table), with the ACLs it inherits put under
+    /// `file_key`: the directory's default ACL or the caller's umask, and
+    /// the BSD group under a set-group-ID directory. Returns the
+    /// attributes and whether ACLs were stored.
+    #[allow(clippy::too_many_arguments)]
+    fn new_inode(
+        &self,
+        st: &mut State,
+        batch: &mut WriteBatch,
+        file_key: &[u8],
+        parent: Ino,
+        mode: u32,
+        caller: Caller,
+        now: Timespec,
+    ) -> FsResult<(Attr, bool)> {
+        let is_dir = mode & S_IFMT == S_IFDIR;
         let parent_default = if mode & S_IFMT == libc::S_IFLNK {
             None
         } else {
@@ -124,7 +182,6 @@ impl FileSystem {
             acl::inherit(parent_default.as_deref(), mode, caller.umask).map_err(|_| Errno::EIO)?;
         let mut mode = inherited.mode;
         let parent_attr = &st.node(parent)?.attr;
-        // BSD group semantics under a setgid directory.
         let gid = if parent_attr.mode & libc::S_ISGID != 0 {
             if is_dir {
                 mode |= libc::S_ISGID;
@@ -133,40 +190,60 @@ impl FileSystem {
         } else {
             caller.gid
         };
-        let now = Timespec::now();
-        let mut batch = WriteBatch::new();
-        let ino = st.allocate_ino(&mut batch);
-        let attr = Attr {
-            rdev,
-            size: target.len() as u64,
-            ..Attr::new(ino, mode, caller.uid, gid, now)
-        };
-        batch.put(KeySpace::Meta, &key, &inode_record(&attr, target));
+        let ino = st.allocate_ino(batch);
         let acls = [
             (acl::ACCESS_XATTR, &inherited.access),
             (acl::DEFAULT_XATTR, &inherited.default),
         ];
+        let mut stored = false;
         for (name, value) in acls {
             if let Some(value) = value {
-                batch.put(KeySpace::Data, &schema::xattr_key(&key, name), value);
+                batch.put(KeySpace::Data, &schema::xattr_key(file_key, name), value);
+                stored = true;
             }
         }
-        st.touch_dir(parent, now, if is_dir { 1 } else { 0 })?;
-        st.put_record_at(&mut batch, &parent_key, parent)?;
+        Ok((Attr::new(ino, mode, caller.uid, gid, now), stored))
+    }
+
+    /// An unnamed open file in `parent` (O_TMPFILE): it lives under its
+    /// inode key with no links, listed as an orphan so that a crash before
+    /// its last close (or a `link` naming it) removes it. The directory
+    /// itself does not change.
+    pub(super) fn make_tmpfile(
+        &self,
+        parent: Ino,
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+    ) -> FsResult<(Attr, u64)> {
+        let mut st = self.lock();
+        if !st.node(parent)?.attr.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        st.check_dir_change(parent, false)?;
+        let now = Timespec::now();
+        let mut batch = WriteBatch::new();
+        let ino = st.next_ino;
+        let key = schema::inode_key(ino);
+        let (mut attr, acls) = self.new_inode(
+            &mut st,
+            &mut batch,
+            &key,
+            parent,
+            S_IFREG | (mode & 0o7777),
+            caller,
+            now,
+        )?;
+        debug_assert_eq!(attr.ino, ino);
+        attr.nlink = 0;
+        batch.put(KeySpace::Meta, &key, &inode_record(&attr, &[]));
+        batch.put(KeySpace::Meta, &schema::orphan_key(ino), &[]);
         count_update(&mut batch, 1);
-        if let Err(e) = self.store.write(&batch) {
-            st.touch_dir(parent, now, if is_dir { -1 } else { 0 })?;
-            return Err(e.into());
-        }
-        st.note_added(parent, name);
-        st.add_lookup(parent, name, attr.clone(), target.to_vec(), Home::Path);
-        if let Some(n) = st.nodes.get_mut(&ino) {
-            n.has_xattrs = Some(inherited.access.is_some() || inherited.default.is_some());
-            if is_dir {
-                n.child_names = Some(Default::default());
-            }
-        }
-        Ok(attr)
+        self.store.write(&batch)?;
+        st.add_lookup(parent, &[], attr.clone(), Vec::new(), Home::Inode);
+        st.node_mut(ino)?.has_xattrs = Some(acls);
+        let fh = Self::add_file_handle(&mut st, ino, flags)?;
+        Ok((attr, fh))
     }
 
     /// Removes what an entry names, for unlink, rmdir and rename over it.
@@ -247,6 +324,8 @@ impl FileSystem {
         name: &[u8],
         found: Found,
     ) -> FsResult<()> {
+        st.check_dir_change(parent, true)?;
+        self.check_not_pinned(st, &found)?;
         let now = Timespec::now();
         let mut batch = WriteBatch::new();
         let is_dir = found.is_dir();
@@ -326,6 +405,10 @@ impl FileSystem {
         if node.attr.nlink >= u32::MAX - 1 {
             return Err(Errno::EMLINK);
         }
+        if node.attr.is_pinned() {
+            return Err(Errno::EPERM);
+        }
+        st.check_dir_change(new_parent, false)?;
         let dir = st.dir_key(new_parent)?;
         name_check(new_name)?;
         let new_key = schema::entry_key(&dir, new_name);
@@ -340,6 +423,10 @@ impl FileSystem {
         let mut batch = WriteBatch::new();
         let was_home = st.node(ino)?.home;
         let inode_key = schema::inode_key(ino);
+        // An O_TMPFILE file gets its first name: no longer an orphan.
+        if was_home == Home::Inode && st.node(ino)?.attr.nlink == 0 {
+            batch.delete(KeySpace::Meta, &schema::orphan_key(ino));
+        }
         if was_home == Home::Path {
             // First extra name: the file moves under its inode number.
             let old_key = st.file_key(ino)?;
@@ -386,7 +473,7 @@ impl FileSystem {
         flags: RenameFlags,
     ) -> FsResult<()> {
         let mut st = self.lock();
-        if flags.noreplace && flags.exchange {
+        if flags.exchange && (flags.noreplace || flags.whiteout.is_some()) {
             return Err(Errno::EINVAL);
         }
         let src = self.find(&st, parent, name)?.ok_or(Errno::ENOENT)?;
@@ -406,6 +493,14 @@ impl FileSystem {
         }
         if flags.exchange && dst.is_none() {
             return Err(Errno::ENOENT);
+        }
+        // Immutable or append-only entries and directories (Linux's
+        // may_delete on both ends; an exchange removes from both).
+        self.check_not_pinned(&st, &src)?;
+        st.check_dir_change(parent, true)?;
+        st.check_dir_change(new_parent, dst.is_some())?;
+        if let Some(d) = &dst {
+            self.check_not_pinned(&st, d)?;
         }
         // A directory cannot move into its own subtree.
         if src.is_dir() && st.is_within(new_parent, src.ino()) {
@@ -505,7 +600,26 @@ impl FileSystem {
             if let Some(d) = &dst {
                 self.remove_entry(&mut st, &mut batch, d, &dst_sub, now, false)?;
             }
-            batch.delete(KeySpace::Meta, &src.key);
+            match flags.whiteout {
+                // overlayfs's whiteout: a 0/0 character device takes the
+                // old name, in the same batch.
+                Some(caller) => {
+                    let (whiteout, _) = self.new_inode(
+                        &mut st,
+                        &mut batch,
+                        &src.key,
+                        parent,
+                        libc::S_IFCHR,
+                        caller,
+                        now,
+                    )?;
+                    batch.put(KeySpace::Meta, &src.key, &inode_record(&whiteout, &[]));
+                    count_update(&mut batch, 1);
+                }
+                None => {
+                    batch.delete(KeySpace::Meta, &src.key);
+                }
+            }
             batch.put(KeySpace::Meta, &dst_key, &src_record.encode());
             if matches!(src.record, Record::Inode { .. }) {
                 move_file_data(&mut batch, &src.key, &dst_key);
@@ -547,6 +661,8 @@ impl FileSystem {
             if let Some(d) = dst_ino {
                 self.rename_in_table(&mut st, d, parent, name);
             }
+        } else if flags.whiteout.is_some() {
+            st.note_added(parent, name);
         } else {
             st.remember_absent(parent, name);
         }

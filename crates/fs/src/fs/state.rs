@@ -103,6 +103,26 @@ impl State {
         self.nodes.get_mut(&ino).ok_or(Errno::ESTALE)
     }
 
+    /// `EPERM` when directory `ino` may not gain entries (immutable) or,
+    /// with `removing`, lose them (immutable or append-only).
+    pub(super) fn check_dir_change(&self, ino: Ino, removing: bool) -> FsResult<()> {
+        let attr = &self.node(ino)?.attr;
+        if attr.is_immutable() || (removing && attr.is_append_only()) {
+            return Err(Errno::EPERM);
+        }
+        Ok(())
+    }
+
+    /// `EPERM` when `ino` is immutable or append-only: its mode, owner,
+    /// explicit times and extended attributes stay (Linux's
+    /// `notify_change` and `xattr_permission`).
+    pub(super) fn check_attributes_change(&self, ino: Ino) -> FsResult<()> {
+        if self.node(ino)?.attr.is_pinned() {
+            return Err(Errno::EPERM);
+        }
+        Ok(())
+    }
+
     /// The encoded path of a directory.
     pub(super) fn dir_key(&self, ino: Ino) -> FsResult<Vec<u8>> {
         let mut names: Vec<&[u8]> = Vec::new();

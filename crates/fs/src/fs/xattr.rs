@@ -30,6 +30,7 @@ impl FileSystem {
             return Err(Errno::E2BIG);
         }
         let mut st = self.lock();
+        st.check_attributes_change(ino)?;
         let key = schema::xattr_key(&st.file_key(ino)?, name);
         // ACLs (the kernel enforces them) keep the mode in step; an access
         // ACL the mode says exactly is not stored (`posix_acl_update_mode`).
@@ -140,6 +141,7 @@ impl FileSystem {
 
     pub(super) fn remove_xattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
         let mut st = self.lock();
+        st.check_attributes_change(ino)?;
         let key = schema::xattr_key(&st.file_key(ino)?, name);
         if self.store.get(KeySpace::Data, &key)?.is_none() {
             return Err(Errno::ENODATA);

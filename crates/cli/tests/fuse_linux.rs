@@ -1,0 +1,496 @@
+//! Linux interfaces beyond plain POSIX, on real mounts: inode flags
+//! (chattr), statx birth times, O_TMPFILE, RENAME_WHITEOUT and
+//! copy_file_range; each checked for what it does and that it survives a
+//! remount and fsck.
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+use common::*;
+
+const FS_IMMUTABLE_FL: u32 = 0x10;
+const FS_APPEND_FL: u32 = 0x20;
+const FS_NODUMP_FL: u32 = 0x40;
+const FS_NOATIME_FL: u32 = 0x80;
+
+fn mounted(tag: &str) -> (Scratch, Mount) {
+    let (s, image, dir) = formatted(tag, "256M");
+    let m = Mount::start(&image, &dir, &[]);
+    (s, m)
+}
+
+/// FS_IOC_GETFLAGS / SETFLAGS as chattr uses them (on a read-only open,
+/// which works on directories too).
+fn get_flags(p: &Path) -> Result<u32, i32> {
+    let f = File::open(p).map_err(|e| e.raw_os_error().unwrap_or(0))?;
+    let mut flags: libc::c_int = 0;
+    // SAFETY: valid descriptor; the kernel writes one int.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) };
+    if r == 0 {
+        Ok(flags as u32)
+    } else {
+        Err(errno())
+    }
+}
+
+fn set_flags(p: &Path, flags: u32) -> Result<(), i32> {
+    let f = File::open(p).map_err(|e| e.raw_os_error().unwrap_or(0))?;
+    let flags = flags as libc::c_int;
+    // SAFETY: valid descriptor; the kernel reads one int.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_SETFLAGS, &flags) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+fn statx_btime(p: &Path) -> Option<(i64, u32)> {
+    let path = cstr(p);
+    // SAFETY: zeroed statx is a valid out buffer.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and buffer.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_STATX_FORCE_SYNC,
+            libc::STATX_BASIC_STATS | libc::STATX_BTIME,
+            &mut sx,
+        )
+    };
+    assert_eq!(r, 0, "statx {}: {}", p.display(), errno());
+    (sx.stx_mask & libc::STATX_BTIME != 0).then_some((sx.stx_btime.tv_sec, sx.stx_btime.tv_nsec))
+}
+
+#[test]
+fn chattr_flags_are_kept_and_enforced() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("linux-chattr");
+    let f = m.path("f");
+    fs::write(&f, b"data").unwrap();
+    fs::create_dir(m.path("d")).unwrap();
+    fs::write(m.path("d/inside"), b"x").unwrap();
+    assert_eq!(get_flags(&f), Ok(0));
+    assert_eq!(get_flags(&m.path("d")), Ok(0));
+
+    // Immutable: no writes, truncation, attribute or name changes.
+    set_flags(&f, FS_IMMUTABLE_FL).unwrap();
+    assert_eq!(get_flags(&f), Ok(FS_IMMUTABLE_FL));
+    assert_eq!(fs::read(&f).unwrap(), b"data");
+    assert_eq!(err_of(OpenOptions::new().write(true).open(&f)), libc::EPERM);
+    assert_eq!(
+        err_of(OpenOptions::new().append(true).open(&f)),
+        libc::EPERM
+    );
+    assert_eq!(err_of(fs::remove_file(&f)), libc::EPERM);
+    assert_eq!(err_of(fs::rename(&f, m.path("g"))), libc::EPERM);
+    assert_eq!(err_of(fs::hard_link(&f, m.path("h"))), libc::EPERM);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        err_of(fs::set_permissions(&f, fs::Permissions::from_mode(0o600))),
+        libc::EPERM
+    );
+    assert_eq!(set_xattr(&f, "user.a", b"1", 0), Err(libc::EPERM));
+    // A file opened for writing before the flag was set writes no more.
+    let g = m.path("g");
+    fs::write(&g, b"").unwrap();
+    let open_before = OpenOptions::new().write(true).open(&g).unwrap();
+    set_flags(&g, FS_IMMUTABLE_FL).unwrap();
+    assert_eq!(err_of(open_before.write_at(b"late", 0)), libc::EPERM);
+    drop(open_before);
+    set_flags(&g, 0).unwrap();
+    fs::remove_file(&g).unwrap();
+
+    // An immutable directory takes no new or removed entries.
+    let d = m.path("d");
+    set_flags(&d, FS_IMMUTABLE_FL).unwrap();
+    assert_eq!(err_of(fs::write(m.path("d/new"), b"")), libc::EPERM);
+    assert_eq!(err_of(fs::remove_file(m.path("d/inside"))), libc::EPERM);
+    assert_eq!(err_of(fs::create_dir(m.path("d/sub"))), libc::EPERM);
+    assert_eq!(fs::read(m.path("d/inside")).unwrap(), b"x");
+    set_flags(&d, 0).unwrap();
+
+    // Append-only: writes only at the end, through O_APPEND.
+    let a = m.path("a");
+    fs::write(&a, b"log:").unwrap();
+    set_flags(&a, FS_APPEND_FL).unwrap();
+    assert_eq!(err_of(OpenOptions::new().write(true).open(&a)), libc::EPERM);
+    let raw_open = |p: &Path, flags: i32| {
+        // SAFETY: valid path.
+        let fd = unsafe { libc::open(cstr(p).as_ptr(), flags) };
+        if fd >= 0 {
+            // SAFETY: ours.
+            unsafe { libc::close(fd) };
+            0
+        } else {
+            errno()
+        }
+    };
+    assert_eq!(
+        raw_open(&a, libc::O_WRONLY | libc::O_APPEND | libc::O_TRUNC),
+        libc::EPERM
+    );
+    let mut log = OpenOptions::new().append(true).open(&a).unwrap();
+    use std::io::Write;
+    log.write_all(b"one").unwrap();
+    drop(log);
+    assert_eq!(fs::read(&a).unwrap(), b"log:one");
+    // SAFETY: valid path.
+    assert_eq!(unsafe { libc::truncate(cstr(&a).as_ptr(), 0) }, -1);
+    assert_eq!(errno(), libc::EPERM);
+    assert_eq!(err_of(fs::remove_file(&a)), libc::EPERM);
+    // SAFETY: valid path; a NULL times pointer means now, which an
+    // append-only file allows (touch).
+    assert_eq!(
+        unsafe { libc::utimes(cstr(&a).as_ptr(), std::ptr::null()) },
+        0
+    );
+
+    // Flags the file system does not keep are refused; kept ones survive
+    // a remount.
+    assert_eq!(
+        set_flags(&f, FS_IMMUTABLE_FL | 0x0000_4000),
+        Err(libc::EOPNOTSUPP)
+    );
+    set_flags(&m.path("d/inside"), FS_NODUMP_FL | FS_NOATIME_FL).unwrap();
+    let (image, dir) = (m.image.clone(), m.dir.clone());
+    m.unmount();
+    let m = Mount::start(&image, &dir, &[]);
+    assert_eq!(get_flags(&m.path("f")), Ok(FS_IMMUTABLE_FL));
+    assert_eq!(get_flags(&m.path("a")), Ok(FS_APPEND_FL));
+    assert_eq!(
+        get_flags(&m.path("d/inside")),
+        Ok(FS_NODUMP_FL | FS_NOATIME_FL)
+    );
+    // noatime: reads leave the access time (another file's is updated).
+    let plain = m.path("d/plain");
+    fs::write(&plain, b"y").unwrap();
+    let old = [
+        libc::timeval {
+            tv_sec: 1000,
+            tv_usec: 0,
+        },
+        libc::timeval {
+            tv_sec: 1000,
+            tv_usec: 0,
+        },
+    ];
+    for p in [&m.path("d/inside"), &plain] {
+        // SAFETY: valid path; times in the past, so relatime would update.
+        assert_eq!(unsafe { libc::utimes(cstr(p).as_ptr(), old.as_ptr()) }, 0);
+    }
+    drop_caches();
+    fs::read(m.path("d/inside")).unwrap();
+    fs::read(&plain).unwrap();
+    drop_caches();
+    assert_eq!(fs::metadata(m.path("d/inside")).unwrap().atime(), 1000);
+    assert!(fs::metadata(&plain).unwrap().atime() > 1000);
+    // lsattr, as users see it.
+    let out = std::process::Command::new("lsattr")
+        .arg("-d")
+        .arg(m.path("f"))
+        .output();
+    if let Ok(out) = out {
+        assert!(out.status.success(), "{out:?}");
+        assert!(String::from_utf8_lossy(&out.stdout).starts_with("----i"));
+    }
+    // Root takes the flags off again, and the file is ordinary.
+    set_flags(&m.path("f"), 0).unwrap();
+    set_flags(&m.path("a"), 0).unwrap();
+    fs::remove_file(m.path("f")).unwrap();
+    fs::remove_file(m.path("a")).unwrap();
+    let image = m.image.clone();
+    m.unmount();
+    assert_fsck_clean(&image, "after chattr");
+}
+
+fn drop_caches() {
+    let _ = fs::write("/proc/sys/vm/drop_caches", b"3");
+}
+
+#[test]
+fn statx_reports_the_birth_time() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("linux-btime");
+    let f = m.path("f");
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    fs::write(&f, b"x").unwrap();
+    let born = statx_btime(&f).expect("statx must report btime");
+    assert!((born.0 - before).abs() <= 2, "{born:?} vs {before}");
+    // Writes, renames and time changes leave it.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fs::write(&f, b"yy").unwrap();
+    fs::rename(&f, m.path("g")).unwrap();
+    // SAFETY: valid path; times long ago.
+    let old = [
+        libc::timeval {
+            tv_sec: 5,
+            tv_usec: 0,
+        },
+        libc::timeval {
+            tv_sec: 5,
+            tv_usec: 0,
+        },
+    ];
+    assert_eq!(
+        unsafe { libc::utimes(cstr(&m.path("g")).as_ptr(), old.as_ptr()) },
+        0
+    );
+    assert_eq!(statx_btime(&m.path("g")), Some(born));
+    let (image, dir) = (m.image.clone(), m.dir.clone());
+    m.unmount();
+    let m = Mount::start(&image, &dir, &[]);
+    assert_eq!(statx_btime(&m.path("g")), Some(born));
+    m.unmount();
+}
+
+#[test]
+fn o_tmpfile_makes_unnamed_files_that_link_may_name() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("linux-tmpfile");
+    fs::create_dir(m.path("d")).unwrap();
+    let open_tmp = |mode: i32| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .mode(0o640)
+            .custom_flags(libc::O_TMPFILE | mode)
+            .open(m.path("d"))
+            .unwrap()
+    };
+    let before = fs::metadata(m.path("d")).unwrap().mtime_nsec();
+    // One that is named later.
+    let named = open_tmp(0);
+    named.write_all_at(b"kept", 0).unwrap();
+    let meta = named.metadata().unwrap();
+    assert_eq!(meta.nlink(), 0);
+    assert_eq!(meta.mode() & 0o7777, 0o640);
+    assert!(fs::read_dir(m.path("d")).unwrap().next().is_none());
+    assert_eq!(fs::metadata(m.path("d")).unwrap().mtime_nsec(), before);
+    let fd_path = format!("/proc/self/fd/{}", named.as_raw_fd());
+    let target = cstr(&m.path("d/named"));
+    let from = std::ffi::CString::new(fd_path).unwrap();
+    // SAFETY: valid paths.
+    let r = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    assert_eq!(r, 0, "linkat: {}", errno());
+    assert_eq!(named.metadata().unwrap().nlink(), 1);
+    named.write_all_at(b"!", 4).unwrap();
+    drop(named);
+    assert_eq!(fs::read(m.path("d/named")).unwrap(), b"kept!");
+    // One that never is: gone at its last close; O_EXCL ones cannot be named.
+    let scratch = open_tmp(0);
+    scratch.write_all_at(&[1; 10_000], 0).unwrap();
+    let excl = open_tmp(libc::O_EXCL);
+    let from = std::ffi::CString::new(format!("/proc/self/fd/{}", excl.as_raw_fd())).unwrap();
+    let target = cstr(&m.path("d/excl"));
+    // SAFETY: valid paths.
+    let r = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    assert_eq!((r, errno()), (-1, libc::ENOENT));
+    let files_while_open = statfs_files(&m.dir);
+    drop(scratch);
+    drop(excl);
+    // RELEASE is sent after close returns: wait for it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while statfs_files(&m.dir) != files_while_open - 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(statfs_files(&m.dir), files_while_open - 2);
+    let names: Vec<_> = fs::read_dir(m.path("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["named"]);
+    // A crash with one open: the next mount removes it.
+    let left_open = open_tmp(0);
+    left_open.write_all_at(b"lost", 0).unwrap();
+    // SAFETY: valid descriptor.
+    assert_eq!(unsafe { libc::fsync(left_open.as_raw_fd()) }, 0);
+    let files = statfs_files(&m.dir);
+    let (image, dir) = (m.image.clone(), m.dir.clone());
+    m.kill();
+    drop(left_open);
+    detach(&dir);
+    let m = Mount::start(&image, &dir, &[]);
+    assert_eq!(statfs_files(&m.dir), files - 1);
+    assert_eq!(fs::read(m.path("d/named")).unwrap(), b"kept!");
+    m.unmount();
+    assert_fsck_clean(&image, "after O_TMPFILE");
+}
+
+/// Inodes in use (statfs's files minus free files).
+fn statfs_files(dir: &Path) -> u64 {
+    let path = cstr(dir);
+    // SAFETY: zeroed statvfs is a valid out buffer.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and buffer.
+    assert_eq!(unsafe { libc::statvfs(path.as_ptr(), &mut s) }, 0);
+    s.f_files - s.f_ffree
+}
+
+#[test]
+fn rename_whiteout_leaves_a_whiteout() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("linux-whiteout");
+    fs::write(m.path("f"), b"moved").unwrap();
+    fs::create_dir_all(m.path("dir/sub")).unwrap();
+    assert_eq!(
+        renameat2(&m.path("f"), &m.path("g"), libc::RENAME_WHITEOUT),
+        0
+    );
+    assert_eq!(fs::read(m.path("g")).unwrap(), b"moved");
+    let w = fs::symlink_metadata(m.path("f")).unwrap();
+    assert_eq!(w.mode() & libc::S_IFMT, libc::S_IFCHR);
+    assert_eq!(w.rdev(), 0);
+    // Directories too, and over an existing target.
+    fs::write(m.path("target"), b"old").unwrap();
+    assert_eq!(
+        renameat2(&m.path("g"), &m.path("target"), libc::RENAME_WHITEOUT),
+        0
+    );
+    assert_eq!(fs::read(m.path("target")).unwrap(), b"moved");
+    assert_eq!(
+        renameat2(&m.path("dir"), &m.path("dir2"), libc::RENAME_WHITEOUT),
+        0
+    );
+    assert!(m.path("dir2/sub").is_dir());
+    assert_eq!(
+        fs::symlink_metadata(m.path("dir")).unwrap().mode() & libc::S_IFMT,
+        libc::S_IFCHR
+    );
+    // Not with an exchange.
+    assert_eq!(
+        renameat2(
+            &m.path("target"),
+            &m.path("dir2"),
+            libc::RENAME_WHITEOUT | libc::RENAME_EXCHANGE
+        ),
+        libc::EINVAL
+    );
+    let (image, dir) = (m.image.clone(), m.dir.clone());
+    m.unmount();
+    let m = Mount::start(&image, &dir, &[]);
+    for name in ["f", "g", "dir"] {
+        let meta = fs::symlink_metadata(m.path(name)).unwrap();
+        assert_eq!(meta.mode() & libc::S_IFMT, libc::S_IFCHR, "{name}");
+    }
+    m.unmount();
+    assert_fsck_clean(&image, "after whiteouts");
+}
+
+#[test]
+fn copy_file_range_copies_inside_the_file_system() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("linux-copy");
+    let src = m.path("src");
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    {
+        let f = File::create(&src).unwrap();
+        f.write_all_at(&data[..1_000_000], 0).unwrap();
+        // A hole from 1,000,000 to 2,000,000, then data again.
+        f.write_all_at(&data[2_000_000..], 2_000_000).unwrap();
+    }
+    let mut expect = data.clone();
+    expect[1_000_000..2_000_000].fill(0);
+    let copy = |from: &File, off_in: i64, to: &File, off_out: i64, len: usize| -> i64 {
+        let (mut i, mut o) = (off_in, off_out);
+        let mut total = 0i64;
+        while (total as usize) < len {
+            // SAFETY: valid descriptors and offsets.
+            let n = unsafe {
+                libc::copy_file_range(
+                    from.as_raw_fd(),
+                    &mut i,
+                    to.as_raw_fd(),
+                    &mut o,
+                    len - total as usize,
+                    0,
+                )
+            };
+            if n < 0 {
+                return -i64::from(errno());
+            }
+            total += n as i64;
+            // Short: the end of the source (which, copying within one
+            // file, may have grown by this very copy).
+            if (n as usize) < len - (total - n as i64) as usize {
+                break;
+            }
+        }
+        total
+    };
+    let requests_before = request_counts(&m.dir);
+    let from = File::open(&src).unwrap();
+    let to = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(m.path("dst"))
+        .unwrap();
+    to.write_all_at(&[0xee; 1_500_000], 0).unwrap();
+    assert_eq!(copy(&from, 0, &to, 0, 3_000_000), 3_000_000);
+    drop(to);
+    let counts = request_delta(&requests_before, &request_counts(&m.dir));
+    assert!(fs::read(m.path("dst")).unwrap() == expect, "copied bytes");
+    assert!(
+        counts.get("copy_file_range").copied().unwrap_or(0) >= 1,
+        "{counts:?}"
+    );
+    assert_eq!(counts.get("read").copied().unwrap_or(0), 0, "{counts:?}");
+    // The hole stays a hole in the copy (past what was written before).
+    let to = File::open(m.path("dst")).unwrap();
+    // SAFETY: valid descriptor.
+    let hole = unsafe { libc::lseek(to.as_raw_fd(), 0, libc::SEEK_HOLE) };
+    assert_eq!(hole, 1_003_520);
+    // Into the same file, not overlapping; short at the source's end.
+    let same = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&src)
+        .unwrap();
+    assert_eq!(copy(&same, 0, &same, 3_000_000, 100), 100);
+    assert_eq!(copy(&same, 3_000_050, &same, 4_000_000, 100), 50);
+    let mut back = vec![0u8; 100];
+    same.read_exact_at(&mut back, 3_000_000).unwrap();
+    assert_eq!(back, data[..100]);
+    // Overlapping ranges of one file are refused.
+    assert_eq!(copy(&same, 0, &same, 50, 100), -i64::from(libc::EINVAL));
+    drop((from, same, to));
+    let image = m.image.clone();
+    m.unmount();
+    assert_fsck_clean(&image, "after copy_file_range");
+}
