@@ -58,6 +58,8 @@ struct Settings {
     config: MountConfig,
     cache_bytes: Option<usize>,
     log: Option<PathBuf>,
+    /// `-o remount`: change a running mount's flags instead of mounting.
+    remount: bool,
 }
 
 fn parse_options(args: &MountArgs) -> Result<Settings> {
@@ -70,6 +72,7 @@ fn parse_options(args: &MountArgs) -> Result<Settings> {
         },
         cache_bytes: None,
         log: None,
+        remount: false,
     };
     for opt in args.options.iter().flat_map(|o| o.split(',')) {
         let (key, value) = match opt.split_once('=') {
@@ -85,8 +88,28 @@ fn parse_options(args: &MountArgs) -> Result<Settings> {
         let flags = &mut s.config.flags;
         match key {
             "" | "defaults" | "auto" | "noauto" | "nofail" | "_netdev" | "user" | "users"
-            | "rw" | "async" => {}
+            | "async" => {}
             k if k.starts_with("x-") => {}
+            // What the kernel shows of a FUSE mount in /proc/mounts, which
+            // mount(8) hands back on a remount.
+            "user_id"
+            | "group_id"
+            | "default_permissions"
+            | "rootmode"
+            | "max_read"
+            | "blksize"
+            | "fd" => {}
+            "remount" => s.remount = no_value()?,
+            "rw" => {
+                s.read_only = false;
+                flags.read_only = !no_value()?;
+            }
+            "sync" => flags.sync = no_value()?,
+            "dirsync" => flags.dirsync = no_value()?,
+            "nodiratime" => flags.nodiratime = no_value()?,
+            "diratime" => flags.nodiratime = !no_value()?,
+            "lazytime" => flags.lazytime = no_value()?,
+            "nolazytime" => flags.lazytime = !no_value()?,
             "noatime" => {
                 s.atime = AtimePolicy::Noatime;
                 flags.noatime = no_value()?;
@@ -174,6 +197,9 @@ fn check_mountpoint(mountpoint: &Path) -> Result<()> {
 
 pub fn run_mount(args: MountArgs) -> Result<()> {
     let mut settings = parse_options(&args)?;
+    if settings.remount {
+        return remount(&args, &settings);
+    }
     check_mountpoint(&args.mountpoint)?;
     if !args.nullfuse && !args.image.exists() {
         fs_cmds::mkfs(&args.image, Some(args.size.max(64 << 20)), false)?;
@@ -196,6 +222,35 @@ pub fn run_mount(args: MountArgs) -> Result<()> {
         return serve(&args, settings);
     }
     spawn_daemon(&args, settings.log.as_deref())
+}
+
+/// `-o remount[,ro|rw,...]`: new kernel flags for the mount, and the
+/// daemon told to refuse writes (after a checkpoint, so the image is
+/// whole without its log) or to take them again. The kernel refuses
+/// writes first on the way to read-only, the daemon takes them first on
+/// the way back. A mount made read-only from the start has its image
+/// open read-only and stays so.
+fn remount(args: &MountArgs, settings: &Settings) -> Result<()> {
+    let dir = &args.mountpoint;
+    let tell = |request: &str| -> Result<()> {
+        let reply = fs_cmds::control_request(dir, request)?;
+        if reply.contains("\"error\"") {
+            bail!("{}: {}", dir.display(), reply.trim());
+        }
+        Ok(())
+    };
+    if !settings.read_only {
+        tell("read-write")?;
+    }
+    settings
+        .config
+        .flags
+        .remount(dir)
+        .with_context(|| format!("remounting {}", dir.display()))?;
+    if settings.read_only {
+        tell("read-only")?;
+    }
+    Ok(())
 }
 
 /// Starts `betreefs mount ... --notify-fd N` detached, and waits for it to
@@ -475,6 +530,15 @@ fn start(
                 Ok(()) => "{\"checkpoint\":\"ok\"}".to_string(),
                 Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
             },
+            "read-only" | "read-write" => {
+                match fs.store().set_writes_refused(request == "read-only") {
+                    Ok(()) => serde_json::json!({ "mode": request }).to_string(),
+                    Err(e) => serde_json::json!({
+                        "error": format!("{e} (mounted with -o ro: unmount and mount again to write)")
+                    })
+                    .to_string(),
+                }
+            }
             other => {
                 serde_json::json!({ "error": format!("unknown request {other:?}") }).to_string()
             }

@@ -209,18 +209,24 @@ pub struct StatsArgs {
 }
 
 pub fn run_stats(args: StatsArgs) -> Result<()> {
-    let socket = control_socket(&args.mountpoint)?;
+    println!("{}", control_request(&args.mountpoint, "stats")?.trim_end());
+    Ok(())
+}
+
+/// Sends one request line to the daemon of the betreefs mounted on
+/// `mountpoint` and returns its answer.
+pub fn control_request(mountpoint: &Path, request: &str) -> Result<String> {
+    let socket = control_socket(mountpoint)?;
     let mut stream = UnixStream::connect(&socket).with_context(|| {
         format!(
             "{} is not a mounted betreefs (no daemon at {})",
-            args.mountpoint.display(),
+            mountpoint.display(),
             socket.display()
         )
     })?;
-    stream.write_all(b"stats\n")?;
+    stream.write_all(format!("{request}\n").as_bytes())?;
     stream.shutdown(std::net::Shutdown::Write)?;
     let mut out = String::new();
     stream.read_to_string(&mut out)?;
-    println!("{}", out.trim_end());
-    Ok(())
+    Ok(out)
 }

@@ -494,3 +494,86 @@ fn copy_file_range_copies_inside_the_file_system() {
     m.unmount();
     assert_fsck_clean(&image, "after copy_file_range");
 }
+
+/// `betreefs mount -o remount,...` (what mount(8) runs through the
+/// helper for `mount -o remount,ro DIR`).
+fn remount(m: &Mount, options: &str) -> std::process::Output {
+    std::process::Command::new(binary())
+        .arg("mount")
+        .arg("-o")
+        .arg(format!("remount,{options}"))
+        .arg(&m.image)
+        .arg(&m.dir)
+        .output()
+        .unwrap()
+}
+
+fn mount_flags(dir: &Path) -> Vec<String> {
+    let canonical = dir.canonicalize().unwrap();
+    let mounts = fs::read_to_string("/proc/mounts").unwrap();
+    let line = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(1) == Some(canonical.to_str().unwrap()))
+        .expect("mounted");
+    line.split(' ')
+        .nth(3)
+        .unwrap()
+        .split(',')
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn remount_read_only_and_back() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("linux-remount");
+    fs::write(m.path("f"), b"before").unwrap();
+    let out = remount(&m, "ro");
+    assert_succeeded(&out);
+    assert!(mount_flags(&m.dir).contains(&"ro".to_string()));
+    assert_eq!(err_of(fs::write(m.path("g"), b"x")), libc::EROFS);
+    assert_eq!(err_of(fs::remove_file(m.path("f"))), libc::EROFS);
+    assert_eq!(fs::read(m.path("f")).unwrap(), b"before");
+    let out = remount(&m, "rw");
+    assert_succeeded(&out);
+    assert!(mount_flags(&m.dir).contains(&"rw".to_string()));
+    fs::write(m.path("g"), b"after").unwrap();
+    let (image, dir) = (m.image.clone(), m.dir.clone());
+    m.unmount();
+    assert_fsck_clean(&image, "after remounts");
+    // A mount read-only from the start has its image open read-only: it
+    // cannot be made writable without mounting again.
+    let m = Mount::start(&image, &dir, &["ro"]);
+    let out = remount(&m, "rw");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("mount again"),
+        "{out:?}"
+    );
+    assert_eq!(fs::read(m.path("g")).unwrap(), b"after");
+    m.unmount();
+}
+
+#[test]
+fn sync_and_dirsync_mounts_make_changes_durable_at_once() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, image, dir) = formatted("linux-sync", "256M");
+    // dirsync: a new name survives a kill right after it is made.
+    let m = Mount::start(&image, &dir, &["dirsync"]);
+    assert!(mount_flags(&m.dir).contains(&"dirsync".to_string()));
+    fs::create_dir(m.path("d")).unwrap();
+    File::create(m.path("d/f")).unwrap();
+    m.kill();
+    let m = Mount::start(&image, &dir, &["sync"]);
+    assert!(m.path("d/f").exists(), "dirsync lost a create");
+    // sync: data too.
+    fs::write(m.path("d/f"), b"synchronous").unwrap();
+    m.kill();
+    let m = Mount::start(&image, &dir, &[]);
+    assert_eq!(fs::read(m.path("d/f")).unwrap(), b"synchronous");
+    m.unmount();
+}

@@ -139,6 +139,9 @@ struct Inner {
     wake: Condvar,
     options: Options,
     recovery: RecoveryReport,
+    /// Writes refused for now (a remount read-only of a store opened
+    /// read-write): see [`Store::set_writes_refused`].
+    writes_refused: std::sync::atomic::AtomicBool,
 }
 
 /// A durable B^ε-tree key-value store with two key spaces.
@@ -331,6 +334,33 @@ impl Store {
         self.inner.options.read_only
     }
 
+    /// Refuses writes from now on (`ReadOnly`) and checkpoints, so that
+    /// the image is complete without its log, as after an unmount; or
+    /// takes writes again. What a remount read-only and back does. A
+    /// store opened read-only cannot take writes (`ReadOnly`).
+    pub fn set_writes_refused(&self, refused: bool) -> EngineResult<()> {
+        use std::sync::atomic::Ordering;
+        if !refused {
+            if self.is_read_only() {
+                return Err(EngineError::ReadOnly);
+            }
+            self.inner.writes_refused.store(false, Ordering::SeqCst);
+            return Ok(());
+        }
+        let was = self.inner.writes_refused.swap(true, Ordering::SeqCst);
+        if was || self.is_read_only() {
+            return Ok(());
+        }
+        self.checkpoint()
+    }
+
+    /// Whether writes are refused for now ([`Store::set_writes_refused`]).
+    pub fn writes_refused(&self) -> bool {
+        self.inner
+            .writes_refused
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     fn assemble(
         device: Arc<dyn Device>,
         tree: Tree,
@@ -351,6 +381,7 @@ impl Store {
             wake: Condvar::new(),
             options,
             recovery,
+            writes_refused: std::sync::atomic::AtomicBool::new(false),
         });
         let needs_worker = !inner.options.read_only
             && (inner.options.log_flush_interval.is_some()
@@ -582,7 +613,21 @@ impl Inner {
         }
     }
 
+    /// Whether callers' batches may be written: the image is writable and
+    /// writes are not refused for now.
     fn check_writable(&self) -> EngineResult<()> {
+        if self
+            .writes_refused
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(EngineError::ReadOnly);
+        }
+        self.check_image_writable()
+    }
+
+    /// Whether the store may write the image at all (checkpoints still do
+    /// while callers' writes are refused).
+    fn check_image_writable(&self) -> EngineResult<()> {
         if self.options.read_only {
             return Err(EngineError::ReadOnly);
         }
@@ -608,7 +653,9 @@ impl Inner {
         }
         let payload = batch.encode();
         let mut tree = self.lock_tree();
-        self.check_failed()?;
+        // Again under the lock: a checkpoint for a remount read-only must
+        // not be followed by a write that checked before it began.
+        self.check_writable()?;
         if needs_space(batch) && tree.space_low() {
             self.reclaim_space(&mut tree)?;
             if tree.space_low() {
@@ -699,7 +746,7 @@ impl Inner {
     }
 
     fn checkpoint(&self) -> EngineResult<()> {
-        self.check_writable()?;
+        self.check_image_writable()?;
         let mut tree = self.lock_tree();
         self.check_failed()?;
         self.checkpoint_locked(&mut tree)
@@ -707,7 +754,7 @@ impl Inner {
 
     /// The checkpoint of a close, marked clean: nothing follows it in the log.
     fn final_checkpoint(&self) -> EngineResult<()> {
-        self.check_writable()?;
+        self.check_image_writable()?;
         let mut tree = self.lock_tree();
         self.check_failed()?;
         self.write_checkpoint(&mut tree, true)

@@ -257,9 +257,13 @@ impl<F: Operations> Dispatcher<F> {
                 self.destroyed.store(true, Ordering::Relaxed);
                 Reply::Ok(Vec::new())
             }
-            op => Reply::from_result(
-                self.guarded(h.nodeid, opcode::name(h.opcode), |fs| self.serve(fs, h, op)),
-            ),
+            op => Reply::from_result(self.guarded(h.nodeid, opcode::name(h.opcode), |fs| {
+                let body = self.serve(fs, h, op)?;
+                if self.synchronous(h.opcode) {
+                    fs.fsync()?;
+                }
+                Ok(body)
+            })),
         };
         self.stats.record(h.opcode, via, started);
         reply
@@ -507,6 +511,31 @@ impl<F: Operations> Dispatcher<F> {
             | Op::Unsupported(_) => return Err(Errno(libc::ENOSYS)),
         }
         Ok(w.buf)
+    }
+
+    /// Whether a successful request of this opcode must be durable before
+    /// its reply: every change with `-o sync`, changes of directories
+    /// with `-o dirsync` (the kernel itself only asks for an fsync after
+    /// writes of a `sync` mount).
+    fn synchronous(&self, op: u32) -> bool {
+        use opcode::*;
+        let flags = &self.config.flags;
+        let namespace = matches!(
+            op,
+            MKNOD | MKDIR | SYMLINK | UNLINK | RMDIR | RENAME | RENAME2 | LINK | CREATE
+        );
+        let other_change = matches!(
+            op,
+            SETATTR
+                | WRITE
+                | SETXATTR
+                | REMOVEXATTR
+                | FALLOCATE
+                | COPY_FILE_RANGE
+                | TMPFILE
+                | IOCTL
+        );
+        (flags.sync && (namespace || other_change)) || (flags.dirsync && namespace)
     }
 
     /// Who loses set-ID bits for a change whose request carries no kill

@@ -50,6 +50,28 @@ impl MountFlags {
         f
     }
 
+    /// Changes the flags of the mount on `mountpoint` (mount(2) with
+    /// `MS_REMOUNT`): the kernel refuses writes at once when `read_only`.
+    /// Root only; the daemon is told separately.
+    pub fn remount(&self, mountpoint: &Path) -> io::Result<()> {
+        let target = cstring(mountpoint.as_os_str().as_encoded_bytes(), "the mountpoint")?;
+        // SAFETY: valid NUL-terminated target; no source, type or data
+        // (a FUSE remount takes no options through the old API).
+        let r = unsafe {
+            libc::mount(
+                std::ptr::null(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REMOUNT | self.ms_flags(),
+                std::ptr::null(),
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// The same as `fusermount3 -o` words.
     fn words(&self) -> Vec<&'static str> {
         let mut w = vec![if self.read_only { "ro" } else { "rw" }];
