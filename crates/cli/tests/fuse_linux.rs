@@ -577,3 +577,171 @@ fn sync_and_dirsync_mounts_make_changes_durable_at_once() {
     assert_eq!(fs::read(m.path("d/f")).unwrap(), b"synchronous");
     m.unmount();
 }
+
+/// A buffer aligned for O_DIRECT.
+struct Aligned {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Aligned {
+    fn filled(len: usize, byte: u8) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        assert!(!ptr.is_null());
+        // SAFETY: ptr holds len bytes.
+        unsafe { std::ptr::write_bytes(ptr, byte, len) };
+        Aligned { ptr, len }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        let layout = std::alloc::Layout::from_size_align(self.len, 4096).unwrap();
+        // SAFETY: allocated above with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, layout) };
+    }
+}
+
+/// Linux native AIO (io_submit), as libaio and fio use it: the kernel
+/// returns from io_submit before a direct write completes.
+struct LinuxAio {
+    ctx: libc::c_ulong,
+}
+
+/// `struct iocb`.
+#[repr(C)]
+struct Iocb {
+    data: u64,
+    key: u32,
+    rw_flags: i32,
+    opcode: u16,
+    reqprio: i16,
+    fildes: u32,
+    buf: u64,
+    nbytes: u64,
+    offset: i64,
+    reserved2: u64,
+    flags: u32,
+    resfd: u32,
+}
+
+/// `struct io_event`.
+#[repr(C)]
+#[derive(Default)]
+struct IoEvent {
+    data: u64,
+    obj: u64,
+    res: i64,
+    res2: i64,
+}
+
+impl LinuxAio {
+    fn new() -> LinuxAio {
+        let mut ctx: libc::c_ulong = 0;
+        // SAFETY: ctx is a valid out pointer.
+        let r = unsafe { libc::syscall(libc::SYS_io_setup, 8, &mut ctx) };
+        assert_eq!(r, 0, "io_setup: {}", errno());
+        LinuxAio { ctx }
+    }
+
+    fn submit_write(&self, fd: i32, buf: &Aligned, offset: u64) {
+        let mut iocb = Iocb {
+            data: 0,
+            key: 0,
+            rw_flags: 0,
+            opcode: 1, // IOCB_CMD_PWRITE
+            reqprio: 0,
+            fildes: fd as u32,
+            buf: buf.ptr as u64,
+            nbytes: buf.len as u64,
+            offset: offset as i64,
+            reserved2: 0,
+            flags: 0,
+            resfd: 0,
+        };
+        let mut list = [&mut iocb as *mut Iocb];
+        // SAFETY: one valid iocb whose buffer outlives the operation
+        // (the caller waits for it); the kernel copies the iocb itself.
+        let r = unsafe { libc::syscall(libc::SYS_io_submit, self.ctx, 1, list.as_mut_ptr()) };
+        assert_eq!(r, 1, "io_submit: {}", errno());
+    }
+
+    /// Waits for one completion; its result.
+    fn wait_one(&self) -> i64 {
+        let mut event = IoEvent::default();
+        // SAFETY: room for one event; no timeout.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_io_getevents,
+                self.ctx,
+                1,
+                1,
+                &mut event,
+                std::ptr::null::<libc::timespec>(),
+            )
+        };
+        assert_eq!(r, 1, "io_getevents: {}", errno());
+        event.res
+    }
+}
+
+impl Drop for LinuxAio {
+    fn drop(&mut self) {
+        // SAFETY: our context.
+        unsafe { libc::syscall(libc::SYS_io_destroy, self.ctx) };
+    }
+}
+
+/// An asynchronous O_DIRECT write (native AIO: the kernel completes it
+/// after io_submit returns) into a file another descriptor
+/// has cached: once the write has completed, a buffered read sees it.
+#[test]
+fn buffered_reads_see_completed_async_direct_writes() {
+    if !fuse_available() {
+        return;
+    }
+    // Each WRITE is held 30 ms in the daemon, so that a read lands while
+    // the direct write is in flight (the race a buffered reader loses);
+    // several /dev/fuse threads, so that the READ is not queued behind it.
+    let (_s, image, dir) = formatted("linux-dio", "256M");
+    let m = Mount::start_with_env(
+        &image,
+        &dir,
+        &["transport=devfuse", "threads=4"],
+        &[("BETREEFS_TEST_DELAY", "write:30")],
+    );
+    let path = m.path("f");
+    const LEN: usize = 1 << 20;
+    fs::write(&path, vec![0xaa; LEN]).unwrap();
+    let reader = File::open(&path).unwrap();
+    let mut back = vec![0u8; LEN];
+    let writer = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&path)
+        .unwrap();
+    let aio = LinuxAio::new();
+    for round in 0..8u8 {
+        // The page cache holds the old bytes.
+        reader.read_exact_at(&mut back, 0).unwrap();
+        let fill = 0xb0 + round % 16;
+        let buf = Aligned::filled(64 << 10, fill);
+        let offset = u64::from(round) * (64 << 10) % LEN as u64;
+        aio.submit_write(writer.as_raw_fd(), &buf, offset);
+        // A buffered read while the write is in flight caches old bytes...
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        reader.read_exact_at(&mut back, 0).unwrap();
+        // ...which must be gone once the write has completed.
+        assert_eq!(aio.wait_one(), buf.len as i64, "direct write");
+        let mut now = vec![0u8; buf.len];
+        reader.read_exact_at(&mut now, offset).unwrap();
+        assert!(
+            now.iter().all(|&b| b == fill),
+            "round {round}: a buffered read after the direct write completed saw stale data"
+        );
+    }
+    drop((reader, writer));
+    m.unmount();
+}

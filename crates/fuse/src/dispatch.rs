@@ -98,7 +98,6 @@ fn wanted_flags(config: &MountConfig) -> u64 {
         | init::PARALLEL_DIROPS
         | init::ATOMIC_O_TRUNC
         | init::CACHE_SYMLINKS
-        | init::ASYNC_DIO
         | init::MAX_PAGES
         | init::INIT_EXT
         | init::SETXATTR_EXT
