@@ -745,3 +745,88 @@ fn buffered_reads_see_completed_async_direct_writes() {
     drop((reader, writer));
     m.unmount();
 }
+
+#[test]
+fn st_blocks_counts_the_blocks_stored() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("linux-blocks");
+    let blocks = |name: &str| fs::metadata(m.path(name)).unwrap().blocks();
+    // Dense: every 4 KiB block up to the size.
+    fs::write(m.path("dense"), vec![1u8; 10_000]).unwrap();
+    assert_eq!(blocks("dense"), 3 * 8);
+    // A write far past the end stores one block.
+    let f = File::create(m.path("sparse")).unwrap();
+    f.write_all_at(&[2u8; 4096], 1 << 20).unwrap();
+    drop(f);
+    assert_eq!(
+        fs::metadata(m.path("sparse")).unwrap().len(),
+        (1 << 20) + 4096
+    );
+    assert_eq!(blocks("sparse"), 8);
+    // Extended by truncate: nothing stored.
+    File::create(m.path("empty"))
+        .unwrap()
+        .set_len(10 << 20)
+        .unwrap();
+    assert_eq!(blocks("empty"), 0);
+    // A punched range leaves the file.
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(m.path("punched"))
+        .unwrap();
+    f.write_all_at(&[3u8; 65536], 0).unwrap();
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: valid descriptor.
+    assert_eq!(
+        unsafe { libc::fallocate(f.as_raw_fd(), punch, 4096, 8192) },
+        0
+    );
+    drop(f);
+    assert_eq!(blocks("punched"), 14 * 8);
+    // Filling the hole counts again; listings (readdirplus) agree.
+    let f = OpenOptions::new()
+        .write(true)
+        .open(m.path("sparse"))
+        .unwrap();
+    f.write_all_at(&[4u8; 8192], 0).unwrap();
+    drop(f);
+    assert_eq!(blocks("sparse"), 3 * 8);
+    let (image, dir) = (m.image.clone(), m.dir.clone());
+    m.unmount();
+    let m = Mount::start(&image, &dir, &[]);
+    let out = std::process::Command::new("du")
+        .arg("-k")
+        .arg(m.path("empty"))
+        .arg(m.path("sparse"))
+        .output()
+        .unwrap();
+    let du = String::from_utf8_lossy(&out.stdout).into_owned();
+    let sizes: Vec<&str> = du.lines().filter_map(|l| l.split('\t').next()).collect();
+    assert_eq!(sizes, ["0", "12"], "{du}");
+    let listed: Vec<(String, u64)> = fs::read_dir(&m.dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                e.metadata().unwrap().blocks(),
+            )
+        })
+        .collect();
+    for (name, expect) in [
+        ("dense", 24),
+        ("sparse", 24),
+        ("empty", 0),
+        ("punched", 112),
+    ] {
+        assert!(
+            listed.contains(&(name.to_string(), expect)),
+            "{name}: {listed:?}"
+        );
+    }
+    m.unmount();
+}

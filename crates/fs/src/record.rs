@@ -23,8 +23,10 @@
 //!  74  12  crtime (birth)
 //!  86   4  flags: the inode flags chattr sets, as `FS_IOC_GETFLAGS`
 //!          reports them (FS_IMMUTABLE_FL 0x10, FS_APPEND_FL 0x20,
-//!          FS_NODUMP_FL 0x40, FS_NOATIME_FL 0x80; other bits are refused
-//!          on decode). Images before these flags wrote 0 here.
+//!          FS_NODUMP_FL 0x40, FS_NOATIME_FL 0x80), and SPARSE_FL
+//!          0x8000_0000 (never shown: the file may have holes, so
+//!          st_blocks is counted from its stored blocks); other bits are
+//!          refused on decode. Images before these flags wrote 0 here.
 //!  90   *  symlink target (symlinks only; the rest of the value)
 //! ```
 //!
@@ -113,8 +115,11 @@ pub struct Attr {
     pub mtime: Timespec,
     pub ctime: Timespec,
     pub crtime: Timespec,
-    /// chattr flags (`FS_*_FL`, [`INODE_FLAGS`]).
+    /// chattr flags (`FS_*_FL`, [`INODE_FLAGS`]) and [`SPARSE_FL`].
     pub flags: u32,
+    /// Data blocks stored, when counted (files with [`SPARSE_FL`]); not
+    /// part of the record.
+    pub stored_blocks: Option<u64>,
 }
 
 /// The chattr flags betreefs keeps and enforces.
@@ -123,6 +128,10 @@ pub const FS_APPEND_FL: u32 = 0x20;
 pub const FS_NODUMP_FL: u32 = 0x40;
 pub const FS_NOATIME_FL: u32 = 0x80;
 pub const INODE_FLAGS: u32 = FS_IMMUTABLE_FL | FS_APPEND_FL | FS_NODUMP_FL | FS_NOATIME_FL;
+/// The file may have holes: a write began past its last block, or it was
+/// extended by truncate or fallocate, or a range was punched or zeroed.
+/// Without it every block up to the size is stored.
+pub const SPARSE_FL: u32 = 0x8000_0000;
 
 impl Attr {
     /// A new inode: no data, every time `now`, two links for a directory
@@ -141,6 +150,7 @@ impl Attr {
             ctime: now,
             crtime: now,
             flags: 0,
+            stored_blocks: None,
         }
     }
 
@@ -163,10 +173,17 @@ impl Attr {
     pub fn is_dir(&self) -> bool {
         self.file_type() == S_IFDIR
     }
-    /// 512-byte blocks, as `st_blocks` counts them (holes included: the
-    /// engine does not track which blocks exist).
+    /// 512-byte blocks, as `st_blocks` counts them: the 4 KiB blocks a
+    /// regular file stores (every block up to its size unless it may have
+    /// holes, when they were counted); other inodes store no data blocks.
     pub fn blocks(&self) -> u64 {
-        self.size.div_ceil(512)
+        const SECTORS_PER_BLOCK: u64 = 8;
+        if self.file_type() != S_IFREG {
+            return 0;
+        }
+        self.stored_blocks
+            .unwrap_or_else(|| self.size.div_ceil(SECTORS_PER_BLOCK * 512))
+            * SECTORS_PER_BLOCK
     }
 }
 
@@ -236,7 +253,7 @@ impl Record {
                 }
                 let [atime, mtime, ctime, crtime] = times;
                 let flags = d.u32().map_err(short)?;
-                if flags & !INODE_FLAGS != 0 {
+                if flags & !(INODE_FLAGS | SPARSE_FL) != 0 {
                     return Err(bad(&format!("unknown inode flags {flags:#x}")));
                 }
                 let attr = Attr {
@@ -252,6 +269,7 @@ impl Record {
                     ctime,
                     crtime,
                     flags,
+                    stored_blocks: None,
                 };
                 if attr.nsecs().any(|n| n >= 1_000_000_000) {
                     return Err(bad("nanoseconds out of range"));
@@ -351,7 +369,8 @@ mod tests {
             },
             ctime: Timespec { sec: 0, nsec: 0 },
             crtime: Timespec { sec: 17, nsec: 5 },
-            flags: FS_APPEND_FL | FS_NODUMP_FL,
+            flags: FS_APPEND_FL | FS_NODUMP_FL | SPARSE_FL,
+            stored_blocks: None,
         }
     }
 

@@ -103,7 +103,11 @@ fn wanted_flags(config: &MountConfig) -> u64 {
         | init::SETXATTR_EXT
         | init::HANDLE_KILLPRIV_V2
         | init::POSIX_ACL
-        | init::DONT_MASK;
+        | init::DONT_MASK
+        // Inode numbers cannot be looked up without their path yet: refuse
+        // file handles (name_to_handle_at) instead of giving out handles
+        // that go stale when the inode leaves the kernel's cache.
+        | init::NO_EXPORT_SUPPORT;
     if config.writeback_cache {
         flags |= init::WRITEBACK_CACHE;
     }

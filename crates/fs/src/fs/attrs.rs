@@ -8,7 +8,7 @@ use super::{AtimePolicy, Caller, FileSystem, Ino, SetAttr, SetTime, FILE_SIZE_MA
 use crate::acl::{self, Acl};
 use crate::error::{Errno, FsResult};
 use crate::plan::truncate_blocks;
-use crate::record::{Attr, Timespec, FS_NOATIME_FL, INODE_FLAGS, S_IFDIR, S_IFMT};
+use crate::record::{Attr, Timespec, FS_NOATIME_FL, INODE_FLAGS, SPARSE_FL, S_IFDIR, S_IFMT};
 use crate::schema;
 
 /// The extended attribute holding a file's capabilities, which a change
@@ -72,6 +72,7 @@ impl FileSystem {
             }
             let key = key.as_deref().ok_or(Errno::ENOENT)?;
             truncate_blocks(&mut batch, key, before.size, size);
+            st.note_data_change(ino, None, size)?;
         }
         // chmod rewrites the access ACL's owner, mask and other entries
         // (`posix_acl_chmod`), so the two never disagree.
@@ -150,7 +151,7 @@ impl FileSystem {
         }
         let mut st = self.lock();
         let node = st.node(ino)?;
-        if node.attr.flags == flags {
+        if node.attr.flags & INODE_FLAGS == flags {
             return Ok(());
         }
         let key = match node.home {
@@ -159,7 +160,7 @@ impl FileSystem {
         };
         let before = node.attr.clone();
         let a = &mut st.node_mut(ino)?.attr;
-        a.flags = flags;
+        a.flags = flags | (a.flags & SPARSE_FL);
         a.ctime = Timespec::now();
         let Some(key) = key else {
             return Ok(());

@@ -9,7 +9,7 @@ use super::{Caller, FileSystem, Ino, SetAttr, BLOCKS_PER_BATCH, BLOCK_SIZE, FILE
 use crate::error::{Errno, FsResult};
 use crate::ops::Operations;
 use crate::plan::{count_update, purge_file};
-use crate::record::{Timespec, S_IFREG};
+use crate::record::{Attr, Timespec, SPARSE_FL, S_IFREG};
 use crate::schema;
 
 impl FileSystem {
@@ -162,6 +162,8 @@ impl FileSystem {
             return Err(Errno::EFBIG);
         }
         let key = st.file_key(ino)?;
+        let end = offset + data.len() as u64;
+        st.note_data_change(ino, Some(offset / BLOCK_SIZE), end)?;
         let mut written = 0usize;
         while written < data.len() {
             let old_size = st.node(ino)?.attr.size;
@@ -274,7 +276,9 @@ impl FileSystem {
         }
         if zeroes {
             zero_blocks(&mut batch, &key, offset, end.min(before.size));
+            st.node_mut(ino)?.attr.flags |= SPARSE_FL;
         }
+        st.note_data_change(ino, None, if keep_size { size } else { size.max(end) })?;
         let node = st.node_mut(ino)?;
         if !keep_size {
             node.attr.size = node.attr.size.max(end);
@@ -377,6 +381,49 @@ impl FileSystem {
             )?;
         }
         Ok(len)
+    }
+
+    /// The attributes of table inode `ino` as the kernel is shown them:
+    /// with the blocks a file that may have holes stores, counted at most
+    /// once per change of its data.
+    pub(super) fn attr_for_kernel(&self, st: &mut State, ino: Ino) -> FsResult<Attr> {
+        let node = st.node(ino)?;
+        let attr = node.attr.clone();
+        if attr.flags & SPARSE_FL == 0 || attr.file_type() != S_IFREG || node.home == Home::Gone {
+            return Ok(attr);
+        }
+        if let Some((version, blocks)) = node.stored_blocks {
+            if version == node.data_version {
+                return Ok(Attr {
+                    stored_blocks: Some(blocks),
+                    ..attr
+                });
+            }
+        }
+        let version = node.data_version;
+        let key = st.file_key(ino)?;
+        let attr = self.with_stored_blocks(attr, &key)?;
+        if let Some(blocks) = attr.stored_blocks {
+            st.node_mut(ino)?.stored_blocks = Some((version, blocks));
+        }
+        Ok(attr)
+    }
+
+    /// `attr` with its stored blocks counted when it may have holes (a
+    /// scan of its data keys up to its size).
+    pub(super) fn with_stored_blocks(&self, attr: Attr, file_key: &[u8]) -> FsResult<Attr> {
+        if attr.flags & SPARSE_FL == 0 || attr.file_type() != S_IFREG {
+            return Ok(attr);
+        }
+        let lo = schema::data_key(file_key, 0);
+        let hi = schema::data_key(file_key, attr.size.div_ceil(BLOCK_SIZE));
+        let mut blocks = 0u64;
+        self.store
+            .visit_range(KeySpace::Data, &lo, &hi, &mut |_, _| blocks += 1)?;
+        Ok(Attr {
+            stored_blocks: Some(blocks),
+            ..attr
+        })
     }
 
     /// lseek(2) `SEEK_DATA` / `SEEK_HOLE` from the blocks stored: data is

@@ -14,7 +14,7 @@ use std::collections::{HashMap, VecDeque};
 
 use betreefs_engine::KeySpace;
 
-use super::state::State;
+use super::state::{Home, State};
 use super::{decode, DirEntry, FileSystem, Ino};
 use crate::error::FsResult;
 use crate::record::{S_IFDIR, S_IFMT};
@@ -173,13 +173,23 @@ impl FileSystem {
             let cookie = dir_cookie(esc);
             let full = if plus {
                 let (attr, target, home) = self.resolve(st, record)?;
+                let in_table = st.nodes.contains_key(&attr.ino);
                 let attr = st.nodes.get(&attr.ino).map_or(attr, |n| n.attr.clone());
+                let shown = if in_table {
+                    self.attr_for_kernel(st, attr.ino)?
+                } else {
+                    let file_key = match home {
+                        Home::Inode => schema::inode_key(attr.ino),
+                        _ => key.clone(),
+                    };
+                    self.with_stored_blocks(attr.clone(), &file_key)?
+                };
                 let full = add(DirEntry {
                     ino: attr.ino,
                     offset: cookie,
                     file_type: attr.file_type(),
                     name: &name,
-                    attr: Some(&attr),
+                    attr: Some(&shown),
                 });
                 if !full {
                     st.add_lookup(ino, &name, attr, target, home);

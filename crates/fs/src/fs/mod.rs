@@ -308,7 +308,7 @@ impl Operations for FileSystem {
     }
 
     fn getattr(&self, ino: Ino) -> FsResult<Attr> {
-        Ok(self.lock().node(ino)?.attr.clone())
+        self.attr_for_kernel(&mut self.lock(), ino)
     }
 
     fn mknod(
@@ -412,7 +412,8 @@ impl Operations for FileSystem {
     }
 
     fn setattr(&self, ino: Ino, set: &SetAttr) -> FsResult<Attr> {
-        self.set_attributes(ino, set)
+        self.set_attributes(ino, set)?;
+        self.getattr(ino)
     }
 
     fn open(&self, ino: Ino, flags: i32, kill: Option<Caller>) -> FsResult<u64> {
@@ -457,7 +458,7 @@ impl Operations for FileSystem {
     }
 
     fn inode_flags(&self, ino: Ino) -> FsResult<u32> {
-        Ok(self.lock().node(ino)?.attr.flags)
+        Ok(self.lock().node(ino)?.attr.flags & crate::record::INODE_FLAGS)
     }
 
     fn set_inode_flags(&self, ino: Ino, flags: u32) -> FsResult<()> {

@@ -393,7 +393,7 @@ impl FileSystem {
         let ino = found.ino();
         let (attr, target, home) = self.resolve(&st, found.record)?;
         st.add_lookup(parent, name, attr, target, home);
-        Ok(st.node(ino)?.attr.clone())
+        self.attr_for_kernel(&mut st, ino)
     }
 
     pub(super) fn link_entry(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> FsResult<Attr> {

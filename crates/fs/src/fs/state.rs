@@ -50,6 +50,12 @@ pub(super) struct Node {
     /// without a query (the LOOKUP before each CREATE of an untar). None
     /// when unknown (directories found on the image, or grown too big).
     pub(super) child_names: Option<HashSet<u64>>,
+    /// Bumped on every change of a file's data (write, truncate,
+    /// fallocate).
+    pub(super) data_version: u64,
+    /// The stored blocks of a file that may have holes, counted at
+    /// `data_version` (the first of the pair).
+    pub(super) stored_blocks: Option<(u64, u64)>,
 }
 
 impl Node {
@@ -68,6 +74,8 @@ impl Node {
             has_xattrs: None,
             has_capability: None,
             child_names: None,
+            data_version: 0,
+            stored_blocks: None,
         }
     }
 }
@@ -119,6 +127,29 @@ impl State {
     pub(super) fn check_attributes_change(&self, ino: Ino) -> FsResult<()> {
         if self.node(ino)?.attr.is_pinned() {
             return Err(Errno::EPERM);
+        }
+        Ok(())
+    }
+
+    /// Notes a change of `ino`'s data that may leave holes below
+    /// `new_size`: blocks from `first_written` on are written, those from
+    /// the old end's block to there (and up to a size set without writing)
+    /// are not stored.
+    pub(super) fn note_data_change(
+        &mut self,
+        ino: Ino,
+        first_written: Option<u64>,
+        new_size: u64,
+    ) -> FsResult<()> {
+        let node = self.node_mut(ino)?;
+        node.data_version += 1;
+        let stored_end = node.attr.size.div_ceil(super::BLOCK_SIZE);
+        let gap = match first_written {
+            Some(block) => block > stored_end,
+            None => new_size.div_ceil(super::BLOCK_SIZE) > stored_end,
+        };
+        if gap {
+            node.attr.flags |= crate::record::SPARSE_FL;
         }
         Ok(())
     }
