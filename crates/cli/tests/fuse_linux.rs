@@ -389,6 +389,35 @@ fn rename_whiteout_leaves_a_whiteout() {
         fs::symlink_metadata(m.path("dir")).unwrap().mode() & libc::S_IFMT,
         libc::S_IFCHR
     );
+    // Under a default ACL: the moved file keeps its own ACL, the
+    // whiteout gets one of its own.
+    fs::create_dir(m.path("acl")).unwrap();
+    let entry = |tag: u16, perm: u16, id: u32| {
+        let mut e = tag.to_le_bytes().to_vec();
+        e.extend_from_slice(&perm.to_le_bytes());
+        e.extend_from_slice(&id.to_le_bytes());
+        e
+    };
+    let mut default = 2u32.to_le_bytes().to_vec();
+    for e in [
+        entry(0x01, 7, u32::MAX),
+        entry(0x02, 7, 1000),
+        entry(0x04, 5, u32::MAX),
+        entry(0x10, 7, u32::MAX),
+        entry(0x20, 5, u32::MAX),
+    ] {
+        default.extend(e);
+    }
+    set_xattr(&m.path("acl"), "system.posix_acl_default", &default, 0).unwrap();
+    fs::write(m.path("acl/x"), b"acl").unwrap();
+    let access = "system.posix_acl_access";
+    let before = get_xattr(&m.path("acl/x"), access, 4096).unwrap();
+    assert_eq!(
+        renameat2(&m.path("acl/x"), &m.path("y"), libc::RENAME_WHITEOUT),
+        0
+    );
+    assert_eq!(get_xattr(&m.path("y"), access, 4096).unwrap(), before);
+    assert_ne!(get_xattr(&m.path("acl/x"), access, 4096).unwrap(), before);
     // Not with an exchange.
     assert_eq!(
         renameat2(

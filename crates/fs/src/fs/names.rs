@@ -172,6 +172,7 @@ impl FileSystem {
         now: Timespec,
     ) -> FsResult<(Attr, bool)> {
         let is_dir = mode & S_IFMT == S_IFDIR;
+        // The directory's default ACL, or the caller's umask.
         let parent_default = if mode & S_IFMT == libc::S_IFLNK {
             None
         } else {
@@ -182,6 +183,7 @@ impl FileSystem {
             acl::inherit(parent_default.as_deref(), mode, caller.umask).map_err(|_| Errno::EIO)?;
         let mut mode = inherited.mode;
         let parent_attr = &st.node(parent)?.attr;
+        // BSD group semantics under a set-group-ID directory.
         let gid = if parent_attr.mode & libc::S_ISGID != 0 {
             if is_dir {
                 mode |= libc::S_ISGID;
@@ -600,32 +602,29 @@ impl FileSystem {
             if let Some(d) = &dst {
                 self.remove_entry(&mut st, &mut batch, d, &dst_sub, now, false)?;
             }
-            match flags.whiteout {
-                // overlayfs's whiteout: a 0/0 character device takes the
-                // old name, in the same batch.
-                Some(caller) => {
-                    let (whiteout, _) = self.new_inode(
-                        &mut st,
-                        &mut batch,
-                        &src.key,
-                        parent,
-                        libc::S_IFCHR,
-                        caller,
-                        now,
-                    )?;
-                    batch.put(KeySpace::Meta, &src.key, &inode_record(&whiteout, &[]));
-                    count_update(&mut batch, 1);
-                }
-                None => {
-                    batch.delete(KeySpace::Meta, &src.key);
-                }
-            }
+            batch.delete(KeySpace::Meta, &src.key);
             batch.put(KeySpace::Meta, &dst_key, &src_record.encode());
             if matches!(src.record, Record::Inode { .. }) {
                 move_file_data(&mut batch, &src.key, &dst_key);
             }
             if src.is_dir() {
                 move_subtree(&mut batch, &src_sub, &dst_sub);
+            }
+            // overlayfs's whiteout: a 0/0 character device takes the old
+            // name in the same batch, after everything of the old name
+            // moved (its inherited ACLs must not move with it).
+            if let Some(caller) = flags.whiteout {
+                let (whiteout, _) = self.new_inode(
+                    &mut st,
+                    &mut batch,
+                    &src.key,
+                    parent,
+                    libc::S_IFCHR,
+                    caller,
+                    now,
+                )?;
+                batch.put(KeySpace::Meta, &src.key, &inode_record(&whiteout, &[]));
+                count_update(&mut batch, 1);
             }
             let replaced_dir = dst.as_ref().is_some_and(Found::is_dir);
             if src.is_dir() && parent != new_parent {
