@@ -537,21 +537,6 @@ fn remount(m: &Mount, options: &str) -> std::process::Output {
         .unwrap()
 }
 
-fn mount_flags(dir: &Path) -> Vec<String> {
-    let canonical = dir.canonicalize().unwrap();
-    let mounts = fs::read_to_string("/proc/mounts").unwrap();
-    let line = mounts
-        .lines()
-        .find(|l| l.split(' ').nth(1) == Some(canonical.to_str().unwrap()))
-        .expect("mounted");
-    line.split(' ')
-        .nth(3)
-        .unwrap()
-        .split(',')
-        .map(String::from)
-        .collect()
-}
-
 #[test]
 fn remount_read_only_and_back() {
     if !fuse_available() {
@@ -561,13 +546,13 @@ fn remount_read_only_and_back() {
     fs::write(m.path("f"), b"before").unwrap();
     let out = remount(&m, "ro");
     assert_succeeded(&out);
-    assert!(mount_flags(&m.dir).contains(&"ro".to_string()));
+    assert!(mount_options(&m.dir).contains(&"ro".to_string()));
     assert_eq!(err_of(fs::write(m.path("g"), b"x")), libc::EROFS);
     assert_eq!(err_of(fs::remove_file(m.path("f"))), libc::EROFS);
     assert_eq!(fs::read(m.path("f")).unwrap(), b"before");
     let out = remount(&m, "rw");
     assert_succeeded(&out);
-    assert!(mount_flags(&m.dir).contains(&"rw".to_string()));
+    assert!(mount_options(&m.dir).contains(&"rw".to_string()));
     fs::write(m.path("g"), b"after").unwrap();
     let (image, dir) = (m.image.clone(), m.dir.clone());
     m.unmount();
@@ -593,7 +578,7 @@ fn sync_and_dirsync_mounts_make_changes_durable_at_once() {
     let (_s, image, dir) = formatted("linux-sync", "256M");
     // dirsync: a new name survives a kill right after it is made.
     let m = Mount::start(&image, &dir, &["dirsync"]);
-    assert!(mount_flags(&m.dir).contains(&"dirsync".to_string()));
+    assert!(mount_options(&m.dir).contains(&"dirsync".to_string()));
     fs::create_dir(m.path("d")).unwrap();
     File::create(m.path("d/f")).unwrap();
     m.kill();

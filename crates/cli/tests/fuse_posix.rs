@@ -557,6 +557,20 @@ fn cli_usage_errors_background_mount_and_helper() {
             ]);
             assert!(status, "mount -t fuse.betreefs failed");
             assert_eq!(fs::read(mnt.join("f")).unwrap(), b"bg");
+            // mount(8)'s remount goes through the helper too.
+            let remount = |opts: &str| {
+                std::process::Command::new("mount")
+                    .args(["-o", opts])
+                    .arg(&mnt)
+                    .output()
+                    .unwrap()
+            };
+            assert_succeeded(&remount("remount,ro"));
+            assert!(mount_options(&mnt).iter().any(|o| o == "ro"));
+            assert_eq!(err_of(fs::write(mnt.join("probe"), b"x")), libc::EROFS);
+            assert_succeeded(&remount("remount,rw"));
+            fs::write(mnt.join("probe"), b"x").unwrap();
+            fs::remove_file(mnt.join("probe")).unwrap();
             // An fstab line (an alternative fstab file, as mount -T reads it).
             umount(&mnt);
             let fstab = s.0.join("fstab");
@@ -581,21 +595,6 @@ fn cli_usage_errors_background_mount_and_helper() {
         }
     }
     umount(&mnt);
-}
-
-/// The options /proc/mounts shows for the mount on `dir`.
-fn mount_options(dir: &Path) -> Vec<String> {
-    let mounts = fs::read_to_string("/proc/mounts").unwrap();
-    let line = mounts
-        .lines()
-        .rfind(|l| l.split(' ').nth(1) == dir.to_str())
-        .unwrap_or_default();
-    line.split(' ')
-        .nth(3)
-        .unwrap_or_default()
-        .split(',')
-        .map(str::to_string)
-        .collect()
 }
 
 #[test]

@@ -482,3 +482,20 @@ pub fn remove_xattr(p: &Path, name: &str) -> Result<(), i32> {
     // SAFETY: valid path and name.
     checked(unsafe { libc::lremovexattr(c.as_ptr(), n.as_ptr()) } as isize).map(|_| ())
 }
+
+/// The options /proc/mounts shows for the mount on `dir` (the last one
+/// mounted there).
+pub fn mount_options(dir: &Path) -> Vec<String> {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let line = mounts
+        .lines()
+        .rfind(|l| l.split(' ').nth(1) == dir.to_str())
+        .unwrap_or_default();
+    line.split(' ')
+        .nth(3)
+        .unwrap_or_default()
+        .split(',')
+        .map(str::to_string)
+        .collect()
+}
