@@ -844,3 +844,122 @@ fn st_blocks_counts_the_blocks_stored() {
     }
     m.unmount();
 }
+
+/// name_to_handle_at(2): the handle's bytes (`struct file_handle`).
+fn name_to_handle(p: &Path) -> Result<Vec<u32>, i32> {
+    let mut handle = vec![0u32; 2 + 32];
+    handle[0] = 128; // handle_bytes
+    let mut mount_id: libc::c_int = 0;
+    let c = cstr(p);
+    // SAFETY: valid path; the buffer holds a file_handle with 128 bytes.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            handle.as_mut_ptr(),
+            &mut mount_id,
+            0,
+        )
+    };
+    if r == 0 {
+        Ok(handle)
+    } else {
+        Err(errno())
+    }
+}
+
+/// open_by_handle_at(2) on the mount `mount_fd` is on.
+fn open_by_handle(mount_fd: &File, handle: &[u32], flags: i32) -> Result<File, i32> {
+    let mut handle = handle.to_vec();
+    // SAFETY: a file_handle as name_to_handle_at filled it.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount_fd.as_raw_fd(),
+            handle.as_mut_ptr(),
+            flags,
+        )
+    };
+    if fd < 0 {
+        return Err(errno());
+    }
+    use std::os::fd::FromRawFd;
+    // SAFETY: a descriptor the kernel just gave us.
+    Ok(unsafe { File::from_raw_fd(fd as i32) })
+}
+
+fn read_by_handle(mount_fd: &File, handle: &[u32]) -> Vec<u8> {
+    use std::io::Read;
+    let mut f = open_by_handle(mount_fd, handle, libc::O_RDONLY).expect("open by handle");
+    let mut out = Vec::new();
+    f.read_to_end(&mut out).unwrap();
+    out
+}
+
+fn list_by_handle(mount_fd: &File, handle: &[u32]) -> Vec<String> {
+    let d = open_by_handle(mount_fd, handle, libc::O_RDONLY | libc::O_DIRECTORY)
+        .expect("open a directory by handle");
+    let mut names: Vec<String> = fs::read_dir(format!("/proc/self/fd/{}", d.as_raw_fd()))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn file_handles_find_files_after_eviction_renames_and_remounts() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("linux-handles");
+    fs::create_dir_all(m.path("a/b")).unwrap();
+    fs::write(m.path("a/b/f"), b"handled").unwrap();
+    fs::write(m.path("one"), b"linked").unwrap();
+    fs::hard_link(m.path("one"), m.path("two")).unwrap();
+    fs::write(m.path("gone"), b"x").unwrap();
+    let file = name_to_handle(&m.path("a/b/f")).unwrap();
+    let dir = name_to_handle(&m.path("a/b")).unwrap();
+    let linked = name_to_handle(&m.path("one")).unwrap();
+    let gone = name_to_handle(&m.path("gone")).unwrap();
+    fs::remove_file(m.path("gone")).unwrap();
+    // The kernel forgets the inodes: the handles find them by number.
+    let mount_fd = File::open(&m.dir).unwrap();
+    drop_caches();
+    assert_eq!(read_by_handle(&mount_fd, &file), b"handled");
+    assert_eq!(read_by_handle(&mount_fd, &linked), b"linked");
+    assert_eq!(list_by_handle(&mount_fd, &dir), ["f"]);
+    assert_eq!(
+        open_by_handle(&mount_fd, &gone, libc::O_RDONLY).err(),
+        Some(libc::ESTALE)
+    );
+    // Renames of the file's directories do not matter.
+    fs::rename(m.path("a"), m.path("z")).unwrap();
+    fs::rename(m.path("z/b/f"), m.path("z/b/g")).unwrap();
+    drop_caches();
+    assert_eq!(read_by_handle(&mount_fd, &file), b"handled");
+    // Nor does a remount (a new daemon, an empty inode table).
+    drop(mount_fd);
+    let (image, dir_path) = (m.image.clone(), m.dir.clone());
+    m.unmount();
+    let m = Mount::start(&image, &dir_path, &[]);
+    let mount_fd = File::open(&m.dir).unwrap();
+    assert_eq!(read_by_handle(&mount_fd, &file), b"handled");
+    assert_eq!(read_by_handle(&mount_fd, &linked), b"linked");
+    assert_eq!(list_by_handle(&mount_fd, &dir), ["g"]);
+    // Removed: stale, also after the kernel forgot it.
+    fs::remove_file(m.path("z/b/g")).unwrap();
+    fs::remove_file(m.path("one")).unwrap();
+    fs::remove_file(m.path("two")).unwrap();
+    drop_caches();
+    for h in [&file, &linked] {
+        assert_eq!(
+            open_by_handle(&mount_fd, h, libc::O_RDONLY).err(),
+            Some(libc::ESTALE)
+        );
+    }
+    drop(mount_fd);
+    m.unmount();
+    assert_fsck_clean(&image, "after file handles");
+}

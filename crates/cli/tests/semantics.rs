@@ -398,24 +398,6 @@ fn unsupported_features_say_so() {
     let r = unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_FIEMAP, &mut map) };
     assert_eq!((r, errno()), (-1, libc::EOPNOTSUPP), "FIEMAP");
     drop(f);
-    // File handles: refused at once rather than handed out and failing
-    // with ESTALE later (after the inode left the kernel's cache).
-    let mut handle = [0u64; 17];
-    handle[0] = 128; // handle_bytes
-    let mut mount_id: libc::c_int = 0;
-    let c = cstr(&p);
-    // SAFETY: valid path, a file_handle with room for 128 bytes.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_name_to_handle_at,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            handle.as_mut_ptr(),
-            &mut mount_id,
-            0,
-        )
-    };
-    assert_eq!((r, errno()), (-1, libc::EOPNOTSUPP), "name_to_handle_at");
     m.unmount();
 }
 

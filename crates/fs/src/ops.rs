@@ -11,6 +11,16 @@ pub trait Operations: Send + Sync + 'static {
     /// Finds `name` in `parent`; the kernel holds a reference until forget.
     fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr>;
     fn forget(&self, ino: Ino, count: u64);
+    /// Finds an inode by number alone (a file handle being decoded: the
+    /// kernel's LOOKUP of "." in it); the kernel holds a reference after.
+    /// `ESTALE` when it is gone.
+    fn lookup_by_number(&self, _ino: Ino) -> FsResult<Attr> {
+        Err(crate::error::Errno::ESTALE)
+    }
+    /// The parent of directory `ino` (LOOKUP of ".." in it).
+    fn lookup_parent(&self, _ino: Ino) -> FsResult<Attr> {
+        Err(crate::error::Errno::ESTALE)
+    }
     fn getattr(&self, ino: Ino) -> FsResult<Attr>;
     fn setattr(&self, ino: Ino, set: &SetAttr) -> FsResult<Attr>;
     fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>>;

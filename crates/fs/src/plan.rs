@@ -78,3 +78,18 @@ pub(crate) fn truncate_blocks(batch: &mut WriteBatch, file: &[u8], old: u64, new
         );
     }
 }
+
+/// Records where inode `ino` is named (a directory, or a file with one
+/// name): `name` in directory `parent`.
+pub(crate) fn put_back_pointer(batch: &mut WriteBatch, ino: u64, parent: u64, name: &[u8]) {
+    let bp = crate::record::BackPointer {
+        parent,
+        name: name.to_vec(),
+    };
+    batch.put(KeySpace::Meta, &schema::back_pointer_key(ino), &bp.encode());
+}
+
+/// Forgets where `ino` was named (removed, or now kept by inode number).
+pub(crate) fn delete_back_pointer(batch: &mut WriteBatch, ino: u64) {
+    batch.delete(KeySpace::Meta, &schema::back_pointer_key(ino));
+}

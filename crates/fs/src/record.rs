@@ -30,11 +30,24 @@
 //!  90   *  symlink target (symlinks only; the rest of the value)
 //! ```
 //!
-//! # File-system record, format version 1 (at `INFO_KEY`)
+//! # Back pointer, format version 2 (at `back_pointer_key(ino)`)
+//!
+//! For every inode whose attributes live at an entry key (directories
+//! other than the root, files and special files with one name): where
+//! that entry is, so that the inode can be found by number.
+//!
+//! ```text
+//!   0   8  parent directory's inode number
+//!   8   *  name (1 to 255 bytes, unescaped)
+//! ```
+//!
+//! # File-system record, format version 2 (at `INFO_KEY`)
+//!
+//! Version 2 added back pointers; version 1 images are refused.
 //!
 //! ```text
 //!   0   8  magic "betreefs"
-//!   8   4  version = 1
+//!   8   4  version = 2
 //!  12   8  inode numbers below this may have been handed out
 //!  20   8  creation time, seconds since the epoch
 //! ```
@@ -50,7 +63,7 @@ const INODE_FIXED: usize = 90;
 const LINK_LEN: usize = 14;
 
 pub const FS_MAGIC: &[u8; 8] = b"betreefs";
-pub const FS_VERSION: u32 = 1;
+pub const FS_VERSION: u32 = 2;
 const FS_INFO_LEN: usize = 28;
 
 pub const S_IFMT: u32 = libc::S_IFMT;
@@ -308,6 +321,31 @@ fn encode_inode(attr: &Attr, target: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Where an inode named by a path is: its parent and its name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackPointer {
+    pub parent: u64,
+    pub name: Vec<u8>,
+}
+
+impl BackPointer {
+    pub fn encode(&self) -> Vec<u8> {
+        [&self.parent.to_le_bytes()[..], &self.name].concat()
+    }
+
+    pub fn decode(value: &[u8]) -> Result<BackPointer, RecordError> {
+        let bad = || RecordError(format!("back pointer of {} bytes", value.len()));
+        let (parent, name) = value.split_at_checked(8).ok_or_else(bad)?;
+        if name.is_empty() || name.len() > 255 {
+            return Err(bad());
+        }
+        Ok(BackPointer {
+            parent: u64::from_le_bytes(parent.try_into().map_err(|_| bad())?),
+            name: name.to_vec(),
+        })
+    }
+}
+
 /// The file-system identity record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FsInfo {
@@ -335,9 +373,14 @@ impl FsInfo {
             return Err(foreign());
         }
         let version = d.u32().map_err(|_| foreign())?;
-        if version != FS_VERSION {
+        if version > FS_VERSION {
             return Err(RecordError(format!(
-                "file-system format version {version} is not supported (this build reads version {FS_VERSION})"
+                "file-system format version {version} is newer than this build reads ({FS_VERSION}): use a newer betreefs"
+            )));
+        }
+        if version < FS_VERSION {
+            return Err(RecordError(format!(
+                "file-system format version {version} is older than this build reads ({FS_VERSION}: back pointers for file handles were added); copy the files out with the betreefs that made the image and into a new one"
             )));
         }
         let ino_reserved = d.u64().map_err(|_| foreign())?;
@@ -433,8 +476,23 @@ mod tests {
         other[0] = b'x';
         assert!(FsInfo::decode(&other).is_err());
         let mut newer = info.encode();
-        newer[8] = 2;
-        assert!(FsInfo::decode(&newer).unwrap_err().0.contains("version 2"));
+        newer[8] = 3;
+        assert!(FsInfo::decode(&newer).unwrap_err().0.contains("version 3"));
+        let mut older = info.encode();
+        older[8] = 1;
+        assert!(FsInfo::decode(&older).unwrap_err().0.contains("version 1"));
+    }
+
+    #[test]
+    fn back_pointers_round_trip_and_refuse_bad_lengths() {
+        let bp = BackPointer {
+            parent: 77,
+            name: b"a\x00/b".to_vec(),
+        };
+        assert_eq!(BackPointer::decode(&bp.encode()), Ok(bp));
+        assert!(BackPointer::decode(&[1; 8]).is_err());
+        assert!(BackPointer::decode(&[1; 7]).is_err());
+        assert!(BackPointer::decode(&[1; 8 + 256]).is_err());
     }
 
     #[test]

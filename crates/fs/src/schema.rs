@@ -159,6 +159,22 @@ pub const SCRATCH_KEYS: [[&[u8]; 2]; 2] = [
     [b"\x02swap\x00fb", b"\x02swap\x00db"],
 ];
 
+const BACK_POINTER_PREFIX: &[u8] = b"\x02bp\x00";
+
+/// Where an inode named by a path (a directory, or a file with one name)
+/// is found from its number: the back pointer naming its parent and name
+/// (see [`crate::record::BackPointer`]). File handles need it: the kernel
+/// may ask for an inode by number alone, after a remount.
+pub fn back_pointer_key(ino: u64) -> Vec<u8> {
+    [BACK_POINTER_PREFIX, &ino.to_be_bytes()].concat()
+}
+
+/// The inode number of a back-pointer key.
+pub fn back_pointer_ino(key: &[u8]) -> Option<u64> {
+    let rest = key.strip_prefix(BACK_POINTER_PREFIX)?;
+    Some(u64::from_be_bytes(rest.try_into().ok()?))
+}
+
 /// The file key of a file kept by inode number.
 pub fn inode_key(ino: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(10);

@@ -329,6 +329,36 @@ fn fsck_is_clean_after_every_kind_of_change_and_finds_damage() {
     assert_eq!(report.fixable(), 1);
 }
 
+/// File handles: an inode is found by its number alone after a remount
+/// (the table empty), through back pointers that follow renames; a
+/// removed one is stale.
+#[test]
+fn inodes_are_found_by_number_after_renames_and_remounts() {
+    let (dev, fs) = fresh();
+    let d = fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
+    let e = fs.mkdir(d, b"e", 0o755, ME).unwrap().ino;
+    let f = write_file(&fs, e, b"f", b"by number");
+    let linked = write_file(&fs, ROOT_INO, b"one", b"linked");
+    fs.link(linked, d, b"two").unwrap();
+    fs.rename(ROOT_INO, b"d", ROOT_INO, b"d2", RenameFlags::default())
+        .unwrap();
+    fs.rename(e, b"f", d, b"g", RenameFlags::default()).unwrap();
+    let fs = remount(&dev, fs);
+    assert_eq!(fs.lookup_by_number(f).unwrap().ino, f);
+    assert_eq!(fs.read_to_vec(f, 0, 100).unwrap(), b"by number");
+    assert_eq!(fs.lookup_by_number(linked).unwrap().ino, linked);
+    assert_eq!(fs.lookup_by_number(e).unwrap().ino, e);
+    assert_eq!(fs.lookup_parent(e).unwrap().ino, d);
+    assert_eq!(fs.lookup_parent(d).unwrap().ino, ROOT_INO);
+    assert_eq!(fs.lookup_parent(f), Err(Errno::ENOTDIR));
+    assert_eq!(fs.lookup_by_number(123_456), Err(Errno::ESTALE));
+    fs.unlink(d, b"g").unwrap();
+    let fs = remount(&dev, fs);
+    assert_eq!(fs.lookup_by_number(f), Err(Errno::ESTALE));
+    let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
+
 /// Every repairable kind of damage at once: repair passes leave a clean
 /// image, and what the damage did not touch is kept (entries of a lost
 /// directory come back under a recreated one).
@@ -340,7 +370,7 @@ fn fsck_repairs_what_it_can() {
     let d = fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
     let sub = fs.mkdir(d, b"sub", 0o755, ME).unwrap().ino;
     write_file(&fs, sub, b"kept", b"still here");
-    write_file(&fs, ROOT_INO, b"f", b"f");
+    let f = write_file(&fs, ROOT_INO, b"f", b"f");
     let fs = remount(&dev, fs);
     let d_key = schema::entry_key(b"", b"d");
     let mut damage = WriteBatch::new();
@@ -365,13 +395,29 @@ fn fsck_repairs_what_it_can() {
             .encode(),
         )
         .put(KeySpace::Meta, schema::COUNTS_KEY, &77u64.to_le_bytes())
+        // Back pointers: one missing, one wrong, one of no inode.
+        .delete(KeySpace::Meta, &schema::back_pointer_key(f))
+        .put(
+            KeySpace::Meta,
+            &schema::back_pointer_key(sub),
+            &betreefs_fs::record::BackPointer {
+                parent: 5,
+                name: b"elsewhere".to_vec(),
+            }
+            .encode(),
+        )
+        .put(
+            KeySpace::Meta,
+            &schema::back_pointer_key(777_777),
+            b"\x01\0\0\0\0\0\0\0x",
+        )
         .delete(KeySpace::Meta, schema::INFO_KEY);
     fs.store().write(&damage).unwrap();
     // Without its identity record the image does not mount: check the store.
     fs.close().unwrap();
     let store = Store::open_on(Arc::new(dev.clone()), options()).unwrap();
     let mut report = betreefs_fs::fsck::check(&store, |_| {}).unwrap();
-    assert!(report.problems.len() >= 7, "{:?}", report.problems);
+    assert!(report.problems.len() >= 10, "{:?}", report.problems);
     assert_eq!(
         report.fixable(),
         report.problems.len(),

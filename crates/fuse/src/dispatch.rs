@@ -104,10 +104,9 @@ fn wanted_flags(config: &MountConfig) -> u64 {
         | init::HANDLE_KILLPRIV_V2
         | init::POSIX_ACL
         | init::DONT_MASK
-        // Inode numbers cannot be looked up without their path yet: refuse
-        // file handles (name_to_handle_at) instead of giving out handles
-        // that go stale when the inode leaves the kernel's cache.
-        | init::NO_EXPORT_SUPPORT;
+        // File handles (name_to_handle_at, NFS export): LOOKUP of "." and
+        // ".." by inode number.
+        | init::EXPORT_SUPPORT;
     if config.writeback_cache {
         flags |= init::WRITEBACK_CACHE;
     }
@@ -307,6 +306,10 @@ impl<F: Operations> Dispatcher<F> {
         let caller = Caller::new(h.uid, h.gid);
         let mut w = Writer::default();
         match *op {
+            // A file handle being decoded: the inode by number, and the
+            // parents of a directory up to the root.
+            Op::Lookup { name: b"." } => entry(&mut w, &fs.lookup_by_number(ino)?),
+            Op::Lookup { name: b".." } => entry(&mut w, &fs.lookup_parent(ino)?),
             Op::Lookup { name } => {
                 crate::guard::injected_panic(name);
                 match fs.lookup(ino, name) {

@@ -299,6 +299,14 @@ impl Operations for FileSystem {
         self.lookup_entry(parent, name)
     }
 
+    fn lookup_by_number(&self, ino: Ino) -> FsResult<Attr> {
+        FileSystem::lookup_by_number(self, ino)
+    }
+
+    fn lookup_parent(&self, ino: Ino) -> FsResult<Attr> {
+        FileSystem::lookup_parent(self, ino)
+    }
+
     fn forget(&self, ino: Ino, count: u64) {
         let mut st = self.lock();
         if let Some(node) = st.nodes.get_mut(&ino) {

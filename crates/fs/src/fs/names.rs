@@ -4,13 +4,14 @@
 use betreefs_engine::{KeySpace, WriteBatch};
 
 use super::state::{Home, State};
-use super::{decode, name_check, Caller, FileSystem, Ino, RenameFlags, ENTRY_KEY_MAX};
+use super::{decode, name_check, Caller, FileSystem, Ino, RenameFlags, ENTRY_KEY_MAX, ROOT_INO};
 use crate::acl;
 use crate::error::{Errno, FsResult};
 use crate::plan::{
-    count_update, dir_record_key, inode_record, move_file_data, move_subtree, purge_file,
+    count_update, delete_back_pointer, dir_record_key, inode_record, move_file_data, move_subtree,
+    purge_file, put_back_pointer,
 };
-use crate::record::{Attr, Record, Timespec, S_IFDIR, S_IFMT, S_IFREG};
+use crate::record::{Attr, BackPointer, Record, Timespec, S_IFDIR, S_IFMT, S_IFREG};
 use crate::schema;
 
 /// What an entry key resolved to.
@@ -137,6 +138,7 @@ impl FileSystem {
             ..attr
         };
         batch.put(KeySpace::Meta, &key, &inode_record(&attr, target));
+        put_back_pointer(&mut batch, attr.ino, parent, name);
         st.touch_dir(parent, now, if is_dir { 1 } else { 0 })?;
         st.put_record_at(&mut batch, &parent_key, parent)?;
         count_update(&mut batch, 1);
@@ -272,6 +274,7 @@ impl FileSystem {
             let (lo, hi) = schema::file_range(&found.key);
             batch.range_delete(KeySpace::Data, &lo, &hi);
             count_update(batch, -1);
+            delete_back_pointer(batch, ino);
             st.mark_unlinked(ino, Home::Gone, now);
             return Ok(());
         }
@@ -279,6 +282,7 @@ impl FileSystem {
         let inode_key = schema::inode_key(ino);
         match &found.record {
             Record::Inode { attr, target } => {
+                delete_back_pointer(batch, ino);
                 if open {
                     // Keep the data readable until the last close.
                     move_file_data(batch, &found.key, &inode_key);
@@ -398,6 +402,93 @@ impl FileSystem {
         self.attr_for_kernel(&mut st, ino)
     }
 
+    /// Finds inode `ino` by number alone (the kernel decoding a file
+    /// handle asks for "." in it): from the table, from the inode key of a
+    /// file kept by number, or by following back pointers up to an inode
+    /// the table has, loading the entries on the way. `ESTALE` when it is
+    /// gone: inode numbers are never reused, so a handle of a removed file
+    /// never finds another one.
+    pub(super) fn lookup_by_number(&self, ino: Ino) -> FsResult<Attr> {
+        let mut st = self.lock();
+        self.load_by_number(&mut st, ino)?;
+        st.node_mut(ino)?.lookups += 1;
+        self.attr_for_kernel(&mut st, ino)
+    }
+
+    /// The parent of directory `ino` (the kernel reconnecting a directory
+    /// found by handle asks for ".." in it).
+    pub(super) fn lookup_parent(&self, ino: Ino) -> FsResult<Attr> {
+        let mut st = self.lock();
+        let node = st.node(ino)?;
+        if !node.attr.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        let parent = if ino == ROOT_INO {
+            ROOT_INO
+        } else {
+            node.parent
+        };
+        st.node_mut(parent)?.lookups += 1;
+        self.attr_for_kernel(&mut st, parent)
+    }
+
+    fn load_by_number(&self, st: &mut State, ino: Ino) -> FsResult<()> {
+        if let Some(n) = st.nodes.get(&ino) {
+            return match n.home {
+                Home::Gone => Err(Errno::ESTALE),
+                _ => Ok(()),
+            };
+        }
+        if let Some(v) = self.store.get(KeySpace::Meta, &schema::inode_key(ino))? {
+            let Record::Inode { attr, target } = decode(&v)? else {
+                return Err(Errno::EIO);
+            };
+            // No name left and not open here: it is being freed.
+            if attr.nlink == 0 {
+                return Err(Errno::ESTALE);
+            }
+            st.add_unreferenced(ROOT_INO, &[], attr, target, Home::Inode);
+            return Ok(());
+        }
+        // Named by a path: back pointers up to a directory in the table.
+        let mut chain = Vec::new();
+        let mut cur = ino;
+        while !st.nodes.contains_key(&cur) {
+            if chain.len() > schema::PATH_MAX {
+                tracing::error!("back pointers of inode {ino} loop");
+                return Err(Errno::EIO);
+            }
+            let key = schema::back_pointer_key(cur);
+            let Some(v) = self.store.get(KeySpace::Meta, &key)? else {
+                return Err(Errno::ESTALE);
+            };
+            let bp = BackPointer::decode(&v).map_err(|e| {
+                tracing::error!("inode {cur}: {}", e.0);
+                Errno::EIO
+            })?;
+            chain.push((cur, bp));
+            cur = chain.last().map_or(ROOT_INO, |(_, bp)| bp.parent);
+        }
+        let mut loaded = Vec::new();
+        let result = (|| {
+            for (here, bp) in chain.iter().rev() {
+                let found = self.find(st, bp.parent, &bp.name)?;
+                let found = found.filter(|f| f.ino() == *here).ok_or(Errno::ESTALE)?;
+                let (attr, target, home) = self.resolve(st, found.record)?;
+                st.add_unreferenced(bp.parent, &bp.name, attr, target, home);
+                loaded.push(*here);
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            // Ancestors loaded for nothing leave the table again.
+            for here in loaded.into_iter().rev() {
+                st.drop_if_unused(here);
+            }
+        }
+        result
+    }
+
     pub(super) fn link_entry(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> FsResult<Attr> {
         let mut st = self.lock();
         let node = st.node(ino)?;
@@ -433,6 +524,7 @@ impl FileSystem {
             // First extra name: the file moves under its inode number.
             let old_key = st.file_key(ino)?;
             move_file_data(&mut batch, &old_key, &inode_key);
+            delete_back_pointer(&mut batch, ino);
             let mode = st.node(ino)?.attr.mode;
             batch.put(
                 KeySpace::Meta,
@@ -590,6 +682,11 @@ impl FileSystem {
             stage_move(&mut batch, d, &dst_sub, b);
             finish_move(&mut batch, &src, a, &dst_key, &dst_sub, &src_record);
             finish_move(&mut batch, d, b, &src.key, &src_sub, &dst_record);
+            for (f, to_parent, to_name) in [(&src, new_parent, new_name), (d, parent, name)] {
+                if matches!(f.record, Record::Inode { .. }) {
+                    put_back_pointer(&mut batch, f.ino(), to_parent, to_name);
+                }
+            }
             if parent != new_parent && src.is_dir() != d.is_dir() {
                 let delta = if src.is_dir() { 1 } else { -1 };
                 st.touch_dir(parent, now, -delta)?;
@@ -606,6 +703,7 @@ impl FileSystem {
             batch.put(KeySpace::Meta, &dst_key, &src_record.encode());
             if matches!(src.record, Record::Inode { .. }) {
                 move_file_data(&mut batch, &src.key, &dst_key);
+                put_back_pointer(&mut batch, src_ino, new_parent, new_name);
             }
             if src.is_dir() {
                 move_subtree(&mut batch, &src_sub, &dst_sub);
@@ -624,6 +722,7 @@ impl FileSystem {
                     now,
                 )?;
                 batch.put(KeySpace::Meta, &src.key, &inode_record(&whiteout, &[]));
+                put_back_pointer(&mut batch, whiteout.ino, parent, name);
                 count_update(&mut batch, 1);
             }
             let replaced_dir = dst.as_ref().is_some_and(Found::is_dir);

@@ -284,6 +284,24 @@ impl State {
         }
     }
 
+    /// Adds `ino` to the table without a kernel reference (an ancestor
+    /// loaded to find a file by number: its children pin it).
+    pub(super) fn add_unreferenced(
+        &mut self,
+        parent: Ino,
+        name: &[u8],
+        attr: Attr,
+        target: Vec<u8>,
+        home: Home,
+    ) {
+        let ino = attr.ino;
+        let known = self.nodes.contains_key(&ino);
+        self.add_lookup(parent, name, attr, target, home);
+        if let (false, Some(n)) = (known, self.nodes.get_mut(&ino)) {
+            n.lookups = 0;
+        }
+    }
+
     pub(super) fn move_pin(&mut self, from: Ino, to: Ino) {
         if from == to {
             return;

@@ -63,6 +63,12 @@ pub enum Fix {
     RecreateIdentity { highest_ino: u64 },
     /// Remove an inode that no name and no orphan marker refers to.
     PurgeInode(u64),
+    /// Write the back pointer of an inode named by a path.
+    SetBackPointer {
+        ino: u64,
+        parent: u64,
+        name: Vec<u8>,
+    },
 }
 
 impl Report {

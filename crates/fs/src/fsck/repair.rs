@@ -4,7 +4,7 @@ use betreefs_engine::{KeySpace, Store, WriteBatch};
 
 use super::{Fix, Report};
 use crate::fs::{INO_BATCH, ROOT_INO};
-use crate::plan::{count_update, inode_record, purge_file};
+use crate::plan::{count_update, inode_record, purge_file, put_back_pointer};
 use crate::record::{Attr, FsInfo, Record, Timespec, S_IFDIR};
 use crate::schema;
 
@@ -85,6 +85,9 @@ fn plan_fix(store: &Store, fix: &Fix, batch: &mut WriteBatch) -> Result<(), Stri
         Fix::PurgeInode(ino) => {
             purge_file(batch, &schema::inode_key(*ino));
             count_update(batch, -1);
+        }
+        Fix::SetBackPointer { ino, parent, name } => {
+            put_back_pointer(batch, *ino, *parent, name);
         }
     }
     Ok(())

@@ -8,7 +8,8 @@
 //! 2 + subdirectories; inode numbers are unique; the inode count record
 //! matches; every data key belongs to a regular file and lies below its
 //! size; every xattr key belongs to an existing file; orphan markers name
-//! inode records.
+//! inode records; every inode named by a path has the back pointer to its
+//! entry, and no other back pointer exists.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -17,7 +18,7 @@ use betreefs_engine::{KeySpace, Store};
 use super::{Fix, Report};
 use crate::fs::{BLOCK_SIZE, ROOT_INO};
 use crate::plan::dir_record_key;
-use crate::record::{FsInfo, Record};
+use crate::record::{BackPointer, FsInfo, Record};
 use crate::schema::{self, DataKey};
 
 struct FileInfo {
@@ -27,6 +28,7 @@ struct FileInfo {
 
 /// A directory seen: its record's key, subdirectories found, link count.
 struct DirInfo {
+    ino: u64,
     record_key: Vec<u8>,
     subdirs: u32,
     nlink: u32,
@@ -58,6 +60,9 @@ struct Scan {
     /// many entries were seen in them.
     missing_dirs: HashMap<Vec<u8>, u64>,
     orphans: Vec<u64>,
+    /// The back pointer each inode named by a path should have.
+    expected_back_pointers: HashMap<u64, BackPointer>,
+    back_pointers: HashMap<u64, BackPointer>,
     counted_inodes: u64,
     highest_ino: u64,
 }
@@ -106,6 +111,7 @@ impl Scan {
                     self.dirs.insert(
                         Vec::new(),
                         DirInfo {
+                            ino: ROOT_INO,
                             record_key: schema::ROOT_KEY.to_vec(),
                             subdirs: 0,
                             nlink: attr.nlink,
@@ -171,6 +177,13 @@ impl Scan {
         };
         self.report.entries += 1;
         let is_dir = record.mode() & libc::S_IFMT == libc::S_IFDIR;
+        if let (Some(parent), Record::Inode { attr, .. }) = (self.dirs.get(dir), &record) {
+            let bp = BackPointer {
+                parent: parent.ino,
+                name: name.clone(),
+            };
+            self.expected_back_pointers.insert(attr.ino, bp);
+        }
         match self.dirs.get_mut(dir) {
             Some(parent) => parent.subdirs += u32::from(is_dir),
             None => {
@@ -186,6 +199,7 @@ impl Scan {
                     self.dirs.insert(
                         schema::child_dir_key(dir, &name),
                         DirInfo {
+                            ino: attr.ino,
                             record_key: key.clone(),
                             subdirs: 0,
                             nlink: attr.nlink,
@@ -310,6 +324,7 @@ impl Scan {
                 );
             }
         }
+        self.check_back_pointers();
         if recorded_count != Some(self.counted_inodes) {
             self.report.problem(
                 format!(
@@ -317,6 +332,52 @@ impl Scan {
                     self.counted_inodes
                 ),
                 Some(Fix::SetInodeCount(self.counted_inodes)),
+            );
+        }
+    }
+
+    /// Every inode named by a path has a back pointer naming that entry,
+    /// and no other inode has one.
+    fn check_back_pointers(&mut self) {
+        let mut expected: Vec<_> = std::mem::take(&mut self.expected_back_pointers)
+            .into_iter()
+            .collect();
+        expected.sort_by_key(|(ino, _)| *ino);
+        let mut found = std::mem::take(&mut self.back_pointers);
+        for (ino, bp) in expected {
+            let what = match found.remove(&ino) {
+                Some(have) if have == bp => continue,
+                Some(have) => format!(
+                    "back pointer of inode {ino} names {} in {}, not {} in {}",
+                    show(&have.name),
+                    have.parent,
+                    show(&bp.name),
+                    bp.parent
+                ),
+                None => format!(
+                    "inode {ino} ({} in {}) has no back pointer",
+                    show(&bp.name),
+                    bp.parent
+                ),
+            };
+            self.report.problem(
+                what,
+                Some(Fix::SetBackPointer {
+                    ino,
+                    parent: bp.parent,
+                    name: bp.name,
+                }),
+            );
+        }
+        let mut stale: Vec<u64> = found.into_keys().collect();
+        stale.sort_unstable();
+        for ino in stale {
+            self.report.problem(
+                format!("back pointer of inode {ino}, which no entry names"),
+                Some(Fix::DeleteKey(
+                    KeySpace::Meta,
+                    schema::back_pointer_key(ino),
+                )),
             );
         }
     }
@@ -397,6 +458,18 @@ pub fn check(store: &Store, mut progress: impl FnMut(u64)) -> Result<Report, Str
         }
         if let Some(ino) = schema::orphan_ino(&key) {
             scan.orphans.push(ino);
+            continue;
+        }
+        if let Some(ino) = schema::back_pointer_ino(&key) {
+            match BackPointer::decode(&value) {
+                Ok(bp) => {
+                    scan.back_pointers.insert(ino, bp);
+                }
+                Err(e) => scan.report.problem(
+                    format!("back pointer of inode {ino}: {}", e.0),
+                    Some(Fix::DeleteKey(KeySpace::Meta, key.clone())),
+                ),
+            }
             continue;
         }
         let record = match Record::decode(&value) {
