@@ -56,6 +56,54 @@ pub fn sequential_read(path: &Path) -> Result<(Duration, u64)> {
     Ok((start.elapsed(), total))
 }
 
+/// Times 4 KiB writes, each followed by an fsync, into `probe` (a 1 MiB
+/// file, written round-robin) for as long as `alongside` runs in this
+/// thread; returns every write + fsync's time. The latency an
+/// fsync-heavy application sees while the file system is busy (issue 11:
+/// checkpoints and flush cascades must not stall it).
+pub fn fsync_latency_during(
+    probe: &Path,
+    alongside: impl FnOnce() -> Result<()>,
+) -> Result<Vec<Duration>> {
+    const PROBE_BYTES: u64 = 1 << 20;
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(probe)
+        .with_context(|| format!("creating {}", probe.display()))?;
+    f.write_all_at(&random_bytes(PROBE_BYTES as usize, 5), 0)?;
+    f.sync_all()?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let payload = random_bytes(BLOCK as usize, 6);
+    let (times, result) = std::thread::scope(|s| {
+        let writer = s.spawn(|| -> Result<Vec<Duration>> {
+            let mut times = Vec::new();
+            let mut offset = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let start = Instant::now();
+                f.write_all_at(&payload, offset)
+                    .and_then(|()| f.sync_all())
+                    .with_context(|| format!("write + fsync of {}", probe.display()))?;
+                times.push(start.elapsed());
+                offset = (offset + BLOCK) % PROBE_BYTES;
+            }
+            Ok(times)
+        });
+        let result = alongside();
+        stop.store(true, Ordering::Relaxed);
+        let times = writer
+            .join()
+            .map_err(|_| anyhow::anyhow!("the fsync writer panicked"));
+        (times, result)
+    });
+    result?;
+    let times = times??;
+    anyhow::ensure!(!times.is_empty(), "no write + fsync finished");
+    Ok(times)
+}
+
 /// `count` writes of `size` bytes at random block-aligned offsets of an
 /// existing file, then one fsync.
 pub fn random_writes(path: &Path, count: usize, size: usize, seed: u64) -> Result<Duration> {

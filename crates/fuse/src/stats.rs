@@ -2,7 +2,10 @@
 //! sent, and the time the daemon spent answering them (from the request's
 //! arrival in the daemon to its reply). `betreefs stats` and the nullfuse
 //! control socket report them; `betreefs-bench` turns their differences
-//! into requests per operation for each workload.
+//! into requests per operation for each workload. A latency histogram of
+//! every request (the same arrival-to-reply time) gives the longest
+//! request and the p50/p99/p99.9: what a request waited on the engine,
+//! flushes and checkpoints included.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -17,8 +20,109 @@ struct OpcodeCounter {
     nanos: AtomicU64,
 }
 
+/// Request times in buckets: 8 linear sub-buckets per power of two of
+/// nanoseconds (at most 12.5% wide), so percentiles are read to within a
+/// bucket without keeping every sample.
+pub struct LatencyHistogram {
+    buckets: Vec<AtomicU64>,
+    max_nanos: AtomicU64,
+    /// The opcode of the longest request.
+    max_opcode: AtomicU64,
+}
+
+const SUB_BUCKETS: u64 = 8;
+const SUB_BITS: u32 = 3;
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        LatencyHistogram {
+            buckets: (0..64 * SUB_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            max_nanos: AtomicU64::new(0),
+            max_opcode: AtomicU64::new(0),
+        }
+    }
+}
+
+impl LatencyHistogram {
+    /// The bucket of `nanos`: values below 8 have their own; above, the
+    /// power of two and the next three bits.
+    fn bucket(nanos: u64) -> usize {
+        if nanos < SUB_BUCKETS {
+            return nanos as usize;
+        }
+        let octave = 63 - nanos.leading_zeros();
+        let sub = (nanos >> (octave - SUB_BITS)) & (SUB_BUCKETS - 1);
+        ((octave - SUB_BITS + 1) as u64 * SUB_BUCKETS + sub) as usize
+    }
+
+    /// The largest value bucket `i` holds.
+    fn upper(i: usize) -> u64 {
+        let i = i as u64;
+        if i < SUB_BUCKETS {
+            return i;
+        }
+        let octave = i / SUB_BUCKETS + u64::from(SUB_BITS) - 1;
+        let sub = i % SUB_BUCKETS;
+        let shift = octave - u64::from(SUB_BITS);
+        ((SUB_BUCKETS + sub) << shift) + ((1u64 << shift) - 1)
+    }
+
+    pub fn record(&self, op: u32, nanos: u64) {
+        if let Some(b) = self.buckets.get(Self::bucket(nanos)) {
+            b.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.max_nanos.fetch_max(nanos, Ordering::Relaxed) < nanos {
+            self.max_opcode.store(u64::from(op), Ordering::Relaxed);
+        }
+    }
+
+    /// The time at or under which a fraction `q` of requests finished
+    /// (the upper end of its bucket, never above the maximum); 0 when
+    /// nothing was recorded.
+    pub fn quantile(&self, q: f64) -> u64 {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return 0;
+        }
+        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        for (i, c) in counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Self::upper(i).min(self.max_nanos());
+            }
+        }
+        self.max_nanos()
+    }
+
+    pub fn max_nanos(&self) -> u64 {
+        self.max_nanos.load(Ordering::Relaxed)
+    }
+
+    /// `{"max_nanos": .., "max_opcode": "..", "p50_nanos": .., "p99_nanos":
+    /// .., "p999_nanos": ..}`.
+    pub fn to_json(&self) -> String {
+        let op = self.max_opcode.load(Ordering::Relaxed) as u32;
+        format!(
+            "{{\"max_nanos\":{},\"max_opcode\":\"{}\",\"p50_nanos\":{},\"p99_nanos\":{},\"p999_nanos\":{}}}",
+            self.max_nanos(),
+            if self.max_nanos() == 0 { "" } else { opcode::name(op) },
+            self.quantile(0.5),
+            self.quantile(0.99),
+            self.quantile(0.999)
+        )
+    }
+}
+
 /// The counters of one mount, shared by its request threads.
 pub struct RequestStats {
+    /// Every request's time, whatever its opcode.
+    latency: LatencyHistogram,
     /// Indexed by opcode; the last slot takes opcodes past the known ones.
     per_opcode: Vec<OpcodeCounter>,
     /// Requests that came through each transport.
@@ -37,6 +141,7 @@ impl Default for RequestStats {
             via_device: AtomicU64::new(0),
             via_uring: AtomicU64::new(0),
             transport: OnceLock::new(),
+            latency: LatencyHistogram::default(),
         }
     }
 }
@@ -68,11 +173,17 @@ impl RequestStats {
             Via::Uring => &self.via_uring,
         }
         .fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         if let Some(c) = self.counter(op) {
-            let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
             c.count.fetch_add(1, Ordering::Relaxed);
             c.nanos.fetch_add(nanos, Ordering::Relaxed);
         }
+        self.latency.record(op, nanos);
+    }
+
+    /// Every request's time.
+    pub fn latency(&self) -> &LatencyHistogram {
+        &self.latency
     }
 
     /// The opcodes seen so far, by name.
@@ -106,8 +217,9 @@ impl RequestStats {
         )
     }
 
-    /// `{"lookup": {"count": n, "nanos": t}, ...}`, plus `"total"`, and
-    /// the transport: `"transport": {"name": ..., "devfuse": n, "uring": n}`.
+    /// `{"lookup": {"count": n, "nanos": t}, ...}`, plus `"total"`, the
+    /// transport: `"transport": {"name": ..., "devfuse": n, "uring": n}`,
+    /// and `"latency"` ([`LatencyHistogram::to_json`]).
     pub fn to_json(&self) -> String {
         let snapshot = self.snapshot();
         let total = snapshot
@@ -129,8 +241,9 @@ impl RequestStats {
         let (device, uring) = self.by_transport();
         let name = self.transport.get().map(String::as_str).unwrap_or("");
         out.push_str(&format!(
-            ",\"transport\":{{\"name\":\"{name}\",\"devfuse\":{device},\"uring\":{uring}}}}}"
+            ",\"transport\":{{\"name\":\"{name}\",\"devfuse\":{device},\"uring\":{uring}}}"
         ));
+        out.push_str(&format!(",\"latency\":{}}}", self.latency.to_json()));
         out
     }
 }
@@ -156,5 +269,45 @@ mod tests {
         let json = stats.to_json();
         assert!(json.contains("\"lookup\":{\"count\":2,"), "{json}");
         assert!(json.contains("\"total\":{\"count\":4,"), "{json}");
+        assert!(json.contains("\"latency\":{\"max_nanos\":"), "{json}");
+    }
+
+    #[test]
+    fn latency_quantiles_fall_within_a_bucket() {
+        let h = LatencyHistogram::default();
+        assert_eq!(h.quantile(0.99), 0);
+        for n in 1..=1000u64 {
+            h.record(opcode::GETATTR, n * 1000);
+        }
+        h.record(opcode::WRITE, 375_000_000);
+        assert_eq!(h.max_nanos(), 375_000_000);
+        let within = |got: u64, want: u64| {
+            assert!(got >= want && got <= want + want / 8 + 1, "{got} vs {want}");
+        };
+        within(h.quantile(0.5), 501_000);
+        within(h.quantile(0.99), 991_000);
+        assert_eq!(h.quantile(1.0), 375_000_000);
+        assert!(h.to_json().contains("\"max_opcode\":\"write\""));
+        // Buckets cover every value, in order.
+        let mut last = 0;
+        for v in [
+            0u64,
+            1,
+            7,
+            8,
+            9,
+            15,
+            16,
+            17,
+            1 << 20,
+            (1 << 20) + 1,
+            u64::MAX / 2,
+            u64::MAX,
+        ] {
+            let b = LatencyHistogram::bucket(v);
+            assert!(b >= last && b < 64 * SUB_BUCKETS as usize, "{v}: {b}");
+            assert!(LatencyHistogram::upper(b) >= v, "{v}");
+            last = b;
+        }
     }
 }

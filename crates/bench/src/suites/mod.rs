@@ -49,7 +49,7 @@ impl Suite {
     pub fn phases(self) -> u64 {
         match self {
             Suite::Micro => 7,
-            Suite::Source => 6,
+            Suite::Source => 7,
             Suite::App => 8,
             Suite::Ioamp => 8,
         }

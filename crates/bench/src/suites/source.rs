@@ -1,12 +1,14 @@
 //! The source-tree suite (BetrFS 0.2 Table 1, 0.4 Tables 1 and 3, 0.6
 //! Table 1): untar, then cold-cache find, grep and tar, then mv of the
-//! tree root and rm -rf, each ending durable.
+//! tree root and rm -rf, each ending durable; and the latency of 4 KiB
+//! write + fsync while a second untar runs.
 
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result};
 
 use super::{run_tool, timed, Recorder};
+use crate::report::Better;
 use crate::workloads;
 
 pub fn run(r: &mut Recorder) -> Result<()> {
@@ -20,6 +22,33 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     let t = r.timed_durable(|| tree.extract_into(&dir))?;
     r.seconds("untar + sync", t);
     r.record_requests("untar + sync", "entry", counts.entries, before)?;
+
+    // An fsync-heavy application beside a second untar: the p99 and the
+    // longest of its 4 KiB write + fsync (issue 11's stall target).
+    r.phase("write + fsync during untar")?;
+    let side = dir.join("beside");
+    std::fs::create_dir(&side)?;
+    let probe = dir.join("fsync-probe");
+    let times = workloads::fsync_latency_during(&probe, || tree.extract_into(&side))?;
+    let mut ms: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1e3).collect();
+    ms.sort_by(f64::total_cmp);
+    let p99 = ms[((ms.len() as f64 * 0.99).ceil() as usize).clamp(1, ms.len()) - 1];
+    let max = ms[ms.len() - 1];
+    r.record(
+        "4 KiB write + fsync during untar: p99",
+        "ms",
+        Better::Lower,
+        p99,
+    );
+    r.record(
+        "4 KiB write + fsync during untar: max",
+        "ms",
+        Better::Lower,
+        max,
+    );
+    std::fs::remove_dir_all(&side)?;
+    std::fs::remove_file(&probe)?;
+    r.target.sync()?;
 
     r.target.cold()?;
     r.phase("find")?;
