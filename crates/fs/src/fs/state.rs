@@ -295,9 +295,11 @@ impl State {
         home: Home,
     ) {
         let ino = attr.ino;
-        let known = self.nodes.contains_key(&ino);
+        if self.nodes.contains_key(&ino) {
+            return;
+        }
         self.add_lookup(parent, name, attr, target, home);
-        if let (false, Some(n)) = (known, self.nodes.get_mut(&ino)) {
+        if let Some(n) = self.nodes.get_mut(&ino) {
             n.lookups = 0;
         }
     }
