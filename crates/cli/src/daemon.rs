@@ -531,12 +531,14 @@ fn start(
                 Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
             },
             "read-only" | "read-write" => {
-                match fs.store().set_writes_refused(request == "read-only") {
+                let refuse = request == "read-only";
+                match fs.store().set_writes_refused(refuse) {
                     Ok(()) => serde_json::json!({ "mode": request }).to_string(),
-                    Err(e) => serde_json::json!({
+                    Err(e) if !refuse && fs.store().is_read_only() => serde_json::json!({
                         "error": format!("{e} (mounted with -o ro: unmount and mount again to write)")
                     })
                     .to_string(),
+                    Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
                 }
             }
             other => {
