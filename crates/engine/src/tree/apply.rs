@@ -1,0 +1,158 @@
+//! Applying a logged batch: each message goes into the root's buffers
+//! (range renames are carried out here), then the roots settle.
+
+#![allow(clippy::indexing_slicing)] // see tree/mod.rs
+
+use super::*;
+
+impl Tree {
+    /// Applies one batch (already logged) with sequence number `seq`.
+    pub fn apply_batch(&mut self, seq: u64, batch: &WriteBatch) -> EngineResult<()> {
+        let mut touched = [false; KEY_SPACES];
+        for (ks, msg) in batch.messages() {
+            match msg {
+                Message::RangeRename(r) => self.apply_range_rename(*ks, seq, r)?,
+                _ => self.apply_message(*ks, seq, msg)?,
+            }
+            touched[ks.index()] = true;
+            if msg.is_removal() {
+                self.removals_since_reclaim += 1;
+            }
+        }
+        for ks in KeySpace::ALL {
+            if touched[ks.index()] {
+                self.settle_root(ks)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A range rename by copying (BetrFS 0.4 §5 before tree surgery): clear
+    /// the destination, put a copy of every source pair there, one leaf at
+    /// a time with the tree settled in between (so a large subtree never
+    /// piles up in the root), then range-delete the source. Every message
+    /// carries the rename's sequence number; they are applied in this order
+    /// exactly as if the batch had listed them, and log replay repeats it
+    /// on the same state, so the result is the same.
+    pub(super) fn apply_range_rename(
+        &mut self,
+        ks: KeySpace,
+        seq: u64,
+        r: &RangeRename,
+    ) -> EngineResult<()> {
+        let (start, end) = r.destination_range();
+        self.apply_message(ks, seq, &Message::RangeDelete { start, end })?;
+        let mut next: Option<Vec<u8>> = Some(r.start.clone());
+        while let Some(from) = next {
+            let (items, after) = self.scan_leaf(ks, &from, Some(&r.end))?;
+            for (key, value) in items {
+                let key = r.destination(&key);
+                self.apply_message(ks, seq, &Message::Put { key, value })?;
+            }
+            self.settle_root(ks)?;
+            match self.evict_if_needed() {
+                Err(e) if !e.is_no_space() => return Err(e),
+                _ => {}
+            }
+            next = after;
+        }
+        let (start, end) = (r.start.clone(), r.end.clone());
+        self.apply_message(ks, seq, &Message::RangeDelete { start, end })?;
+        self.removals_since_reclaim += 1;
+        Ok(())
+    }
+
+    /// The root, loaded, with a buffer put above it if it is a leaf.
+    /// Applied to a leaf, every message would rebuild a packed basement (a
+    /// copy of up to `basement_size` bytes); a buffer takes it in O(log n)
+    /// and flushes in batches, as everywhere else in the tree. Small trees
+    /// (a fresh file system's metadata) are exactly where single messages
+    /// arrive one at a time. `settle_root` keeps a root over a single leaf.
+    pub(super) fn interior_root(&mut self, ks: KeySpace) -> EngineResult<u64> {
+        let root = self.roots[ks.index()];
+        self.load(ks, root, &Bounds::full(), Want::Whole, None)?;
+        if self.node(root).height() == 0 {
+            let int = Interior {
+                height: 1,
+                pivots: Vec::new(),
+                children: vec![root],
+                buffers: vec![MessageBuffer::default()],
+            };
+            self.roots[ks.index()] = self.new_node(ks, NodeBody::Interior(int), Bounds::full());
+        }
+        Ok(self.roots[ks.index()])
+    }
+
+    pub(super) fn apply_message(
+        &mut self,
+        ks: KeySpace,
+        seq: u64,
+        msg: &Message,
+    ) -> EngineResult<()> {
+        let root = self.interior_root(ks)?;
+        let mut node = self.take(root);
+        let NodeBody::Interior(int) = &mut node.body else {
+            unreachable!("interior_root returns an interior node")
+        };
+        let eaten = match (msg, point_msg(seq, msg)) {
+            (Message::RangeDelete { start, end }, _) => {
+                int.insert_range_delete(start, end, seq, &Bounds::full())
+            }
+            (_, Some((key, m))) => int.insert_point(key, m, &self.merges),
+            (_, None) => 0,
+        };
+        add(&self.stats.messages_obviated, eaten as u64);
+        node.dirty = true;
+        self.put(root, node);
+        add(&self.stats.messages_inserted, 1);
+        Ok(())
+    }
+
+    /// Flushes, splits and collapses at the root until it is within bounds.
+    pub(super) fn settle_root(&mut self, ks: KeySpace) -> EngineResult<()> {
+        let root = self.roots[ks.index()];
+        let splits = self.settle(ks, root, &Bounds::full())?;
+        if !splits.is_empty() {
+            let height = self.node(root).height() + 1;
+            let mut int = Interior {
+                height,
+                pivots: Vec::new(),
+                children: vec![root],
+                buffers: vec![MessageBuffer::default()],
+            };
+            for (pivot, num) in splits {
+                int.pivots.push(pivot);
+                int.children.push(num);
+                int.buffers.push(MessageBuffer::default());
+            }
+            self.roots[ks.index()] = self.new_node(ks, NodeBody::Interior(int), Bounds::full());
+        }
+        // A root with one interior child is only a detour: empty its buffer
+        // and drop it. Over a single leaf it stays: its buffer is what
+        // batches small writes for that leaf (see `grow_leaf_root`).
+        loop {
+            let root = self.roots[ks.index()];
+            let NodeBody::Interior(int) = &self.node(root).body else {
+                break;
+            };
+            if int.children.len() != 1 || int.height < 2 {
+                break;
+            }
+            if !int.buffers[0].is_empty() {
+                self.flush_child(ks, root, 0, &Bounds::full())?;
+                continue;
+            }
+            let child = int.children[0];
+            self.load(
+                ks,
+                child,
+                &Bounds::full(),
+                Want::Whole,
+                Some(int.height - 1),
+            )?;
+            self.free_node(root);
+            self.roots[ks.index()] = child;
+        }
+        Ok(())
+    }
+}

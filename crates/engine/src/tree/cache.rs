@@ -1,0 +1,78 @@
+//! The node map: taking nodes out while they change and putting them back,
+//! LRU ticks and memory accounting.
+
+#![allow(clippy::indexing_slicing)] // see tree/mod.rs
+
+use super::*;
+
+impl Tree {
+    pub(super) fn take(&mut self, num: u64) -> Node {
+        let node = match self.cache.remove(&num) {
+            Some(node) => node,
+            None => panic!("tree invariant: node {num} must be cached here"),
+        };
+        self.cache_bytes -= node.mem_bytes();
+        self.dirty_bytes -= dirty_estimate(&node);
+        node
+    }
+
+    pub(super) fn put(&mut self, num: u64, mut node: Node) {
+        self.tick += 1;
+        node.last_used = self.tick;
+        self.cache_bytes += node.mem_bytes();
+        self.dirty_bytes += dirty_estimate(&node);
+        let previous = self.cache.insert(num, node);
+        debug_assert!(previous.is_none(), "node {num} cached twice");
+    }
+
+    pub(super) fn new_node(&mut self, ks: KeySpace, body: NodeBody, bounds: Bounds) -> u64 {
+        let num = self.btt.allocate();
+        self.put(
+            num,
+            Node {
+                body,
+                bounds,
+                tree: ks as u8,
+                dirty: true,
+                last_used: 0,
+            },
+        );
+        num
+    }
+
+    pub(super) fn node(&self, num: u64) -> &Node {
+        match self.cache.get(&num) {
+            Some(node) => node,
+            None => panic!("tree invariant: node {num} must be cached here"),
+        }
+    }
+
+    pub(super) fn interior(&self, num: u64) -> &Interior {
+        match &self.node(num).body {
+            NodeBody::Interior(int) => int,
+            NodeBody::Leaf(_) => panic!("tree invariant: node {num} must be interior"),
+        }
+    }
+
+    /// Changes an interior node in place (marking it dirty).
+    pub(super) fn with_interior<R>(&mut self, num: u64, f: impl FnOnce(&mut Interior) -> R) -> R {
+        let mut node = self.take(num);
+        let result = match &mut node.body {
+            NodeBody::Interior(int) => f(int),
+            NodeBody::Leaf(_) => panic!("tree invariant: node {num} must be interior"),
+        };
+        node.dirty = true;
+        self.put(num, node);
+        result
+    }
+
+    /// Drops a node from the cache and the block table, releasing its extent.
+    pub(super) fn free_node(&mut self, num: u64) {
+        if self.cache.contains_key(&num) {
+            drop(self.take(num));
+        }
+        if let Some(extent) = self.btt.release(num) {
+            self.alloc.free(extent);
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Flushing: moving a child's messages from its parent's buffer down to
+//! it, the cascade that follows, and flushes as background work within a
+//! budget.
+
+#![allow(clippy::indexing_slicing)] // see tree/mod.rs
+
+use super::*;
+
+impl Tree {
+    /// Flushes node `num` until its buffers fit, then splits it if it is too
+    /// big. Returns the new right siblings for the parent to adopt.
+    pub(super) fn settle(
+        &mut self,
+        ks: KeySpace,
+        num: u64,
+        bounds: &Bounds,
+    ) -> EngineResult<Splits> {
+        while let NodeBody::Interior(int) = &self.node(num).body {
+            if int.buffer_bytes() <= self.opts.node_size {
+                break;
+            }
+            let heaviest = (0..int.buffers.len())
+                .max_by_key(|&i| int.buffers[i].bytes())
+                .unwrap_or(0);
+            self.flush_child(ks, num, heaviest, bounds)?;
+        }
+        self.split_if_needed(ks, num, bounds)
+    }
+
+    /// Moves the buffer for child `i` of `parent` into the child, settles
+    /// the child, adopts its splits and merges it if it became too small.
+    pub(super) fn flush_child(
+        &mut self,
+        ks: KeySpace,
+        parent: u64,
+        i: usize,
+        parent_bounds: &Bounds,
+    ) -> EngineResult<()> {
+        let int = self.interior(parent);
+        let child_bounds = int.child_bounds(i, parent_bounds);
+        let child_height = int.height - 1;
+        let mut child = int.children[i];
+        if int.buffers[i].covers_whole(&child_bounds.lo, child_bounds.hi.as_deref()) {
+            // A range delete covers the whole child: drop its subtree without
+            // reading a single leaf and start over with an empty one.
+            let doomed = self.collect_subtree(ks, child, &child_bounds, child_height)?;
+            let fresh = self.empty_subtree(ks, child_height, &child_bounds);
+            for num in doomed {
+                self.free_node(num);
+            }
+            self.with_interior(parent, |int| int.children[i] = fresh);
+            add(&self.stats.subtrees_dropped, 1);
+            child = fresh;
+        } else {
+            self.load(ks, child, &child_bounds, Want::Whole, Some(child_height))?;
+        }
+        let batch = self.with_interior(parent, |int| int.buffers[i].take());
+        let count = batch.message_count() as u64;
+        let merges = self.merges.clone();
+        let mut node = self.take(child);
+        let result = match &mut node.body {
+            NodeBody::Leaf(leaf) => {
+                let r = leaf.apply_buffer(batch, &merges);
+                leaf.rebalance_basements(self.opts.basement_size);
+                r.map_err(EngineError::UnknownMergeFunction)
+            }
+            NodeBody::Interior(int) => {
+                let eaten = int.absorb_batch(batch, &child_bounds, &merges);
+                add(&self.stats.messages_obviated, eaten as u64);
+                Ok(())
+            }
+        };
+        node.dirty = true;
+        self.put(child, node);
+        result?;
+        add(&self.stats.flushes, 1);
+        add(&self.stats.messages_flushed, count);
+        let splits = self.settle(ks, child, &child_bounds)?;
+        self.adopt_splits(parent, i, splits);
+        self.maybe_merge(ks, parent, i, parent_bounds)
+    }
+
+    /// Inserts the right siblings a split of child `i` produced. The
+    /// parent's buffer for child `i` is cut at the new pivots so every
+    /// message stays with the child whose range holds its key (after a
+    /// merge-then-resplit that buffer is not empty).
+    pub(super) fn adopt_splits(&mut self, parent: u64, i: usize, splits: Splits) {
+        if splits.is_empty() {
+            return;
+        }
+        self.with_interior(parent, |int| {
+            for (k, (pivot, num)) in splits.into_iter().enumerate() {
+                let right = int.buffers[i + k].split_off(&pivot);
+                int.pivots.insert(i + k, pivot);
+                int.children.insert(i + 1 + k, num);
+                int.buffers.insert(i + 1 + k, right);
+            }
+        });
+    }
+
+    /// Pushes every buffered message down to the leaves (space reclaim:
+    /// pending deletes free nothing until they reach the leaves).
+    pub fn flush_everything(&mut self) -> EngineResult<()> {
+        self.flush_some(usize::MAX).map(|_| ())
+    }
+
+    /// Like [`Tree::flush_everything`], but stops between two children once
+    /// `budget` bytes of nodes are dirty (the tree is consistent there);
+    /// returns whether every buffer was flushed. Reclaiming space on a full
+    /// device goes step by step, checkpointing in between, so that the
+    /// nodes it rewrites always fit in what the last step freed.
+    pub fn flush_some(&mut self, budget: usize) -> EngineResult<bool> {
+        for ks in KeySpace::ALL {
+            let root = self.roots[ks.index()];
+            self.load(ks, root, &Bounds::full(), Want::Whole, None)?;
+            let done = self.flush_subtree(ks, root, &Bounds::full(), budget)?;
+            // Splits the root, and grows the tree, if flushing filled it.
+            self.settle_root(ks)?;
+            if !done {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// How many dirty bytes a reclaim step may make: half of what the
+    /// node-sized free runs hold, at least two nodes.
+    pub fn reclaim_budget(&self) -> usize {
+        let consumed = self
+            .alloc
+            .used_blocks()
+            .saturating_sub(self.used_blocks_at_checkpoint);
+        let runs = self.node_sized_free_blocks.saturating_sub(consumed) * BLOCK_SIZE as u64;
+        ((runs / 2) as usize).max(2 * self.opts.node_size)
+    }
+
+    pub(super) fn flush_subtree(
+        &mut self,
+        ks: KeySpace,
+        num: u64,
+        bounds: &Bounds,
+        budget: usize,
+    ) -> EngineResult<bool> {
+        let mut i = 0;
+        loop {
+            let NodeBody::Interior(int) = &self.node(num).body else {
+                return Ok(true);
+            };
+            if i >= int.children.len() {
+                return Ok(true);
+            }
+            if self.dirty_bytes > budget {
+                return Ok(false);
+            }
+            if !int.buffers[i].is_empty() {
+                self.flush_child(ks, num, i, bounds)?;
+            }
+            let int = self.interior(num);
+            let i_now = i.min(int.children.len() - 1);
+            let child = int.children[i_now];
+            let child_bounds = int.child_bounds(i_now, bounds);
+            let height = int.height - 1;
+            let mut done = true;
+            if height > 0 {
+                self.load(ks, child, &child_bounds, Want::Whole, Some(height))?;
+                done = self.flush_subtree(ks, child, &child_bounds, budget)?;
+                let splits = self.split_if_needed(ks, child, &child_bounds)?;
+                self.adopt_splits(num, i_now, splits);
+            }
+            if !done {
+                return Ok(false);
+            }
+            i = i_now + 1;
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! Reading nodes: a node's header and meta, then the basements a query
+//! needs (one IO for a span of them), checked against the bounds its parent
+//! gives.
+
+#![allow(clippy::indexing_slicing)] // see tree/mod.rs
+
+use super::*;
+
+impl Tree {
+    pub(super) fn corrupt(ks: KeySpace, num: u64, reason: impl Into<String>) -> EngineError {
+        EngineError::CorruptNode {
+            tree: ks as u8,
+            num,
+            reason: reason.into(),
+        }
+    }
+
+    pub(super) fn read_extent_bytes(
+        &self,
+        extent: Extent,
+        offset: u64,
+        len: usize,
+        height: u32,
+    ) -> EngineResult<AlignedBuf> {
+        let mut buf = AlignedBuf::for_overwrite(len);
+        self.device
+            .read_at(&mut buf, self.layout.extent_offset(extent) + offset)
+            .map_err(|e| betreefs_store::StoreError::io("reading node", e))?;
+        add(&self.stats.node_bytes_read[level(height)], buf.len() as u64);
+        Ok(buf)
+    }
+
+    /// Makes sure node `num` is cached with what `want` needs loaded, and
+    /// (when known) that it sits at `height`. `bounds` are the node's key
+    /// range from its parent; its lifted prefix is only needed to read.
+    pub(super) fn load(
+        &mut self,
+        ks: KeySpace,
+        num: u64,
+        bounds: &Bounds,
+        want: Want<'_>,
+        height: Option<u32>,
+    ) -> EngineResult<()> {
+        if let Some(node) = self.cache.get_mut(&num) {
+            self.tick += 1;
+            node.last_used = self.tick;
+            if node.bounds != *bounds {
+                // Reached from a parent that disagrees with where the node
+                // was found before: it is referenced twice, or the pivots
+                // above it changed under it.
+                return Err(Self::corrupt(
+                    ks,
+                    num,
+                    format!(
+                        "reached with bounds {bounds:?} but known with {:?}",
+                        node.bounds
+                    ),
+                ));
+            }
+            if let Some(h) = height.filter(|&h| h != node.height()) {
+                return Err(Self::corrupt(
+                    ks,
+                    num,
+                    format!("at height {} where {h} was expected", node.height()),
+                ));
+            }
+            let missing = match &node.body {
+                NodeBody::Leaf(leaf) => {
+                    Self::basement_span(leaf, want).any(|i| leaf.basements[i].entries.is_none())
+                }
+                NodeBody::Interior(_) => false,
+            };
+            if !missing {
+                add(&self.stats.cache_hits, 1);
+                return Ok(());
+            }
+            add(&self.stats.cache_misses, 1);
+            let mut node = self.take(num);
+            let result = self.read_basements(ks, num, &mut node, want);
+            self.put(num, node);
+            return result;
+        }
+        let prefix = bounds.lifted_prefix();
+        let prefix = prefix.as_slice();
+        add(&self.stats.cache_misses, 1);
+        let Slot::OnDisk { extent, crc } = self.btt.get(num) else {
+            return Err(Self::corrupt(ks, num, "referenced but never written"));
+        };
+        let bad = |e: DecodeError| Self::corrupt(ks, num, e.0);
+        let whole = matches!(want, Want::Whole);
+        let first_len = if whole {
+            extent.len as usize
+        } else {
+            (extent.len as usize).min(BLOCK_SIZE)
+        };
+        let mut head = self.read_extent_bytes(extent, 0, first_len, height.unwrap_or(0))?;
+        let header = decode_header(&head, crc, num, prefix).map_err(bad)?;
+        if header.tree != ks as u8 {
+            return Err(Self::corrupt(
+                ks,
+                num,
+                format!("belongs to tree {}", header.tree),
+            ));
+        }
+        if header.total_len > extent.len {
+            return Err(Self::corrupt(ks, num, "longer than its extent"));
+        }
+        if let Some(h) = height {
+            if header.height != h {
+                return Err(Self::corrupt(
+                    ks,
+                    num,
+                    format!("at height {} where {h} was expected", header.height),
+                ));
+            }
+        }
+        if meta_end(&header) > head.len() {
+            head = self.read_extent_bytes(extent, 0, meta_end(&header), header.height)?;
+        }
+        let meta = head
+            .get(HEADER_BYTES..meta_end(&header))
+            .ok_or_else(|| Self::corrupt(ks, num, "meta beyond the node"))?;
+        let mut node = decode_meta(&header, meta, bounds).map_err(bad)?;
+        let max_seq = self.next_seq.saturating_sub(1);
+        match &node.body {
+            NodeBody::Interior(int) => {
+                validate::check_interior(int, bounds, num, &self.merges, max_seq)
+            }
+            NodeBody::Leaf(leaf) => validate::check_leaf(leaf, bounds),
+        }
+        .map_err(|reason| Self::corrupt(ks, num, reason))?;
+        add(&self.stats.nodes_read, 1);
+        let result = if let (true, NodeBody::Leaf(leaf)) = (whole, &mut node.body) {
+            // The whole extent is in memory already: decode every basement from it.
+            (0..leaf.basements.len()).try_for_each(|i| {
+                let Some(loc) = leaf.basements[i].loc else {
+                    return Err(Self::corrupt(ks, num, "basement without location"));
+                };
+                let bytes = head
+                    .get(loc.offset as usize..(loc.offset as usize + loc.len as usize))
+                    .ok_or_else(|| Self::corrupt(ks, num, "basement beyond node"))?;
+                let entries = Self::decode_checked_basement(ks, num, leaf, i, bounds, bytes)?;
+                leaf.basements[i].entries = Some(entries);
+                Ok(())
+            })
+        } else {
+            self.read_basements(ks, num, &mut node, want)
+        };
+        result?;
+        self.put(num, node);
+        Ok(())
+    }
+
+    /// Decodes basement `i` of a leaf with bounds `bounds` from its bytes
+    /// and checks that its keys lie in the basement's range.
+    pub(super) fn decode_checked_basement(
+        ks: KeySpace,
+        num: u64,
+        leaf: &Leaf,
+        i: usize,
+        bounds: &Bounds,
+        bytes: &[u8],
+    ) -> EngineResult<Entries> {
+        let b = &leaf.basements[i];
+        let Some(loc) = b.loc else {
+            return Err(Self::corrupt(ks, num, "basement without location"));
+        };
+        let prefix = bounds.lifted_prefix();
+        let entries = decode_basement(bytes, &loc, b.count, &prefix)
+            .map_err(|e| Self::corrupt(ks, num, e.0))?;
+        validate::check_basement(&entries, &validate::basement_bounds(leaf, i, bounds))
+            .map_err(|reason| Self::corrupt(ks, num, reason))?;
+        Ok(entries)
+    }
+
+    /// The basements `want` covers.
+    pub(super) fn basement_span(leaf: &Leaf, want: Want<'_>) -> std::ops::RangeInclusive<usize> {
+        let (first, last) = match want {
+            Want::Whole => (0, leaf.basements.len() - 1),
+            Want::Key(k) => (leaf.basement_for(k), leaf.basement_for(k)),
+            Want::Range(s, e) => {
+                let first = leaf.basement_for(s);
+                let last = e.map_or(leaf.basements.len() - 1, |e| leaf.basement_for(e));
+                // A scan over more than one basement is read ahead to the
+                // end of the leaf (in the same IO): a sequential reader
+                // asks for the rest next. Small ranges read only what they
+                // touch, so random reads stay cheap.
+                (
+                    first,
+                    if last > first {
+                        leaf.basements.len() - 1
+                    } else {
+                        last
+                    },
+                )
+            }
+        };
+        first..=last
+    }
+
+    pub(super) fn read_basements(
+        &self,
+        ks: KeySpace,
+        num: u64,
+        node: &mut Node,
+        want: Want<'_>,
+    ) -> EngineResult<()> {
+        let NodeBody::Leaf(leaf) = &mut node.body else {
+            return Ok(());
+        };
+        let Slot::OnDisk { extent, .. } = self.btt.get(num) else {
+            return Err(Self::corrupt(ks, num, "partly loaded leaf has no extent"));
+        };
+        // The missing basements of the span, read with one IO: basements
+        // lie in key order at increasing offsets of the node's extent.
+        let span = Self::basement_span(leaf, want);
+        let missing: Vec<usize> = span
+            .filter(|&i| leaf.basements[i].entries.is_none())
+            .collect();
+        let mut locs = Vec::with_capacity(missing.len());
+        for &i in &missing {
+            let Some(loc) = leaf.basements[i].loc else {
+                return Err(Self::corrupt(ks, num, "basement without location"));
+            };
+            locs.push(loc);
+        }
+        let (Some(first), Some(last)) = (locs.first(), locs.last()) else {
+            return Ok(());
+        };
+        let lo = first.offset as u64;
+        let hi = last.offset as u64 + last.len as u64;
+        let in_order = locs
+            .iter()
+            .zip(locs.iter().skip(1))
+            .all(|(a, b)| a.offset <= b.offset);
+        if !in_order || hi < lo {
+            return Err(Self::corrupt(ks, num, "basements out of order"));
+        }
+        let buf = self.read_extent_bytes(extent, lo, (hi - lo) as usize, 0)?;
+        for (&i, loc) in missing.iter().zip(&locs) {
+            let at = (loc.offset as u64 - lo) as usize;
+            // Offsets are in order, but a damaged length could still run
+            // past what was read.
+            let bytes = buf
+                .get(at..at + loc.len as usize)
+                .ok_or_else(|| Self::corrupt(ks, num, "basement runs past the next one"))?;
+            let entries = Self::decode_checked_basement(ks, num, leaf, i, &node.bounds, bytes)?;
+            leaf.basements[i].entries = Some(entries);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,325 @@
+//! The B^ε-trees of one store, their node cache, block table and allocator.
+//!
+//! All mutation happens under the store's lock, one operation at a time.
+//! Nodes move out of the cache while they are changed ([`Tree::take`]) and
+//! back in afterwards ([`Tree::put`]) so memory accounting stays exact.
+//! Every step that can fail (reading a node) runs before the step that
+//! changes anything, so an error leaves a consistent tree behind.
+//!
+//! This module has the types, the helpers and opening; the rest of `Tree`
+//! is split by responsibility: [`cache`] (the node map and its
+//! accounting), [`io`] (reading nodes and basements), [`query`] (get and
+//! range visits), [`apply`] (logged batches into the roots, range
+//! renames), [`flush`] (moving messages down, background flushing),
+//! [`reshape`] (split, merge, subtrees), [`writeback`] (eviction,
+//! checkpoints, space) and [`verify`].
+
+// Reviewed exception (indexing): the indices here are structural. `roots`
+// and the per-level statistics are arrays indexed by a key space's or a
+// level's index, which are below their lengths by construction; indices
+// into a node's children, buffers, pivots and basements come from
+// child_index, basement_for or loops over those counts, and the counts
+// agree on every node — checked when it is loaded (validate::check_leaf,
+// check_interior) and kept by split, merge and rebalance. Everything read
+// from disk goes through the bounds-checked decoders and `get` first.
+#![allow(clippy::indexing_slicing)]
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Bound;
+use std::sync::Arc;
+
+use betreefs_store::{
+    crc32c_of, AlignedBuf, BlockAllocator, Device, Extent, Layout, Superblock, BLOCK_SIZE,
+};
+
+use crate::btt::{BlockTable, Slot};
+use crate::buffer::{MessageBuffer, PointMsg, RangeDel};
+use crate::codec::DecodeError;
+use crate::entries::Entries;
+use crate::error::{EngineError, EngineResult};
+use crate::format::{
+    decode_basement, decode_header, decode_meta, encode_node, meta_end, HEADER_BYTES,
+};
+use crate::merge::MergeRegistry;
+use crate::message::{KeySpace, Message, RangeRename, WriteBatch, KEY_SPACES};
+use crate::node::{Bounds, Interior, Leaf, Node, NodeBody};
+use crate::stats::{add, level, Stats};
+use crate::validate;
+
+/// Shape and memory parameters of the trees.
+#[derive(Clone, Debug)]
+pub struct TreeOptions {
+    /// A leaf holding more than this splits; an interior node whose buffers
+    /// hold more than this flushes to its heaviest child.
+    pub node_size: usize,
+    /// Target size of the independently readable pieces of a leaf.
+    pub basement_size: usize,
+    /// Most children an interior node keeps before it splits.
+    pub fanout: usize,
+    /// Memory the node cache may use before clean nodes are dropped and dirty
+    /// ones written back.
+    pub cache_bytes: usize,
+}
+
+/// What part of a leaf a reader needs.
+#[derive(Clone, Copy)]
+enum Want<'a> {
+    Whole,
+    Key(&'a [u8]),
+    Range(&'a [u8], Option<&'a [u8]>),
+}
+
+/// What [`Tree::verify`] found besides errors.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Nodes visited (each tree's nodes, read whole).
+    pub nodes: u64,
+    /// Node numbers the block table holds but no tree reaches.
+    pub unreachable: Vec<u64>,
+}
+
+/// New right siblings produced by a split: (separator pivot, node number).
+type Splits = Vec<(Vec<u8>, u64)>;
+
+/// Key/value pairs of one scanned leaf range.
+pub type ScanChunk = (Vec<(Vec<u8>, Vec<u8>)>, Option<Vec<u8>>);
+
+/// Estimated on-disk bytes of a dirty node (header, meta and padding).
+fn dirty_estimate(node: &Node) -> usize {
+    if node.dirty {
+        node.content_bytes() + 2 * BLOCK_SIZE
+    } else {
+        0
+    }
+}
+
+fn point_msg(seq: u64, msg: &Message) -> Option<(Vec<u8>, PointMsg)> {
+    match msg {
+        Message::Put { key, value } => Some((key.clone(), PointMsg::put(seq, value.clone()))),
+        Message::Delete { key } => Some((key.clone(), PointMsg::delete(seq))),
+        Message::Upsert { key, func, arg } => {
+            Some((key.clone(), PointMsg::upsert(seq, *func, arg.clone())))
+        }
+        Message::RangeDelete { .. } | Message::RangeRename(_) => None,
+    }
+}
+
+/// The shortest key `s` with `left < s <= right` (suffix truncation keeps
+/// pivots short, which makes lifted prefixes long).
+fn separator(left: &[u8], right: &[u8]) -> Vec<u8> {
+    debug_assert!(left < right);
+    let common = left.iter().zip(right).take_while(|(a, b)| a == b).count();
+    right[..(common + 1).min(right.len())].to_vec()
+}
+
+fn min_end<'a>(a: Option<&'a [u8]>, b: Option<&'a [u8]>) -> Option<&'a [u8]> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+/// The messages of `buffer` that concern [lo, hi), range deletes clamped.
+fn restricted(buffer: &MessageBuffer, lo: &[u8], hi: Option<&[u8]>) -> MessageBuffer {
+    let mut out = MessageBuffer::default();
+    let upper = hi.map_or(Bound::Unbounded, Bound::Excluded);
+    if let Some((start, r)) = buffer.covering(lo) {
+        if start.as_slice() < lo {
+            let end = min_end(Some(&r.end), hi).unwrap_or(&r.end).to_vec();
+            out.push_decoded_range(lo.to_vec(), RangeDel { end, seq: r.seq });
+        }
+    }
+    for (start, r) in buffer
+        .ranges()
+        .range::<[u8], _>((Bound::Included(lo), upper))
+    {
+        let end = min_end(Some(&r.end), hi).unwrap_or(&r.end).to_vec();
+        out.push_decoded_range(start.clone(), RangeDel { end, seq: r.seq });
+    }
+    for (k, m) in buffer
+        .points()
+        .range::<[u8], _>((Bound::Included(lo), upper))
+    {
+        out.push_decoded_point(k.clone(), m.clone());
+    }
+    out
+}
+
+pub(crate) struct Tree {
+    pub opts: TreeOptions,
+    device: Arc<dyn Device>,
+    pub layout: Layout,
+    merges: Arc<MergeRegistry>,
+    stats: Arc<Stats>,
+    btt: BlockTable,
+    pub alloc: BlockAllocator,
+    pub roots: [u64; KEY_SPACES],
+    cache: HashMap<u64, Node>,
+    cache_bytes: usize,
+    dirty_bytes: usize,
+    tick: u64,
+    /// The sequence number the next batch gets.
+    pub next_seq: u64,
+    /// Generation of the newest durable superblock.
+    pub generation: u64,
+    btt_extent: Option<Extent>,
+    /// Removal messages since the last attempt to reclaim space.
+    pub removals_since_reclaim: u64,
+    /// Free blocks lying in runs long enough for a full node, and all
+    /// blocks in use, as of the last checkpoint (see [`Tree::space_low`]).
+    node_sized_free_blocks: u64,
+    used_blocks_at_checkpoint: u64,
+    /// Opened read-only: nothing is ever written (dirty nodes made by log
+    /// replay stay in memory).
+    pub read_only: bool,
+}
+
+impl Tree {
+    /// The fields every tree starts with; `create` and `open` fill the rest.
+    fn with_parts(
+        device: Arc<dyn Device>,
+        layout: Layout,
+        opts: TreeOptions,
+        merges: Arc<MergeRegistry>,
+        stats: Arc<Stats>,
+        btt: BlockTable,
+        alloc: BlockAllocator,
+    ) -> Tree {
+        Tree {
+            opts,
+            device,
+            layout,
+            merges,
+            stats,
+            btt,
+            alloc,
+            roots: [0; KEY_SPACES],
+            cache: HashMap::new(),
+            cache_bytes: 0,
+            dirty_bytes: 0,
+            tick: 0,
+            next_seq: 1,
+            generation: 0,
+            btt_extent: None,
+            removals_since_reclaim: 0,
+            node_sized_free_blocks: u64::MAX,
+            used_blocks_at_checkpoint: 0,
+            read_only: false,
+        }
+    }
+
+    /// A new, empty pair of trees (one leaf root each), all dirty.
+    pub fn create(
+        device: Arc<dyn Device>,
+        layout: Layout,
+        opts: TreeOptions,
+        merges: Arc<MergeRegistry>,
+        stats: Arc<Stats>,
+    ) -> Tree {
+        let alloc = BlockAllocator::new(layout.node_blocks());
+        let mut tree = Self::with_parts(
+            device,
+            layout,
+            opts,
+            merges,
+            stats,
+            BlockTable::default(),
+            alloc,
+        );
+        for ks in KeySpace::ALL {
+            tree.roots[ks.index()] =
+                tree.new_node(ks, NodeBody::Leaf(Leaf::default()), Bounds::full());
+        }
+        tree
+    }
+
+    /// The trees as of a durable checkpoint.
+    pub fn open(
+        device: Arc<dyn Device>,
+        sb: &Superblock,
+        opts: TreeOptions,
+        merges: Arc<MergeRegistry>,
+        stats: Arc<Stats>,
+    ) -> EngineResult<Tree> {
+        let layout = sb.layout;
+        let mut buf = AlignedBuf::zeroed(sb.btt.len as usize);
+        device
+            .read_at(&mut buf, layout.extent_offset(sb.btt))
+            .map_err(|e| betreefs_store::StoreError::io("reading block table", e))?;
+        let bytes = buf.get(..sb.btt.len as usize).unwrap_or_default();
+        if crc32c_of(&[bytes]) != sb.btt_crc {
+            return Err(EngineError::CorruptBlockTable("checksum mismatch".into()));
+        }
+        let btt = BlockTable::decode(bytes).map_err(|e| EngineError::CorruptBlockTable(e.0))?;
+        let mut alloc = BlockAllocator::new(layout.node_blocks());
+        if !alloc.mark_loaded(sb.btt) {
+            return Err(EngineError::CorruptBlockTable(
+                "table extent outside the node region".into(),
+            ));
+        }
+        for (num, extent) in btt.extents() {
+            if !alloc.mark_loaded(extent) {
+                return Err(EngineError::CorruptBlockTable(format!(
+                    "node {num} at {extent:?} overlaps another or lies outside the region"
+                )));
+            }
+        }
+        let mut roots = [0; KEY_SPACES];
+        for ks in KeySpace::ALL {
+            let root = *sb
+                .roots
+                .get(ks.index())
+                .ok_or_else(|| EngineError::CorruptBlockTable("missing root".into()))?;
+            if !matches!(btt.get(root), Slot::OnDisk { .. }) {
+                return Err(EngineError::CorruptBlockTable(format!(
+                    "root {root} of tree {} is not a written node",
+                    ks.index()
+                )));
+            }
+            roots[ks.index()] = root;
+        }
+        let mut tree = Self::with_parts(device, layout, opts, merges, stats, btt, alloc);
+        tree.roots = roots;
+        tree.next_seq = sb.checkpoint_seq + 1;
+        tree.generation = sb.generation;
+        tree.btt_extent = Some(sb.btt);
+        Ok(tree)
+    }
+
+    pub fn cache_bytes(&self) -> usize {
+        self.cache_bytes
+    }
+
+    pub fn dirty_bytes(&self) -> usize {
+        self.dirty_bytes
+    }
+
+    pub fn heights(&self) -> Vec<u32> {
+        self.roots
+            .iter()
+            .map(|r| self.cache.get(r).map_or(0, |n| n.height()))
+            .collect()
+    }
+}
+
+mod apply;
+mod cache;
+mod flush;
+mod io;
+mod query;
+mod reshape;
+mod verify;
+mod writeback;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn separators_are_short_and_between() {
+        assert_eq!(separator(b"apple", b"banana"), b"b");
+        assert_eq!(separator(b"dir\x00cat", b"dir\x00dog"), b"dir\x00d");
+        assert_eq!(separator(b"ab", b"abc"), b"abc");
+    }
+}

@@ -1,0 +1,120 @@
+//! Verification for fsck and tests: every node of both trees against
+//! checksums, order, bounds and heights, and the nodes no tree reaches.
+
+#![allow(clippy::indexing_slicing)] // see tree/mod.rs
+
+use super::*;
+
+impl Tree {
+    /// Walks every node of every tree, reading all of them, and checks
+    /// ordering, bounds, heights, buffer placement and fanout; also finds
+    /// nodes the block table holds but no tree reaches (leaked space).
+    pub fn verify(&mut self) -> EngineResult<VerifyReport> {
+        let mut visited = HashSet::new();
+        for ks in KeySpace::ALL {
+            let root = self.roots[ks.index()];
+            self.load(ks, root, &Bounds::full(), Want::Whole, None)?;
+            let height = self.node(root).height();
+            self.verify_subtree(ks, root, &Bounds::full(), height, &mut visited)?;
+        }
+        let unreachable = self
+            .btt
+            .live_numbers()
+            .filter(|n| !visited.contains(n))
+            .collect();
+        Ok(VerifyReport {
+            nodes: visited.len() as u64,
+            unreachable,
+        })
+    }
+
+    /// Frees nodes no tree reaches (found by [`Tree::verify`]).
+    pub fn free_unreachable(&mut self, nums: &[u64]) {
+        for &num in nums {
+            if !self.roots.contains(&num) {
+                self.free_node(num);
+            }
+        }
+    }
+
+    pub(super) fn verify_subtree(
+        &mut self,
+        ks: KeySpace,
+        num: u64,
+        bounds: &Bounds,
+        height: u32,
+        visited: &mut HashSet<u64>,
+    ) -> EngineResult<()> {
+        if !visited.insert(num) {
+            return Err(Self::corrupt(ks, num, "reached twice"));
+        }
+        self.load(ks, num, bounds, Want::Whole, Some(height))?;
+        let bad = |reason: String| Self::corrupt(ks, num, reason);
+        let kids: Vec<(u64, Bounds)> = match &self.node(num).body {
+            NodeBody::Leaf(leaf) => {
+                let mut prev: Option<&[u8]> = None;
+                for (bi, b) in leaf.basements.iter().enumerate() {
+                    let Some(entries) = &b.entries else {
+                        unreachable!("loaded whole")
+                    };
+                    for (k, _) in entries.iter() {
+                        if !bounds.contains(k) || prev.is_some_and(|p| p >= k) {
+                            return Err(bad(format!(
+                                "key {k:?} out of order or outside {bounds:?}"
+                            )));
+                        }
+                        if bi > 0 && k < &leaf.pivots[bi - 1]
+                            || bi < leaf.pivots.len() && k >= &leaf.pivots[bi]
+                        {
+                            return Err(bad(format!("key {k:?} in the wrong basement")));
+                        }
+                        prev = Some(k);
+                    }
+                }
+                Vec::new()
+            }
+            NodeBody::Interior(int) => {
+                if int.children.len() != int.pivots.len() + 1
+                    || int.buffers.len() != int.children.len()
+                {
+                    return Err(bad("pivot, child and buffer counts disagree".into()));
+                }
+                if int.children.len() > self.opts.fanout.max(2) * 2 {
+                    return Err(bad(format!(
+                        "fanout {} far over the limit",
+                        int.children.len()
+                    )));
+                }
+                for (i, p) in int.pivots.iter().enumerate() {
+                    if !bounds.contains(p) || (i > 0 && int.pivots[i - 1] >= *p) {
+                        return Err(bad(format!(
+                            "pivot {p:?} out of order or outside {bounds:?}"
+                        )));
+                    }
+                }
+                for i in 0..int.children.len() {
+                    let cb = int.child_bounds(i, bounds);
+                    let buf = &int.buffers[i];
+                    let keys_ok = buf.points().keys().all(|k| cb.contains(k));
+                    let ranges_ok = buf.ranges().iter().all(|(s, r)| {
+                        cb.contains(s) && s < &r.end && cb.hi.as_ref().is_none_or(|hi| r.end <= *hi)
+                    });
+                    if !keys_ok || !ranges_ok {
+                        return Err(bad(format!(
+                            "buffer of child {i} holds messages outside {cb:?}"
+                        )));
+                    }
+                }
+                (0..int.children.len())
+                    .map(|i| (int.children[i], int.child_bounds(i, bounds)))
+                    .collect()
+            }
+        };
+        for (child, child_bounds) in kids {
+            self.verify_subtree(ks, child, &child_bounds, height - 1, visited)?;
+            // A whole-tree walk must not hold the whole tree in memory.
+            self.evict_clean_if_needed();
+        }
+        Ok(())
+    }
+}
