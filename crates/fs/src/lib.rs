@@ -4,10 +4,11 @@
 //!
 //! - [`schema`]: how paths become keys (the five invariants of
 //!   docs/design.md, so that every directory's subtree is one range);
-//! - [`record`]: the stored attribute records (format version 1);
+//! - [`record`]: the stored records (file-system format version 2);
 //! - [`fs`]: the operations and the table of inodes the kernel holds;
 //! - [`acl`]: POSIX ACLs kept consistent with modes, and inherited;
-//! - [`ops`]: the operations a FUSE front end needs ([`Operations`]);
+//! - [`ops`]: the operations a FUSE front end needs ([`Operations`]) and
+//!   their types;
 //! - [`fsck`]: the offline checker.
 
 #![cfg_attr(

@@ -44,6 +44,7 @@ use betreefs_engine::{KeySpace, Store, WriteBatch};
 
 use crate::error::{Errno, FsResult};
 use crate::ops::Operations;
+pub use crate::ops::{Caller, DirEntry, FsStats, Ino, RenameFlags, SetAttr, SetTime};
 use crate::plan::{count_update, inode_record, purge_file};
 use crate::record::{Attr, FsInfo, Record, Timespec, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::schema::{self, NameError};
@@ -52,7 +53,6 @@ pub use listing::dir_cookie;
 use state::{Home, Node, State};
 pub use xattr::XATTR_ACL_KILL_SGID;
 
-pub type Ino = u64;
 pub const ROOT_INO: Ino = 1;
 /// File data is stored in blocks of this size, one key each.
 pub const BLOCK_SIZE: u64 = 4096;
@@ -86,88 +86,6 @@ pub enum AtimePolicy {
     Strictatime,
 }
 
-/// Who is asking (for ownership of new files, and which set-ID bits a
-/// change by them drops).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Caller {
-    pub uid: u32,
-    pub gid: u32,
-    /// The caller's umask, applied to new inodes unless their directory
-    /// has a default ACL (then the ACL masks instead: [`crate::acl`]).
-    pub umask: u32,
-}
-
-impl Caller {
-    /// A caller with no umask.
-    pub const fn new(uid: u32, gid: u32) -> Caller {
-        Caller { uid, gid, umask: 0 }
-    }
-
-    /// The same caller with the umask of its request.
-    pub const fn with_umask(self, umask: u32) -> Caller {
-        Caller { umask, ..self }
-    }
-}
-
-/// A time to set: now, or a given one.
-#[derive(Clone, Copy, Debug)]
-pub enum SetTime {
-    Now,
-    At(Timespec),
-}
-
-/// A setattr request; `None` leaves a field alone.
-#[derive(Clone, Debug, Default)]
-pub struct SetAttr {
-    pub mode: Option<u32>,
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    pub size: Option<u64>,
-    pub atime: Option<SetTime>,
-    pub mtime: Option<SetTime>,
-    pub ctime: Option<Timespec>,
-    /// The request comes through an open file (ftruncate, open with
-    /// O_TRUNC): a truncation marks the times even when the size stays.
-    pub through_open_file: bool,
-    /// Drop set-ID bits and capabilities first, as for a change by this
-    /// caller (truncate or chown; see [`mode_without_privileges`]).
-    pub kill_privileges: Option<Caller>,
-}
-
-/// rename(2) flags.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RenameFlags {
-    pub noreplace: bool,
-    pub exchange: bool,
-    /// `RENAME_WHITEOUT`: leave a whiteout (a 0/0 character device owned
-    /// by this caller) at the old name.
-    pub whiteout: Option<Caller>,
-}
-
-/// One directory entry handed to a readdir callback.
-pub struct DirEntry<'a> {
-    pub ino: Ino,
-    /// The offset to continue after this entry.
-    pub offset: u64,
-    /// `st_mode & S_IFMT`.
-    pub file_type: u32,
-    pub name: &'a [u8],
-    /// Attributes (readdirplus only; `None` for "." and "..").
-    pub attr: Option<&'a Attr>,
-}
-
-/// File-system figures for statfs.
-#[derive(Clone, Copy, Debug)]
-pub struct FsStats {
-    pub block_size: u64,
-    pub blocks: u64,
-    pub blocks_free: u64,
-    pub files: u64,
-    pub files_free: u64,
-    /// Inodes in use (files, directories, symlinks, special files).
-    pub inodes: u64,
-    pub name_max: u64,
-}
 /// A mounted betreefs: the engine plus the inode table.
 pub struct FileSystem {
     store: Store,
