@@ -460,7 +460,27 @@ pub mod ioctl {
     pub const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
     pub const FSXATTR_BYTES: usize = 28;
     /// `FS_XFLAG_*` and the `FS_*_FL` flag each stands for.
-    pub const XFLAGS: [(u32, u32); 4] = [(0x8, 0x10), (0x10, 0x20), (0x40, 0x80), (0x80, 0x40)];
+    const XFLAGS: [(u32, u32); 4] = [(0x8, 0x10), (0x10, 0x20), (0x40, 0x80), (0x80, 0x40)];
+
+    /// The `FS_XFLAG_*` bits of inode flags `flags`.
+    pub fn xflags_of(flags: u32) -> u32 {
+        XFLAGS
+            .iter()
+            .filter(|&&(_, fl)| flags & fl != 0)
+            .fold(0, |x, &(xf, _)| x | xf)
+    }
+
+    /// The inode flags `xflags` stand for; `None` when one has no
+    /// counterpart.
+    pub fn flags_of(xflags: u32) -> Option<u32> {
+        let known = XFLAGS.iter().fold(0, |x, &(xf, _)| x | xf);
+        (xflags & !known == 0).then(|| {
+            XFLAGS
+                .iter()
+                .filter(|&&(xf, _)| xflags & xf != 0)
+                .fold(0, |f, &(_, fl)| f | fl)
+        })
+    }
 }
 
 /// How long the kernel may cache an entry or attributes.
@@ -472,6 +492,13 @@ pub struct Ttl {
 
 impl Ttl {
     pub const ZERO: Ttl = Ttl { secs: 0, nanos: 0 };
+
+    pub const fn of(d: std::time::Duration) -> Ttl {
+        Ttl {
+            secs: d.as_secs(),
+            nanos: d.subsec_nanos(),
+        }
+    }
 }
 
 /// `struct fuse_open_out`.
@@ -585,6 +612,17 @@ mod tests {
         assert_eq!(r.name(), Ok(&b"abc"[..]));
         assert_eq!(r.name(), Err(Truncated));
         assert_eq!(r.rest(), b"def");
+    }
+
+    #[test]
+    fn xflags_and_inode_flags_map_both_ways() {
+        use ioctl::{flags_of, xflags_of};
+        // immutable, append-only, noatime, nodump
+        let all = 0x10 | 0x20 | 0x80 | 0x40;
+        assert_eq!(xflags_of(all), 0x8 | 0x10 | 0x40 | 0x80);
+        assert_eq!(flags_of(xflags_of(all)), Some(all));
+        assert_eq!(flags_of(0), Some(0));
+        assert_eq!(flags_of(0x1), None, "FS_XFLAG_REALTIME has no counterpart");
     }
 
     #[test]

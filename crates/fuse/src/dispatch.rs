@@ -580,28 +580,16 @@ fn inode_flag_ioctl<F: Operations>(
             fs.set_inode_flags(ino, first_u32()?)?;
             reply(w, &[]);
         }
-        FS_IOC_FSGETXATTR => {
-            let flags = fs.inode_flags(ino)?;
-            let xflags = XFLAGS
-                .iter()
-                .filter(|&&(_, fl)| flags & fl != 0)
-                .fold(0u32, |x, &(xf, _)| x | xf);
-            reply(w, &xflags.to_le_bytes());
-        }
+        FS_IOC_FSGETXATTR => reply(w, &xflags_of(fs.inode_flags(ino)?).to_le_bytes()),
         FS_IOC_FSSETXATTR => {
             let xflags = first_u32()?;
             // No extent sizes or project ids here.
             let rest = input.get(4..FSXATTR_BYTES).ok_or(Errno::EINVAL)?;
             let (extsize, projid_and_cow) = (rest.get(..4), rest.get(8..16));
             let zero = |b: Option<&[u8]>| b.is_some_and(|b| b.iter().all(|&x| x == 0));
-            let known = XFLAGS.iter().fold(0u32, |x, &(xf, _)| x | xf);
-            if xflags & !known != 0 || !zero(extsize) || !zero(projid_and_cow) {
-                return Err(Errno::EOPNOTSUPP);
-            }
-            let flags = XFLAGS
-                .iter()
-                .filter(|&&(xf, _)| xflags & xf != 0)
-                .fold(0u32, |f, &(_, fl)| f | fl);
+            let flags = flags_of(xflags)
+                .filter(|_| zero(extsize) && zero(projid_and_cow))
+                .ok_or(Errno::EOPNOTSUPP)?;
             fs.set_inode_flags(ino, flags)?;
             reply(w, &[]);
         }
@@ -621,17 +609,11 @@ fn page_size() -> usize {
 }
 
 fn ttl() -> Ttl {
-    Ttl {
-        secs: TTL.as_secs(),
-        nanos: TTL.subsec_nanos(),
-    }
+    Ttl::of(TTL)
 }
 
 fn entry_ttl() -> Ttl {
-    Ttl {
-        secs: ENTRY_TTL.as_secs(),
-        nanos: ENTRY_TTL.subsec_nanos(),
-    }
+    Ttl::of(ENTRY_TTL)
 }
 
 fn entry(w: &mut Writer, a: &Attr) {

@@ -4,7 +4,9 @@ use betreefs_engine::{KeySpace, WriteBatch};
 
 use super::state::Home;
 use super::state::State;
-use super::{AtimePolicy, Caller, FileSystem, Ino, SetAttr, SetTime, FILE_SIZE_MAX, RELATIME_SECS};
+use super::{
+    blocks_to, AtimePolicy, Caller, FileSystem, Ino, SetAttr, SetTime, FILE_SIZE_MAX, RELATIME_SECS,
+};
 use crate::acl::{self, Acl};
 use crate::error::{Errno, FsResult};
 use crate::plan::truncate_blocks;
@@ -72,7 +74,8 @@ impl FileSystem {
             }
             let key = key.as_deref().ok_or(Errno::ENOENT)?;
             truncate_blocks(&mut batch, key, before.size, size);
-            st.note_data_change(ino, None, size)?;
+            // Growing past the last stored block leaves a hole.
+            st.note_data_change(ino, blocks_to(size) > blocks_to(before.size))?;
         }
         // chmod rewrites the access ACL's owner, mask and other entries
         // (`posix_acl_chmod`), so the two never disagree.

@@ -5,7 +5,9 @@ use betreefs_engine::merge::patch_arg;
 use betreefs_engine::{KeySpace, WriteBatch, MERGE_PATCH};
 
 use super::state::{Home, OpenFile, State};
-use super::{Caller, FileSystem, Ino, SetAttr, BLOCKS_PER_BATCH, BLOCK_SIZE, FILE_SIZE_MAX};
+use super::{
+    blocks_to, Caller, FileSystem, Ino, SetAttr, BLOCKS_PER_BATCH, BLOCK_SIZE, FILE_SIZE_MAX,
+};
 use crate::error::{Errno, FsResult};
 use crate::ops::Operations;
 use crate::plan::{count_update, purge_file};
@@ -48,7 +50,7 @@ impl FileSystem {
         // file even when it is empty already (Linux does too).
         if flags & libc::O_TRUNC != 0 && node.attr.file_type() == S_IFREG {
             drop(st);
-            self.setattr(
+            self.set_attributes(
                 ino,
                 &SetAttr {
                     size: Some(0),
@@ -157,13 +159,15 @@ impl FileSystem {
             return Err(Errno::EPERM);
         }
         let append = (append || node.attr.is_append_only()) && !kernel_places;
-        let offset = if append { node.attr.size } else { offset };
+        let size_before = node.attr.size;
+        let offset = if append { size_before } else { offset };
         if offset.saturating_add(data.len() as u64) > FILE_SIZE_MAX {
             return Err(Errno::EFBIG);
         }
         let key = st.file_key(ino)?;
-        let end = offset + data.len() as u64;
-        st.note_data_change(ino, Some(offset / BLOCK_SIZE), end)?;
+        // A write starting past the last stored block leaves a hole.
+        let leaves_holes = offset / BLOCK_SIZE > blocks_to(size_before);
+        st.note_data_change(ino, leaves_holes)?;
         let mut written = 0usize;
         while written < data.len() {
             let old_size = st.node(ino)?.attr.size;
@@ -248,7 +252,7 @@ impl FileSystem {
         if end > FILE_SIZE_MAX {
             return Err(Errno::EFBIG);
         }
-        let attr = self.getattr(ino)?;
+        let attr = self.table_attr(ino)?;
         if attr.is_dir() {
             return Err(Errno::EISDIR);
         }
@@ -276,9 +280,10 @@ impl FileSystem {
         }
         if zeroes {
             zero_blocks(&mut batch, &key, offset, end.min(before.size));
-            st.node_mut(ino)?.attr.flags |= SPARSE_FL;
         }
-        st.note_data_change(ino, None, if keep_size { size } else { size.max(end) })?;
+        // Zeroed ranges become holes; so does growing past the last block.
+        let grows = !keep_size && blocks_to(end) > blocks_to(size);
+        st.note_data_change(ino, zeroes || grows)?;
         let node = st.node_mut(ino)?;
         if !keep_size {
             node.attr.size = node.attr.size.max(end);
@@ -310,8 +315,8 @@ impl FileSystem {
         kill: Option<Caller>,
     ) -> FsResult<u64> {
         const CHUNK: u64 = 1 << 20;
-        let source = self.getattr(ino_in)?;
-        let target = self.getattr(ino_out)?;
+        let source = self.table_attr(ino_in)?;
+        let target = self.table_attr(ino_out)?;
         if source.is_dir() || target.is_dir() {
             return Err(Errno::EISDIR);
         }
@@ -341,7 +346,7 @@ impl FileSystem {
             if data > pos {
                 // A hole: what the destination holds there becomes zeros.
                 let to = off_out + (pos - off_in);
-                let dest_size = self.getattr(ino_out)?.size;
+                let dest_size = self.table_attr(ino_out)?.size;
                 if to < dest_size {
                     let n = (data - pos).min(dest_size - to);
                     let mode = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
@@ -371,8 +376,8 @@ impl FileSystem {
             pos = hole;
         }
         // A hole at the end still extends the destination.
-        if self.getattr(ino_out)?.size < end_out {
-            self.setattr(
+        if self.table_attr(ino_out)?.size < end_out {
+            self.set_attributes(
                 ino_out,
                 &SetAttr {
                     size: Some(end_out),
@@ -383,47 +388,56 @@ impl FileSystem {
         Ok(len)
     }
 
+    /// The attributes of table inode `ino` as the table has them (no
+    /// blocks counted): for the file system's own checks.
+    pub(super) fn table_attr(&self, ino: Ino) -> FsResult<Attr> {
+        Ok(self.lock().node(ino)?.attr.clone())
+    }
+
     /// The attributes of table inode `ino` as the kernel is shown them:
     /// with the blocks a file that may have holes stores, counted at most
     /// once per change of its data.
     pub(super) fn attr_for_kernel(&self, st: &mut State, ino: Ino) -> FsResult<Attr> {
         let node = st.node(ino)?;
-        let attr = node.attr.clone();
-        if attr.flags & SPARSE_FL == 0 || attr.file_type() != S_IFREG || node.home == Home::Gone {
+        let mut attr = node.attr.clone();
+        let may_have_holes = attr.flags & SPARSE_FL != 0 && attr.file_type() == S_IFREG;
+        if !may_have_holes || node.home == Home::Gone {
             return Ok(attr);
         }
-        if let Some((version, blocks)) = node.stored_blocks {
-            if version == node.data_version {
-                return Ok(Attr {
-                    stored_blocks: Some(blocks),
-                    ..attr
-                });
-            }
-        }
+        let cached = node
+            .stored_blocks
+            .filter(|&(version, _)| version == node.data_version);
         let version = node.data_version;
-        let key = st.file_key(ino)?;
-        let attr = self.with_stored_blocks(attr, &key)?;
-        if let Some(blocks) = attr.stored_blocks {
-            st.node_mut(ino)?.stored_blocks = Some((version, blocks));
-        }
+        attr.stored_blocks = match cached {
+            Some((_, blocks)) => Some(blocks),
+            None => {
+                let counted = self.count_stored_blocks(&attr, &st.file_key(ino)?)?;
+                if let Some(blocks) = counted {
+                    st.node_mut(ino)?.stored_blocks = Some((version, blocks));
+                }
+                counted
+            }
+        };
         Ok(attr)
     }
 
-    /// `attr` with its stored blocks counted when it may have holes (a
-    /// scan of its data keys up to its size).
-    pub(super) fn with_stored_blocks(&self, attr: Attr, file_key: &[u8]) -> FsResult<Attr> {
+    /// The data blocks stored of a file that may have holes (a scan of
+    /// its data keys up to its size); `None` for any other inode, whose
+    /// blocks follow from its size.
+    pub(super) fn count_stored_blocks(
+        &self,
+        attr: &Attr,
+        file_key: &[u8],
+    ) -> FsResult<Option<u64>> {
         if attr.flags & SPARSE_FL == 0 || attr.file_type() != S_IFREG {
-            return Ok(attr);
+            return Ok(None);
         }
         let lo = schema::data_key(file_key, 0);
-        let hi = schema::data_key(file_key, attr.size.div_ceil(BLOCK_SIZE));
+        let hi = schema::data_key(file_key, blocks_to(attr.size));
         let mut blocks = 0u64;
         self.store
             .visit_range(KeySpace::Data, &lo, &hi, &mut |_, _| blocks += 1)?;
-        Ok(Attr {
-            stored_blocks: Some(blocks),
-            ..attr
-        })
+        Ok(Some(blocks))
     }
 
     /// lseek(2) `SEEK_DATA` / `SEEK_HOLE` from the blocks stored: data is

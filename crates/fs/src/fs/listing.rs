@@ -172,26 +172,27 @@ impl FileSystem {
             let record = decode(&value)?;
             let cookie = dir_cookie(esc);
             let full = if plus {
-                let (attr, target, home) = self.resolve(st, record)?;
-                let in_table = st.nodes.contains_key(&attr.ino);
-                let attr = st.nodes.get(&attr.ino).map_or(attr, |n| n.attr.clone());
-                let shown = if in_table {
-                    self.attr_for_kernel(st, attr.ino)?
+                let (mut attr, target, home) = self.resolve(st, record)?;
+                // The table's view when it has the inode (it may be newer).
+                if st.nodes.contains_key(&attr.ino) {
+                    attr = self.attr_for_kernel(st, attr.ino)?;
                 } else {
                     let file_key = match home {
                         Home::Inode => schema::inode_key(attr.ino),
                         _ => key.clone(),
                     };
-                    self.with_stored_blocks(attr.clone(), &file_key)?
-                };
+                    attr.stored_blocks = self.count_stored_blocks(&attr, &file_key)?;
+                }
                 let full = add(DirEntry {
                     ino: attr.ino,
                     offset: cookie,
                     file_type: attr.file_type(),
                     name: &name,
-                    attr: Some(&shown),
+                    attr: Some(&attr),
                 });
                 if !full {
+                    // The table keeps no count: it changes with the data.
+                    attr.stored_blocks = None;
                     st.add_lookup(ino, &name, attr, target, home);
                 }
                 full

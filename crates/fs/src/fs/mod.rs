@@ -60,6 +60,11 @@ pub const BLOCK_SIZE: u64 = 4096;
 pub const XATTR_SIZE_MAX: usize = 65536;
 /// Longest symlink target.
 pub const SYMLINK_MAX: usize = schema::PATH_MAX - 1;
+/// The blocks a file of `size` bytes spans (every one stored unless the
+/// file may have holes).
+pub(crate) fn blocks_to(size: u64) -> u64 {
+    size.div_ceil(BLOCK_SIZE)
+}
 /// Largest file (the block number must fit a u64 key; keep well inside).
 pub const FILE_SIZE_MAX: u64 = 1 << 50;
 /// Longest entry key a path may have: room is left for the data or

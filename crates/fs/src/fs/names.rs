@@ -130,8 +130,9 @@ impl FileSystem {
         let is_dir = mode & S_IFMT == S_IFDIR;
         let now = Timespec::now();
         let mut batch = WriteBatch::new();
+        let ino = st.allocate_ino(&mut batch);
         let (attr, inherited_acls) =
-            self.new_inode(st, &mut batch, &key, parent, mode, caller, now)?;
+            self.new_inode(st, &mut batch, ino, &key, parent, mode, caller, now)?;
         let attr = Attr {
             rdev,
             size: target.len() as u64,
@@ -157,16 +158,16 @@ impl FileSystem {
         Ok(attr)
     }
 
-    /// The attributes of a new inode of `mode` in `parent` (its number
-    /// taken from the table), with the ACLs it inherits put under
-    /// `file_key`: the directory's default ACL or the caller's umask, and
-    /// the BSD group under a set-group-ID directory. Returns the
-    /// attributes and whether ACLs were stored.
+    /// The attributes of new inode `ino` of `mode` in `parent`, with the
+    /// ACLs it inherits put under `file_key`: the directory's default ACL
+    /// or the caller's umask, and the BSD group under a set-group-ID
+    /// directory. Returns the attributes and whether ACLs were stored.
     #[allow(clippy::too_many_arguments)]
     fn new_inode(
         &self,
         st: &mut State,
         batch: &mut WriteBatch,
+        ino: Ino,
         file_key: &[u8],
         parent: Ino,
         mode: u32,
@@ -194,7 +195,6 @@ impl FileSystem {
         } else {
             caller.gid
         };
-        let ino = st.allocate_ino(batch);
         let acls = [
             (acl::ACCESS_XATTR, &inherited.access),
             (acl::DEFAULT_XATTR, &inherited.default),
@@ -227,18 +227,18 @@ impl FileSystem {
         st.check_dir_change(parent, false)?;
         let now = Timespec::now();
         let mut batch = WriteBatch::new();
-        let ino = st.next_ino;
+        let ino = st.allocate_ino(&mut batch);
         let key = schema::inode_key(ino);
         let (mut attr, acls) = self.new_inode(
             &mut st,
             &mut batch,
+            ino,
             &key,
             parent,
             S_IFREG | (mode & 0o7777),
             caller,
             now,
         )?;
-        debug_assert_eq!(attr.ino, ino);
         attr.nlink = 0;
         batch.put(KeySpace::Meta, &key, &inode_record(&attr, &[]));
         batch.put(KeySpace::Meta, &schema::orphan_key(ino), &[]);
@@ -466,8 +466,9 @@ impl FileSystem {
                 tracing::error!("inode {cur}: {}", e.0);
                 Errno::EIO
             })?;
+            let parent = bp.parent;
             chain.push((cur, bp));
-            cur = chain.last().map_or(ROOT_INO, |(_, bp)| bp.parent);
+            cur = parent;
         }
         let mut loaded = Vec::new();
         let result = (|| {
@@ -712,9 +713,11 @@ impl FileSystem {
             // name in the same batch, after everything of the old name
             // moved (its inherited ACLs must not move with it).
             if let Some(caller) = flags.whiteout {
+                let ino = st.allocate_ino(&mut batch);
                 let (whiteout, _) = self.new_inode(
                     &mut st,
                     &mut batch,
+                    ino,
                     &src.key,
                     parent,
                     libc::S_IFCHR,

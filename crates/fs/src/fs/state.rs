@@ -131,24 +131,12 @@ impl State {
         Ok(())
     }
 
-    /// Notes a change of `ino`'s data that may leave holes below
-    /// `new_size`: blocks from `first_written` on are written, those from
-    /// the old end's block to there (and up to a size set without writing)
-    /// are not stored.
-    pub(super) fn note_data_change(
-        &mut self,
-        ino: Ino,
-        first_written: Option<u64>,
-        new_size: u64,
-    ) -> FsResult<()> {
+    /// Notes a change of `ino`'s data (its stored blocks must be counted
+    /// again); `leaves_holes` marks the file as one that may have holes.
+    pub(super) fn note_data_change(&mut self, ino: Ino, leaves_holes: bool) -> FsResult<()> {
         let node = self.node_mut(ino)?;
         node.data_version += 1;
-        let stored_end = node.attr.size.div_ceil(super::BLOCK_SIZE);
-        let gap = match first_written {
-            Some(block) => block > stored_end,
-            None => new_size.div_ceil(super::BLOCK_SIZE) > stored_end,
-        };
-        if gap {
+        if leaves_holes {
             node.attr.flags |= crate::record::SPARSE_FL;
         }
         Ok(())
