@@ -160,9 +160,7 @@ fn chattr_flags_are_kept_and_enforced() {
         Err(libc::EOPNOTSUPP)
     );
     set_flags(&m.path("d/inside"), FS_NODUMP_FL | FS_NOATIME_FL).unwrap();
-    let (image, dir) = (m.image.clone(), m.dir.clone());
-    m.unmount();
-    let m = Mount::start(&image, &dir, &[]);
+    let m = m.remount(&[]);
     assert_eq!(get_flags(&m.path("f")), Ok(FS_IMMUTABLE_FL));
     assert_eq!(get_flags(&m.path("a")), Ok(FS_APPEND_FL));
     assert_eq!(
@@ -206,9 +204,7 @@ fn chattr_flags_are_kept_and_enforced() {
     set_flags(&m.path("a"), 0).unwrap();
     fs::remove_file(m.path("f")).unwrap();
     fs::remove_file(m.path("a")).unwrap();
-    let image = m.image.clone();
-    m.unmount();
-    assert_fsck_clean(&image, "after chattr");
+    m.unmount_fsck_clean("after chattr");
 }
 
 fn drop_caches() {
@@ -249,9 +245,7 @@ fn statx_reports_the_birth_time() {
         0
     );
     assert_eq!(statx_btime(&m.path("g")), Some(born));
-    let (image, dir) = (m.image.clone(), m.dir.clone());
-    m.unmount();
-    let m = Mount::start(&image, &dir, &[]);
+    let m = m.remount(&[]);
     assert_eq!(statx_btime(&m.path("g")), Some(born));
     m.unmount();
 }
@@ -281,20 +275,7 @@ fn o_tmpfile_makes_unnamed_files_that_link_may_name() {
     assert_eq!(meta.mode() & 0o7777, 0o640);
     assert!(fs::read_dir(m.path("d")).unwrap().next().is_none());
     assert_eq!(fs::metadata(m.path("d")).unwrap().mtime_nsec(), before);
-    let fd_path = format!("/proc/self/fd/{}", named.as_raw_fd());
-    let target = cstr(&m.path("d/named"));
-    let from = std::ffi::CString::new(fd_path).unwrap();
-    // SAFETY: valid paths.
-    let r = unsafe {
-        libc::linkat(
-            libc::AT_FDCWD,
-            from.as_ptr(),
-            libc::AT_FDCWD,
-            target.as_ptr(),
-            libc::AT_SYMLINK_FOLLOW,
-        )
-    };
-    assert_eq!(r, 0, "linkat: {}", errno());
+    assert_eq!(link_open_file(&named, &m.path("d/named")), 0);
     assert_eq!(named.metadata().unwrap().nlink(), 1);
     named.write_all_at(b"!", 4).unwrap();
     drop(named);
@@ -303,19 +284,7 @@ fn o_tmpfile_makes_unnamed_files_that_link_may_name() {
     let scratch = open_tmp(0);
     scratch.write_all_at(&[1; 10_000], 0).unwrap();
     let excl = open_tmp(libc::O_EXCL);
-    let from = std::ffi::CString::new(format!("/proc/self/fd/{}", excl.as_raw_fd())).unwrap();
-    let target = cstr(&m.path("d/excl"));
-    // SAFETY: valid paths.
-    let r = unsafe {
-        libc::linkat(
-            libc::AT_FDCWD,
-            from.as_ptr(),
-            libc::AT_FDCWD,
-            target.as_ptr(),
-            libc::AT_SYMLINK_FOLLOW,
-        )
-    };
-    assert_eq!((r, errno()), (-1, libc::ENOENT));
+    assert_eq!(link_open_file(&excl, &m.path("d/excl")), libc::ENOENT);
     let files_while_open = statfs_files(&m.dir);
     drop(scratch);
     drop(excl);
@@ -343,8 +312,29 @@ fn o_tmpfile_makes_unnamed_files_that_link_may_name() {
     let m = Mount::start(&image, &dir, &[]);
     assert_eq!(statfs_files(&m.dir), files - 1);
     assert_eq!(fs::read(m.path("d/named")).unwrap(), b"kept!");
-    m.unmount();
-    assert_fsck_clean(&image, "after O_TMPFILE");
+    m.unmount_fsck_clean("after O_TMPFILE");
+}
+
+/// linkat(2) of an open file, through /proc/self/fd, to `to`: 0 or the
+/// errno.
+fn link_open_file(f: &File, to: &Path) -> i32 {
+    let from = cstr(Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd())));
+    let to = cstr(to);
+    // SAFETY: valid NUL-terminated paths.
+    let r = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if r == 0 {
+        0
+    } else {
+        errno()
+    }
 }
 
 /// Inodes in use (statfs's files minus free files).
@@ -427,15 +417,12 @@ fn rename_whiteout_leaves_a_whiteout() {
         ),
         libc::EINVAL
     );
-    let (image, dir) = (m.image.clone(), m.dir.clone());
-    m.unmount();
-    let m = Mount::start(&image, &dir, &[]);
+    let m = m.remount(&[]);
     for name in ["f", "g", "dir"] {
         let meta = fs::symlink_metadata(m.path(name)).unwrap();
         assert_eq!(meta.mode() & libc::S_IFMT, libc::S_IFCHR, "{name}");
     }
-    m.unmount();
-    assert_fsck_clean(&image, "after whiteouts");
+    m.unmount_fsck_clean("after whiteouts");
 }
 
 #[test]
@@ -519,9 +506,7 @@ fn copy_file_range_copies_inside_the_file_system() {
     // Overlapping ranges of one file are refused.
     assert_eq!(copy(&same, 0, &same, 50, 100), -i64::from(libc::EINVAL));
     drop((from, same, to));
-    let image = m.image.clone();
-    m.unmount();
-    assert_fsck_clean(&image, "after copy_file_range");
+    m.unmount_fsck_clean("after copy_file_range");
 }
 
 /// `betreefs mount -o remount,...` (what mount(8) runs through the
@@ -809,9 +794,7 @@ fn st_blocks_counts_the_blocks_stored() {
     f.write_all_at(&[4u8; 8192], 0).unwrap();
     drop(f);
     assert_eq!(blocks("sparse"), 3 * 8);
-    let (image, dir) = (m.image.clone(), m.dir.clone());
-    m.unmount();
-    let m = Mount::start(&image, &dir, &[]);
+    let m = m.remount(&[]);
     let out = std::process::Command::new("du")
         .arg("-k")
         .arg(m.path("empty"))
@@ -941,9 +924,7 @@ fn file_handles_find_files_after_eviction_renames_and_remounts() {
     assert_eq!(read_by_handle(&mount_fd, &file), b"handled");
     // Nor does a remount (a new daemon, an empty inode table).
     drop(mount_fd);
-    let (image, dir_path) = (m.image.clone(), m.dir.clone());
-    m.unmount();
-    let m = Mount::start(&image, &dir_path, &[]);
+    let m = m.remount(&[]);
     let mount_fd = File::open(&m.dir).unwrap();
     assert_eq!(read_by_handle(&mount_fd, &file), b"handled");
     assert_eq!(read_by_handle(&mount_fd, &linked), b"linked");
@@ -960,6 +941,5 @@ fn file_handles_find_files_after_eviction_renames_and_remounts() {
         );
     }
     drop(mount_fd);
-    m.unmount();
-    assert_fsck_clean(&image, "after file handles");
+    m.unmount_fsck_clean("after file handles");
 }

@@ -213,13 +213,10 @@ fn directories_names_links_and_renames_through(transport: &str) {
     let ino = fs::metadata(m.path("y/c/file")).unwrap().ino();
     fs::rename(m.path("y"), m.path("z")).unwrap();
     assert_eq!(fs::metadata(m.path("z/c/file")).unwrap().ino(), ino);
-    let (image, dir) = (m.image.clone(), m.dir.clone());
-    m.unmount();
-    let m = Mount::start(&image, &dir, &[]);
+    let m = m.remount(&[]);
     assert_eq!(fs::metadata(m.path("z/c/file")).unwrap().ino(), ino);
     assert_eq!(fs::metadata(m.path("hl")).unwrap().nlink(), 1);
-    m.unmount();
-    assert_fsck_clean(&image, "after renames and links");
+    m.unmount_fsck_clean("after renames and links");
 }
 
 #[test]

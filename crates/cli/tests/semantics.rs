@@ -305,9 +305,7 @@ fn space_is_reported_as_documented() {
     fs::write(m.path("d/x"), b"x").unwrap();
     assert_eq!(fs::metadata(m.path("d")).unwrap().len(), 0);
     drop(f);
-    let image = m.image.clone();
-    m.unmount();
-    assert_fsck_clean(&image, "after punched and zeroed ranges");
+    m.unmount_fsck_clean("after punched and zeroed ranges");
 }
 
 #[test]
@@ -332,9 +330,7 @@ fn writeback_mounts_keep_data_and_sizes() {
         .chunks(100)
         .enumerate()
         .all(|(i, c)| c == [i as u8; 100]));
-    let (image, dir) = (m.image.clone(), m.dir.clone());
-    m.unmount();
-    let m = Mount::start(&image, &dir, &[]);
+    let m = m.remount(&[]);
     assert_eq!(fs::read(m.path("f")).unwrap(), data);
     m.unmount();
 }
@@ -663,13 +659,10 @@ fn posix_acls_are_enforced_and_follow_the_mode() {
     assert_eq!(mode(&g), 0o640);
 
     // All of it survives a remount.
-    let (image, dir) = (m.image.clone(), m.dir.clone());
-    m.unmount();
-    let m = Mount::start(&image, &dir, &[]);
+    let m = m.remount(&[]);
     assert_eq!(mode(&m.path("f")), 0o640);
     assert_eq!(get_xattr(&m.path("d"), DEFAULT, 4096).unwrap(), default);
     assert!(reads(alice, &m.path("d/new")));
     assert!(!reads(bob, &m.path("d/new")));
-    m.unmount();
-    assert_fsck_clean(&image, "after ACLs");
+    m.unmount_fsck_clean("after ACLs");
 }

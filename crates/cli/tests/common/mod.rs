@@ -253,6 +253,21 @@ impl Mount {
         assert!(!is_mounted(&self.dir), "SIGTERM left the mount in place");
     }
 
+    /// Unmounts, then mounts the same image on the same directory again
+    /// (a fresh daemon) with `options`.
+    pub fn remount(self, options: &[&str]) -> Mount {
+        let (image, dir) = (self.image.clone(), self.dir.clone());
+        self.unmount();
+        Mount::start(&image, &dir, options)
+    }
+
+    /// Unmounts; `betreefs fsck` must then find the image clean.
+    pub fn unmount_fsck_clean(self, context: &str) {
+        let image = self.image.clone();
+        self.unmount();
+        assert_fsck_clean(&image, context);
+    }
+
     /// kill -9 of the daemon; the dead mount is left in place (the next
     /// mount detaches it).
     pub fn kill(mut self) {
