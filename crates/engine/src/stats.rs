@@ -78,6 +78,8 @@ pub struct StatsSnapshot {
     pub tree_heights: Vec<u32>,
     pub node_region_bytes: u64,
     pub node_region_used_bytes: u64,
+    /// Space promised to writes not yet made ([`crate::Reservation`]).
+    pub promised_bytes: u64,
 }
 
 impl Stats {

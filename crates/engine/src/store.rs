@@ -10,6 +10,7 @@
 //! while dirty nodes are written (see docs/design.md for the cost).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -142,6 +143,27 @@ struct Inner {
     /// Writes refused for now (a remount read-only of a store opened
     /// read-write): see [`Store::set_writes_refused`].
     writes_refused: std::sync::atomic::AtomicBool,
+    /// Bytes promised to writes not yet made ([`Reservation`]); changed
+    /// only under the tree lock, with the write that changes it.
+    promised_bytes: AtomicU64,
+}
+
+/// Space a write promises to later writes, or gives back.
+///
+/// A file system that preallocates (fallocate) promises space without
+/// writing: the store counts the promise as used, so other writes are
+/// refused before they could take it, and a later write that draws on it
+/// (`release`) is checked against a smaller copy-on-write reserve (see
+/// `Tree::space_low`). The store does not remember promises across opens:
+/// whoever made them persists them and sets the total again with
+/// [`Store::set_promised_bytes`] after opening.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reservation {
+    /// Bytes newly promised: the write is refused with `NoSpace` unless
+    /// they fit beside everything used and promised already.
+    pub take: u64,
+    /// Bytes of earlier promises this write uses up or gives back.
+    pub release: u64,
 }
 
 /// A durable B^ε-tree key-value store with two key spaces.
@@ -382,6 +404,7 @@ impl Store {
             options,
             recovery,
             writes_refused: std::sync::atomic::AtomicBool::new(false),
+            promised_bytes: AtomicU64::new(0),
         });
         let needs_worker = !inner.options.read_only
             && (inner.options.log_flush_interval.is_some()
@@ -431,7 +454,24 @@ impl Store {
     /// readers on return, durable after the next [`Store::sync`] (or log
     /// flush interval).
     pub fn write(&self, batch: &WriteBatch) -> EngineResult<u64> {
-        self.inner.write(batch)
+        self.inner.write(batch, Reservation::default())
+    }
+
+    /// [`Store::write`] that also changes the space promised to later
+    /// writes, atomically with the batch (see [`Reservation`]).
+    pub fn write_reserving(
+        &self,
+        batch: &WriteBatch,
+        reservation: Reservation,
+    ) -> EngineResult<u64> {
+        self.inner.write(batch, reservation)
+    }
+
+    /// Sets the space promised to later writes (after opening: the store
+    /// keeps no record of promises itself).
+    pub fn set_promised_bytes(&self, bytes: u64) {
+        let _tree = self.inner.lock_tree();
+        self.inner.promised_bytes.store(bytes, Ordering::Relaxed);
     }
 
     pub fn get(&self, ks: KeySpace, key: &[u8]) -> EngineResult<Option<Vec<u8>>> {
@@ -645,10 +685,23 @@ impl Inner {
         e
     }
 
-    fn write(&self, batch: &WriteBatch) -> EngineResult<u64> {
+    fn write(&self, batch: &WriteBatch, reservation: Reservation) -> EngineResult<u64> {
         self.check_writable()?;
         check_batch(batch, &self.merges)?;
         if batch.is_empty() {
+            if reservation.take > 0 {
+                return Err(EngineError::InvalidMessage(
+                    "space promised by an empty batch".into(),
+                ));
+            }
+            if reservation.release > 0 {
+                let _tree = self.lock_tree();
+                let promised = self.promised_bytes.load(Ordering::Relaxed);
+                self.promised_bytes.store(
+                    promised.saturating_sub(reservation.release),
+                    Ordering::Relaxed,
+                );
+            }
             return Ok(0);
         }
         let payload = batch.encode();
@@ -656,10 +709,25 @@ impl Inner {
         // Again under the lock: a checkpoint for a remount read-only must
         // not be followed by a write that checked before it began.
         self.check_writable()?;
-        if needs_space(batch) && tree.space_low() {
-            self.reclaim_space(&mut tree)?;
-            if tree.space_low() {
-                return Err(EngineError::NoSpace);
+        let promised = self.promised_bytes.load(Ordering::Relaxed);
+        let promised_after = (promised + reservation.take).saturating_sub(reservation.release);
+        if reservation.take > 0 || needs_space(batch) {
+            // A write drawing on a promise is checked with the promise
+            // already given back; one making a promise, with it taken.
+            let drawing = reservation.release > 0 && reservation.take == 0;
+            let counted = if drawing {
+                promised_after
+            } else {
+                promised + reservation.take
+            };
+            if tree.space_low(counted, drawing) {
+                self.reclaim_space(&mut tree)?;
+                if drawing && tree.space_low(counted, drawing) {
+                    self.free_replaced_copies(&mut tree)?;
+                }
+                if tree.space_low(counted, drawing) {
+                    return Err(EngineError::NoSpace);
+                }
             }
         }
         let seq = tree.next_seq;
@@ -687,6 +755,7 @@ impl Inner {
             }
         }
         tree.next_seq = seq + 1;
+        self.promised_bytes.store(promised_after, Ordering::Relaxed);
         if let Err(e) = tree.apply_batch(seq, batch) {
             return Err(self.poison(e));
         }
@@ -713,6 +782,21 @@ impl Inner {
             self.wake.notify_all();
         }
         Ok(seq)
+    }
+
+    /// Frees the copies of nodes that checkpoints since the last one
+    /// replaced: they stay allocated (the previous checkpoint may still be
+    /// the one recovery uses) until two more checkpoints have passed. Done
+    /// before refusing a write that space was promised to; a device too
+    /// full for the checkpoints themselves leaves things as they are.
+    fn free_replaced_copies(&self, tree: &mut Tree) -> EngineResult<()> {
+        for _ in 0..2 {
+            match self.checkpoint_locked(tree) {
+                Err(e) if e.is_no_space() => return Ok(()),
+                other => other?,
+            }
+        }
+        Ok(())
     }
 
     /// Before refusing a write for lack of space: push pending deletes down
@@ -793,6 +877,7 @@ impl Inner {
             snap.tree_heights = tree.heights();
             snap.node_region_bytes = tree.layout.nodes_bytes;
             snap.node_region_used_bytes = tree.alloc.live_blocks() * BLOCK_SIZE as u64;
+            snap.promised_bytes = self.promised_bytes.load(Ordering::Relaxed);
         }
         snap.finish();
         snap

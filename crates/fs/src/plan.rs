@@ -18,11 +18,27 @@ pub(crate) fn inode_record(attr: &Attr, target: &[u8]) -> Vec<u8> {
     .encode()
 }
 
+/// Slots of the counts record (see [`crate::record`]).
+pub(crate) const INODES_SLOT: usize = 0;
+pub(crate) const RESERVED_SLOT: usize = 1;
+
+/// Inodes in use change by `delta`.
 pub(crate) fn count_update(batch: &mut WriteBatch, delta: i64) {
+    counts_update(batch, INODES_SLOT, delta);
+}
+
+/// Blocks reserved (preallocated, not written) change by `delta`.
+pub(crate) fn reserved_count_update(batch: &mut WriteBatch, delta: i64) {
+    if delta != 0 {
+        counts_update(batch, RESERVED_SLOT, delta);
+    }
+}
+
+fn counts_update(batch: &mut WriteBatch, slot: usize, delta: i64) {
     let op = if delta >= 0 {
-        RecordOp::Add(0, delta as u64)
+        RecordOp::Add(slot, delta as u64)
     } else {
-        RecordOp::Sub(0, delta.unsigned_abs())
+        RecordOp::Sub(slot, delta.unsigned_abs())
     };
     batch.upsert(
         KeySpace::Meta,

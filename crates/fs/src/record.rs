@@ -25,7 +25,9 @@
 //!          reports them (FS_IMMUTABLE_FL 0x10, FS_APPEND_FL 0x20,
 //!          FS_NODUMP_FL 0x40, FS_NOATIME_FL 0x80), and SPARSE_FL
 //!          0x8000_0000 (never shown: the file may have holes, so
-//!          st_blocks is counted from its stored blocks); other bits are
+//!          st_blocks is counted from its stored blocks), PREALLOC_FL
+//!          0x4000_0000 (never shown, format 3: the file may have
+//!          reservations, so writes look for them); other bits are
 //!          refused on decode. Images before these flags wrote 0 here.
 //!  90   *  symlink target (symlinks only; the rest of the value)
 //! ```
@@ -41,13 +43,32 @@
 //!   8   *  name (1 to 255 bytes, unescaped)
 //! ```
 //!
-//! # File-system record, format version 2 (at `INFO_KEY`)
+//! # Reservation, format version 3 (at `reservation_key(file, end)`)
 //!
-//! Version 2 added back pointers; version 1 images are refused.
+//! Blocks [start, end) of a file preallocated by fallocate and not written
+//! since: they read as zeros (nothing is stored) and the space a write
+//! into them needs is held for it (see docs/design.md "Preallocation").
+//! Extents of one file are disjoint and never cover a stored block.
+//!
+//! ```text
+//!   0   8  start block (< end)
+//! ```
+//!
+//! # Counts (at `COUNTS_KEY`, a `MERGE_RECORD` value of u64 slots)
+//!
+//! Slot 0: inodes in use. Slot 1 (format 3): blocks reserved, the sum of
+//! every reservation's length.
+//!
+//! # File-system record, format version 3 (at `INFO_KEY`)
+//!
+//! Version 2 added back pointers; version 1 images are refused. Version 3
+//! added reservations and PREALLOC_FL; a version 2 image has neither and
+//! is read as it is, its record rewritten as version 3 by the first
+//! read-write mount (after which older builds refuse it).
 //!
 //! ```text
 //!   0   8  magic "betreefs"
-//!   8   4  version = 2
+//!   8   4  version = 3
 //!  12   8  inode numbers below this may have been handed out
 //!  20   8  creation time, seconds since the epoch
 //! ```
@@ -63,7 +84,9 @@ const INODE_FIXED: usize = 90;
 const LINK_LEN: usize = 14;
 
 pub const FS_MAGIC: &[u8; 8] = b"betreefs";
-pub const FS_VERSION: u32 = 2;
+pub const FS_VERSION: u32 = 3;
+/// The oldest format this build reads (and upgrades on a read-write mount).
+pub const FS_VERSION_OLDEST: u32 = 2;
 const FS_INFO_LEN: usize = 28;
 
 pub const S_IFMT: u32 = libc::S_IFMT;
@@ -145,6 +168,24 @@ pub const INODE_FLAGS: u32 = FS_IMMUTABLE_FL | FS_APPEND_FL | FS_NODUMP_FL | FS_
 /// extended by truncate or fallocate, or a range was punched or zeroed.
 /// Without it every block up to the size is stored.
 pub const SPARSE_FL: u32 = 0x8000_0000;
+/// The file may have reservations (preallocated blocks not yet written):
+/// writes into it look for them. Set by fallocate; kept until a
+/// truncate to zero.
+pub const PREALLOC_FL: u32 = 0x4000_0000;
+/// Flags the file system keeps for itself, never shown to users.
+pub const INTERNAL_FLAGS: u32 = SPARSE_FL | PREALLOC_FL;
+
+/// The value of a reservation (see the module doc): its first block.
+pub fn encode_reservation(start: u64) -> [u8; 8] {
+    start.to_le_bytes()
+}
+
+/// The first block of a reservation ending at `end`; `None` when the
+/// value is not a non-empty extent's.
+pub fn decode_reservation(value: &[u8], end: u64) -> Option<u64> {
+    let start = u64::from_le_bytes(value.try_into().ok()?);
+    (start < end).then_some(start)
+}
 
 impl Attr {
     /// A new inode: no data, every time `now`, two links for a directory
@@ -266,7 +307,7 @@ impl Record {
                 }
                 let [atime, mtime, ctime, crtime] = times;
                 let flags = d.u32().map_err(short)?;
-                if flags & !(INODE_FLAGS | SPARSE_FL) != 0 {
+                if flags & !(INODE_FLAGS | INTERNAL_FLAGS) != 0 {
                     return Err(bad(&format!("unknown inode flags {flags:#x}")));
                 }
                 let attr = Attr {
@@ -354,6 +395,16 @@ pub struct FsInfo {
 }
 
 impl FsInfo {
+    /// Whether a valid identity record is of an older format this build
+    /// upgrades (by writing it again) on a read-write mount.
+    pub fn is_older_format(value: &[u8]) -> bool {
+        let version = value
+            .get(FS_MAGIC.len()..FS_MAGIC.len() + 4)
+            .and_then(|v| v.try_into().ok())
+            .map(u32::from_le_bytes);
+        version.is_some_and(|v| v < FS_VERSION)
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(FS_INFO_LEN);
         out.extend_from_slice(FS_MAGIC);
@@ -378,9 +429,9 @@ impl FsInfo {
                 "file-system format version {version} is newer than this build reads ({FS_VERSION}): use a newer betreefs"
             )));
         }
-        if version < FS_VERSION {
+        if version < FS_VERSION_OLDEST {
             return Err(RecordError(format!(
-                "file-system format version {version} is older than this build reads ({FS_VERSION}: back pointers for file handles were added); copy the files out with the betreefs that made the image and into a new one"
+                "file-system format version {version} is older than this build reads ({FS_VERSION_OLDEST}: back pointers for file handles were added); copy the files out with the betreefs that made the image and into a new one"
             )));
         }
         let ino_reserved = d.u64().map_err(|_| foreign())?;
@@ -475,12 +526,17 @@ mod tests {
         let mut other = info.encode();
         other[0] = b'x';
         assert!(FsInfo::decode(&other).is_err());
+        assert!(!FsInfo::is_older_format(&info.encode()));
         let mut newer = info.encode();
-        newer[8] = 3;
-        assert!(FsInfo::decode(&newer).unwrap_err().0.contains("version 3"));
+        newer[8] = 4;
+        assert!(FsInfo::decode(&newer).unwrap_err().0.contains("version 4"));
         let mut older = info.encode();
         older[8] = 1;
         assert!(FsInfo::decode(&older).unwrap_err().0.contains("version 1"));
+        // Version 2 lacks only what version 3 added: read, and upgraded.
+        older[8] = 2;
+        assert_eq!(FsInfo::decode(&older), Ok(info));
+        assert!(FsInfo::is_older_format(&older));
     }
 
     #[test]

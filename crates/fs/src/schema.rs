@@ -28,11 +28,14 @@
 //!
 //! Every file, directory and symlink has a "file key" `F` (its entry key,
 //! its inode key, or [`ROOT_KEY`]): its attributes are at `F` in the
-//! metadata key space; in the data key space its blocks are `F 00 block`
-//! and its extended attributes `F 01 name` ([`xattr_key`]), so everything a
-//! file owns there is the one range [`file_range`]. Extended attributes are
-//! kept in the data space, not the metadata space the design suggests, so
-//! that readdir's scan of a directory's children never steps over them.
+//! metadata key space; in the data key space its blocks are `F 00 block`,
+//! its preallocated extents `F 01 00 end` ([`reservation_key`], format
+//! version 3) and its extended attributes `F 01 name` ([`xattr_key`]; a
+//! name never holds a NUL, so the two cannot meet), and everything a file
+//! owns there is the one range [`file_range`]: rename, link and unlink
+//! carry or drop all of it at once. Extended attributes are kept in the
+//! data space, not the metadata space the design suggests, so that
+//! readdir's scan of a directory's children never steps over them.
 
 /// Longest file name, in bytes (as in Linux).
 pub const NAME_MAX: usize = 255;
@@ -219,9 +222,36 @@ pub fn xattr_key(file: &[u8], name: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Every extended attribute of a file (data key space).
+/// Every extended attribute of a file (data key space): after its
+/// reservations (`F 01 00 ...`), since no name starts with a NUL.
 pub fn xattr_range(file: &[u8]) -> (Vec<u8>, Vec<u8>) {
-    range_after(file, SEP_DIR, RANGE_END)
+    let (_, hi) = range_after(file, SEP_DIR, RANGE_END);
+    ([file, &[SEP_DIR, 0x01]].concat(), hi)
+}
+
+const RESERVATION_TAG: [u8; 2] = [SEP_DIR, 0x00];
+
+/// The key of the preallocated extent of a file that ends (exclusive) at
+/// block `end`; its value is the first block (see
+/// [`crate::record::encode_reservation`]). Keyed by the end, a query
+/// from just past a block finds first the one extent that could hold it.
+pub fn reservation_key(file: &[u8], end: u64) -> Vec<u8> {
+    [file, &RESERVATION_TAG, &end.to_be_bytes()].concat()
+}
+
+/// The end block of a reservation key of `file`.
+pub fn reservation_end(file: &[u8], key: &[u8]) -> Option<u64> {
+    let rest = key.strip_prefix(file)?.strip_prefix(&RESERVATION_TAG)?;
+    Some(u64::from_be_bytes(rest.try_into().ok()?))
+}
+
+/// Every reservation of a file ending past block `after` (data key space).
+pub fn reservations_ending_after(file: &[u8], after: u64) -> (Vec<u8>, Vec<u8>) {
+    let lo = match after.checked_add(1) {
+        Some(end) => reservation_key(file, end),
+        None => xattr_range(file).0,
+    };
+    (lo, xattr_range(file).0)
 }
 
 /// Everything a file owns in the data key space: blocks, then xattrs.
@@ -233,6 +263,7 @@ pub fn file_range(file: &[u8]) -> (Vec<u8>, Vec<u8>) {
 #[derive(Debug, PartialEq, Eq)]
 pub enum DataKey<'a> {
     Block { file: &'a [u8], block: u64 },
+    Reservation { file: &'a [u8], end: u64 },
     Xattr { file: &'a [u8], name: &'a [u8] },
 }
 
@@ -254,6 +285,10 @@ pub fn parse_data_key(key: &[u8]) -> Option<DataKey<'_>> {
         (&SEP_ENTRY, block) => Some(DataKey::Block {
             file,
             block: u64::from_be_bytes(block.try_into().ok()?),
+        }),
+        (&SEP_DIR, [0x00, end @ ..]) => Some(DataKey::Reservation {
+            file,
+            end: u64::from_be_bytes(end.try_into().ok()?),
         }),
         (&SEP_DIR, name) if !name.is_empty() => Some(DataKey::Xattr { file, name }),
         _ => None,
@@ -469,6 +504,22 @@ mod tests {
         );
         assert!(within(&x, &file_range(&f)) && within(&data_key(&f, 0), &file_range(&f)));
         assert!(!within(&x, &data_range(&f)));
+        // Reservations: in the file's range, outside its blocks and its
+        // xattrs (even one named by the lowest byte a name may start with).
+        for end in [1, 2, u64::MAX] {
+            let rk = reservation_key(&f, end);
+            assert_eq!(
+                parse_data_key(&rk),
+                Some(DataKey::Reservation { file: &f, end })
+            );
+            assert_eq!(reservation_end(&f, &rk), Some(end));
+            assert!(within(&rk, &file_range(&f)));
+            assert!(!within(&rk, &data_range(&f)) && !within(&rk, &xattr_range(&f)));
+            assert!(within(&xattr_key(&f, b"\x01"), &xattr_range(&f)));
+            let after = reservations_ending_after(&f, end.saturating_sub(1));
+            assert!(within(&rk, &after));
+            assert!(!within(&reservation_key(&f, end - 1), &after));
+        }
         let i = inode_key(0x0200);
         assert_eq!(
             parse_data_key(&data_key(&i, 1)),

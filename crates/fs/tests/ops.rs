@@ -371,8 +371,12 @@ fn fsck_repairs_what_it_can() {
     let sub = fs.mkdir(d, b"sub", 0o755, ME).unwrap().ino;
     write_file(&fs, sub, b"kept", b"still here");
     let f = write_file(&fs, ROOT_INO, b"f", b"f");
+    let (p, fh) = fs.create(ROOT_INO, b"p", 0o644, 0, ME).unwrap();
+    fs.fallocate(p.ino, 0, 10 * 4096, 0, None).unwrap();
+    fs.release(fh).unwrap();
     let fs = remount(&dev, fs);
     let d_key = schema::entry_key(b"", b"d");
+    let f_key = schema::entry_key(b"", b"f");
     let mut damage = WriteBatch::new();
     damage
         // A directory's record lost: "sub" and "sub/kept" have no parent.
@@ -394,7 +398,20 @@ fn fsck_repairs_what_it_can() {
             }
             .encode(),
         )
+        // Counts overwritten: the inode count wrong, the reserved one lost.
         .put(KeySpace::Meta, schema::COUNTS_KEY, &77u64.to_le_bytes())
+        // Reservations of no file, and of a file not preallocated (over
+        // its stored block).
+        .put(
+            KeySpace::Data,
+            &schema::reservation_key(b"\x00nofile", 5),
+            &2u64.to_le_bytes(),
+        )
+        .put(
+            KeySpace::Data,
+            &schema::reservation_key(&f_key, 1),
+            &0u64.to_le_bytes(),
+        )
         // Back pointers: one missing, one wrong, one of no inode.
         .delete(KeySpace::Meta, &schema::back_pointer_key(f))
         .put(
@@ -444,6 +461,8 @@ fn fsck_repairs_what_it_can() {
         fs.lookup(ROOT_INO, b"dangling"),
         Err(betreefs_fs::Errno::ENOENT)
     );
+    // The sound reservation is counted again, and held back at mount.
+    assert_eq!(fs.store().stats().promised_bytes, 10 * 2 * (4096 + 512));
 }
 
 #[test]
@@ -468,6 +487,7 @@ enum DataOp {
     Punch { at: u64, len: u64 },
     Zero { at: u64, len: u64, keep_size: bool },
     Truncate { size: u64 },
+    Preallocate { at: u64, len: u64, keep_size: bool },
 }
 
 fn data_op() -> impl proptest::strategy::Strategy<Value = DataOp> {
@@ -487,7 +507,9 @@ fn data_op() -> impl proptest::strategy::Strategy<Value = DataOp> {
             len,
             keep_size
         }),
-        at.prop_map(|size| DataOp::Truncate { size }),
+        at.clone().prop_map(|size| DataOp::Truncate { size }),
+        (at, 1u64..30_000, any::<bool>())
+            .prop_map(|(at, len, keep_size)| { DataOp::Preallocate { at, len, keep_size } }),
     ]
 }
 
@@ -541,6 +563,14 @@ proptest::proptest! {
                     set_size(&fs, ino, size);
                     model.resize(size as usize, 0);
                 }
+                DataOp::Preallocate { at, len, keep_size } => {
+                    let mode = if keep_size { libc::FALLOC_FL_KEEP_SIZE } else { 0 };
+                    fs.fallocate(ino, at, len, mode, None).unwrap();
+                    let end = (at + len) as usize;
+                    if !keep_size && model.len() < end {
+                        model.resize(end, 0);
+                    }
+                }
             }
         }
         for round in 0..2 {
@@ -578,6 +608,10 @@ proptest::proptest! {
                 fs.seek_data_or_hole(ino, size, libc::SEEK_HOLE),
                 Err(Errno(libc::ENXIO))
             );
+            // Reservations: disjoint, over no stored block, adding up to
+            // the count the store holds back.
+            let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
+            proptest::prop_assert!(report.is_clean(), "{:?} after {:?}", report.problems, ops);
             if round == 0 {
                 fs.release(fh).unwrap();
                 fs = remount(&dev, fs);
@@ -585,4 +619,186 @@ proptest::proptest! {
             }
         }
     }
+}
+
+fn free_blocks(fs: &FileSystem) -> u64 {
+    fs.statfs().blocks_free
+}
+
+fn promised(fs: &FileSystem) -> u64 {
+    fs.store().stats().promised_bytes
+}
+
+/// Writes `byte` over [`at`, `at + len`) in 64 KiB requests; the bytes
+/// written before the first error, and that error.
+fn fill(fs: &FileSystem, ino: u64, fh: u64, at: u64, len: u64, byte: u8) -> (u64, Option<Errno>) {
+    let chunk = vec![byte; 64 << 10];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(chunk.len() as u64) as usize;
+        match fs.write(ino, fh, at + done, &chunk[..n], None) {
+            Ok(0) => return (done, Some(Errno(libc::ENOSPC))),
+            Ok(w) => done += u64::from(w),
+            Err(e) => return (done, Some(e)),
+        }
+    }
+    (done, None)
+}
+
+/// fallocate mode 0 holds the space back: other writes run out of room
+/// first, and every write into the preallocated range then succeeds —
+/// also after a remount; freeing the file (or cutting it short) gives
+/// the promise back.
+#[test]
+fn preallocated_blocks_stay_writable_on_a_full_device() {
+    const RANGE: u64 = 4 << 20;
+    let (dev, fs) = fresh();
+    let before = free_blocks(&fs);
+    let (a, fa) = fs.create(ROOT_INO, b"a", 0o644, 0, ME).unwrap();
+    fs.fallocate(a.ino, 0, RANGE, 0, None).unwrap();
+    assert_eq!(fs.getattr(a.ino).unwrap().size, RANGE);
+    assert!(
+        before - free_blocks(&fs) >= RANGE / 4096,
+        "df shows the range taken: {before} -> {}",
+        free_blocks(&fs)
+    );
+    let held = promised(&fs);
+    assert!(held >= RANGE, "{held}");
+    // A power cut after fsync keeps the promise: it is in the log.
+    fs.fsync().unwrap();
+    let crashed = MemDevice::from_image(dev.crash_image(betreefs_store::CrashMode::DropUnsynced));
+    let store = Store::open_on(Arc::new(crashed), options()).unwrap();
+    let recovered = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
+    assert_eq!(promised(&recovered), held, "after a power cut");
+    drop(recovered);
+    // More than is left: refused, nothing changes.
+    let (big, fbig) = fs.create(ROOT_INO, b"big", 0o644, 0, ME).unwrap();
+    assert_eq!(
+        fs.fallocate(big.ino, 0, 1 << 30, 0, None),
+        Err(Errno(libc::ENOSPC))
+    );
+    assert_eq!(fs.getattr(big.ino).unwrap().size, 0);
+    assert_eq!(promised(&fs), held);
+
+    // Another file fills the device.
+    let (filled, err) = fill(&fs, big.ino, fbig, 0, 1 << 30, 7);
+    assert_eq!(err, Some(Errno(libc::ENOSPC)), "after {filled} bytes");
+    assert!(filled > 8 << 20, "{filled}");
+    // The preallocated range takes all of its bytes.
+    let (wrote, err) = fill(&fs, a.ino, fa, 0, RANGE, 1);
+
+    assert_eq!((wrote, err), (RANGE, None));
+    assert_eq!(promised(&fs), 0, "every reserved block was written");
+    let fs = {
+        fs.release(fa).unwrap();
+        fs.release(fbig).unwrap();
+        remount(&dev, fs)
+    };
+    let a = fs.lookup(ROOT_INO, b"a").unwrap().ino;
+    assert!(read_all(&fs, a).iter().all(|&b| b == 1));
+    let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+
+    // Room again; a KEEP_SIZE reservation past the end survives a remount.
+    fs.unlink(ROOT_INO, b"big").unwrap();
+    let fh = fs.open(a, libc::O_RDWR, None).unwrap();
+    fs.fallocate(a, RANGE, RANGE, libc::FALLOC_FL_KEEP_SIZE, None)
+        .unwrap();
+    assert_eq!(fs.getattr(a).unwrap().size, RANGE);
+    let held = promised(&fs);
+    fs.release(fh).unwrap();
+    let fs = remount(&dev, fs);
+    assert_eq!(promised(&fs), held, "the promise is kept across a remount");
+    let a = fs.lookup(ROOT_INO, b"a").unwrap().ino;
+    let (c, fc) = fs.create(ROOT_INO, b"c", 0o644, 0, ME).unwrap();
+    let (_, err) = fill(&fs, c.ino, fc, 0, 1 << 30, 3);
+    assert_eq!(err, Some(Errno(libc::ENOSPC)));
+    let fh = fs.open(a, libc::O_RDWR, None).unwrap();
+    let (wrote, err) = fill(&fs, a, fh, RANGE, RANGE, 2);
+    assert_eq!((wrote, err), (RANGE, None));
+    assert_eq!(promised(&fs), 0);
+
+    // Promises go back when the blocks are cut off or the file removed.
+    fs.release(fc).unwrap();
+    fs.unlink(ROOT_INO, b"c").unwrap();
+    let (d, fd) = fs.create(ROOT_INO, b"d", 0o644, 0, ME).unwrap();
+    fs.fallocate(d.ino, 0, RANGE, libc::FALLOC_FL_KEEP_SIZE, None)
+        .unwrap();
+    assert!(promised(&fs) >= RANGE);
+    // As ext4: truncate to the same size or less frees what lies past the
+    // end; growing keeps it.
+    set_size(&fs, d.ino, 4096);
+    assert!(promised(&fs) > 0);
+    set_size(&fs, d.ino, 4096);
+    let one_block = 2 * (4096 + 512);
+    assert_eq!(
+        promised(&fs),
+        one_block,
+        "truncate frees the blocks past the end; block 0 is inside"
+    );
+    fs.fallocate(d.ino, 0, RANGE, 0, None).unwrap();
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    fs.fallocate(d.ino, 0, RANGE / 2, punch, None).unwrap();
+    let half = promised(&fs);
+    assert_eq!(
+        half,
+        RANGE / 2 / 4096 * one_block,
+        "punching frees its half"
+    );
+    fs.unlink(ROOT_INO, b"d").unwrap();
+    assert_eq!(promised(&fs), half, "still open");
+    fs.release(fd).unwrap();
+    assert_eq!(promised(&fs), 0, "freed with the file");
+    fs.release(fh).unwrap();
+    let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
+
+/// A version 2 image (before reservations) mounts; a read-write mount
+/// upgrades its identity record to version 3, a read-only one leaves it.
+#[test]
+fn version_2_images_are_upgraded_by_a_read_write_mount() {
+    use betreefs_engine::KeySpace;
+    use betreefs_fs::record::FsInfo;
+    use betreefs_fs::schema;
+    let (dev, fs) = fresh();
+    write_file(&fs, ROOT_INO, b"f", b"kept");
+    let mut info = fs
+        .store()
+        .get(KeySpace::Meta, schema::INFO_KEY)
+        .unwrap()
+        .unwrap();
+    info[8] = 2;
+    fs.store()
+        .put(KeySpace::Meta, schema::INFO_KEY, &info)
+        .unwrap();
+    fs.close().unwrap();
+    let version = |store: &Store| {
+        let info = store
+            .get(KeySpace::Meta, schema::INFO_KEY)
+            .unwrap()
+            .unwrap();
+        u32::from_le_bytes(info[8..12].try_into().unwrap())
+    };
+    let read_only = Options {
+        read_only: true,
+        ..options()
+    };
+    let store = Store::open_on(Arc::new(dev.clone()), read_only).unwrap();
+    let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
+    assert_eq!(version(fs.store()), 2);
+    let f = fs.lookup(ROOT_INO, b"f").unwrap().ino;
+    assert_eq!(read_all(&fs, f), b"kept");
+    fs.close().unwrap();
+    let store = Store::open_on(Arc::new(dev.clone()), options()).unwrap();
+    let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
+    assert_eq!(version(fs.store()), 3);
+    assert!(!FsInfo::is_older_format(
+        &fs.store()
+            .get(KeySpace::Meta, schema::INFO_KEY)
+            .unwrap()
+            .unwrap()
+    ));
+    let fs = remount(&dev, fs);
+    assert_eq!(version(fs.store()), 3);
 }

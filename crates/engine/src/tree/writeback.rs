@@ -179,11 +179,25 @@ impl Tree {
     /// where it comes in node-sized runs: on a nearly full, fragmented
     /// device the dirty nodes (and the nodes a checkpoint after deletes
     /// rewrites) must still find room, or no checkpoint could ever run.
-    pub fn space_low(&self) -> bool {
+    ///
+    /// `promised` is the space held for writes already allowed (see
+    /// [`crate::Reservation`]): it counts as used, and it must be there in
+    /// node-sized runs as the dirty nodes must. A write that draws on
+    /// its own promise (`drawing`) may use half of the copy-on-write
+    /// reserve as well: the promise was checked against the full reserve
+    /// when it was made, so the space is there, and what the write costs
+    /// beyond its own bytes (dirty copies of nodes) is what the reserve is
+    /// for.
+    pub fn space_low(&self, promised: u64, drawing: bool) -> bool {
         let capacity = self.layout.nodes_bytes;
         let node = self.opts.node_size as u64;
-        let reserve = (capacity / 8).max(8 * node);
-        let used = self.alloc.used_blocks() * BLOCK_SIZE as u64
+        let reserve = if drawing {
+            (capacity / 16).max(4 * node)
+        } else {
+            (capacity / 8).max(8 * node)
+        };
+        let used = promised
+            + self.alloc.used_blocks() * BLOCK_SIZE as u64
             + self.dirty_bytes as u64
             + (self.btt.live_count() as u64 * 16).next_multiple_of(BLOCK_SIZE as u64);
         let consumed = self
@@ -194,6 +208,6 @@ impl Tree {
             .node_sized_free_blocks
             .saturating_sub(consumed)
             .saturating_mul(BLOCK_SIZE as u64);
-        used + reserve > capacity || self.dirty_bytes as u64 + 4 * node > runs
+        used + reserve > capacity || promised + self.dirty_bytes as u64 + 4 * node > runs
     }
 }

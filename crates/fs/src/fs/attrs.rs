@@ -2,15 +2,19 @@
 
 use betreefs_engine::{KeySpace, WriteBatch};
 
+use super::reservations::ReservedBlocks;
 use super::state::Home;
 use super::state::State;
 use super::{
-    blocks_to, AtimePolicy, Caller, FileSystem, Ino, SetAttr, SetTime, FILE_SIZE_MAX, RELATIME_SECS,
+    blocks_to, AtimePolicy, Caller, FileSystem, Ino, SetAttr, SetTime, BLOCK_SIZE, FILE_SIZE_MAX,
+    RELATIME_SECS,
 };
 use crate::acl::{self, Acl};
 use crate::error::{Errno, FsResult};
 use crate::plan::truncate_blocks;
-use crate::record::{Attr, Timespec, FS_NOATIME_FL, INODE_FLAGS, SPARSE_FL, S_IFDIR, S_IFMT};
+use crate::record::{
+    Attr, Timespec, FS_NOATIME_FL, INODE_FLAGS, INTERNAL_FLAGS, PREALLOC_FL, S_IFDIR, S_IFMT,
+};
 use crate::schema;
 
 /// The extended attribute holding a file's capabilities, which a change
@@ -59,6 +63,7 @@ impl FileSystem {
             _ => Some(st.file_key(ino)?),
         };
         let mut batch = WriteBatch::new();
+        let mut released = 0;
         let dropped = match (set.kill_privileges, &key) {
             (Some(caller), Some(key)) => {
                 self.drop_privileges(&mut st, &mut batch, ino, key, caller)?
@@ -74,6 +79,18 @@ impl FileSystem {
             }
             let key = key.as_deref().ok_or(Errno::ENOENT)?;
             truncate_blocks(&mut batch, key, before.size, size);
+            // Preallocated blocks past the new end go with it (as on ext4,
+            // also those a KEEP_SIZE fallocate put past the old end); so
+            // does the last one when cut short (it is stored from now on).
+            if size <= before.size && before.flags & PREALLOC_FL != 0 {
+                let cut_short = size < before.size && !size.is_multiple_of(BLOCK_SIZE);
+                let from = if cut_short {
+                    size / BLOCK_SIZE
+                } else {
+                    blocks_to(size)
+                };
+                released = self.carve_reservations(&mut batch, key, from, u64::MAX)?;
+            }
             // Growing past the last stored block leaves a hole.
             st.note_data_change(ino, blocks_to(size) > blocks_to(before.size))?;
         }
@@ -107,6 +124,9 @@ impl FileSystem {
             .is_some_and(|size| size != a.size || set.through_open_file);
         if let Some(size) = set.size {
             a.size = size;
+            if size == 0 {
+                a.flags &= !PREALLOC_FL;
+            }
         }
         if data_changed {
             a.mtime = now;
@@ -132,13 +152,14 @@ impl FileSystem {
             a.ctime = set.ctime.unwrap_or(now);
         }
         let after = a.clone();
-        if after == before {
+        if after == before && released == 0 {
             return Ok(after);
         }
         if let Some(key) = &key {
             st.put_record_at(&mut batch, key, ino)?;
         }
-        if let Err(e) = self.store.write(&batch) {
+        let reservation = ReservedBlocks::released(released).reservation();
+        if let Err(e) = self.store.write_reserving(&batch, reservation) {
             st.node_mut(ino)?.attr = before;
             return Err(e.into());
         }
@@ -163,7 +184,7 @@ impl FileSystem {
         };
         let before = node.attr.clone();
         let a = &mut st.node_mut(ino)?.attr;
-        a.flags = flags | (a.flags & SPARSE_FL);
+        a.flags = flags | (a.flags & INTERNAL_FLAGS);
         a.ctime = Timespec::now();
         let Some(key) = key else {
             return Ok(());

@@ -4,14 +4,14 @@
 use betreefs_engine::merge::patch_arg;
 use betreefs_engine::{KeySpace, WriteBatch, MERGE_PATCH};
 
+use super::reservations::{self, ReservedBlocks};
 use super::state::{Home, OpenFile, State};
 use super::{
     blocks_to, Caller, FileSystem, Ino, SetAttr, BLOCKS_PER_BATCH, BLOCK_SIZE, FILE_SIZE_MAX,
 };
 use crate::error::{Errno, FsResult};
-use crate::ops::Operations;
 use crate::plan::{count_update, purge_file};
-use crate::record::{Attr, Timespec, SPARSE_FL, S_IFREG};
+use crate::record::{Attr, Timespec, PREALLOC_FL, SPARSE_FL, S_IFREG};
 use crate::schema;
 
 impl FileSystem {
@@ -73,11 +73,14 @@ impl FileSystem {
         let node = st.node_mut(ino)?;
         node.opens = node.opens.saturating_sub(1);
         if node.opens == 0 && node.attr.nlink == 0 && node.home == Home::Inode {
+            let attr = node.attr.clone();
             let mut batch = WriteBatch::new();
-            purge_file(&mut batch, &schema::inode_key(ino));
+            let file = schema::inode_key(ino);
+            let released = self.release_all_reservations(&mut batch, Some(&attr), &file)?;
+            purge_file(&mut batch, &file);
             batch.delete(KeySpace::Meta, &schema::orphan_key(ino));
             count_update(&mut batch, -1);
-            self.store.write(&batch)?;
+            self.store.write_reserving(&batch, released.reservation())?;
             st.node_mut(ino)?.home = Home::Gone;
         }
         st.drop_if_unused(ino);
@@ -165,6 +168,7 @@ impl FileSystem {
             return Err(Errno::EFBIG);
         }
         let key = st.file_key(ino)?;
+        let preallocated = node.attr.flags & PREALLOC_FL != 0;
         // A write starting past the last stored block leaves a hole.
         let leaves_holes = offset / BLOCK_SIZE > blocks_to(size_before);
         st.note_data_change(ino, leaves_holes)?;
@@ -197,6 +201,13 @@ impl FileSystem {
                 pos += n as u64;
                 blocks += 1;
             }
+            // Reserved blocks written give their promise back.
+            let released = if preallocated {
+                let first = (offset + chunk_start as u64) / BLOCK_SIZE;
+                self.carve_reservations(&mut batch, &key, first, blocks_to(pos))?
+            } else {
+                0
+            };
             let now = Timespec::now();
             let before = st.node(ino)?.attr.clone();
             if let (0, Some(caller)) = (chunk_start, kill) {
@@ -207,7 +218,8 @@ impl FileSystem {
             node.attr.mtime = now;
             node.attr.ctime = now;
             st.put_record_at(&mut batch, &key, ino)?;
-            if let Err(e) = self.store.write(&batch) {
+            let reservation = ReservedBlocks::released(released).reservation();
+            if let Err(e) = self.store.write_reserving(&batch, reservation) {
                 st.node_mut(ino)?.attr = before;
                 if chunk_start > 0 && e.is_no_space() {
                     return Ok(chunk_start as u32);
@@ -218,14 +230,18 @@ impl FileSystem {
         Ok(written as u32)
     }
 
-    /// fallocate(2). Mode 0 and `KEEP_SIZE` extend the size (or not);
-    /// blocks are not written ahead (a B^ε-tree has no extents to reserve),
-    /// so only free space is checked. `PUNCH_HOLE | KEEP_SIZE` and
-    /// `ZERO_RANGE` (with or without `KEEP_SIZE`) make the range read as
-    /// zeros: a range delete of the whole blocks inside it and a patch of
-    /// zeros over the partial ones at its edges, clipped to the size (past
-    /// it nothing is stored). Collapse and insert would shift every later
-    /// block key: not offered (`EOPNOTSUPP`).
+    /// fallocate(2). Mode 0 and `KEEP_SIZE` preallocate: every block of
+    /// the range that stores nothing becomes a reservation (it reads as
+    /// zeros, and the space a write into it needs is held back from every
+    /// other write: see [`super::reservations`]); the size grows to the
+    /// end unless `KEEP_SIZE`. `PUNCH_HOLE | KEEP_SIZE` makes the range
+    /// read as zeros and frees it: a range delete of the whole blocks
+    /// inside it (their reservations too) and a patch of zeros over the
+    /// partial ones at its edges, clipped to the size (past it nothing is
+    /// stored). `ZERO_RANGE` (with or without `KEEP_SIZE`) zeroes the
+    /// same way and leaves the range preallocated, as Linux does.
+    /// Collapse and insert never reach a FUSE file system (the kernel
+    /// refuses them); any other mode is `EOPNOTSUPP`.
     pub(super) fn allocate(
         &self,
         ino: Ino,
@@ -237,11 +253,10 @@ impl FileSystem {
         const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
         const PUNCH_HOLE: i32 = libc::FALLOC_FL_PUNCH_HOLE;
         const ZERO_RANGE: i32 = libc::FALLOC_FL_ZERO_RANGE;
-        let zeroes = match mode {
-            0 | KEEP_SIZE => false,
-            m if m == PUNCH_HOLE | KEEP_SIZE || m == ZERO_RANGE || m == ZERO_RANGE | KEEP_SIZE => {
-                true
-            }
+        let (zeroes, preallocates) = match mode {
+            0 | KEEP_SIZE => (false, true),
+            m if m == PUNCH_HOLE | KEEP_SIZE => (true, false),
+            m if m == ZERO_RANGE || m == ZERO_RANGE | KEEP_SIZE => (true, true),
             _ => return Err(Errno::EOPNOTSUPP),
         };
         let keep_size = mode & KEEP_SIZE != 0;
@@ -252,46 +267,69 @@ impl FileSystem {
         if end > FILE_SIZE_MAX {
             return Err(Errno::EFBIG);
         }
-        let attr = self.table_attr(ino)?;
-        if attr.is_dir() {
+        let mut st = self.lock();
+        let before = st.node(ino)?.attr.clone();
+        if before.is_dir() {
             return Err(Errno::EISDIR);
         }
         // Linux's vfs_fallocate: nothing on an immutable file, only
         // KEEP_SIZE reservations on an append-only one.
-        if attr.is_immutable() || (attr.is_append_only() && mode & !KEEP_SIZE != 0) {
+        if before.is_immutable() || (before.is_append_only() && mode & !KEEP_SIZE != 0) {
             return Err(Errno::EPERM);
-        }
-        let size = attr.size;
-        if mode & PUNCH_HOLE == 0
-            && end > size
-            && self.statfs().blocks_free * BLOCK_SIZE < end - size
-        {
-            return Err(Errno::ENOSPC);
         }
         // Like a write: times are marked (Linux's file_modified) and set-ID
         // bits dropped even when the size stays.
-        let mut st = self.lock();
         let now = Timespec::now();
         let key = st.file_key(ino)?;
-        let before = st.node(ino)?.attr.clone();
         let mut batch = WriteBatch::new();
         if let Some(caller) = kill {
             self.drop_privileges(&mut st, &mut batch, ino, &key, caller)?;
         }
-        if zeroes {
-            zero_blocks(&mut batch, &key, offset, end.min(before.size));
-        }
-        // Zeroed ranges become holes; so does growing past the last block.
-        let grows = !keep_size && blocks_to(end) > blocks_to(size);
-        st.note_data_change(ino, zeroes || grows)?;
+        let span = (offset / BLOCK_SIZE, blocks_to(end));
+        let patched = if zeroes {
+            zero_blocks(&mut batch, &key, offset, end.min(before.size))
+        } else {
+            Vec::new()
+        };
+        let changed = if zeroes && !preallocates {
+            // Punched: whole blocks are freed, patched edges store data.
+            let whole = (offset.div_ceil(BLOCK_SIZE), end / BLOCK_SIZE);
+            let mut freed: Vec<(u64, u64)> = patched.clone();
+            if whole.0 < whole.1 {
+                freed.push(whole);
+            }
+            freed.sort_unstable();
+            self.update_reservations(&mut batch, &key, span, &[], &freed)?
+        } else {
+            // Preallocated: what stores nothing afterwards is reserved.
+            let mut stored = self.stored_runs(&before, &key, span.0, span.1)?;
+            if zeroes {
+                let deleted = (
+                    offset.div_ceil(BLOCK_SIZE),
+                    end.min(before.size) / BLOCK_SIZE,
+                );
+                stored = reservations::join_runs(
+                    reservations::runs_without(&stored, &[deleted]),
+                    &patched,
+                );
+            }
+            self.update_reservations(&mut batch, &key, span, &[span], &stored)?
+        };
+        // Zeroed ranges become holes; so does growing past the last block;
+        // reserved blocks are counted like holes' neighbours (st_blocks).
+        let grows = !keep_size && blocks_to(end) > blocks_to(before.size);
+        st.note_data_change(ino, zeroes || grows || changed.taken > 0)?;
         let node = st.node_mut(ino)?;
+        if changed.taken > 0 {
+            node.attr.flags |= PREALLOC_FL;
+        }
         if !keep_size {
             node.attr.size = node.attr.size.max(end);
         }
         node.attr.ctime = now;
         node.attr.mtime = now;
         st.put_record_at(&mut batch, &key, ino)?;
-        if let Err(e) = self.store.write(&batch) {
+        if let Err(e) = self.store.write_reserving(&batch, changed.reservation()) {
             st.node_mut(ino)?.attr = before;
             return Err(e.into());
         }
@@ -349,7 +387,7 @@ impl FileSystem {
                 let dest_size = self.table_attr(ino_out)?.size;
                 if to < dest_size {
                     let n = (data - pos).min(dest_size - to);
-                    let mode = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+                    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
                     self.allocate(ino_out, to, n, mode, kill.take())?;
                 }
             }
@@ -422,8 +460,9 @@ impl FileSystem {
     }
 
     /// The data blocks stored of a file that may have holes (a scan of
-    /// its data keys up to its size); `None` for any other inode, whose
-    /// blocks follow from its size.
+    /// its data keys up to its size), and its reserved ones (preallocated
+    /// blocks count as the file's, as on ext4); `None` for any other
+    /// inode, whose blocks follow from its size.
     pub(super) fn count_stored_blocks(
         &self,
         attr: &Attr,
@@ -434,7 +473,7 @@ impl FileSystem {
         }
         let lo = schema::data_key(file_key, 0);
         let hi = schema::data_key(file_key, blocks_to(attr.size));
-        let mut blocks = 0u64;
+        let mut blocks = self.reserved_blocks_of(attr, file_key)?;
         self.store
             .visit_range(KeySpace::Data, &lo, &hi, &mut |_, _| blocks += 1)?;
         Ok(Some(blocks))
@@ -489,9 +528,11 @@ impl FileSystem {
 
 /// Makes [`start`, `end`) of a file read as zeros: whole blocks are range
 /// deleted (holes), the partial blocks at either edge patched with zeros.
-fn zero_blocks(batch: &mut WriteBatch, file: &[u8], start: u64, end: u64) {
+/// Returns the blocks patched (they store data afterwards), as runs.
+fn zero_blocks(batch: &mut WriteBatch, file: &[u8], start: u64, end: u64) -> Vec<(u64, u64)> {
+    let mut patched = Vec::new();
     if start >= end {
-        return;
+        return patched;
     }
     let (first_whole, end_whole) = (start.div_ceil(BLOCK_SIZE), end / BLOCK_SIZE);
     if first_whole < end_whole {
@@ -509,6 +550,7 @@ fn zero_blocks(batch: &mut WriteBatch, file: &[u8], start: u64, end: u64) {
             MERGE_PATCH,
             &patch_arg(from, &zeros),
         );
+        patched.push((block, block + 1));
     };
     let (head, tail) = (start / BLOCK_SIZE, end / BLOCK_SIZE);
     if !start.is_multiple_of(BLOCK_SIZE) {
@@ -522,4 +564,5 @@ fn zero_blocks(batch: &mut WriteBatch, file: &[u8], start: u64, end: u64) {
     if !end.is_multiple_of(BLOCK_SIZE) && (tail != head || start.is_multiple_of(BLOCK_SIZE)) {
         patch(tail, 0, end % BLOCK_SIZE);
     }
+    patched
 }

@@ -21,11 +21,15 @@
 //!   key spaces (copied inside the engine for now; tree surgery is later);
 //! - hard link: the file moves to its inode key (one range rename), each
 //!   name then holds a small link record (the 0.2 "zone" idea, used only
-//!   for files with several names).
+//!   for files with several names);
+//! - fallocate: keys for the preallocated extents and an upsert of the
+//!   count of reserved blocks, the store told how much space to hold back
+//!   ([`reservations`]).
 //!
 //! Where things are: [`state`] holds the inode table; [`names`] finds,
 //! makes, removes, links and renames entries; [`attrs`] is setattr and
-//! access times; [`data`] open files, reads and writes; [`listing`]
+//! access times; [`data`] open files, reads and writes;
+//! [`reservations`] preallocated blocks; [`listing`]
 //! readdir; [`xattr`] extended attributes. This module has the types the
 //! front end sees and the [`Operations`] implementation, which calls into
 //! the others.
@@ -34,6 +38,7 @@ mod attrs;
 mod data;
 mod listing;
 mod names;
+mod reservations;
 mod state;
 mod xattr;
 
@@ -45,11 +50,15 @@ use betreefs_engine::{KeySpace, Store, WriteBatch};
 use crate::error::{Errno, FsResult};
 use crate::ops::Operations;
 pub use crate::ops::{Caller, DirEntry, FsStats, Ino, RenameFlags, SetAttr, SetTime};
-use crate::plan::{count_update, inode_record, purge_file};
-use crate::record::{Attr, FsInfo, Record, Timespec, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
+use crate::plan::{count_update, inode_record, purge_file, RESERVED_SLOT};
+use crate::record::{
+    Attr, FsInfo, Record, Timespec, FS_VERSION, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG,
+};
 use crate::schema::{self, NameError};
 pub use attrs::{mode_without_privileges, CAPABILITY_XATTR};
+use betreefs_engine::merge::record_slot;
 pub use listing::dir_cookie;
+use reservations::RESERVED_BLOCK_BYTES;
 use state::{Home, Node, State};
 pub use xattr::XATTR_ACL_KILL_SGID;
 
@@ -139,11 +148,19 @@ impl FileSystem {
     /// Opens the file system in `store`: checks its identity, and removes
     /// files a crash left unlinked but open.
     pub fn mount(store: Store, atime: AtimePolicy) -> Result<FileSystem, String> {
-        let info = match store.get(KeySpace::Meta, schema::INFO_KEY) {
-            Ok(Some(v)) => FsInfo::decode(&v).map_err(|e| e.0)?,
+        let (info, older_format) = match store.get(KeySpace::Meta, schema::INFO_KEY) {
+            Ok(Some(v)) => (
+                FsInfo::decode(&v).map_err(|e| e.0)?,
+                FsInfo::is_older_format(&v),
+            ),
             Ok(None) => return Err("not a betreefs file system (no identity record)".into()),
             Err(e) => return Err(format!("reading the identity record: {e}")),
         };
+        let reserved_blocks = match store.get(KeySpace::Meta, schema::COUNTS_KEY) {
+            Ok(v) => v.map_or(0, |v| record_slot(&v, RESERVED_SLOT)),
+            Err(e) => return Err(format!("reading the counts record: {e}")),
+        };
+        store.set_promised_bytes(reserved_blocks.saturating_mul(RESERVED_BLOCK_BYTES));
         let root = match store.get(KeySpace::Meta, schema::ROOT_KEY) {
             Ok(Some(v)) => match Record::decode(&v) {
                 Ok(Record::Inode { attr, .. }) if attr.is_dir() => attr,
@@ -173,8 +190,15 @@ impl FileSystem {
             atime,
             kernel_places_appends: std::sync::atomic::AtomicBool::new(false),
         };
-        // Read-only, orphans stay until a read-write mount removes them.
+        // Read-only, orphans stay until a read-write mount removes them,
+        // and the format is not upgraded.
         if !fs.store.is_read_only() {
+            if older_format {
+                fs.store
+                    .put(KeySpace::Meta, schema::INFO_KEY, &info.encode())
+                    .map_err(|e| format!("upgrading the identity record: {e}"))?;
+                tracing::info!("file-system format upgraded to version {FS_VERSION}");
+            }
             fs.purge_orphans()
                 .map_err(|e| format!("removing orphaned files: {e}"))?;
         }
@@ -193,10 +217,12 @@ impl FileSystem {
                 continue;
             };
             let mut batch = WriteBatch::new();
-            purge_file(&mut batch, &schema::inode_key(ino));
+            let file = schema::inode_key(ino);
+            let released = self.release_all_reservations(&mut batch, None, &file)?;
+            purge_file(&mut batch, &file);
             batch.delete(KeySpace::Meta, &key);
             count_update(&mut batch, -1);
-            self.store.write(&batch)?;
+            self.store.write_reserving(&batch, released.reservation())?;
             tracing::info!("removed orphaned inode {ino}");
         }
         Ok(())
@@ -430,7 +456,9 @@ impl Operations for FileSystem {
     fn statfs(&self) -> FsStats {
         let s = self.store.stats();
         let blocks = s.node_region_bytes / BLOCK_SIZE;
-        let used = s.node_region_used_bytes / BLOCK_SIZE;
+        // Space promised to preallocated blocks counts as used (df shows
+        // it taken, as on ext4).
+        let used = (s.node_region_used_bytes + s.promised_bytes).div_ceil(BLOCK_SIZE);
         let free = blocks.saturating_sub(used);
         let files = self
             .store

@@ -3,6 +3,7 @@
 
 use betreefs_engine::{KeySpace, WriteBatch};
 
+use super::reservations::ReservedBlocks;
 use super::state::{Home, State};
 use super::{decode, name_check, Caller, FileSystem, Ino, RenameFlags, ENTRY_KEY_MAX, ROOT_INO};
 use crate::acl;
@@ -261,7 +262,7 @@ impl FileSystem {
         sub: &[u8],
         now: Timespec,
         delete_entry: bool,
-    ) -> FsResult<()> {
+    ) -> FsResult<ReservedBlocks> {
         let ino = found.ino();
         if delete_entry {
             batch.delete(KeySpace::Meta, &found.key);
@@ -276,10 +277,11 @@ impl FileSystem {
             count_update(batch, -1);
             delete_back_pointer(batch, ino);
             st.mark_unlinked(ino, Home::Gone, now);
-            return Ok(());
+            return Ok(ReservedBlocks::default());
         }
         let open = st.nodes.get(&ino).is_some_and(|n| n.opens > 0);
         let inode_key = schema::inode_key(ino);
+        let mut released = ReservedBlocks::default();
         match &found.record {
             Record::Inode { attr, target } => {
                 delete_back_pointer(batch, ino);
@@ -293,6 +295,7 @@ impl FileSystem {
                     batch.put(KeySpace::Meta, &schema::orphan_key(ino), &[]);
                     st.mark_unlinked(ino, Home::Inode, now);
                 } else {
+                    released = self.release_all_reservations(batch, Some(attr), &found.key)?;
                     let (lo, hi) = schema::file_range(&found.key);
                     batch.range_delete(KeySpace::Data, &lo, &hi);
                     count_update(batch, -1);
@@ -309,6 +312,7 @@ impl FileSystem {
                     batch.put(KeySpace::Meta, &inode_key, &inode_record(&attr, &target));
                     batch.put(KeySpace::Meta, &schema::orphan_key(ino), &[]);
                 } else {
+                    released = self.release_all_reservations(batch, Some(&attr), &inode_key)?;
                     purge_file(batch, &inode_key);
                     count_update(batch, -1);
                 }
@@ -320,7 +324,7 @@ impl FileSystem {
                 }
             }
         }
-        Ok(())
+        Ok(released)
     }
 
     pub(super) fn remove_and_commit(
@@ -337,10 +341,10 @@ impl FileSystem {
         let is_dir = found.is_dir();
         let saved = st.nodes.get(&found.ino()).map(|n| (n.home, n.attr.clone()));
         let sub = schema::child_dir_key(&found.dir, name);
-        self.remove_entry(st, &mut batch, &found, &sub, now, true)?;
+        let released = self.remove_entry(st, &mut batch, &found, &sub, now, true)?;
         st.touch_dir(parent, now, if is_dir { -1 } else { 0 })?;
         st.put_record_at(&mut batch, &dir_record_key(&found.dir), parent)?;
-        if let Err(e) = self.store.write(&batch) {
+        if let Err(e) = self.store.write_reserving(&batch, released.reservation()) {
             if let (Some((home, attr)), Some(n)) = (saved, st.nodes.get_mut(&found.ino())) {
                 n.home = home;
                 n.attr = attr;
@@ -644,6 +648,7 @@ impl FileSystem {
 
         let now = Timespec::now();
         let mut batch = WriteBatch::new();
+        let mut released = ReservedBlocks::default();
         let src_ino = src.ino();
         let mut restore: Vec<(Ino, Home, Attr)> = Vec::new();
         for ino in [Some(src_ino), dst.as_ref().map(Found::ino)]
@@ -698,7 +703,7 @@ impl FileSystem {
             }
         } else {
             if let Some(d) = &dst {
-                self.remove_entry(&mut st, &mut batch, d, &dst_sub, now, false)?;
+                released = self.remove_entry(&mut st, &mut batch, d, &dst_sub, now, false)?;
             }
             batch.delete(KeySpace::Meta, &src.key);
             batch.put(KeySpace::Meta, &dst_key, &src_record.encode());
@@ -741,7 +746,7 @@ impl FileSystem {
         if new_parent != parent {
             st.put_record_at(&mut batch, &dir_record_key(&dst_dir), new_parent)?;
         }
-        if let Err(e) = self.store.write(&batch) {
+        if let Err(e) = self.store.write_reserving(&batch, released.reservation()) {
             for (ino, home, attr) in restore {
                 if let Some(n) = st.nodes.get_mut(&ino) {
                     n.home = home;

@@ -53,8 +53,10 @@ pub enum Fix {
     DeleteKey(KeySpace, Vec<u8>),
     /// Rewrite the record at `key` with this link count.
     SetLinkCount { key: Vec<u8>, nlink: u32 },
-    /// Rewrite the inode-count record.
+    /// Rewrite the inode count.
     SetInodeCount(u64),
+    /// Rewrite the count of reserved blocks.
+    SetReservedCount(u64),
     /// Recreate a missing directory record (its entries are kept): mode
     /// 0700, owned by root, a fresh inode number.
     RecreateDirectory { key: Vec<u8> },

@@ -1,10 +1,13 @@
 //! Repairs: each [`Fix`] as a batch on a store opened read-write.
 
-use betreefs_engine::{KeySpace, Store, WriteBatch};
+use betreefs_engine::merge::record_arg;
+use betreefs_engine::{KeySpace, RecordOp, Store, WriteBatch, MERGE_RECORD};
 
 use super::{Fix, Report};
 use crate::fs::{INO_BATCH, ROOT_INO};
-use crate::plan::{count_update, inode_record, purge_file, put_back_pointer};
+use crate::plan::{
+    count_update, inode_record, purge_file, put_back_pointer, INODES_SLOT, RESERVED_SLOT,
+};
 use crate::record::{Attr, FsInfo, Record, Timespec, S_IFDIR};
 use crate::schema;
 
@@ -53,6 +56,12 @@ fn allocate_ino(store: &Store, batch: &mut WriteBatch) -> Result<u64, String> {
     Ok(ino)
 }
 
+/// Sets one slot of the counts record, keeping the others.
+fn set_count(batch: &mut WriteBatch, slot: usize, count: u64) {
+    let arg = record_arg(&[RecordOp::Set(slot, count)]);
+    batch.upsert(KeySpace::Meta, schema::COUNTS_KEY, MERGE_RECORD, &arg);
+}
+
 fn plan_fix(store: &Store, fix: &Fix, batch: &mut WriteBatch) -> Result<(), String> {
     match fix {
         Fix::DeleteKey(ks, key) => {
@@ -64,9 +73,8 @@ fn plan_fix(store: &Store, fix: &Fix, batch: &mut WriteBatch) -> Result<(), Stri
                 batch.put(KeySpace::Meta, key, &inode_record(&attr, &target));
             }
         }
-        Fix::SetInodeCount(count) => {
-            batch.put(KeySpace::Meta, schema::COUNTS_KEY, &count.to_le_bytes());
-        }
+        Fix::SetInodeCount(count) => set_count(batch, INODES_SLOT, *count),
+        Fix::SetReservedCount(count) => set_count(batch, RESERVED_SLOT, *count),
         Fix::RecreateDirectory { key } => {
             if read_record(store, key)?.is_none() {
                 let ino = allocate_ino(store, batch)?;

@@ -7,8 +7,10 @@
 //! at inode records whose link counts match; directory link counts are
 //! 2 + subdirectories; inode numbers are unique; the inode count record
 //! matches; every data key belongs to a regular file and lies below its
-//! size; every xattr key belongs to an existing file; orphan markers name
-//! inode records; every inode named by a path has the back pointer to its
+//! size; every xattr key belongs to an existing file; reservations belong
+//! to regular files marked as having them, are disjoint, cover no stored
+//! block and add up to the count recorded; orphan markers name inode
+//! records; every inode named by a path has the back pointer to its
 //! entry, and no other back pointer exists.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -17,13 +19,36 @@ use betreefs_engine::{KeySpace, Store};
 
 use super::{Fix, Report};
 use crate::fs::{BLOCK_SIZE, ROOT_INO};
-use crate::plan::dir_record_key;
-use crate::record::{BackPointer, FsInfo, Record};
+use crate::plan::{dir_record_key, INODES_SLOT, RESERVED_SLOT};
+use crate::record::{decode_reservation, BackPointer, FsInfo, Record, PREALLOC_FL};
 use crate::schema::{self, DataKey};
+use betreefs_engine::merge::record_slot;
 
 struct FileInfo {
     size: u64,
     regular: bool,
+    /// Marked as having reservations (`PREALLOC_FL`).
+    prealloc: bool,
+}
+
+impl FileInfo {
+    fn of(attr: &crate::record::Attr) -> FileInfo {
+        FileInfo {
+            size: attr.size,
+            regular: attr.file_type() == libc::S_IFREG,
+            prealloc: attr.flags & PREALLOC_FL != 0,
+        }
+    }
+}
+
+/// The data keys of the file being scanned: the runs of blocks it stores
+/// (its blocks sort before its reservations) and where its last
+/// reservation ended.
+#[derive(Default)]
+struct CurrentFile {
+    key: Vec<u8>,
+    stored: Vec<(u64, u64)>,
+    reserved_to: u64,
 }
 
 /// A directory seen: its record's key, subdirectories found, link count.
@@ -65,6 +90,9 @@ struct Scan {
     back_pointers: HashMap<u64, BackPointer>,
     counted_inodes: u64,
     highest_ino: u64,
+    current: CurrentFile,
+    /// Blocks in the reservations found sound.
+    reserved_blocks: u64,
 }
 
 impl Scan {
@@ -122,6 +150,7 @@ impl Scan {
                         FileInfo {
                             size: 0,
                             regular: false,
+                            prealloc: false,
                         },
                     );
                     self.counted_inodes += 1;
@@ -144,13 +173,7 @@ impl Scan {
         match (&record, ino) {
             (Record::Inode { attr, .. }, Some(ino)) if attr.ino == ino && !attr.is_dir() => {
                 self.linked.entry(ino).or_default().nlink = Some(attr.nlink);
-                self.files.insert(
-                    key.clone(),
-                    FileInfo {
-                        size: attr.size,
-                        regular: attr.file_type() == libc::S_IFREG,
-                    },
-                );
+                self.files.insert(key.clone(), FileInfo::of(attr));
                 self.see_ino(ino, &key);
                 self.counted_inodes += 1;
             }
@@ -220,13 +243,7 @@ impl Scan {
                     self.report
                         .problem(format!("symlink {} has a bad target", show(&key)), None);
                 }
-                self.files.insert(
-                    key.clone(),
-                    FileInfo {
-                        size: attr.size,
-                        regular: attr.file_type() == libc::S_IFREG,
-                    },
-                );
+                self.files.insert(key.clone(), FileInfo::of(attr));
                 self.counted_inodes += 1;
             }
             Record::Link { ino, .. } => {
@@ -382,11 +399,64 @@ impl Scan {
         }
     }
 
-    fn data_key(&mut self, key: Vec<u8>, value_len: u64) {
+    /// Where the scan is: the data keys of `file` from here on.
+    fn enter_file(&mut self, file: &[u8]) {
+        if self.current.key != file {
+            self.current = CurrentFile {
+                key: file.to_vec(),
+                ..CurrentFile::default()
+            };
+        }
+    }
+
+    /// A reservation [start, end) of `file`: `None` when sound (counted).
+    fn reservation(&mut self, file: &[u8], end: u64, value: &[u8]) -> Option<String> {
+        self.enter_file(file);
+        let Some(start) = decode_reservation(value, end) else {
+            return Some(format!(
+                "reservation ending at block {end} of {} is corrupt",
+                show(file)
+            ));
+        };
+        let problem = match self.files.get(file) {
+            None => Some("of a missing file"),
+            Some(f) if !f.regular => Some("of a non-file"),
+            Some(f) if !f.prealloc => Some("of a file not marked as having any"),
+            Some(_) if start < self.current.reserved_to => Some("overlapping another"),
+            Some(_) => {
+                let stored = &self.current.stored;
+                let i = stored.partition_point(|&(_, e)| e <= start);
+                stored
+                    .get(i)
+                    .is_some_and(|&(s, _)| s < end)
+                    .then_some("over stored blocks")
+            }
+        };
+        if let Some(why) = problem {
+            return Some(format!(
+                "reservation of blocks {start}..{end} of {} {why}",
+                show(file)
+            ));
+        }
+        self.current.reserved_to = end;
+        self.reserved_blocks += end - start;
+        None
+    }
+
+    fn data_key(&mut self, key: Vec<u8>, value: &[u8]) {
+        let value_len = value.len() as u64;
         let stray = |what: String| (what, Some(Fix::DeleteKey(KeySpace::Data, key.clone())));
         let problem = match schema::parse_data_key(&key) {
+            Some(DataKey::Reservation { file, end }) => {
+                self.reservation(file, end, value).map(stray)
+            }
             Some(DataKey::Block { file, block }) => {
                 self.report.data_keys += 1;
+                self.enter_file(file);
+                match self.current.stored.last_mut() {
+                    Some(run) if run.1 == block => run.1 += 1,
+                    _ => self.current.stored.push((block, block + 1)),
+                }
                 match self.files.get(file) {
                     Some(f) if f.regular => {
                         let start = block.saturating_mul(BLOCK_SIZE);
@@ -434,6 +504,7 @@ pub fn check(store: &Store, mut progress: impl FnMut(u64)) -> Result<Report, Str
         }
     };
     let mut recorded_count = None;
+    let mut recorded_reserved = 0;
     let mut info_seen = false;
     scan.root(store)?;
     for item in store.range(KeySpace::Meta, b"", None) {
@@ -450,7 +521,8 @@ pub fn check(store: &Store, mut progress: impl FnMut(u64)) -> Result<Report, Str
             continue;
         }
         if key == schema::COUNTS_KEY {
-            recorded_count = Some(betreefs_engine::merge::record_slot(&value, 0));
+            recorded_count = Some(record_slot(&value, INODES_SLOT));
+            recorded_reserved = record_slot(&value, RESERVED_SLOT);
             continue;
         }
         if key == schema::ROOT_KEY {
@@ -490,7 +562,16 @@ pub fn check(store: &Store, mut progress: impl FnMut(u64)) -> Result<Report, Str
     for item in store.range(KeySpace::Data, b"", None) {
         let (key, value) = item.map_err(|e| format!("reading data: {e}"))?;
         tick(&mut seen);
-        scan.data_key(key, value.len() as u64);
+        scan.data_key(key, &value);
+    }
+    if scan.reserved_blocks != recorded_reserved {
+        scan.report.problem(
+            format!(
+                "the reserved-block count says {recorded_reserved}, the reservations hold {}",
+                scan.reserved_blocks
+            ),
+            Some(Fix::SetReservedCount(scan.reserved_blocks)),
+        );
     }
     progress(seen);
     Ok(scan.report)
