@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use betreefs_fs::{AtimePolicy, FileSystem, Operations};
-use betreefs_fuse::MountConfig;
+use betreefs_fuse::{MountConfig, MountFlags};
 
 use crate::fs_cmds::{self, control_socket, parse_size, DEFAULT_IMAGE_SIZE};
 
@@ -30,7 +30,8 @@ pub struct MountArgs {
     /// ro, nosuid, nodev, noexec (and suid, dev, exec), allow_other,
     /// threads=N, cache=SIZE, log=FILE, writeback (kernel writeback cache;
     /// off by default), transport=auto|devfuse|uring (FUSE over io_uring
-    /// when the kernel offers it, by default);
+    /// when the kernel offers it, by default), errors=remount-ro|continue|
+    /// panic (what a device fault does; remount-ro by default);
     /// fstab's defaults, auto, noauto, nofail, _netdev, user(s), rw and
     /// x-* are accepted and ignored.
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -60,6 +61,42 @@ struct Settings {
     log: Option<PathBuf>,
     /// `-o remount`: change a running mount's flags instead of mounting.
     remount: bool,
+    /// `-o errors=`: what a device fault does to the mount.
+    on_device_error: OnDeviceError,
+}
+
+/// `-o errors=continue|remount-ro|panic`: what the daemon does when the
+/// device fails (an IO error, or a read of something not written). In
+/// every case the request that met the fault gets `EIO`, and a fault that
+/// leaves the image unable to take writes safely (a failed write to the
+/// log or of a checkpoint) makes the store refuse writes; this says what
+/// happens to the mount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OnDeviceError {
+    /// Keep serving: later requests that do not need the failing part of
+    /// the device go on (writes too, unless the store refuses them).
+    Continue,
+    /// Refuse writes from then on and remount the kernel's mount
+    /// read-only, so that writers get `EROFS`; reads go on.
+    RemountReadOnly,
+    /// Stop the mount at once, as a crash would: every later request
+    /// fails, the daemon unmounts and exits non-zero without a final
+    /// checkpoint (the next mount replays the log).
+    Stop,
+}
+
+impl std::str::FromStr for OnDeviceError {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "continue" => Ok(OnDeviceError::Continue),
+            "remount-ro" => Ok(OnDeviceError::RemountReadOnly),
+            "panic" => Ok(OnDeviceError::Stop),
+            other => Err(format!(
+                "errors={other}: use continue, remount-ro (the default) or panic"
+            )),
+        }
+    }
 }
 
 fn parse_options(args: &MountArgs) -> Result<Settings> {
@@ -73,6 +110,7 @@ fn parse_options(args: &MountArgs) -> Result<Settings> {
         cache_bytes: None,
         log: None,
         remount: false,
+        on_device_error: OnDeviceError::RemountReadOnly,
     };
     for opt in args.options.iter().flat_map(|o| o.split(',')) {
         let (key, value) = match opt.split_once('=') {
@@ -126,6 +164,12 @@ fn parse_options(args: &MountArgs) -> Result<Settings> {
             "dev" => flags.nodev = !no_value()?,
             "noexec" => flags.noexec = no_value()?,
             "exec" => flags.noexec = !no_value()?,
+            "errors" => {
+                s.on_device_error = value
+                    .ok_or_else(|| anyhow!("errors= needs continue, remount-ro or panic"))?
+                    .parse()
+                    .map_err(|e: String| anyhow!(e))?;
+            }
             "transport" => {
                 s.config.transport = value
                     .ok_or_else(|| anyhow!("transport= needs auto, devfuse or uring"))?
@@ -511,6 +555,7 @@ fn start(
     let fs = FileSystem::mount(store, settings.atime)
         .map_err(|e| anyhow!("{}: {e}", args.image.display()))?;
     let fs = Arc::new(fs);
+    watch_device_faults(&fs, settings, &args.mountpoint, guard.clone());
     let socket = control_socket(&args.mountpoint)?;
     let session = betreefs_fuse::mount(
         fs.clone(),
@@ -547,6 +592,98 @@ fn start(
         })
     })?;
     Ok((fs, session, socket))
+}
+
+/// Acts on device faults as `errors=` says (see [`OnDeviceError`]). The
+/// store calls the observer with its locks held: the work that calls back
+/// into it (refusing writes checkpoints) or into the kernel (the remount
+/// flushes the kernel's caches through this daemon) runs on a thread of
+/// its own, once.
+fn watch_device_faults(
+    fs: &Arc<FileSystem>,
+    settings: &Settings,
+    mountpoint: &Path,
+    guard: Arc<betreefs_fuse::RequestGuard>,
+) {
+    let policy = settings.on_device_error;
+    let weak = Arc::downgrade(fs);
+    let mountpoint = mountpoint.to_path_buf();
+    let mut read_only_flags = settings.config.flags;
+    read_only_flags.read_only = true;
+    let acted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    fs.store()
+        .set_fault_observer(Arc::new(move |e, refusing_writes| {
+            tracing::error!(
+                "device fault: {e}{}",
+                if refusing_writes {
+                    "; the image takes no more writes until it is mounted again"
+                } else {
+                    ""
+                }
+            );
+            if policy == OnDeviceError::Continue
+                || acted.swap(true, std::sync::atomic::Ordering::SeqCst)
+            {
+                return;
+            }
+            if policy == OnDeviceError::Stop {
+                guard.fail(&format!("device fault with errors=panic: {e}"));
+                return;
+            }
+            let weak = weak.clone();
+            let mountpoint = mountpoint.clone();
+            let spawned = std::thread::Builder::new()
+                .name("betreefs-errors".into())
+                .spawn(move || {
+                    if let Some(fs) = weak.upgrade() {
+                        if let Err(e) = fs.store().set_writes_refused(true) {
+                            tracing::warn!("refusing writes after the fault: {e}");
+                        }
+                    }
+                    remount_read_only(&read_only_flags, &mountpoint, &weak);
+                });
+            if let Err(e) = spawned {
+                tracing::error!("could not start the remount thread: {e}");
+            }
+        }));
+}
+
+/// The kernel's half of `errors=remount-ro`. It refuses to make a mount
+/// read-only while files are open for writing (`EBUSY`), which a process
+/// whose write just failed usually has: the daemon refuses writes itself
+/// (`EROFS`) meanwhile and tries again until they are closed or the file
+/// system is gone.
+fn remount_read_only(flags: &MountFlags, mountpoint: &Path, fs: &std::sync::Weak<FileSystem>) {
+    let mut told = false;
+    loop {
+        match flags.remount(mountpoint) {
+            Ok(()) => {
+                tracing::error!(
+                    "remounted {} read-only (errors=remount-ro)",
+                    mountpoint.display()
+                );
+                return;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && fs.strong_count() > 0 => {
+                if !told {
+                    tracing::error!(
+                        "{} stays mounted read-write while files are open for writing; \
+                         writes are refused (EROFS) and the remount is retried",
+                        mountpoint.display()
+                    );
+                    told = true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(e) => {
+                tracing::error!(
+                    "remounting {} read-only failed: {e}; the daemon refuses writes itself",
+                    mountpoint.display()
+                );
+                return;
+            }
+        }
+    }
 }
 
 /// Serves requests on a Unix socket named after the mountpoint, one line

@@ -288,3 +288,94 @@ fn a_panicking_request_stops_the_mount_and_loses_nothing_synced() {
     );
     again.unmount();
 }
+
+/// `errors=`: a device that fails under a mount (the daemon's image made
+/// to fail every IO while a trigger file exists, a debug-build hook) gets
+/// EIO for the request that met it; then `remount-ro` (the default) turns
+/// the mount read-only with reads going on, `continue` keeps the mount
+/// read-write and serving, `panic` stops it as a crash would. Nothing
+/// fsync'd before the fault is lost, and the image is clean afterwards.
+#[test]
+fn device_faults_do_what_errors_says() {
+    if !common::fuse_available() {
+        return;
+    }
+    for policy in ["remount-ro", "continue", "panic"] {
+        let scratch = Scratch::new(&format!("errors-{policy}"));
+        let image = scratch.0.join("img");
+        let dir = scratch.0.join("mnt");
+        let trigger = scratch.0.join("fault");
+        common::mkfs(&image, "256M");
+        let option = format!("errors={policy}");
+        let trigger_var = trigger.to_str().unwrap();
+        let mount = Mount::start_with_env(
+            &image,
+            &dir,
+            &[&option],
+            &[("BETREEFS_TEST_FAULTY_WHILE", trigger_var)],
+        );
+        {
+            let mut f = std::fs::File::create(mount.path("kept")).unwrap();
+            f.write_all(b"synced before the fault").unwrap();
+            f.sync_all().unwrap();
+        }
+        std::fs::write(&trigger, b"").unwrap();
+        let mut f = std::fs::File::create(mount.path("lost")).unwrap();
+        f.write_all(b"never durable").unwrap();
+        let err = f.sync_all().unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{policy}: {err}");
+        drop(f);
+        let listed = || -> Vec<String> {
+            let mut names: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        let status = match policy {
+            "remount-ro" => {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+                while !common::mount_options(&dir).iter().any(|o| o == "ro") {
+                    assert!(std::time::Instant::now() < deadline, "never remounted ro");
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                let err = std::fs::File::create(mount.path("new")).unwrap_err();
+                assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+                assert_eq!(listed(), ["kept", "lost"], "reads go on");
+                common::umount(&dir);
+                mount.wait_exit(std::time::Duration::from_secs(30))
+            }
+            "continue" => {
+                std::fs::remove_file(&trigger).unwrap();
+                assert!(common::mount_options(&dir).iter().any(|o| o == "rw"));
+                assert_eq!(listed(), ["kept", "lost"], "still serving");
+                assert_eq!(
+                    std::fs::read(mount.path("kept")).unwrap(),
+                    b"synced before the fault"
+                );
+                // The failed log write left the store refusing writes.
+                let err = std::fs::create_dir(mount.path("new")).unwrap_err();
+                assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+                common::umount(&dir);
+                mount.wait_exit(std::time::Duration::from_secs(30))
+            }
+            _ => {
+                let status = mount.wait_exit(std::time::Duration::from_secs(30));
+                assert!(!common::is_mounted(&dir), "the mount must go away");
+                status
+            }
+        };
+        // The log could not be flushed, so the daemon says so.
+        assert!(!status.success(), "{policy}: exited {status}");
+        let _ = std::fs::remove_file(&trigger);
+        common::assert_fsck_clean(&image, &format!("after errors={policy}"));
+        let again = Mount::start(&image, &dir, &[]);
+        assert_eq!(
+            std::fs::read(again.path("kept")).unwrap(),
+            b"synced before the fault",
+            "{policy}"
+        );
+        again.unmount_fsck_clean(&format!("remounted after errors={policy}"));
+    }
+}

@@ -30,6 +30,22 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// Whether this comes from the device: an IO error, or something read
+    /// back that is not what was written (a failing disk either way). The
+    /// file system's `errors=` policy acts on these.
+    pub fn is_device_fault(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Store(
+                StoreError::Io { .. }
+                    | StoreError::CorruptSuperblock(_)
+                    | StoreError::CorruptLog { .. }
+            ) | EngineError::CorruptNode { .. }
+                | EngineError::CorruptBlockTable(_)
+                | EngineError::CorruptLogRecord { .. }
+        )
+    }
+
     /// Whether this is the device-full condition (the store stays usable).
     pub fn is_no_space(&self) -> bool {
         matches!(

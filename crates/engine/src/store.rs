@@ -146,7 +146,13 @@ struct Inner {
     /// Bytes promised to writes not yet made ([`Reservation`]); changed
     /// only under the tree lock, with the write that changes it.
     promised_bytes: AtomicU64,
+    /// Told of every device fault ([`Store::set_fault_observer`]).
+    fault_observer: Mutex<Option<FaultObserver>>,
 }
+
+/// What [`Store::set_fault_observer`] installs: called with the error and
+/// whether the store now refuses writes.
+pub type FaultObserver = Arc<dyn Fn(&EngineError, bool) + Send + Sync>;
 
 /// Space a write promises to later writes, or gives back.
 ///
@@ -405,6 +411,7 @@ impl Store {
             recovery,
             writes_refused: std::sync::atomic::AtomicBool::new(false),
             promised_bytes: AtomicU64::new(0),
+            fault_observer: Mutex::new(None),
         });
         let needs_worker = !inner.options.read_only
             && (inner.options.log_flush_interval.is_some()
@@ -474,12 +481,26 @@ impl Store {
         self.inner.promised_bytes.store(bytes, Ordering::Relaxed);
     }
 
+    /// Calls `observer` on every device fault the store meets (see
+    /// [`EngineError::is_device_fault`]): a read that fails, and the first
+    /// failure after which the store refuses writes (the flag). It may be
+    /// called with the store's locks held, so it must not call back into
+    /// the store (hand the work to a thread of its own).
+    pub fn set_fault_observer(&self, observer: FaultObserver) {
+        *self
+            .inner
+            .fault_observer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(observer);
+    }
+
+    /// A point query. Reads go on after a failure that refuses writes:
+    /// they see what the store holds in memory and on the device.
     pub fn get(&self, ks: KeySpace, key: &[u8]) -> EngineResult<Option<Vec<u8>>> {
         let mut tree = self.inner.lock_tree();
-        self.inner.check_failed()?;
         let value = tree.get(ks, key);
         tree.evict_clean_if_needed();
-        value
+        value.map_err(|e| self.inner.read_failed(e))
     }
 
     /// Iterates [start, end) in key order (`end == None`: to the last key).
@@ -513,8 +534,9 @@ impl Store {
                 break;
             }
             let mut tree = self.inner.lock_tree();
-            self.inner.check_failed()?;
-            next = tree.visit_leaf(ks, &from, Some(end), visit)?;
+            next = tree
+                .visit_leaf(ks, &from, Some(end), visit)
+                .map_err(|e| self.inner.read_failed(e))?;
             tree.evict_clean_if_needed();
         }
         Ok(())
@@ -678,11 +700,37 @@ impl Inner {
     /// what recovery would produce: refuse everything until reopened.
     fn poison(&self, e: EngineError) -> EngineError {
         if !e.is_no_space() {
-            let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
-            failure.get_or_insert_with(|| e.to_string());
+            let first = {
+                let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+                let first = failure.is_none();
+                failure.get_or_insert_with(|| e.to_string());
+                first
+            };
             self.log.fail(e.to_string());
+            if first {
+                self.tell_fault_observer(&e, true);
+            }
         }
         e
+    }
+
+    /// A read that failed: the observer hears of device faults.
+    fn read_failed(&self, e: EngineError) -> EngineError {
+        if e.is_device_fault() {
+            self.tell_fault_observer(&e, false);
+        }
+        e
+    }
+
+    fn tell_fault_observer(&self, e: &EngineError, refusing_writes: bool) {
+        let observer = self
+            .fault_observer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(observer) = observer {
+            observer(e, refusing_writes);
+        }
     }
 
     fn write(&self, batch: &WriteBatch, reservation: Reservation) -> EngineResult<u64> {
@@ -958,12 +1006,9 @@ impl Iterator for RangeIter<'_> {
             }
             let scanned = {
                 let mut tree = self.store.inner.lock_tree();
-                if let Err(e) = self.store.inner.check_failed() {
-                    return Some(Err(e));
-                }
                 let scanned = tree.scan_leaf(self.ks, &start, self.end.as_deref());
                 tree.evict_clean_if_needed();
-                scanned
+                scanned.map_err(|e| self.store.inner.read_failed(e))
             };
             match scanned {
                 Ok((items, next)) => {

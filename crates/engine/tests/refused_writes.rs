@@ -43,3 +43,43 @@ fn refused_writes_leave_a_whole_image_and_can_resume() {
     store.put(KeySpace::Meta, b"after", b"3").unwrap();
     store.close().unwrap();
 }
+
+/// A device that fails a write: the store refuses writes from then on,
+/// the fault observer hears of it once, and reads go on from what the
+/// store holds.
+#[test]
+fn a_failed_write_refuses_writes_tells_the_observer_and_keeps_reads() {
+    use std::sync::Mutex;
+    let (dev, store) = mem_store(32 << 20, small_options());
+    store.put(KeySpace::Meta, b"synced", b"1").unwrap();
+    store.sync().unwrap();
+    let heard: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+    let log = heard.clone();
+    store.set_fault_observer(Arc::new(move |e, refusing| {
+        assert!(e.is_device_fault(), "{e}");
+        log.lock().unwrap().push((e.to_string(), refusing));
+    }));
+    dev.fail_after_writes(0);
+    store.put(KeySpace::Meta, b"unsynced", b"2").unwrap();
+    assert!(store.sync().is_err(), "the log write fails");
+    let err = store.put(KeySpace::Meta, b"after", b"3").unwrap_err();
+    assert!(
+        matches!(err, betreefs_engine::EngineError::Failed(_)),
+        "{err}"
+    );
+    assert!(store.sync().is_err(), "a later fsync still reports it");
+    {
+        let heard = heard.lock().unwrap();
+        assert_eq!(heard.len(), 1, "{heard:?}");
+        assert!(heard[0].1, "the store refuses writes");
+    }
+    assert_eq!(
+        store.get(KeySpace::Meta, b"synced").unwrap().as_deref(),
+        Some(&b"1"[..])
+    );
+    let keys: Vec<_> = store
+        .range(KeySpace::Meta, b"", None)
+        .map(|r| r.unwrap().0)
+        .collect();
+    assert!(keys.contains(&b"synced".to_vec()), "{keys:?}");
+}

@@ -67,7 +67,13 @@ pub struct FileDevice {
     len: u64,
     direct: bool,
     read_only: bool,
+    /// Test hook (debug builds): while this path exists, every read, write
+    /// and sync fails with `EIO`, as a dying disk's would.
+    fault_trigger: Option<std::path::PathBuf>,
 }
+
+/// The test hook's variable: `BETREEFS_TEST_FAULTY_WHILE=<path>`.
+const FAULT_TRIGGER_VAR: &str = "BETREEFS_TEST_FAULTY_WHILE";
 
 impl FileDevice {
     /// Creates (or truncates) a sparse image file of `len` bytes, readable
@@ -135,12 +141,25 @@ impl FileDevice {
         } else {
             meta.len()
         };
+        let fault_trigger = if cfg!(debug_assertions) {
+            std::env::var_os(FAULT_TRIGGER_VAR).map(std::path::PathBuf::from)
+        } else {
+            None
+        };
         Ok(FileDevice {
             file,
             len,
             direct,
             read_only,
+            fault_trigger,
         })
+    }
+
+    fn injected_fault(&self) -> io::Result<()> {
+        match &self.fault_trigger {
+            Some(trigger) if trigger.exists() => Err(io::Error::from_raw_os_error(libc::EIO)),
+            _ => Ok(()),
+        }
     }
 
     fn bounce_needed(&self, ptr: *const u8) -> bool {
@@ -155,6 +174,7 @@ impl Device for FileDevice {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         check_aligned(buf.len(), offset)?;
+        self.injected_fault()?;
         if self.bounce_needed(buf.as_ptr()) {
             let mut bounce = AlignedBuf::for_overwrite(buf.len());
             self.file.read_exact_at(&mut bounce, offset)?;
@@ -169,6 +189,7 @@ impl Device for FileDevice {
         if self.read_only {
             return Err(io::Error::from_raw_os_error(libc::EROFS));
         }
+        self.injected_fault()?;
         if offset + buf.len() as u64 > self.len {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -185,6 +206,7 @@ impl Device for FileDevice {
         if self.read_only {
             return Err(io::Error::from_raw_os_error(libc::EROFS));
         }
+        self.injected_fault()?;
         self.file.sync_data()
     }
 }
