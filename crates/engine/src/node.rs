@@ -162,6 +162,15 @@ impl Leaf {
         self.pivots.partition_point(|p| p.as_slice() <= key)
     }
 
+    /// The last basement holding keys below `end` (exclusive), but never
+    /// before `first`: a range ending where a basement begins does not
+    /// reach into it.
+    pub fn last_basement_before(&self, end: &[u8], first: usize) -> usize {
+        self.pivots
+            .partition_point(|p| p.as_slice() < end)
+            .max(first)
+    }
+
     pub fn is_fully_loaded(&self) -> bool {
         self.basements.iter().all(|b| b.entries.is_some())
     }
@@ -556,5 +565,26 @@ mod tests {
         assert_eq!(leaf.entry_count(), 20);
         assert_eq!(leaf.get(&5u32.to_be_bytes()), Some(Some(&[7u8; 100][..])));
         assert_eq!(leaf.get(&50u32.to_be_bytes()), Some(None));
+    }
+
+    /// A range whose exclusive end is where a basement begins stays out
+    /// of that basement (a 4 KiB block read must not read the next one,
+    /// nor, being then "more than one basement", the rest of the leaf).
+    #[test]
+    fn ranges_ending_at_a_basement_stay_out_of_it() {
+        let leaf = Leaf {
+            pivots: vec![b"k".to_vec(), b"t".to_vec()],
+            basements: (0..3)
+                .map(|_| Basement::from_entries(Entries::default()))
+                .collect(),
+        };
+        assert_eq!(leaf.basement_for(b"k"), 1);
+        assert_eq!(leaf.last_basement_before(b"k", 0), 0);
+        assert_eq!(leaf.last_basement_before(b"ka", 0), 1);
+        assert_eq!(leaf.last_basement_before(b"t", 1), 1);
+        assert_eq!(leaf.last_basement_before(b"z", 0), 2);
+        // An end at or before the start's basement never goes below it.
+        assert_eq!(leaf.last_basement_before(b"k", 1), 1);
+        assert_eq!(leaf.last_basement_before(b"a", 2), 2);
     }
 }

@@ -180,7 +180,9 @@ impl Tree {
             Want::Key(k) => (leaf.basement_for(k), leaf.basement_for(k)),
             Want::Range(s, e) => {
                 let first = leaf.basement_for(s);
-                let last = e.map_or(leaf.basements.len() - 1, |e| leaf.basement_for(e));
+                let last = e.map_or(leaf.basements.len() - 1, |e| {
+                    leaf.last_basement_before(e, first)
+                });
                 // A scan over more than one basement is read ahead to the
                 // end of the leaf (in the same IO): a sequential reader
                 // asks for the rest next. Small ranges read only what they

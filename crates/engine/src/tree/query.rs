@@ -87,16 +87,17 @@ impl Tree {
                 }
                 NodeBody::Leaf(leaf) => {
                     let hi = min_end(end, bounds.hi.as_deref());
-                    let last = hi.map_or(leaf.basements.len() - 1, |h| leaf.basement_for(h));
-                    let entries = leaf.basements[leaf.basement_for(start)..=last]
-                        .iter()
-                        .flat_map(|b| {
-                            let Some(entries) = &b.entries else {
-                                unreachable!("loaded above")
-                            };
-                            (entries.lower_bound(start)..entries.len())
-                                .map(move |i| (entries.key(i), entries.value(i)))
-                        });
+                    let first = leaf.basement_for(start);
+                    let last = hi.map_or(leaf.basements.len() - 1, |h| {
+                        leaf.last_basement_before(h, first)
+                    });
+                    let entries = leaf.basements[first..=last].iter().flat_map(|b| {
+                        let Some(entries) = &b.entries else {
+                            unreachable!("loaded above")
+                        };
+                        (entries.lower_bound(start)..entries.len())
+                            .map(move |i| (entries.key(i), entries.value(i)))
+                    });
                     let entries = entries.take_while(|(k, _)| hi.is_none_or(|h| *k < h));
                     // Upper levels were restricted to their child's range, which
                     // is wider than this leaf's: cut them to the leaf's.
