@@ -31,7 +31,8 @@ pub struct MountArgs {
     /// threads=N, cache=SIZE, log=FILE, writeback (kernel writeback cache;
     /// off by default), transport=auto|devfuse|uring (FUSE over io_uring
     /// when the kernel offers it, by default), errors=remount-ro|continue|
-    /// panic (what a device fault does; remount-ro by default);
+    /// panic (what a device fault does; remount-ro by default),
+    /// readahead=on|off (leaves read ahead of sequential reads; on);
     /// fstab's defaults, auto, noauto, nofail, _netdev, user(s), rw and
     /// x-* are accepted and ignored.
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -63,6 +64,8 @@ struct Settings {
     remount: bool,
     /// `-o errors=`: what a device fault does to the mount.
     on_device_error: OnDeviceError,
+    /// `-o readahead=off`: no leaves read ahead of sequential reads.
+    read_ahead: bool,
 }
 
 /// `-o errors=continue|remount-ro|panic`: what the daemon does when the
@@ -111,6 +114,7 @@ fn parse_options(args: &MountArgs) -> Result<Settings> {
         log: None,
         remount: false,
         on_device_error: OnDeviceError::RemountReadOnly,
+        read_ahead: true,
     };
     for opt in args.options.iter().flat_map(|o| o.split(',')) {
         let (key, value) = match opt.split_once('=') {
@@ -164,6 +168,13 @@ fn parse_options(args: &MountArgs) -> Result<Settings> {
             "dev" => flags.nodev = !no_value()?,
             "noexec" => flags.noexec = no_value()?,
             "exec" => flags.noexec = !no_value()?,
+            "readahead" => {
+                s.read_ahead = match value {
+                    Some("on") => true,
+                    Some("off") => false,
+                    _ => bail!("readahead= needs on or off"),
+                }
+            }
             "errors" => {
                 s.on_device_error = value
                     .ok_or_else(|| anyhow!("errors= needs continue, remount-ro or panic"))?
@@ -549,6 +560,7 @@ fn start(
     if let Some(c) = settings.cache_bytes {
         options.cache_bytes = c;
     }
+    options.read_ahead = settings.read_ahead;
     options.read_only = settings.read_only;
     let store = crate::image::open_store(&args.image, options, crate::image::UNMOUNT_WAIT)
         .map_err(|e| anyhow!("{}: {e:#}", args.image.display()))?;

@@ -52,6 +52,9 @@ pub struct Options {
     /// past it (`fsck --repair --accept-log-loss`); otherwise such an open
     /// fails with [`StoreError::LogHole`].
     pub accept_log_hole: bool,
+    /// Read the next leaf ahead of a sequential scan on a thread of its
+    /// own (on by default; deterministic tests of IO counts turn it off).
+    pub read_ahead: bool,
 }
 
 impl Default for Options {
@@ -67,6 +70,7 @@ impl Default for Options {
             merges: MergeRegistry::default(),
             read_only: false,
             accept_log_hole: false,
+            read_ahead: true,
         }
     }
 }
@@ -148,7 +152,13 @@ struct Inner {
     promised_bytes: AtomicU64,
     /// Told of every device fault ([`Store::set_fault_observer`]).
     fault_observer: Mutex<Option<FaultObserver>>,
+    /// Where sequential scans hand the read-ahead thread the next leaf to
+    /// read (None without one, or once it is stopped).
+    read_ahead: Mutex<Option<ReadAheadSender>>,
 }
+
+/// Where a leaf to read ahead begins, and in which tree.
+type ReadAheadSender = std::sync::mpsc::Sender<(KeySpace, Vec<u8>)>;
 
 /// What [`Store::set_fault_observer`] installs: called with the error and
 /// whether the store now refuses writes.
@@ -176,7 +186,36 @@ pub struct Reservation {
 pub struct Store {
     inner: Arc<Inner>,
     worker: Option<JoinHandle<()>>,
+    read_ahead_worker: Option<JoinHandle<()>>,
     closed: bool,
+}
+
+/// Starts the thread that reads leaves ahead of sequential scans
+/// (`tree::readahead`). It holds the store weakly and ends when the
+/// channel closes.
+fn start_read_ahead(inner: &Arc<Inner>) -> Option<JoinHandle<()>> {
+    let (send, receive) = std::sync::mpsc::channel::<(KeySpace, Vec<u8>)>();
+    let weak = Arc::downgrade(inner);
+    let spawned = std::thread::Builder::new()
+        .name("betreefs-readahead".into())
+        .spawn(move || {
+            while let Ok((ks, key)) = receive.recv() {
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                inner.read_ahead_leaf(ks, &key);
+            }
+        });
+    match spawned {
+        Ok(handle) => {
+            *inner.read_ahead.lock().unwrap_or_else(|e| e.into_inner()) = Some(send);
+            Some(handle)
+        }
+        Err(e) => {
+            tracing::warn!("could not start the read-ahead thread: {e}; reading on demand");
+            None
+        }
+    }
 }
 
 fn fresh_epoch() -> u32 {
@@ -412,7 +451,13 @@ impl Store {
             writes_refused: std::sync::atomic::AtomicBool::new(false),
             promised_bytes: AtomicU64::new(0),
             fault_observer: Mutex::new(None),
+            read_ahead: Mutex::new(None),
         });
+        let read_ahead_worker = if inner.options.read_ahead {
+            start_read_ahead(&inner)
+        } else {
+            None
+        };
         let needs_worker = !inner.options.read_only
             && (inner.options.log_flush_interval.is_some()
                 || inner.options.checkpoint_interval.is_some());
@@ -435,6 +480,7 @@ impl Store {
         Store {
             inner,
             worker,
+            read_ahead_worker,
             closed: false,
         }
     }
@@ -538,6 +584,7 @@ impl Store {
                 .visit_leaf(ks, &from, Some(end), visit)
                 .map_err(|e| self.inner.read_failed(e))?;
             tree.evict_clean_if_needed();
+            self.inner.pass_read_ahead_hint(&mut tree);
         }
         Ok(())
     }
@@ -610,6 +657,19 @@ impl Store {
     }
 
     fn stop_worker(&mut self) {
+        // Closing the channel ends the read-ahead thread.
+        drop(
+            self.inner
+                .read_ahead
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
+        if let Some(worker) = self.read_ahead_worker.take() {
+            if worker.join().is_err() {
+                tracing::error!("read-ahead thread panicked");
+            }
+        }
         if let Some(worker) = self.worker.take() {
             self.inner.lock_background().shutdown = true;
             self.inner.wake.notify_all();
@@ -712,6 +772,47 @@ impl Inner {
             }
         }
         e
+    }
+
+    /// Hands the read-ahead thread the leaf after one a scan just read
+    /// sequentially, if there is such a thread.
+    fn pass_read_ahead_hint(&self, tree: &mut Tree) {
+        let Some(hint) = tree.take_read_ahead_hint() else {
+            return;
+        };
+        if let Some(send) = &*self.read_ahead.lock().unwrap_or_else(|e| e.into_inner()) {
+            let _ = send.send(hint);
+        }
+    }
+
+    /// Reads the leaf holding `key` ahead of a scan: found under the lock,
+    /// read and decoded without it, cached under it if still current.
+    /// Failures are left for the reader to meet (and report) itself.
+    fn read_ahead_leaf(&self, ks: KeySpace, key: &[u8]) {
+        let (place, device) = {
+            let tree = self.lock_tree();
+            match tree.uncached_leaf_for(ks, key) {
+                Some(place) => (place, tree.device()),
+                None => return,
+            }
+        };
+        let mut buf = AlignedBuf::for_overwrite(place.len);
+        if let Err(e) = device.read_at(&mut buf, place.offset) {
+            tracing::debug!("read-ahead of node {}: {e}", place.num);
+            return;
+        }
+        add(&self.stats.node_bytes_read[0], place.len as u64);
+        let node = match crate::tree::readahead::decode_whole_leaf(&place, &buf) {
+            Ok(node) => node,
+            Err(e) => {
+                tracing::debug!("read-ahead: {e}");
+                return;
+            }
+        };
+        let mut tree = self.lock_tree();
+        if tree.adopt_read_ahead(&place, node) {
+            tree.evict_clean_if_needed();
+        }
     }
 
     /// A read that failed: the observer hears of device faults.
@@ -1008,6 +1109,7 @@ impl Iterator for RangeIter<'_> {
                 let mut tree = self.store.inner.lock_tree();
                 let scanned = tree.scan_leaf(self.ks, &start, self.end.as_deref());
                 tree.evict_clean_if_needed();
+                self.store.inner.pass_read_ahead_hint(&mut tree);
                 scanned.map_err(|e| self.store.inner.read_failed(e))
             };
             match scanned {

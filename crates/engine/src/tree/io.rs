@@ -132,23 +132,34 @@ impl Tree {
         add(&self.stats.nodes_read, 1);
         let result = if let (true, NodeBody::Leaf(leaf)) = (whole, &mut node.body) {
             // The whole extent is in memory already: decode every basement from it.
-            (0..leaf.basements.len()).try_for_each(|i| {
-                let Some(loc) = leaf.basements[i].loc else {
-                    return Err(Self::corrupt(ks, num, "basement without location"));
-                };
-                let bytes = head
-                    .get(loc.offset as usize..(loc.offset as usize + loc.len as usize))
-                    .ok_or_else(|| Self::corrupt(ks, num, "basement beyond node"))?;
-                let entries = Self::decode_checked_basement(ks, num, leaf, i, bounds, bytes)?;
-                leaf.basements[i].entries = Some(entries);
-                Ok(())
-            })
+            Self::decode_all_basements(ks, num, leaf, bounds, &head)
         } else {
             self.read_basements(ks, num, &mut node, want)
         };
         result?;
         self.put(num, node);
         Ok(())
+    }
+
+    /// Decodes every basement of a leaf from the bytes of its whole extent.
+    pub(super) fn decode_all_basements(
+        ks: KeySpace,
+        num: u64,
+        leaf: &mut Leaf,
+        bounds: &Bounds,
+        node_bytes: &[u8],
+    ) -> EngineResult<()> {
+        (0..leaf.basements.len()).try_for_each(|i| {
+            let Some(loc) = leaf.basements[i].loc else {
+                return Err(Self::corrupt(ks, num, "basement without location"));
+            };
+            let bytes = node_bytes
+                .get(loc.offset as usize..(loc.offset as usize + loc.len as usize))
+                .ok_or_else(|| Self::corrupt(ks, num, "basement beyond node"))?;
+            let entries = Self::decode_checked_basement(ks, num, leaf, i, bounds, bytes)?;
+            leaf.basements[i].entries = Some(entries);
+            Ok(())
+        })
     }
 
     /// Decodes basement `i` of a leaf with bounds `bounds` from its bytes

@@ -11,6 +11,7 @@
 //! accounting), [`io`] (reading nodes and basements), [`query`] (get and
 //! range visits), [`apply`] (logged batches into the roots, range
 //! renames), [`flush`] (moving messages down, background flushing),
+//! [`readahead`] (leaves read ahead of a sequential scan, off the lock),
 //! [`reshape`] (split, merge, subtrees), [`writeback`] (eviction,
 //! checkpoints, space) and [`verify`].
 
@@ -173,6 +174,9 @@ pub(crate) struct Tree {
     /// Opened read-only: nothing is ever written (dirty nodes made by log
     /// replay stay in memory).
     pub read_only: bool,
+    /// Where the leaf after one a scan read sequentially begins: set by
+    /// queries, taken by the store for its read-ahead ([`readahead`]).
+    read_ahead_hint: Option<(KeySpace, Vec<u8>)>,
 }
 
 impl Tree {
@@ -206,6 +210,7 @@ impl Tree {
             node_sized_free_blocks: u64::MAX,
             used_blocks_at_checkpoint: 0,
             read_only: false,
+            read_ahead_hint: None,
         }
     }
 
@@ -308,6 +313,7 @@ mod cache;
 mod flush;
 mod io;
 mod query;
+pub mod readahead;
 mod reshape;
 mod verify;
 mod writeback;

@@ -91,6 +91,10 @@ impl Tree {
                     let last = hi.map_or(leaf.basements.len() - 1, |h| {
                         leaf.last_basement_before(h, first)
                     });
+                    // A scan across basements reads on sequentially (the
+                    // rest of this leaf was read with it): the next leaf
+                    // is worth reading ahead.
+                    let read_on = (last > first).then(|| bounds.hi.clone()).flatten();
                     let entries = leaf.basements[first..=last].iter().flat_map(|b| {
                         let Some(entries) = &b.entries else {
                             unreachable!("loaded above")
@@ -141,6 +145,9 @@ impl Tree {
                         (Some(h), None) => Some(h.clone()),
                         _ => None,
                     };
+                    if let Some(next_leaf) = read_on {
+                        self.read_ahead_hint = Some((ks, next_leaf));
+                    }
                     return Ok(next);
                 }
             }

@@ -10,8 +10,9 @@ use std::sync::Arc;
 use betreefs_engine::{KeySpace, MergeRegistry, Message, Options, Store, WriteBatch, KEY_SPACES};
 use betreefs_store::MemDevice;
 
-/// Tiny nodes, basements and cache, no background thread: splits, merges,
-/// evictions and log-full checkpoints happen after a few hundred writes.
+/// Tiny nodes, basements and cache, no background threads (so a seed
+/// replays exactly): splits, merges, evictions and log-full checkpoints
+/// happen after a few hundred writes.
 pub fn small_options() -> Options {
     Options {
         node_size: 16 << 10,
@@ -21,6 +22,7 @@ pub fn small_options() -> Options {
         log_flush_interval: None,
         checkpoint_interval: None,
         log_bytes: Some(1 << 20),
+        read_ahead: false,
         ..Options::default()
     }
 }
