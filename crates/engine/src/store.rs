@@ -9,6 +9,7 @@
 //! half the log is in use. Checkpoints are sharp: they hold the tree lock
 //! while dirty nodes are written (see docs/design.md for the cost).
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -155,7 +156,15 @@ struct Inner {
     /// Where sequential scans hand the read-ahead thread the next leaf to
     /// read (None without one, or once it is stopped).
     read_ahead: Mutex<Option<ReadAheadSender>>,
+    /// Leaves the read-ahead thread is reading now: a scan that reaches
+    /// one waits for it ([`Inner::wait_for_read_ahead`]) rather than read
+    /// it a second time.
+    reading_ahead: Mutex<HashSet<u64>>,
+    read_ahead_landed: Condvar,
 }
+
+/// Leaves read ahead of a sequential scan, the next one included.
+const READ_AHEAD_LEAVES: usize = 3;
 
 /// Where a leaf to read ahead begins, and in which tree.
 type ReadAheadSender = std::sync::mpsc::Sender<(KeySpace, Vec<u8>)>;
@@ -203,7 +212,7 @@ fn start_read_ahead(inner: &Arc<Inner>) -> Option<JoinHandle<()>> {
                 let Some(inner) = weak.upgrade() else {
                     return;
                 };
-                inner.read_ahead_leaf(ks, &key);
+                inner.read_ahead_leaves(ks, &key);
             }
         });
     match spawned {
@@ -452,6 +461,8 @@ impl Store {
             promised_bytes: AtomicU64::new(0),
             fault_observer: Mutex::new(None),
             read_ahead: Mutex::new(None),
+            reading_ahead: Mutex::new(HashSet::new()),
+            read_ahead_landed: Condvar::new(),
         });
         let read_ahead_worker = if inner.options.read_ahead {
             start_read_ahead(&inner)
@@ -579,6 +590,7 @@ impl Store {
             if from.as_slice() >= end {
                 break;
             }
+            self.inner.wait_for_read_ahead(ks, &from);
             let mut tree = self.inner.lock_tree();
             next = tree
                 .visit_leaf(ks, &from, Some(end), visit)
@@ -785,24 +797,49 @@ impl Inner {
         }
     }
 
-    /// Reads the leaf holding `key` ahead of a scan: found under the lock,
-    /// read and decoded without it, cached under it if still current.
-    /// Failures are left for the reader to meet (and report) itself.
-    fn read_ahead_leaf(&self, ks: KeySpace, key: &[u8]) {
-        let (place, device) = {
-            let tree = self.lock_tree();
-            match tree.uncached_leaf_for(ks, key) {
-                Some(place) => (place, tree.device()),
+    /// Reads ahead of a scan the leaf holding `key` and the ones after it,
+    /// [`READ_AHEAD_LEAVES`] in all: a reader that has just asked for the
+    /// next leaf would otherwise often reach it first and read it itself.
+    fn read_ahead_leaves(&self, ks: KeySpace, key: &[u8]) {
+        let mut key = key.to_vec();
+        for _ in 0..READ_AHEAD_LEAVES {
+            let (place, next, device) = {
+                let tree = self.lock_tree();
+                match tree.leaf_for(ks, &key) {
+                    Some((place, next)) => {
+                        // Marked under the tree lock: a scan that finds
+                        // the leaf uncached after this waits for it.
+                        if let Some(place) = &place {
+                            self.lock_reading_ahead().insert(place.num);
+                        }
+                        (place, next, tree.device())
+                    }
+                    None => return,
+                }
+            };
+            if let Some(place) = place {
+                self.read_ahead_leaf(&place, device.as_ref());
+                self.lock_reading_ahead().remove(&place.num);
+                self.read_ahead_landed.notify_all();
+            }
+            match next {
+                Some(next) => key = next,
                 None => return,
             }
-        };
+        }
+    }
+
+    /// Reads one leaf found under the lock, decodes it without it, and
+    /// caches it under it if still current. Failures are left for the
+    /// reader to meet (and report) itself.
+    fn read_ahead_leaf(&self, place: &crate::tree::readahead::LeafOnDisk, device: &dyn Device) {
         let mut buf = AlignedBuf::for_overwrite(place.len);
         if let Err(e) = device.read_at(&mut buf, place.offset) {
             tracing::debug!("read-ahead of node {}: {e}", place.num);
             return;
         }
         add(&self.stats.node_bytes_read[0], place.len as u64);
-        let node = match crate::tree::readahead::decode_whole_leaf(&place, &buf) {
+        let node = match crate::tree::readahead::decode_whole_leaf(place, &buf) {
             Ok(node) => node,
             Err(e) => {
                 tracing::debug!("read-ahead: {e}");
@@ -810,8 +847,38 @@ impl Inner {
             }
         };
         let mut tree = self.lock_tree();
-        if tree.adopt_read_ahead(&place, node) {
+        if tree.adopt_read_ahead(place, node) {
             tree.evict_clean_if_needed();
+        }
+    }
+
+    fn lock_reading_ahead(&self) -> MutexGuard<'_, HashSet<u64>> {
+        self.reading_ahead.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Before a scan reads the leaf holding `key`: if the read-ahead
+    /// thread is reading that leaf now, wait (without the tree lock) until
+    /// it lands, so it is read once. Bounded: a slow device never holds a
+    /// scan up for more than a moment.
+    fn wait_for_read_ahead(&self, ks: KeySpace, key: &[u8]) {
+        if self.lock_reading_ahead().is_empty() {
+            return;
+        }
+        let num = match self.lock_tree().leaf_for(ks, key) {
+            Some((Some(place), _)) => place.num,
+            _ => return,
+        };
+        let deadline = Instant::now() + Duration::from_millis(200);
+        let mut reading = self.lock_reading_ahead();
+        while reading.contains(&num) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            reading = match self.read_ahead_landed.wait_timeout(reading, left) {
+                Ok((guard, _)) => guard,
+                Err(e) => e.into_inner().0,
+            };
         }
     }
 

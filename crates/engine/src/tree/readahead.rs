@@ -35,6 +35,17 @@ impl Tree {
     /// The leaf of tree `ks` that holds `key`, when every node above it is
     /// cached and the leaf is not (nothing to read ahead otherwise).
     pub fn uncached_leaf_for(&self, ks: KeySpace, key: &[u8]) -> Option<LeafOnDisk> {
+        self.leaf_for(ks, key).and_then(|(place, _)| place)
+    }
+
+    /// The leaf of tree `ks` that holds `key`, found through cached nodes:
+    /// its place on disk unless it is cached, and where the leaf after it
+    /// begins. None when a node above it is not cached.
+    pub fn leaf_for(
+        &self,
+        ks: KeySpace,
+        key: &[u8],
+    ) -> Option<(Option<LeafOnDisk>, Option<Vec<u8>>)> {
         let mut num = self.roots[ks.index()];
         let mut bounds = Bounds::full();
         loop {
@@ -50,13 +61,14 @@ impl Tree {
                 bounds = child_bounds;
                 continue;
             }
+            let next = child_bounds.hi.clone();
             if self.cache.contains_key(&child) {
-                return None;
+                return Some((None, next));
             }
             let Slot::OnDisk { extent, crc } = self.btt.get(child) else {
                 return None;
             };
-            return Some(LeafOnDisk {
+            let place = LeafOnDisk {
                 ks,
                 num: child,
                 bounds: child_bounds,
@@ -64,7 +76,8 @@ impl Tree {
                 crc,
                 offset: self.layout.extent_offset(extent),
                 len: extent.len as usize,
-            });
+            };
+            return Some((Some(place), next));
         }
     }
 
