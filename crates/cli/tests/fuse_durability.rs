@@ -175,6 +175,62 @@ fn a_full_device_gives_enospc_and_recovers() {
     assert_fsck_clean(&image, "after ENOSPC");
 }
 
+/// fallocate (mode 0) on a real mount: other files fill the device to
+/// ENOSPC, and every byte of the preallocated range can still be written
+/// and synced; the image is clean afterwards.
+#[test]
+fn preallocated_space_is_there_when_the_device_is_full() {
+    if !fuse_available() {
+        return;
+    }
+    use std::os::fd::AsRawFd;
+    let s = Scratch::new("prealloc");
+    let image = s.0.join("img");
+    mkfs(&image, "128M");
+    let m = Mount::start(&image, &s.0.join("mnt"), &[]);
+    const RANGE: usize = 8 << 20;
+    let pre = fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(m.path("pre"))
+        .unwrap();
+    // SAFETY: a valid descriptor.
+    let r = unsafe { libc::fallocate(pre.as_raw_fd(), 0, 0, RANGE as i64) };
+    assert_eq!(r, 0, "fallocate: {}", std::io::Error::last_os_error());
+    let chunk = vec![0x5au8; 1 << 20];
+    let mut hit = None;
+    'fill: for i in 0..1000 {
+        let mut f = match File::create(m.path(&format!("fill{i}"))) {
+            Ok(f) => f,
+            Err(e) => {
+                hit = e.raw_os_error();
+                break;
+            }
+        };
+        for _ in 0..4 {
+            if let Err(e) = f.write_all(&chunk).and_then(|()| f.flush()) {
+                hit = e.raw_os_error();
+                break 'fill;
+            }
+        }
+    }
+    assert_eq!(hit, Some(libc::ENOSPC), "the other files fill the device");
+    use std::os::unix::fs::FileExt;
+    for at in (0..RANGE).step_by(chunk.len()) {
+        pre.write_all_at(&chunk, at as u64)
+            .unwrap_or_else(|e| panic!("writing the preallocated range at {at}: {e}"));
+    }
+    pre.sync_all().unwrap();
+    drop(pre);
+    let back = fs::read(m.path("pre")).unwrap();
+    assert_eq!(back.len(), RANGE);
+    assert!(back.iter().all(|&b| b == 0x5a));
+    m.unmount();
+    assert_fsck_clean(&image, "after filling around a preallocated file");
+}
+
 #[test]
 fn unmount_and_mount_give_back_the_same_tree() {
     if !fuse_available() {
