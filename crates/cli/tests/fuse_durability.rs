@@ -119,6 +119,25 @@ fn kill_minus_nine_keeps_every_fsynced_byte() {
     }
 }
 
+/// Writes files `fill0`, `fill1`, ... of four `chunk`s each until a
+/// create or write fails: the files started, and the error.
+fn fill_until_full(m: &Mount, chunk: &[u8]) -> (usize, Option<i32>) {
+    let mut files = 0;
+    for i in 0..1000 {
+        let mut f = match File::create(m.path(&format!("fill{i}"))) {
+            Ok(f) => f,
+            Err(e) => return (files, e.raw_os_error()),
+        };
+        files += 1;
+        for _ in 0..4 {
+            if let Err(e) = f.write_all(chunk).and_then(|()| f.flush()) {
+                return (files, e.raw_os_error());
+            }
+        }
+    }
+    (files, None)
+}
+
 #[test]
 fn a_full_device_gives_enospc_and_recovers() {
     if !fuse_available() {
@@ -129,24 +148,7 @@ fn a_full_device_gives_enospc_and_recovers() {
     mkfs(&image, "128M");
     let m = Mount::start(&image, &s.0.join("mnt"), &[]);
     let chunk = vec![0xa5u8; 1 << 20];
-    let mut files = 0;
-    let mut hit = None;
-    'fill: for i in 0..1000 {
-        let mut f = match File::create(m.path(&format!("fill{i}"))) {
-            Ok(f) => f,
-            Err(e) => {
-                hit = e.raw_os_error();
-                break;
-            }
-        };
-        files += 1;
-        for _ in 0..4 {
-            if let Err(e) = f.write_all(&chunk).and_then(|()| f.flush()) {
-                hit = e.raw_os_error();
-                break 'fill;
-            }
-        }
-    }
+    let (files, hit) = fill_until_full(&m, &chunk);
     assert_eq!(
         hit,
         Some(libc::ENOSPC),
@@ -200,22 +202,7 @@ fn preallocated_space_is_there_when_the_device_is_full() {
     let r = unsafe { libc::fallocate(pre.as_raw_fd(), 0, 0, RANGE as i64) };
     assert_eq!(r, 0, "fallocate: {}", std::io::Error::last_os_error());
     let chunk = vec![0x5au8; 1 << 20];
-    let mut hit = None;
-    'fill: for i in 0..1000 {
-        let mut f = match File::create(m.path(&format!("fill{i}"))) {
-            Ok(f) => f,
-            Err(e) => {
-                hit = e.raw_os_error();
-                break;
-            }
-        };
-        for _ in 0..4 {
-            if let Err(e) = f.write_all(&chunk).and_then(|()| f.flush()) {
-                hit = e.raw_os_error();
-                break 'fill;
-            }
-        }
-    }
+    let (_, hit) = fill_until_full(&m, &chunk);
     assert_eq!(hit, Some(libc::ENOSPC), "the other files fill the device");
     use std::os::unix::fs::FileExt;
     for at in (0..RANGE).step_by(chunk.len()) {

@@ -45,17 +45,22 @@ fn scan(store: &Store, from: u32, to: u32, chunk: u32) -> Vec<(Vec<u8>, Vec<u8>)
     out
 }
 
-#[test]
-fn sequential_scans_read_the_next_leaf_ahead() {
-    const N: u32 = 3000;
-    let (dev, store) = common::mem_store(64 << 20, options());
-    for batch_start in (0..N).step_by(100) {
+/// Keys 0..n at version 0, a hundred to a batch.
+fn put_keys(store: &Store, n: u32) {
+    for batch_start in (0..n).step_by(100) {
         let mut batch = WriteBatch::new();
-        for i in batch_start..batch_start + 100 {
+        for i in batch_start..(batch_start + 100).min(n) {
             batch.put(KeySpace::Data, &key(i), &value(i, 0));
         }
         store.write(&batch).unwrap();
     }
+}
+
+#[test]
+fn sequential_scans_read_the_next_leaf_ahead() {
+    const N: u32 = 3000;
+    let (dev, store) = common::mem_store(64 << 20, options());
+    put_keys(&store, N);
     store.close().unwrap();
     let store = Store::open_on(Arc::new(dev), options()).unwrap();
     // The first chunk reads on across basements inside the first leaf: the
@@ -83,13 +88,7 @@ fn sequential_scans_read_the_next_leaf_ahead() {
 fn read_ahead_never_caches_a_stale_leaf() {
     const N: u32 = 2000;
     let (dev, store) = common::mem_store(64 << 20, options());
-    for batch_start in (0..N).step_by(100) {
-        let mut batch = WriteBatch::new();
-        for i in batch_start..batch_start + 100 {
-            batch.put(KeySpace::Data, &key(i), &value(i, 0));
-        }
-        store.write(&batch).unwrap();
-    }
+    put_keys(&store, N);
     store.close().unwrap();
     let store = Arc::new(Store::open_on(Arc::new(dev), options()).unwrap());
     let model: Arc<Mutex<Vec<Option<u32>>>> = Arc::new(Mutex::new(vec![Some(0); N as usize]));
