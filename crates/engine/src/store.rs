@@ -769,7 +769,8 @@ impl Inner {
     }
 
     /// Records a failure after which the in-memory state may differ from
-    /// what recovery would produce: refuse everything until reopened.
+    /// what recovery would produce: refuse writes until reopened (reads go
+    /// on), and tell the fault observer.
     fn poison(&self, e: EngineError) -> EngineError {
         if !e.is_no_space() {
             let first = {
@@ -926,7 +927,9 @@ impl Inner {
         // not be followed by a write that checked before it began.
         self.check_writable()?;
         let promised = self.promised_bytes.load(Ordering::Relaxed);
-        let promised_after = (promised + reservation.take).saturating_sub(reservation.release);
+        let promised_after = promised
+            .saturating_add(reservation.take)
+            .saturating_sub(reservation.release);
         if reservation.take > 0 || needs_space(batch) {
             // A write drawing on a promise is checked with the promise
             // already given back; one making a promise, with it taken.
@@ -934,7 +937,7 @@ impl Inner {
             let counted = if drawing {
                 promised_after
             } else {
-                promised + reservation.take
+                promised.saturating_add(reservation.take)
             };
             if tree.space_low(counted, drawing) {
                 self.reclaim_space(&mut tree)?;
