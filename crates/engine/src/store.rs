@@ -906,18 +906,11 @@ impl Inner {
         self.check_writable()?;
         check_batch(batch, &self.merges)?;
         if batch.is_empty() {
-            if reservation.take > 0 {
+            // A promise is kept by what the batch writes (see Reservation).
+            if reservation != Reservation::default() {
                 return Err(EngineError::InvalidMessage(
-                    "space promised by an empty batch".into(),
+                    "space promised or given back by an empty batch".into(),
                 ));
-            }
-            if reservation.release > 0 {
-                let _tree = self.lock_tree();
-                let promised = self.promised_bytes.load(Ordering::Relaxed);
-                self.promised_bytes.store(
-                    promised.saturating_sub(reservation.release),
-                    Ordering::Relaxed,
-                );
             }
             return Ok(0);
         }
@@ -941,9 +934,6 @@ impl Inner {
             };
             if tree.space_low(counted, drawing) {
                 self.reclaim_space(&mut tree)?;
-                if drawing && tree.space_low(counted, drawing) {
-                    self.free_replaced_copies(&mut tree)?;
-                }
                 if tree.space_low(counted, drawing) {
                     return Err(EngineError::NoSpace);
                 }
@@ -1003,28 +993,28 @@ impl Inner {
         Ok(seq)
     }
 
-    /// Frees the copies of nodes that checkpoints since the last one
-    /// replaced: they stay allocated (the previous checkpoint may still be
-    /// the one recovery uses) until two more checkpoints have passed. Done
-    /// before refusing a write that space was promised to; a device too
-    /// full for the checkpoints themselves leaves things as they are.
-    fn free_replaced_copies(&self, tree: &mut Tree) -> EngineResult<()> {
-        for _ in 0..2 {
-            match self.checkpoint_locked(tree) {
-                Err(e) if e.is_no_space() => return Ok(()),
-                other => other?,
-            }
-        }
-        Ok(())
-    }
-
     /// Before refusing a write for lack of space: push pending deletes down
-    /// to the leaves and checkpoint, which frees what they deleted.
+    /// to the leaves and checkpoint, which frees what they deleted — and,
+    /// with nothing deleted, checkpoint anyway: the copies of nodes that
+    /// writes replaced stay allocated until two checkpoints no longer need
+    /// them (once per batch written: refusing again with nothing written
+    /// in between frees nothing more).
     fn reclaim_space(&self, tree: &mut Tree) -> EngineResult<()> {
         if tree.removals_since_reclaim == 0 {
+            if tree.reclaimed_at_seq == tree.next_seq {
+                return Ok(());
+            }
+            tree.reclaimed_at_seq = tree.next_seq;
+            for _ in 0..2 {
+                match self.checkpoint_locked(tree) {
+                    Err(e) if e.is_no_space() => return Ok(()),
+                    other => other?,
+                }
+            }
             return Ok(());
         }
         tree.removals_since_reclaim = 0;
+        tree.reclaimed_at_seq = tree.next_seq;
         // Step by step: each step rewrites no more than the free space can
         // take; blocks the previous checkpoint freed become reusable only
         // once a second one no longer needs the first's copy (two

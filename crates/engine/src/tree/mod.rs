@@ -167,6 +167,8 @@ pub(crate) struct Tree {
     btt_extent: Option<Extent>,
     /// Removal messages since the last attempt to reclaim space.
     pub removals_since_reclaim: u64,
+    /// `next_seq` at the last attempt to reclaim space.
+    pub reclaimed_at_seq: u64,
     /// Free blocks lying in runs long enough for a full node, and all
     /// blocks in use, as of the last checkpoint (see [`Tree::space_low`]).
     node_sized_free_blocks: u64,
@@ -207,6 +209,7 @@ impl Tree {
             generation: 0,
             btt_extent: None,
             removals_since_reclaim: 0,
+            reclaimed_at_seq: 0,
             node_sized_free_blocks: u64::MAX,
             used_blocks_at_checkpoint: 0,
             read_only: false,
