@@ -80,13 +80,10 @@ impl Tree {
             self.put(num, node);
             return result;
         }
-        let prefix = bounds.lifted_prefix();
-        let prefix = prefix.as_slice();
         add(&self.stats.cache_misses, 1);
         let Slot::OnDisk { extent, crc } = self.btt.get(num) else {
             return Err(Self::corrupt(ks, num, "referenced but never written"));
         };
-        let bad = |e: DecodeError| Self::corrupt(ks, num, e.0);
         let whole = matches!(want, Want::Whole);
         let first_len = if whole {
             extent.len as usize
@@ -94,33 +91,11 @@ impl Tree {
             (extent.len as usize).min(BLOCK_SIZE)
         };
         let mut head = self.read_extent_bytes(extent, 0, first_len, height.unwrap_or(0))?;
-        let header = decode_header(&head, crc, num, prefix).map_err(bad)?;
-        if header.tree != ks as u8 {
-            return Err(Self::corrupt(
-                ks,
-                num,
-                format!("belongs to tree {}", header.tree),
-            ));
-        }
-        if header.total_len > extent.len {
-            return Err(Self::corrupt(ks, num, "longer than its extent"));
-        }
-        if let Some(h) = height {
-            if header.height != h {
-                return Err(Self::corrupt(
-                    ks,
-                    num,
-                    format!("at height {} where {h} was expected", header.height),
-                ));
-            }
-        }
+        let header = Self::checked_header(ks, num, &head, crc, bounds, extent.len, height)?;
         if meta_end(&header) > head.len() {
             head = self.read_extent_bytes(extent, 0, meta_end(&header), header.height)?;
         }
-        let meta = head
-            .get(HEADER_BYTES..meta_end(&header))
-            .ok_or_else(|| Self::corrupt(ks, num, "meta beyond the node"))?;
-        let mut node = decode_meta(&header, meta, bounds).map_err(bad)?;
+        let mut node = Self::decode_node_meta(ks, num, &header, &head, bounds)?;
         let max_seq = self.next_seq.saturating_sub(1);
         match &node.body {
             NodeBody::Interior(int) => {
@@ -139,6 +114,56 @@ impl Tree {
         result?;
         self.put(num, node);
         Ok(())
+    }
+
+    /// Decodes a node's header from the start of its extent (`extent_len`
+    /// bytes) and checks it: its checksum against the block table's, its
+    /// tree, its length and (when known) its height.
+    pub(super) fn checked_header(
+        ks: KeySpace,
+        num: u64,
+        bytes: &[u8],
+        crc: u32,
+        bounds: &Bounds,
+        extent_len: u32,
+        height: Option<u32>,
+    ) -> EngineResult<NodeHeader> {
+        let prefix = bounds.lifted_prefix();
+        let header = decode_header(bytes, crc, num, &prefix)
+            .map_err(|e: DecodeError| Self::corrupt(ks, num, e.0))?;
+        if header.tree != ks as u8 {
+            return Err(Self::corrupt(
+                ks,
+                num,
+                format!("belongs to tree {}", header.tree),
+            ));
+        }
+        if header.total_len > extent_len {
+            return Err(Self::corrupt(ks, num, "longer than its extent"));
+        }
+        if let Some(h) = height.filter(|&h| h != header.height) {
+            return Err(Self::corrupt(
+                ks,
+                num,
+                format!("at height {} where {h} was expected", header.height),
+            ));
+        }
+        Ok(header)
+    }
+
+    /// The node a checked header and the bytes holding its meta describe
+    /// (basements not loaded).
+    pub(super) fn decode_node_meta(
+        ks: KeySpace,
+        num: u64,
+        header: &NodeHeader,
+        bytes: &[u8],
+        bounds: &Bounds,
+    ) -> EngineResult<Node> {
+        let meta = bytes
+            .get(HEADER_BYTES..meta_end(header))
+            .ok_or_else(|| Self::corrupt(ks, num, "meta beyond the node"))?;
+        decode_meta(header, meta, bounds).map_err(|e| Self::corrupt(ks, num, e.0))
     }
 
     /// Decodes every basement of a leaf from the bytes of its whole extent.

@@ -39,7 +39,7 @@ use crate::codec::DecodeError;
 use crate::entries::Entries;
 use crate::error::{EngineError, EngineResult};
 use crate::format::{
-    decode_basement, decode_header, decode_meta, encode_node, meta_end, HEADER_BYTES,
+    decode_basement, decode_header, decode_meta, encode_node, meta_end, NodeHeader, HEADER_BYTES,
 };
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, RangeRename, WriteBatch, KEY_SPACES};

@@ -109,24 +109,14 @@ impl Tree {
 /// it (header checksum against the block table's, tree, bounds, every
 /// basement). Needs no lock.
 pub fn decode_whole_leaf(place: &LeafOnDisk, bytes: &[u8]) -> EngineResult<Node> {
-    let (ks, num) = (place.ks, place.num);
-    let bad = |e: DecodeError| Tree::corrupt(ks, num, e.0);
-    let prefix = place.bounds.lifted_prefix();
-    let header = decode_header(bytes, place.crc, num, &prefix).map_err(bad)?;
-    if header.tree != ks as u8 || header.height != 0 {
-        return Err(Tree::corrupt(ks, num, "not the leaf its parent names"));
-    }
-    if header.total_len as usize > bytes.len() {
-        return Err(Tree::corrupt(ks, num, "longer than its extent"));
-    }
-    let meta = bytes
-        .get(HEADER_BYTES..meta_end(&header))
-        .ok_or_else(|| Tree::corrupt(ks, num, "meta beyond the node"))?;
-    let mut node = decode_meta(&header, meta, &place.bounds).map_err(bad)?;
+    let (ks, num, bounds) = (place.ks, place.num, &place.bounds);
+    let header =
+        Tree::checked_header(ks, num, bytes, place.crc, bounds, place.extent.len, Some(0))?;
+    let mut node = Tree::decode_node_meta(ks, num, &header, bytes, bounds)?;
     let NodeBody::Leaf(leaf) = &mut node.body else {
         return Err(Tree::corrupt(ks, num, "not the leaf its parent names"));
     };
-    validate::check_leaf(leaf, &place.bounds).map_err(|reason| Tree::corrupt(ks, num, reason))?;
-    Tree::decode_all_basements(ks, num, leaf, &place.bounds, bytes)?;
+    validate::check_leaf(leaf, bounds).map_err(|reason| Tree::corrupt(ks, num, reason))?;
+    Tree::decode_all_basements(ks, num, leaf, bounds, bytes)?;
     Ok(node)
 }
