@@ -1165,6 +1165,7 @@ impl Iterator for RangeIter<'_> {
             if self.end.as_ref().is_some_and(|e| *e <= start) {
                 return None;
             }
+            self.store.inner.wait_for_read_ahead(self.ks, &start);
             let scanned = {
                 let mut tree = self.store.inner.lock_tree();
                 let scanned = tree.scan_leaf(self.ks, &start, self.end.as_deref());

@@ -45,8 +45,10 @@ fn scan(store: &Store, from: u32, to: u32, chunk: u32) -> Vec<(Vec<u8>, Vec<u8>)
     out
 }
 
-/// Keys 0..n at version 0, a hundred to a batch.
-fn put_keys(store: &Store, n: u32) {
+/// A store holding keys 0..n at version 0 (a hundred to a batch), closed
+/// and opened again: nothing cached but the roots.
+fn cold_store_with_keys(n: u32) -> Store {
+    let (dev, store) = common::mem_store(64 << 20, options());
     for batch_start in (0..n).step_by(100) {
         let mut batch = WriteBatch::new();
         for i in batch_start..(batch_start + 100).min(n) {
@@ -54,15 +56,14 @@ fn put_keys(store: &Store, n: u32) {
         }
         store.write(&batch).unwrap();
     }
+    store.close().unwrap();
+    Store::open_on(Arc::new(dev), options()).unwrap()
 }
 
 #[test]
 fn sequential_scans_read_the_next_leaf_ahead() {
     const N: u32 = 3000;
-    let (dev, store) = common::mem_store(64 << 20, options());
-    put_keys(&store, N);
-    store.close().unwrap();
-    let store = Store::open_on(Arc::new(dev), options()).unwrap();
+    let store = cold_store_with_keys(N);
     // The first chunk reads on across basements inside the first leaf: the
     // next leaf is read ahead (wait for it, the thread runs on its own).
     let first = scan(&store, 0, 5, 5);
@@ -87,10 +88,7 @@ fn sequential_scans_read_the_next_leaf_ahead() {
 #[test]
 fn read_ahead_never_caches_a_stale_leaf() {
     const N: u32 = 2000;
-    let (dev, store) = common::mem_store(64 << 20, options());
-    put_keys(&store, N);
-    store.close().unwrap();
-    let store = Arc::new(Store::open_on(Arc::new(dev), options()).unwrap());
+    let store = Arc::new(cold_store_with_keys(N));
     let model: Arc<Mutex<Vec<Option<u32>>>> = Arc::new(Mutex::new(vec![Some(0); N as usize]));
     let writer = {
         let (store, model) = (store.clone(), model.clone());
