@@ -395,16 +395,6 @@ pub struct FsInfo {
 }
 
 impl FsInfo {
-    /// Whether a valid identity record is of an older format this build
-    /// upgrades (by writing it again) on a read-write mount.
-    pub fn is_older_format(value: &[u8]) -> bool {
-        let version = value
-            .get(FS_MAGIC.len()..FS_MAGIC.len() + 4)
-            .and_then(|v| v.try_into().ok())
-            .map(u32::from_le_bytes);
-        version.is_some_and(|v| v < FS_VERSION)
-    }
-
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(FS_INFO_LEN);
         out.extend_from_slice(FS_MAGIC);
@@ -415,6 +405,12 @@ impl FsInfo {
     }
 
     pub fn decode(value: &[u8]) -> Result<FsInfo, RecordError> {
+        Self::decode_versioned(value).map(|(info, _)| info)
+    }
+
+    /// The record and the format version it was written in (an older one
+    /// this build reads is upgraded by writing the record again).
+    pub fn decode_versioned(value: &[u8]) -> Result<(FsInfo, u32), RecordError> {
         let foreign = || RecordError("not a betreefs file system (no identity record)".into());
         if value.len() != FS_INFO_LEN {
             return Err(foreign());
@@ -436,10 +432,11 @@ impl FsInfo {
         }
         let ino_reserved = d.u64().map_err(|_| foreign())?;
         let created = d.u64().map_err(|_| foreign())? as i64;
-        Ok(FsInfo {
+        let info = FsInfo {
             ino_reserved,
             created,
-        })
+        };
+        Ok((info, version))
     }
 }
 
@@ -526,7 +523,10 @@ mod tests {
         let mut other = info.encode();
         other[0] = b'x';
         assert!(FsInfo::decode(&other).is_err());
-        assert!(!FsInfo::is_older_format(&info.encode()));
+        assert_eq!(
+            FsInfo::decode_versioned(&info.encode()),
+            Ok((info.clone(), FS_VERSION))
+        );
         let mut newer = info.encode();
         newer[8] = 4;
         assert!(FsInfo::decode(&newer).unwrap_err().0.contains("version 4"));
@@ -536,7 +536,7 @@ mod tests {
         // Version 2 lacks only what version 3 added: read, and upgraded.
         older[8] = 2;
         assert_eq!(FsInfo::decode(&older), Ok(info));
-        assert!(FsInfo::is_older_format(&older));
+        assert_eq!(FsInfo::decode_versioned(&older).map(|(_, v)| v), Ok(2));
     }
 
     #[test]

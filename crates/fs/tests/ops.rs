@@ -759,7 +759,6 @@ fn preallocated_blocks_stay_writable_on_a_full_device() {
 #[test]
 fn version_2_images_are_upgraded_by_a_read_write_mount() {
     use betreefs_engine::KeySpace;
-    use betreefs_fs::record::FsInfo;
     use betreefs_fs::schema;
     let (dev, fs) = fresh();
     write_file(&fs, ROOT_INO, b"f", b"kept");
@@ -793,12 +792,16 @@ fn version_2_images_are_upgraded_by_a_read_write_mount() {
     let store = Store::open_on(Arc::new(dev.clone()), options()).unwrap();
     let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
     assert_eq!(version(fs.store()), 3);
-    assert!(!FsInfo::is_older_format(
-        &fs.store()
-            .get(KeySpace::Meta, schema::INFO_KEY)
-            .unwrap()
-            .unwrap()
-    ));
+    let info = fs
+        .store()
+        .get(KeySpace::Meta, schema::INFO_KEY)
+        .unwrap()
+        .unwrap();
+    let upgraded = betreefs_fs::record::FsInfo::decode_versioned(&info);
+    assert_eq!(
+        upgraded.map(|(_, v)| v),
+        Ok(betreefs_fs::record::FS_VERSION)
+    );
     let fs = remount(&dev, fs);
     assert_eq!(version(fs.store()), 3);
 }

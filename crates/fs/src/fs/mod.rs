@@ -149,10 +149,10 @@ impl FileSystem {
     /// files a crash left unlinked but open.
     pub fn mount(store: Store, atime: AtimePolicy) -> Result<FileSystem, String> {
         let (info, older_format) = match store.get(KeySpace::Meta, schema::INFO_KEY) {
-            Ok(Some(v)) => (
-                FsInfo::decode(&v).map_err(|e| e.0)?,
-                FsInfo::is_older_format(&v),
-            ),
+            Ok(Some(v)) => {
+                let (info, version) = FsInfo::decode_versioned(&v).map_err(|e| e.0)?;
+                (info, version < FS_VERSION)
+            }
             Ok(None) => return Err("not a betreefs file system (no identity record)".into()),
             Err(e) => return Err(format!("reading the identity record: {e}")),
         };
