@@ -143,10 +143,8 @@ fn a_full_device_gives_enospc_and_recovers() {
     if !fuse_available() {
         return;
     }
-    let s = Scratch::new("enospc");
-    let image = s.0.join("img");
-    mkfs(&image, "128M");
-    let m = Mount::start(&image, &s.0.join("mnt"), &[]);
+    let (_s, image, dir) = formatted("enospc", "128M");
+    let m = Mount::start(&image, &dir, &[]);
     let chunk = vec![0xa5u8; 1 << 20];
     let (files, hit) = fill_until_full(&m, &chunk);
     assert_eq!(
@@ -186,10 +184,8 @@ fn preallocated_space_is_there_when_the_device_is_full() {
         return;
     }
     use std::os::fd::AsRawFd;
-    let s = Scratch::new("prealloc");
-    let image = s.0.join("img");
-    mkfs(&image, "128M");
-    let m = Mount::start(&image, &s.0.join("mnt"), &[]);
+    let (_s, image, dir) = formatted("prealloc", "128M");
+    let m = Mount::start(&image, &dir, &[]);
     const RANGE: usize = 8 << 20;
     let pre = fs::OpenOptions::new()
         .create(true)
@@ -344,11 +340,8 @@ fn device_faults_do_what_errors_says() {
         return;
     }
     for policy in ["remount-ro", "continue", "panic"] {
-        let scratch = Scratch::new(&format!("errors-{policy}"));
-        let image = scratch.0.join("img");
-        let dir = scratch.0.join("mnt");
+        let (scratch, image, dir) = formatted(&format!("errors-{policy}"), "256M");
         let trigger = scratch.0.join("fault");
-        common::mkfs(&image, "256M");
         let option = format!("errors={policy}");
         let trigger_var = trigger.to_str().unwrap();
         let mount = Mount::start_with_env(
