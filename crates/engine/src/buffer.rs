@@ -320,6 +320,28 @@ impl MessageBuffer {
                 .sum::<usize>();
     }
 
+    /// Whether any message concerns a key of [lo, hi).
+    pub fn touches(&self, lo: &[u8], hi: &[u8]) -> bool {
+        let inside = (Bound::Included(lo), Bound::Excluded(hi));
+        self.points.range::<[u8], _>(inside).next().is_some()
+            || self.covering(lo).is_some()
+            || self.ranges.range::<[u8], _>(inside).next().is_some()
+    }
+
+    /// The same messages under other keys: `rekey` must preserve order
+    /// (a range rename's mapping of one prefix to another does).
+    pub fn rekeyed(self, rekey: impl Fn(&[u8]) -> Vec<u8>) -> MessageBuffer {
+        let mut out = MessageBuffer::default();
+        for (start, r) in self.ranges {
+            let end = rekey(&r.end);
+            out.push_decoded_range(rekey(&start), RangeDel { end, seq: r.seq });
+        }
+        for (key, msg) in self.points {
+            out.push_decoded_point(rekey(&key), msg);
+        }
+        out
+    }
+
     /// Takes every message out, leaving the buffer empty.
     pub fn take(&mut self) -> MessageBuffer {
         std::mem::take(self)

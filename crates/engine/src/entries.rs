@@ -126,6 +126,15 @@ impl Entries {
         self.push_parts(&[], key, value);
     }
 
+    /// The same entries under other keys; `rekey` must preserve order.
+    pub fn rekeyed(&self, rekey: impl Fn(&[u8]) -> Vec<u8>) -> Entries {
+        let mut out = Entries::with_capacity(self.len(), self.bytes());
+        for (k, v) in self.iter() {
+            out.push(&rekey(k), v);
+        }
+        out
+    }
+
     /// Appends entries [from, to) of `other`.
     pub fn extend_from(&mut self, other: &Entries, from: usize, to: usize) {
         for i in from..to {

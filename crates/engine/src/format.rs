@@ -1,4 +1,4 @@
-//! On-disk node format, version 1, with key lifting.
+//! On-disk node format, version 2, with key lifting.
 //!
 //! A node occupies one extent of the node region:
 //!
@@ -9,9 +9,9 @@
 //!                                               ^ each basement starts on a
 //!                                                 4 KiB boundary (leaves only)
 //! header, little-endian:
-//!   0 u32 magic "BNOD"        4 u16 version (1)     6 u8 kind (0 leaf, 1 interior)
-//!   7 u8 tree (key space)     8 u32 height         12 u32 lifted prefix length
-//!  16 u32 crc32c of the lifted prefix              20 u32 meta_len
+//!   0 u32 magic "BNOD"        4 u16 version (2)     6 u8 kind (0 leaf, 1 interior)
+//!   7 u8 tree (key space)     8 u32 height         12 u32 low-bound suffix length
+//!  16 u32 crc32c of the bounds' suffixes            20 u32 meta_len
 //!  24 u32 crc32c of meta      28 u64 node number   36 u32 total length in bytes
 //!  40 20 zero bytes           60 u32 crc32c of bytes [0, 60)
 //! ```
@@ -19,7 +19,13 @@
 //! Every key, pivot and range-delete bound in the node is stored without its
 //! lifted prefix: the longest common prefix of the node's bounds as given
 //! by its parent's pivots (BetrFS 0.4 §5). The parent supplies the prefix
-//! when the node is read; its crc in the header catches a mismatch.
+//! when the node is read. The header records only what follows the
+//! prefix in the node's bounds ([`Bounds::relative_check`]): the image
+//! depends on where the node sits only through its prefix, so a range
+//! rename can move a whole subtree under a new prefix by changing one
+//! pointer (tree surgery) without rewriting a node of it, while a node
+//! read under a parent that gives it other bounds is still refused.
+//! Version 1 stored the length and crc of the absolute prefix instead.
 //!
 //! Leaf meta: varint basement count; per basement: (i > 0) pivot suffix as
 //! varint length + bytes, u32 offset, u32 length, u32 crc32c, varint entry
@@ -43,7 +49,7 @@ use crate::entries::Entries;
 use crate::node::{Basement, BasementLoc, Bounds, Interior, Leaf, Node, NodeBody};
 
 pub const NODE_MAGIC: u32 = u32::from_le_bytes(*b"BNOD");
-pub const NODE_FORMAT_VERSION: u16 = 1;
+pub const NODE_FORMAT_VERSION: u16 = 2;
 pub const HEADER_BYTES: usize = 64;
 const KIND_LEAF: u8 = 0;
 const KIND_INTERIOR: u8 = 1;
@@ -54,8 +60,10 @@ pub struct NodeHeader {
     pub kind_leaf: bool,
     pub tree: u8,
     pub height: u32,
-    pub prefix_len: u32,
-    pub prefix_crc: u32,
+    /// Length of the low bound after the lifted prefix.
+    pub bounds_lo_len: u32,
+    /// crc32c of the bounds after the lifted prefix.
+    pub bounds_crc: u32,
     pub meta_len: u32,
     pub meta_crc: u32,
     pub num: u64,
@@ -184,8 +192,9 @@ pub fn encode_node(node: &Node, num: u64) -> NodeImage {
     h.u8(kind);
     h.u8(tree);
     h.u32(height);
-    h.u32(prefix.len() as u32);
-    h.u32(crc32c_of(&[prefix]));
+    let (bounds_lo_len, bounds_crc) = node.bounds.relative_check();
+    h.u32(bounds_lo_len);
+    h.u32(bounds_crc);
     h.u32(meta.buf.len() as u32);
     h.u32(crc32c_of(&[&meta.buf]));
     h.u64(num);
@@ -245,7 +254,7 @@ pub fn decode_header(
     bytes: &[u8],
     expect_crc: u32,
     num: u64,
-    prefix: &[u8],
+    bounds: &Bounds,
 ) -> DecodeResult<NodeHeader> {
     let Some(header_bytes) = bytes.get(..HEADER_BYTES) else {
         return Err(DecodeError("node shorter than its header".into()));
@@ -278,8 +287,8 @@ pub fn decode_header(
         },
         tree: d.u8()?,
         height: d.u32()?,
-        prefix_len: d.u32()?,
-        prefix_crc: d.u32()?,
+        bounds_lo_len: d.u32()?,
+        bounds_crc: d.u32()?,
         meta_len: d.u32()?,
         meta_crc: d.u32()?,
         num: d.u64()?,
@@ -292,9 +301,9 @@ pub fn decode_header(
             header.num
         )));
     }
-    if header.prefix_len as usize != prefix.len() || header.prefix_crc != crc32c_of(&[prefix]) {
+    if (header.bounds_lo_len, header.bounds_crc) != bounds.relative_check() {
         return Err(DecodeError(
-            "lifted prefix does not match the parent's pivots".into(),
+            "node bounds do not match the parent's pivots".into(),
         ));
     }
     if header.kind_leaf != (header.height == 0) {
@@ -474,7 +483,7 @@ mod tests {
     fn round_trip(node: &Node, num: u64) -> Node {
         let img = encode_node(node, num);
         let prefix = node.bounds.lifted_prefix();
-        let h = decode_header(&img.buf, img.crc, num, &prefix).unwrap();
+        let h = decode_header(&img.buf, img.crc, num, &node.bounds).unwrap();
         assert_eq!(h.total_len, img.len);
         let mut back = decode_meta(&h, &img.buf[HEADER_BYTES..meta_end(&h)], &node.bounds).unwrap();
         if let NodeBody::Leaf(leaf) = &mut back.body {
@@ -572,7 +581,7 @@ mod tests {
         for at in (0..img.len as usize).step_by(step) {
             let mut bad = img.buf.to_vec();
             bad[at] ^= 0x10;
-            let result = decode_header(&bad, img.crc, 9, &prefix).and_then(|h| {
+            let result = decode_header(&bad, img.crc, 9, &node.bounds).and_then(|h| {
                 let mut n = decode_meta(&h, &bad[HEADER_BYTES..meta_end(&h)], &node.bounds)?;
                 if let NodeBody::Leaf(leaf) = &mut n.body {
                     for b in &mut leaf.basements {
@@ -589,7 +598,7 @@ mod tests {
                     unreachable!()
                 };
                 let meta_end = HEADER_BYTES
-                    + decode_header(&img.buf, img.crc, 9, &prefix)
+                    + decode_header(&img.buf, img.crc, 9, &node.bounds)
                         .unwrap()
                         .meta_len as usize;
                 let covered = at < meta_end
@@ -602,8 +611,23 @@ mod tests {
             };
             assert_eq!(result.is_err(), !in_padding, "flip at {at}");
         }
-        // The wrong parent prefix is caught too.
-        assert!(decode_header(&img.buf, img.crc, 9, b"dix\x00").is_err());
-        assert!(decode_header(&img.buf, img.crc, 8, &prefix).is_err());
+        // Bounds the node was not written with are caught too, while the
+        // same bounds under another prefix (a moved subtree) are not.
+        let wrong = Bounds {
+            lo: b"dir\x00b".to_vec(),
+            hi: node.bounds.hi.clone(),
+        };
+        assert!(decode_header(&img.buf, img.crc, 9, &wrong).is_err());
+        let unbounded = Bounds {
+            lo: node.bounds.lo.clone(),
+            hi: None,
+        };
+        assert!(decode_header(&img.buf, img.crc, 9, &unbounded).is_err());
+        let moved = Bounds {
+            lo: b"elsewhere/dir\x00a".to_vec(),
+            hi: Some(b"elsewhere/dir\x00z".to_vec()),
+        };
+        assert!(decode_header(&img.buf, img.crc, 9, &moved).is_ok());
+        assert!(decode_header(&img.buf, img.crc, 8, &node.bounds).is_err());
     }
 }

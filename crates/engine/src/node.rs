@@ -44,6 +44,30 @@ impl Bounds {
         }
     }
 
+    /// What a node's header records of its bounds: the length of the low
+    /// bound after the lifted prefix, and a crc32c of both bounds after it
+    /// (`lo suffix ‖ u8 has_hi ‖ hi suffix`). Moving a subtree to a new
+    /// prefix (a range rename) changes only what the lifted prefixes of its
+    /// nodes begin with, never what follows them, so a moved node still
+    /// matches; a node read under a parent that gives it other bounds does
+    /// not.
+    pub fn relative_check(&self) -> (u32, u32) {
+        let lifted = self.lifted_prefix().len();
+        let lo = self.lo.get(lifted..).unwrap_or_default();
+        let hi = self
+            .hi
+            .as_deref()
+            .and_then(|h| h.get(lifted..))
+            .unwrap_or_default();
+        let flag = [u8::from(self.hi.is_some())];
+        (lo.len() as u32, betreefs_store::crc32c_of(&[lo, &flag, hi]))
+    }
+
+    /// Whether every key of these bounds lies in [start, end).
+    pub fn within(&self, start: &[u8], end: &[u8]) -> bool {
+        self.lo.as_slice() >= start && self.hi.as_deref().is_some_and(|hi| hi <= end)
+    }
+
     pub fn contains(&self, key: &[u8]) -> bool {
         key >= self.lo.as_slice() && self.hi.as_deref().is_none_or(|hi| key < hi)
     }

@@ -26,6 +26,10 @@ pub struct Stats {
     pub splits: AtomicU64,
     pub merges: AtomicU64,
     pub subtrees_dropped: AtomicU64,
+    /// Range renames done by moving subtrees (tree surgery), and by copying
+    /// pairs (ranges within one leaf).
+    pub range_renames_by_surgery: AtomicU64,
+    pub range_renames_copied: AtomicU64,
     pub cache_hits: AtomicU64,
     pub cache_misses: AtomicU64,
     pub evictions: AtomicU64,
@@ -69,6 +73,8 @@ pub struct StatsSnapshot {
     pub splits: u64,
     pub merges: u64,
     pub subtrees_dropped: u64,
+    pub range_renames_by_surgery: u64,
+    pub range_renames_copied: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
     pub evictions: u64,
@@ -108,6 +114,8 @@ impl Stats {
             splits: get(&self.splits),
             merges: get(&self.merges),
             subtrees_dropped: get(&self.subtrees_dropped),
+            range_renames_by_surgery: get(&self.range_renames_by_surgery),
+            range_renames_copied: get(&self.range_renames_copied),
             cache_hits: get(&self.cache_hits),
             cache_misses: get(&self.cache_misses),
             evictions: get(&self.evictions),

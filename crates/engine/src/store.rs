@@ -722,9 +722,9 @@ fn needs_space(batch: &WriteBatch) -> bool {
     let mut added = 0;
     for (_, m) in batch.messages() {
         match m {
-            m if m.is_removal() => removes = true,
-            // A copying range rename can add any amount.
-            Message::RangeRename(_) => return true,
+            // A range rename moves subtrees (surgery) or copies at most a
+            // leaf of pairs, and deletes its source: admitted like a delete.
+            m if m.is_removal() || matches!(m, Message::RangeRename(_)) => removes = true,
             m => added += m.user_bytes(),
         }
     }

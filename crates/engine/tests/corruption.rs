@@ -33,14 +33,6 @@ fn populated_image() -> Vec<u8> {
     dev.current_image()
 }
 
-/// Bounds whose lifted prefix is `prefix`.
-fn bounds_with_prefix(prefix: &[u8]) -> betreefs_engine::node::Bounds {
-    betreefs_engine::node::Bounds {
-        lo: prefix.to_vec(),
-        hi: Some([prefix, &[0xff]].concat()),
-    }
-}
-
 /// Opens the image and reads everything; returns the first error.
 fn read_everything(image: Vec<u8>) -> Result<(), EngineError> {
     let store = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options())?;
@@ -70,6 +62,14 @@ fn flipped_bytes_in_every_node_are_reported() {
     let table_at = (sb.layout.extent_offset(sb.btt)) as usize;
     let table = BlockTable::decode(&image[table_at..table_at + sb.btt.len as usize]).unwrap();
     let nodes: Vec<_> = table.extents().collect();
+    // Where each node sits, from walking the trees: its header is checked
+    // against the bounds its parent gives it.
+    let forge = common::forge::Forge::new(image.clone());
+    let bounds_of: std::collections::HashMap<u64, betreefs_engine::node::Bounds> = KeySpace::ALL
+        .iter()
+        .flat_map(|&ks| forge.nodes(ks))
+        .map(|found| (found.num, found.bounds))
+        .collect();
     assert!(
         nodes.len() > 10,
         "the tree should have many nodes, has {}",
@@ -82,24 +82,11 @@ fn flipped_bytes_in_every_node_are_reported() {
         };
         let at = sb.layout.extent_offset(extent) as usize;
         let node_bytes = &image[at..at + extent.len as usize];
-        // The lifted prefix is the start of some key of ours: find the one
-        // whose checksum the header records.
-        let prefix_len = u32::from_le_bytes(node_bytes[12..16].try_into().unwrap()) as usize;
-        let prefix_crc = u32::from_le_bytes(node_bytes[16..20].try_into().unwrap());
-        let guess_prefix = (0..3000u32)
-            .map(|i| format!("dir\x01sub\x00file{i:05}").into_bytes())
-            .filter(|k| k.len() >= prefix_len)
-            .map(|k| k[..prefix_len].to_vec())
-            .find(|p| crc32c_of(&[p]) == prefix_crc)
-            .expect("prefix of a known key");
+        let bounds = &bounds_of[&num];
         let mut targets = vec![0, 8, 30, 61];
-        if let Ok(h) = decode_header(node_bytes, crc, num, &guess_prefix) {
+        if let Ok(h) = decode_header(node_bytes, crc, num, bounds) {
             targets.push(HEADER_BYTES + h.meta_len as usize / 2);
-            if let Ok(node) = decode_meta(
-                &h,
-                &node_bytes[HEADER_BYTES..meta_end(&h)],
-                &bounds_with_prefix(&guess_prefix),
-            ) {
+            if let Ok(node) = decode_meta(&h, &node_bytes[HEADER_BYTES..meta_end(&h)], bounds) {
                 if let NodeBody::Leaf(leaf) = node.body {
                     for b in leaf.basements.iter().take(2) {
                         let loc = b.loc.unwrap();

@@ -13,13 +13,15 @@ pub const MAGIC: [u8; 8] = *b"BETREEFS";
 ///
 /// Version 2: log records carry the first sequence number of the flush
 /// that wrote them, and the superblock has a flags word (`clean`).
-pub const FORMAT_VERSION: u32 = 2;
+/// Version 3: node headers record their bounds relative to the lifted
+/// prefix (node format 2), so range renames move subtrees by surgery.
+pub const FORMAT_VERSION: u32 = 3;
 /// How many trees (key spaces) a superblock can name.
 pub const MAX_TREES: usize = 8;
 
 const CRC_OFFSET: usize = BLOCK_SIZE - 4;
 
-/// The root record of an image, format version 2.
+/// The root record of an image, format version 3.
 ///
 /// Two copies live in blocks 0 and 1; a checkpoint of generation `g` writes
 /// copy `g % 2`, so the previous checkpoint stays intact until the new one is
@@ -32,7 +34,7 @@ const CRC_OFFSET: usize = BLOCK_SIZE - 4;
 /// ```text
 /// off  size  field
 ///   0     8  magic "BETREEFS"
-///   8     4  format_version (2)
+///   8     4  format_version (3)
 ///  12     4  block_size (4096)
 ///  16     8  generation (checkpoint number, +1 per checkpoint)
 ///  24     8  device_bytes

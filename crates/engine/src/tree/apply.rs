@@ -27,19 +27,32 @@ impl Tree {
         Ok(())
     }
 
-    /// A range rename by copying (BetrFS 0.4 §5 before tree surgery): clear
-    /// the destination, put a copy of every source pair there, one leaf at
-    /// a time with the tree settled in between (so a large subtree never
-    /// piles up in the root), then range-delete the source. Every message
-    /// carries the rename's sequence number; they are applied in this order
-    /// exactly as if the batch had listed them, and log replay repeats it
-    /// on the same state, so the result is the same.
+    /// A range rename: by tree surgery when the source reaches over more
+    /// than one leaf ([`surgery`](super::surgery)), by copying otherwise.
+    /// Log replay makes the same choice on the same state, and either way
+    /// the pairs end up the same.
     pub(super) fn apply_range_rename(
         &mut self,
         ks: KeySpace,
         seq: u64,
         r: &RangeRename,
     ) -> EngineResult<()> {
+        if self.spans_leaves(ks, &r.start, &r.end)? && self.rename_by_surgery(ks, r)? {
+            add(&self.stats.range_renames_by_surgery, 1);
+        } else {
+            self.rename_by_copy(ks, seq, r)?;
+            add(&self.stats.range_renames_copied, 1);
+        }
+        self.removals_since_reclaim += 1;
+        Ok(())
+    }
+
+    /// A range rename by copying (small ranges): clear the destination, put
+    /// a copy of every source pair there, one leaf at a time with the tree
+    /// settled in between, then range-delete the source. Every message
+    /// carries the rename's sequence number; they are applied in this order
+    /// exactly as if the batch had listed them.
+    fn rename_by_copy(&mut self, ks: KeySpace, seq: u64, r: &RangeRename) -> EngineResult<()> {
         let (start, end) = r.destination_range();
         self.apply_message(ks, seq, &Message::RangeDelete { start, end })?;
         let mut next: Option<Vec<u8>> = Some(r.start.clone());
@@ -57,9 +70,7 @@ impl Tree {
             next = after;
         }
         let (start, end) = (r.start.clone(), r.end.clone());
-        self.apply_message(ks, seq, &Message::RangeDelete { start, end })?;
-        self.removals_since_reclaim += 1;
-        Ok(())
+        self.apply_message(ks, seq, &Message::RangeDelete { start, end })
     }
 
     /// The root, loaded, with a buffer put above it if it is a leaf.

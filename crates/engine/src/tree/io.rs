@@ -128,8 +128,7 @@ impl Tree {
         extent_len: u32,
         height: Option<u32>,
     ) -> EngineResult<NodeHeader> {
-        let prefix = bounds.lifted_prefix();
-        let header = decode_header(bytes, crc, num, &prefix)
+        let header = decode_header(bytes, crc, num, bounds)
             .map_err(|e: DecodeError| Self::corrupt(ks, num, e.0))?;
         if header.tree != ks as u8 {
             return Err(Self::corrupt(

@@ -12,7 +12,8 @@
 //! range visits), [`apply`] (logged batches into the roots, range
 //! renames), [`flush`] (moving messages down, background flushing),
 //! [`readahead`] (leaves read ahead of a sequential scan, off the lock),
-//! [`reshape`] (split, merge, subtrees), [`writeback`] (eviction,
+//! [`reshape`] (split, merge, subtrees), [`surgery`] (range renames that
+//! move subtrees), [`writeback`] (eviction,
 //! checkpoints, space) and [`verify`].
 
 // Reviewed exception (indexing): the indices here are structural. `roots`
@@ -43,7 +44,7 @@ use crate::format::{
 };
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, RangeRename, WriteBatch, KEY_SPACES};
-use crate::node::{Bounds, Interior, Leaf, Node, NodeBody};
+use crate::node::{Basement, Bounds, Interior, Leaf, Node, NodeBody};
 use crate::stats::{add, level, Stats};
 use crate::validate;
 
@@ -318,6 +319,7 @@ mod io;
 mod query;
 pub mod readahead;
 mod reshape;
+mod surgery;
 mod verify;
 mod writeback;
 

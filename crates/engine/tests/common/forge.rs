@@ -43,7 +43,7 @@ impl Forge {
         let at = self.sb.layout.extent_offset(extent) as usize;
         let bytes = &self.bytes[at..at + extent.len as usize];
         let prefix = bounds.lifted_prefix();
-        let header = decode_header(bytes, crc, num, &prefix).expect("header");
+        let header = decode_header(bytes, crc, num, bounds).expect("header");
         let mut node =
             decode_meta(&header, &bytes[HEADER_BYTES..meta_end(&header)], bounds).expect("meta");
         if let NodeBody::Leaf(leaf) = &mut node.body {

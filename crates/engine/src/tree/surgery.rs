@@ -1,0 +1,366 @@
+//! Range rename by tree surgery (BetrFS 0.4 §5): the source range's
+//! subtrees are cut out along their boundary paths and hung where the
+//! destination range was, under the new prefix, without reading or writing
+//! a node inside them (docs/design.md, "Range rename by surgery").
+//!
+//! The steps, all under the tree lock like every other change:
+//! 1. Walk down to the lowest node `L` whose one child does not hold both
+//!    ranges, flushing on the way every buffer with messages for either
+//!    range, so nothing above `L` concerns them.
+//! 2. Slice: split `L`'s children at the four boundary keys (source start
+//!    and end, destination start and end), splitting nodes down the four
+//!    boundary paths; afterwards each range is a run of whole children of
+//!    `L`, and pending messages were cut with their nodes.
+//! 3. Swing: the source run (children, their buffers, the pivots between
+//!    them re-keyed) takes the destination run's place; the destination's
+//!    subtrees are freed (their leaves unread); an empty subtree fills the
+//!    source's place.
+//! 4. Re-key what is cached of the moved subtrees: dirty nodes have their
+//!    keys rewritten in memory (they are written under the new prefix
+//!    anyway); clean ones are dropped and read again under their new
+//!    bounds, which their images decode under unchanged (node format 2
+//!    records bounds relative to the lifted prefix).
+//! 5. Heal: under-full children around both places merge with neighbours;
+//!    `L` and its ancestors split if they now hold too many children.
+
+#![allow(clippy::indexing_slicing)] // see tree/mod.rs
+
+use std::ops::Range;
+
+use super::*;
+
+impl Tree {
+    /// Whether the source range [start, end) reaches over more than one
+    /// leaf: below that a copy moves at most a leaf of pairs, cheaper than
+    /// splitting four boundary paths (docs/design.md gives the measurement).
+    pub(super) fn spans_leaves(
+        &mut self,
+        ks: KeySpace,
+        start: &[u8],
+        end: &[u8],
+    ) -> EngineResult<bool> {
+        let (mut num, mut bounds) = (self.roots[ks.index()], Bounds::full());
+        self.load(ks, num, &bounds, Want::Whole, None)?;
+        loop {
+            let NodeBody::Interior(int) = &self.node(num).body else {
+                return Ok(false);
+            };
+            let i = int.child_index(start);
+            let child_bounds = int.child_bounds(i, &bounds);
+            if child_bounds.hi.as_deref().is_some_and(|hi| end > hi) {
+                return Ok(true);
+            }
+            if int.height == 1 {
+                return Ok(false);
+            }
+            let (child, height) = (int.children[i], int.height - 1);
+            self.load(ks, child, &child_bounds, Want::Whole, Some(height))?;
+            (num, bounds) = (child, child_bounds);
+        }
+    }
+
+    /// Carries out `r` by surgery; `Ok(false)` if the ranges turned out to
+    /// lie in one leaf after the flushes on the way down (nothing changed
+    /// but where messages wait: the caller copies instead).
+    pub(super) fn rename_by_surgery(
+        &mut self,
+        ks: KeySpace,
+        r: &RangeRename,
+    ) -> EngineResult<bool> {
+        let (dst_start, dst_end) = r.destination_range();
+        let lo = r.start.as_slice().min(&dst_start).to_vec();
+        let hi = r.end.as_slice().max(&dst_end).to_vec();
+        // Step 1: down to L, with (node, bounds, child index) of each
+        // ancestor for the splits to come back up.
+        let mut path: Vec<(u64, Bounds, usize)> = Vec::new();
+        let (mut num, mut bounds) = (self.roots[ks.index()], Bounds::full());
+        self.load(ks, num, &bounds, Want::Whole, None)?;
+        loop {
+            let NodeBody::Interior(int) = &self.node(num).body else {
+                return Ok(false);
+            };
+            let i = int.child_index(&lo);
+            let child_bounds = int.child_bounds(i, &bounds);
+            if child_bounds
+                .hi
+                .as_deref()
+                .is_some_and(|h| hi.as_slice() > h)
+            {
+                break;
+            }
+            let buffer = &int.buffers[i];
+            if buffer.touches(&r.start, &r.end) || buffer.touches(&dst_start, &dst_end) {
+                // Messages above L are newer than everything below: they
+                // must reach L, where they are cut and moved with the nodes.
+                self.flush_child(ks, num, i, &bounds)?;
+                continue;
+            }
+            if int.height == 1 {
+                return Ok(false);
+            }
+            let (child, height) = (int.children[i], int.height - 1);
+            path.push((num, bounds.clone(), i));
+            self.load(ks, child, &child_bounds, Want::Whole, Some(height))?;
+            (num, bounds) = (child, child_bounds);
+        }
+
+        // Step 2: slice along the four boundary paths.
+        for key in [&r.start, &r.end, &dst_start, &dst_end] {
+            self.cut_children_at(ks, num, &bounds, key)?;
+        }
+        let int = self.interior(num);
+        let source = Self::child_run(int, &bounds, &r.start, &r.end);
+        let destination = Self::child_run(int, &bounds, &dst_start, &dst_end);
+        let height = int.height;
+        let mut doomed = Vec::new();
+        for j in destination.clone() {
+            let int = self.interior(num);
+            let (child, child_bounds) = (int.children[j], int.child_bounds(j, &bounds));
+            doomed.extend(self.collect_subtree(ks, child, &child_bounds, height - 1)?);
+        }
+        // Nothing below fails: the tree changes from here on.
+
+        // Step 4 before 3: the moved subtrees are exactly the cached nodes
+        // of this tree whose bounds lie inside the source range.
+        let moved: Vec<u64> = self
+            .cache
+            .iter()
+            .filter(|(_, n)| n.tree == ks as u8 && n.bounds.within(&r.start, &r.end))
+            .map(|(&num, _)| num)
+            .collect();
+        for m in moved {
+            let mut node = self.take(m);
+            if node.dirty {
+                rekey_node(&mut node, r);
+                self.put(m, node);
+            }
+        }
+
+        // Step 3: the pointer swing.
+        let vacated = Bounds {
+            lo: r.start.clone(),
+            hi: Some(r.end.clone()),
+        };
+        let empty = self.empty_subtree(ks, height - 1, &vacated);
+        let (empty_at, moved_at) =
+            self.with_interior(num, |int| swing(int, &source, &destination, empty, r));
+        for d in doomed {
+            self.free_node(d);
+        }
+
+        // Step 5: heal, from the right so indices to the left stay valid.
+        let mut around: Vec<usize> = vec![empty_at, empty_at + 1, moved_at.end];
+        around.extend(empty_at.checked_sub(1));
+        around.extend(moved_at.start.checked_sub(1));
+        around.sort_unstable();
+        around.dedup();
+        for &i in around.iter().rev() {
+            if i < self.interior(num).children.len() {
+                self.maybe_merge(ks, num, i, &bounds)?;
+            }
+        }
+        let mut splits = if path.is_empty() {
+            Vec::new()
+        } else {
+            self.split_if_needed(ks, num, &bounds)?
+        };
+        for (depth, (parent, parent_bounds, i)) in path.iter().enumerate().rev() {
+            self.adopt_splits(*parent, *i, splits);
+            // The root's splits are settle_root's (it grows the tree).
+            splits = if depth == 0 {
+                Vec::new()
+            } else {
+                self.split_if_needed(ks, *parent, parent_bounds)?
+            };
+        }
+        Ok(true)
+    }
+
+    /// The children of `int` (with bounds `bounds`) covering exactly
+    /// [start, end), whose ends are pivots or `bounds`' own ends.
+    fn child_run(int: &Interior, bounds: &Bounds, start: &[u8], end: &[u8]) -> Range<usize> {
+        let first = int.child_index(start);
+        let past = if bounds.hi.as_deref() == Some(end) {
+            int.children.len()
+        } else {
+            int.child_index(end)
+        };
+        debug_assert_eq!(int.child_bounds(first, bounds).lo, start);
+        debug_assert!(first < past, "an empty run of children");
+        debug_assert_eq!(int.child_bounds(past - 1, bounds).hi.as_deref(), Some(end));
+        first..past
+    }
+
+    /// Makes `key` a pivot of interior node `num` (bounds `bounds`) unless
+    /// it is one already or an end of its bounds, splitting the child that
+    /// holds it down to the leaves.
+    fn cut_children_at(
+        &mut self,
+        ks: KeySpace,
+        num: u64,
+        bounds: &Bounds,
+        key: &[u8],
+    ) -> EngineResult<()> {
+        if key <= bounds.lo.as_slice() || bounds.hi.as_deref().is_some_and(|h| key >= h) {
+            return Ok(());
+        }
+        let int = self.interior(num);
+        let i = int.child_index(key);
+        let child_bounds = int.child_bounds(i, bounds);
+        if child_bounds.lo.as_slice() == key {
+            return Ok(());
+        }
+        let (child, height) = (int.children[i], int.height - 1);
+        let right = self.split_at(ks, child, &child_bounds, height, key)?;
+        self.adopt_splits(num, i, vec![(key.to_vec(), right)]);
+        Ok(())
+    }
+
+    /// Splits node `num` (bounds `bounds`, `key` strictly inside them) at
+    /// `key`: it keeps [lo, key) and a new node, returned, takes [key, hi).
+    /// Interior nodes are first cut down to the leaves so `key` becomes
+    /// one of their pivots; pending messages go with their keys.
+    pub(super) fn split_at(
+        &mut self,
+        ks: KeySpace,
+        num: u64,
+        bounds: &Bounds,
+        height: u32,
+        key: &[u8],
+    ) -> EngineResult<u64> {
+        debug_assert!(bounds.contains(key) && key > bounds.lo.as_slice());
+        self.load(ks, num, bounds, Want::Whole, Some(height))?;
+        if height > 0 {
+            self.cut_children_at(ks, num, bounds, key)?;
+        }
+        let mut node = self.take(num);
+        let right = match &mut node.body {
+            NodeBody::Leaf(leaf) => {
+                let entries = leaf.take_entries();
+                let cut = entries.lower_bound(key);
+                let piece = |from: usize, to: usize| {
+                    let mut e = Entries::with_capacity(to - from, 0);
+                    e.extend_from(&entries, from, to);
+                    Leaf::from_sorted(&e, self.opts.basement_size)
+                };
+                *leaf = piece(0, cut);
+                NodeBody::Leaf(piece(cut, entries.len()))
+            }
+            NodeBody::Interior(int) => {
+                let c = int.child_index(key);
+                assert!(
+                    c > 0 && int.pivots[c - 1] == key,
+                    "tree invariant: the cut left {key:?} a pivot"
+                );
+                let pivots = int.pivots.split_off(c);
+                int.pivots.pop();
+                NodeBody::Interior(Interior {
+                    height: int.height,
+                    pivots,
+                    children: int.children.split_off(c),
+                    buffers: int.buffers.split_off(c),
+                })
+            }
+        };
+        node.bounds = Bounds {
+            lo: bounds.lo.clone(),
+            hi: Some(key.to_vec()),
+        };
+        node.dirty = true;
+        self.put(num, node);
+        add(&self.stats.splits, 1);
+        let right_bounds = Bounds {
+            lo: key.to_vec(),
+            hi: bounds.hi.clone(),
+        };
+        Ok(self.new_node(ks, right, right_bounds))
+    }
+}
+
+/// Rewrites a cached node of a moved subtree under its new keys.
+fn rekey_node(node: &mut Node, r: &RangeRename) {
+    let to = |k: &[u8]| r.destination(k);
+    node.bounds = Bounds {
+        lo: to(&node.bounds.lo),
+        hi: node.bounds.hi.as_deref().map(to),
+    };
+    match &mut node.body {
+        NodeBody::Leaf(leaf) => {
+            for pivot in &mut leaf.pivots {
+                *pivot = to(pivot);
+            }
+            for basement in &mut leaf.basements {
+                let Some(entries) = &basement.entries else {
+                    unreachable!("tree invariant: dirty leaves are fully loaded")
+                };
+                *basement = Basement::from_entries(entries.rekeyed(to));
+            }
+        }
+        NodeBody::Interior(int) => {
+            for pivot in &mut int.pivots {
+                *pivot = to(pivot);
+            }
+            for buffer in &mut int.buffers {
+                *buffer = buffer.take().rekeyed(to);
+            }
+        }
+    }
+}
+
+/// The pointer swing in `int`: the `source` run of children (with their
+/// buffers, re-keyed) replaces the `destination` run, whose buffers are
+/// dropped (the rename deletes what the destination held), and `empty`
+/// takes the source's place. Returns where `empty` and the moved run are
+/// now.
+fn swing(
+    int: &mut Interior,
+    source: &Range<usize>,
+    destination: &Range<usize>,
+    empty: u64,
+    r: &RangeRename,
+) -> (usize, Range<usize>) {
+    let old_children = std::mem::take(&mut int.children);
+    let old_pivots = std::mem::take(&mut int.pivots);
+    let mut old_buffers: Vec<MessageBuffer> = std::mem::take(&mut int.buffers);
+    // Each child's low pivot; the first child's is never used.
+    let low = |j: usize| -> Vec<u8> {
+        j.checked_sub(1)
+            .and_then(|p| old_pivots.get(p))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mut lows = Vec::with_capacity(old_children.len());
+    let (mut empty_at, mut moved_at) = (0, 0..0);
+    for j in 0..old_children.len() {
+        if source.contains(&j) {
+            if j == source.start {
+                empty_at = int.children.len();
+                int.children.push(empty);
+                int.buffers.push(MessageBuffer::default());
+                lows.push(r.start.clone());
+            }
+        } else if destination.contains(&j) {
+            if j == destination.start {
+                let first = int.children.len();
+                for k in source.clone() {
+                    int.children.push(old_children[k]);
+                    let buffer = std::mem::take(&mut old_buffers[k]);
+                    int.buffers.push(buffer.rekeyed(|key| r.destination(key)));
+                    lows.push(if k == source.start {
+                        r.destination(&r.start)
+                    } else {
+                        r.destination(&low(k))
+                    });
+                }
+                moved_at = first..int.children.len();
+            }
+        } else {
+            int.children.push(old_children[j]);
+            int.buffers.push(std::mem::take(&mut old_buffers[j]));
+            lows.push(low(j));
+        }
+    }
+    int.pivots = lows.into_iter().skip(1).collect();
+    debug_assert!(int.pivots.windows(2).all(|w| w[0] < w[1]));
+    (empty_at, moved_at)
+}

@@ -1,0 +1,257 @@
+//! Range renames by tree surgery against a BTreeMap model: subtrees of
+//! many leaves moved between directories (nested, into and out of the same
+//! parent, back and forth, over non-empty destinations), with pending
+//! messages, flushes, splits, merges, evictions, checkpoints and reopen in
+//! between; and power cuts at every write of a surgery's checkpoint.
+
+mod common;
+
+use std::sync::Arc;
+
+use betreefs_engine::{KeySpace, Message, Store, WriteBatch};
+use betreefs_store::{CrashMode, MemDevice};
+use common::{assert_matches, dump, mem_store, small_options, subtree_rename, Model};
+use proptest::prelude::*;
+
+/// Directories: keys under `d` are `d ++ [1] ++ name`, and a directory may
+/// sit inside another (`a\x01x` inside `a`), so renames move nested trees.
+const DIRS: [&[u8]; 7] = [
+    b"a",
+    b"b",
+    b"c",
+    b"a\x01x",
+    b"a\x01x\x01q",
+    b"b\x01y",
+    b"\x00z",
+];
+
+fn key_in(dir: &[u8], i: u32) -> Vec<u8> {
+    [dir, &[1], format!("f{i:05}").as_bytes()].concat()
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Puts `count` pairs of `len`-byte values into a directory.
+    Fill(usize, u32, u32, usize),
+    /// Deletes, patches or re-puts a few keys (pending messages to move).
+    Touch(usize, u32, u8),
+    /// Range-deletes part of a directory.
+    Trim(usize, u32, u32),
+    Rename(usize, usize),
+    Checkpoint,
+    Reopen,
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let dir = 0..DIRS.len();
+    prop_oneof![
+        4 => (dir.clone(), 0u32..400, 1u32..400, 1usize..300)
+            .prop_map(|(d, first, count, len)| Op::Fill(d, first, count, len)),
+        3 => (dir.clone(), 0u32..800, any::<u8>()).prop_map(|(d, i, how)| Op::Touch(d, i, how)),
+        1 => (dir.clone(), 0u32..800, 0u32..800).prop_map(|(d, a, b)| Op::Trim(d, a.min(b), a.max(b))),
+        5 => (dir.clone(), dir).prop_map(|(a, b)| Op::Rename(a, b)),
+        1 => Just(Op::Checkpoint),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+fn batch_for(op: &Op) -> Option<WriteBatch> {
+    let mut batch = WriteBatch::new();
+    match *op {
+        Op::Fill(d, first, count, len) => {
+            for i in first..first + count {
+                let ks = if i % 5 == 0 {
+                    KeySpace::Meta
+                } else {
+                    KeySpace::Data
+                };
+                batch.put(ks, &key_in(DIRS[d], i), &vec![(i % 251) as u8; len]);
+            }
+        }
+        Op::Touch(d, i, how) => {
+            for step in 0..8 {
+                let key = key_in(DIRS[d], i + step * 7);
+                match how % 3 {
+                    0 => batch.delete(KeySpace::Data, &key),
+                    1 => batch.upsert(
+                        KeySpace::Data,
+                        &key,
+                        betreefs_engine::MERGE_PATCH,
+                        &betreefs_engine::merge::patch_arg(u64::from(how), &[how; 5]),
+                    ),
+                    _ => batch.put(KeySpace::Meta, &key, &[how; 40]),
+                };
+            }
+        }
+        Op::Trim(d, a, b) => {
+            batch.range_delete(KeySpace::Data, &key_in(DIRS[d], a), &key_in(DIRS[d], b));
+        }
+        Op::Rename(from, to) => {
+            // Both key spaces, in one batch (as a file system renames).
+            let r = subtree_rename(DIRS[from], DIRS[to])?;
+            batch.push(KeySpace::Data, Message::RangeRename(r.clone()));
+            batch.push(KeySpace::Meta, Message::RangeRename(r));
+        }
+        Op::Checkpoint | Op::Reopen => return None,
+    }
+    Some(batch)
+}
+
+fn run(ops: &[Op]) -> u64 {
+    let (dev, mut store) = mem_store(96 << 20, small_options());
+    let mut model = Model::default();
+    let mut surgeries = 0;
+    for op in ops {
+        match op {
+            Op::Checkpoint => store.checkpoint().expect("checkpoint"),
+            Op::Reopen => {
+                surgeries += store.stats().range_renames_by_surgery;
+                store.close().expect("close");
+                store = Store::open_on(Arc::new(dev.clone()), small_options()).expect("reopen");
+                assert_matches(&store, &model);
+            }
+            op => {
+                if let Some(batch) = batch_for(op) {
+                    store.write(&batch).expect("write");
+                    model.apply(&batch);
+                    if matches!(op, Op::Rename(..)) {
+                        assert_matches(&store, &model);
+                    }
+                }
+            }
+        }
+    }
+    assert_matches(&store, &model);
+    store.verify().expect("verify");
+    surgeries += store.stats().range_renames_by_surgery;
+    // Log replay repeats every surgery since the last checkpoint.
+    store.sync().expect("sync");
+    dev.power_off();
+    let image = dev.crash_image(CrashMode::DropUnsynced);
+    drop(store);
+    let replayed =
+        Store::open_on(Arc::new(MemDevice::from_image(image)), small_options()).expect("recovery");
+    assert_matches(&replayed, &model);
+    replayed.verify().expect("verify after replay");
+    surgeries
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(24),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn surgery_matches_the_model(ops in prop::collection::vec(op_strategy(), 1..40)) {
+        run(&ops);
+    }
+}
+
+/// The shapes named one by one: a rename over many leaves is done by
+/// surgery (not copied), over a non-empty destination, back and forth,
+/// into a nested directory's parent and out again.
+#[test]
+fn named_shapes_are_done_by_surgery() {
+    use Op::*;
+    let ops = vec![
+        Fill(0, 0, 400, 200),
+        Fill(3, 0, 300, 150),
+        Fill(1, 0, 50, 10),
+        Rename(0, 2),   // a (with a/x inside) -> c
+        Touch(2, 3, 1), // pending patches under c
+        Rename(2, 0),   // and back
+        Checkpoint,
+        Rename(3, 1), // a/x -> b over a non-empty b
+        Fill(0, 1000, 300, 120),
+        Rename(1, 3), // b -> a/x: into a's subtree
+        Reopen,
+        Rename(0, 6),
+        Rename(6, 0),
+    ];
+    let surgeries = run(&ops);
+    assert!(
+        surgeries >= 6,
+        "large ranges must move by surgery, {surgeries} did"
+    );
+}
+
+/// A surgery, then a checkpoint, with the power cut at each write: the
+/// image recovers to the state before or after the rename (after it once
+/// synced), and the tree is whole.
+#[test]
+fn power_cut_at_every_write_of_a_surgery_and_its_checkpoint() {
+    let build = || {
+        let (dev, store) = mem_store(64 << 20, small_options());
+        let mut model = Model::default();
+        for op in [
+            Op::Fill(0, 0, 500, 180),
+            Op::Fill(1, 0, 200, 90),
+            Op::Fill(3, 0, 200, 50),
+        ] {
+            let batch = batch_for(&op).unwrap();
+            store.write(&batch).unwrap();
+            model.apply(&batch);
+        }
+        store.checkpoint().unwrap();
+        (dev, store, model)
+    };
+    let rename = batch_for(&Op::Rename(0, 1)).unwrap();
+    let mut crash_after: u64 = 0;
+    loop {
+        let (dev, store, before) = build();
+        let mut after = before.clone();
+        after.apply(&rename);
+        dev.fail_after_writes(crash_after);
+        let synced = store.write(&rename).is_ok() && store.sync().is_ok();
+        if synced {
+            assert_eq!(
+                store.stats().range_renames_by_surgery,
+                2,
+                "both key spaces moved by surgery"
+            );
+        }
+        let finished = synced && store.checkpoint().is_ok() && !dev.has_crashed();
+        dev.power_off();
+        let image = dev.crash_image(CrashMode::TearLast {
+            sectors_kept: (crash_after % 8) as usize,
+        });
+        drop(store);
+        let recovered = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options())
+            .unwrap_or_else(|e| panic!("crash after {crash_after} writes: {e}"));
+        recovered.verify().unwrap();
+        let state = dump(&recovered);
+        assert!(
+            state == after || (!synced && state == before),
+            "crash after {crash_after} writes (synced {synced}): neither before nor after"
+        );
+        if finished {
+            assert!(crash_after > 3, "the checkpoint wrote nodes");
+            break;
+        }
+        crash_after += 1;
+    }
+}
+
+/// Writes after a surgery land in the moved subtree under its new keys,
+/// and the source range stays empty and usable.
+#[test]
+fn moved_subtrees_take_new_writes() {
+    let (_dev, store) = mem_store(64 << 20, small_options());
+    let mut model = Model::default();
+    let ops = [
+        Op::Fill(0, 0, 600, 150),
+        Op::Rename(0, 2),
+        Op::Fill(2, 100, 50, 30),
+        Op::Fill(0, 0, 20, 10),
+        Op::Trim(2, 0, 300),
+    ];
+    for op in &ops {
+        let batch = batch_for(op).unwrap();
+        store.write(&batch).unwrap();
+        model.apply(&batch);
+        assert_matches(&store, &model);
+    }
+    assert!(store.stats().range_renames_by_surgery >= 1);
+    store.verify().unwrap();
+}
