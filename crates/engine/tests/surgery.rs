@@ -255,3 +255,71 @@ fn moved_subtrees_take_new_writes() {
     assert!(store.stats().range_renames_by_surgery >= 1);
     store.verify().unwrap();
 }
+
+/// Power cuts at random writes of a workload that mixes surgeries with
+/// writes, syncs and checkpoints: recovery holds everything synced and
+/// equals the model after some prefix of the batches.
+#[test]
+fn power_cuts_during_a_workload_of_surgeries_keep_a_prefix() {
+    use rand::{rngs::SmallRng, Rng, SeedableRng};
+    let seeds: u64 = std::env::var("BETREEFS_SURGERY_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
+    for seed in 0..seeds {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let (dev, store) = mem_store(96 << 20, small_options());
+        dev.fail_after_writes(rng.gen_range(1..400));
+        let mut models = vec![Model::default()];
+        let mut synced = 0;
+        for _ in 0..rng.gen_range(10..80) {
+            let d = rng.gen_range(0..DIRS.len());
+            let op = match rng.gen_range(0..10) {
+                0..=2 => Op::Fill(
+                    d,
+                    rng.gen_range(0..400),
+                    rng.gen_range(1..300),
+                    rng.gen_range(1..300),
+                ),
+                3..=4 => Op::Touch(d, rng.gen_range(0..800), rng.gen()),
+                5 => Op::Trim(d, rng.gen_range(0..400), rng.gen_range(400..800)),
+                _ => Op::Rename(d, rng.gen_range(0..DIRS.len())),
+            };
+            let Some(batch) = batch_for(&op) else {
+                continue;
+            };
+            let mut next = models.last().cloned().unwrap_or_default();
+            next.apply(&batch);
+            models.push(next);
+            if store.write(&batch).is_err() {
+                break;
+            }
+            let durable = match rng.gen_range(0..6) {
+                0 => store.sync().map(|_| true),
+                1 => store.checkpoint().map(|_| true),
+                _ => Ok(false),
+            };
+            match durable {
+                Err(_) => break,
+                Ok(true) => synced = models.len() - 1,
+                Ok(false) => {}
+            }
+        }
+        dev.power_off();
+        let mode = CrashMode::from_random(rng.gen());
+        let image = dev.crash_image(mode);
+        drop(store);
+        let context = format!("seed {seed}, {mode:?}");
+        let recovered = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options())
+            .unwrap_or_else(|e| panic!("{context}: recovery: {e}"));
+        recovered
+            .verify()
+            .unwrap_or_else(|e| panic!("{context}: verify: {e}"));
+        let state = dump(&recovered);
+        assert!(
+            models[synced..].contains(&state),
+            "{context}: recovered state is no prefix at or after the last sync ({synced} of {})",
+            models.len() - 1
+        );
+    }
+}

@@ -73,8 +73,16 @@ fn random_path(rng: &mut SmallRng, tree: &Tree) -> Vec<Vec<u8>> {
 }
 
 /// Applies one random operation to the file system and, when it
-/// succeeds, to the model. Returns Err when the device failed.
-fn random_op(rng: &mut SmallRng, fs: &FileSystem, tree: &mut Tree) -> Result<(), Errno> {
+/// succeeds, to the model. An operation made of two batches (a create,
+/// then the write into the new file) pushes the model between them onto
+/// `steps`: a power cut may keep the first batch and lose the second.
+/// Returns Err when the device failed.
+fn random_op(
+    rng: &mut SmallRng,
+    fs: &FileSystem,
+    tree: &mut Tree,
+    steps: &mut Vec<Tree>,
+) -> Result<(), Errno> {
     let path = random_path(rng, tree);
     let (parent_path, name) = split(&path);
     let Ok(parent) = resolve(fs, parent_path) else {
@@ -108,8 +116,9 @@ fn random_op(rng: &mut SmallRng, fs: &FileSystem, tree: &mut Tree) -> Result<(),
                     let (attr, fh) = fs.create(parent, name, 0o644, 0, ME)?;
                     let r = fs.write(attr.ino, fh, 0, &data, None);
                     fs.release(fh)?;
-                    // The creation is one operation, the write the next.
+                    // The creation is one batch, the write the next.
                     tree.insert(path.clone(), Entry::File(Vec::new()));
+                    steps.push(tree.clone());
                     r?;
                     tree.insert(path, Entry::File(data));
                     Ok(())
@@ -240,15 +249,18 @@ fn power_cut_once(seed: u64) -> bool {
     let mut states = vec![tree.clone()];
     let mut synced = 0;
     for _ in 0..rng.gen_range(20..300) {
-        let before = states.len();
-        if random_op(&mut rng, &fs, &mut tree).is_err() {
-            // The model may already hold the op's first step (a create
-            // before its write): keep it as a candidate state too.
-            states.push(tree.clone());
-            break;
+        let mut steps = Vec::new();
+        let outcome = random_op(&mut rng, &fs, &mut tree, &mut steps);
+        // Every state between two batches is a candidate too, also the
+        // one a failed op leaves in the model (a create before its write).
+        steps.push(tree.clone());
+        for step in steps {
+            if states.last() != Some(&step) {
+                states.push(step);
+            }
         }
-        if tree != states[before - 1] {
-            states.push(tree.clone());
+        if outcome.is_err() {
+            break;
         }
         match rng.gen_range(0..12) {
             0 => {
