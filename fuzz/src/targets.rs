@@ -281,7 +281,7 @@ fn node_seeds() -> Vec<Vec<u8>> {
             let at = sb.layout.extent_offset(extent) as usize;
             let bytes = &image[at..at + extent.len as usize];
             let prefix = bounds.lifted_prefix();
-            let Ok(header) = decode_header(bytes, crc, num, &prefix) else {
+            let Ok(header) = decode_header(bytes, crc, num, &bounds) else {
                 continue;
             };
             let meta = &bytes[HEADER_BYTES..HEADER_BYTES + header.meta_len as usize];
@@ -309,14 +309,15 @@ fn field_u32(bytes: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(raw)
 }
 
-/// Makes the header's prefix fields, meta checksum and header checksum
-/// agree with the bytes.
-fn fix_node_checksums(bytes: &mut [u8], prefix: &[u8]) {
+/// Makes the header's bounds fields (for `bounds`), meta checksum and
+/// header checksum agree with the bytes.
+fn fix_node_checksums(bytes: &mut [u8], bounds: &Bounds) {
     if bytes.len() < HEADER_BYTES {
         return;
     }
-    bytes[12..16].copy_from_slice(&(prefix.len() as u32).to_le_bytes());
-    bytes[16..20].copy_from_slice(&crc32c_of(&[prefix]).to_le_bytes());
+    let (lo_len, bounds_crc) = bounds.relative_check();
+    bytes[12..16].copy_from_slice(&lo_len.to_le_bytes());
+    bytes[16..20].copy_from_slice(&bounds_crc.to_le_bytes());
     let meta_len = field_u32(bytes, 20) as usize;
     if let Some(meta) = bytes.get(HEADER_BYTES..HEADER_BYTES.saturating_add(meta_len)) {
         let crc = crc32c_of(&[meta]);
@@ -341,7 +342,7 @@ fn node(data: &[u8]) {
     for fixed in [false, true] {
         let mut bytes = image.to_vec();
         if fixed {
-            fix_node_checksums(&mut bytes, prefix);
+            fix_node_checksums(&mut bytes, &bounds);
         }
         if bytes.len() < HEADER_BYTES {
             return;
@@ -352,7 +353,7 @@ fn node(data: &[u8]) {
         let mut raw = [0u8; 8];
         raw.copy_from_slice(&bytes[28..36]);
         let num = u64::from_le_bytes(raw);
-        let Ok(header) = decode_header(&bytes, expect_crc, num, prefix) else {
+        let Ok(header) = decode_header(&bytes, expect_crc, num, &bounds) else {
             continue;
         };
         let Some(meta) = bytes.get(HEADER_BYTES..HEADER_BYTES + header.meta_len as usize) else {
