@@ -145,7 +145,9 @@ impl Params {
                 // The tree, two rsync copies, an archive, its extraction,
                 // git objects and a clone.
                 Suite::App => self.app_tree.bytes() * 8,
-                Suite::Ioamp => self.ioamp_file + 3 * self.ioamp_bytes + 64 * MIB,
+                // The big file, the small ones, and the directory of ten
+                // big files a rename moves.
+                Suite::Ioamp => 11 * self.ioamp_file + 3 * self.ioamp_bytes + 64 * MIB,
             })
             .max()
             .unwrap_or(0);

@@ -126,13 +126,27 @@ impl Entries {
         self.push_parts(&[], key, value);
     }
 
-    /// The same entries under other keys; `rekey` must preserve order.
-    pub fn rekeyed(&self, rekey: impl Fn(&[u8]) -> Vec<u8>) -> Entries {
-        let mut out = Entries::with_capacity(self.len(), self.bytes());
-        for (k, v) in self.iter() {
-            out.push(&rekey(k), v);
+    /// Replaces the first `old_len` bytes of every key (which all share
+    /// them) with `new_prefix`: in place when the lengths agree — a range
+    /// rename of a cached dirty leaf then costs a few bytes per entry, not
+    /// a copy of its values — otherwise by rebuilding.
+    pub fn replace_prefix(&mut self, old_len: usize, new_prefix: &[u8]) {
+        if new_prefix.len() == old_len {
+            for s in &self.index {
+                let at = s.offset as usize;
+                debug_assert!(s.key_len as usize >= old_len);
+                if let Some(key_start) = self.data.get_mut(at..at + old_len) {
+                    key_start.copy_from_slice(new_prefix);
+                }
+            }
+            return;
         }
-        out
+        let delta = self.len() * new_prefix.len();
+        let mut out = Entries::with_capacity(self.len(), self.bytes() + delta);
+        for (k, v) in self.iter() {
+            out.push_parts(new_prefix, k.get(old_len..).unwrap_or_default(), v);
+        }
+        *self = out;
     }
 
     /// Appends entries [from, to) of `other`.
@@ -166,5 +180,38 @@ mod tests {
             f.iter().map(|(k, _)| k.to_vec()).collect::<Vec<_>>(),
             vec![b"bc".to_vec(), b"d".to_vec()]
         );
+    }
+
+    #[test]
+    fn prefixes_are_replaced_in_place_or_rebuilt() {
+        let mut e = Entries::default();
+        for name in [&b"dir/a"[..], b"dir/b", b"dir/c"] {
+            e.push(name, &name[4..].repeat(3));
+        }
+        let mut same = e.clone();
+        same.replace_prefix(3, b"xyz");
+        let mut longer = e.clone();
+        longer.replace_prefix(3, b"elsewhere");
+        let mut shorter = e;
+        shorter.replace_prefix(4, b"");
+        for (got, prefix) in [
+            (same, &b"xyz/"[..]),
+            (longer, b"elsewhere/"),
+            (shorter, b""),
+        ] {
+            let pairs: Vec<(Vec<u8>, Vec<u8>)> =
+                got.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
+            let want: Vec<(Vec<u8>, Vec<u8>)> = [b"a", b"b", b"c"]
+                .iter()
+                .map(|n| ([prefix, &n[..]].concat(), n.repeat(3)))
+                .collect();
+            assert_eq!(pairs, want);
+            assert_eq!(
+                got.bytes(),
+                want.iter()
+                    .map(|(k, v)| k.len() + v.len() + 4)
+                    .sum::<usize>()
+            );
+        }
     }
 }

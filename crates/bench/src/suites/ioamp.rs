@@ -247,6 +247,31 @@ pub fn run(r: &mut Recorder) -> Result<()> {
         per_op.push((name.into(), traffic_rows(r, label, Per::Operations(n), &t)));
     }
 
+    // A directory rename: what it writes must not grow with what the
+    // directory holds (full-path keys move by tree surgery). Ten files of
+    // `ioamp_file` bytes (1000 MB at the default scale).
+    let holding = dir.join("holding");
+    std::fs::create_dir(&holding)?;
+    for i in 0..10 {
+        workloads::write_file(&holding.join(format!("f{i}")), p.ioamp_file, 50 + i)?;
+    }
+    r.target.sync()?;
+    r.target.flush_everything()?;
+    let label = format!(
+        "rename of a directory holding {} MB + fsync",
+        (10 * p.ioamp_file) >> 20
+    );
+    r.phase(&label)?;
+    let t = measure(r, || {
+        std::fs::rename(&holding, dir.join("held"))?;
+        fsync_dir(&dir)?;
+        Ok(())
+    })?;
+    per_op.push((
+        "dir rename".into(),
+        traffic_rows(r, &label, Per::Operations(1), &t),
+    ));
+
     let fs = r.target.label.as_str();
     let points = per_op
         .iter()

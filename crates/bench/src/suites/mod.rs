@@ -51,7 +51,7 @@ impl Suite {
             Suite::Micro => 7,
             Suite::Source => 7,
             Suite::App => 8,
-            Suite::Ioamp => 8,
+            Suite::Ioamp => 9,
         }
     }
 }

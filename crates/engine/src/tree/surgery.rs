@@ -20,8 +20,9 @@
 //!    anyway); clean ones are dropped and read again under their new
 //!    bounds, which their images decode under unchanged (node format 2
 //!    records bounds relative to the lifted prefix).
-//! 5. Heal: under-full children around both places merge with neighbours;
-//!    `L` and its ancestors split if they now hold too many children.
+//! 5. Heal: under-full children where the source was merge with
+//!    neighbours; `L` and its ancestors split if they now hold too many
+//!    children.
 
 #![allow(clippy::indexing_slicing)] // see tree/mod.rs
 
@@ -142,19 +143,19 @@ impl Tree {
             hi: Some(r.end.clone()),
         };
         let empty = self.empty_subtree(ks, height - 1, &vacated);
-        let (empty_at, moved_at) =
-            self.with_interior(num, |int| swing(int, &source, &destination, empty, r));
+        let empty_at = self.with_interior(num, |int| swing(int, &source, &destination, empty, r));
         for d in doomed {
             self.free_node(d);
         }
 
-        // Step 5: heal, from the right so indices to the left stay valid.
-        let mut around: Vec<usize> = vec![empty_at, empty_at + 1, moved_at.end];
+        // Step 5: heal where the source was: the empty subtree and the
+        // fringe pieces beside it merge with a neighbour (from the right,
+        // so indices to the left stay valid). The moved run is left as it
+        // is, cut exactly at its ends: merging a fringe piece into it would
+        // make the next rename of the same range cut it again.
+        let mut around: Vec<usize> = vec![empty_at + 1, empty_at];
         around.extend(empty_at.checked_sub(1));
-        around.extend(moved_at.start.checked_sub(1));
-        around.sort_unstable();
-        around.dedup();
-        for &i in around.iter().rev() {
+        for i in around {
             if i < self.interior(num).children.len() {
                 self.maybe_merge(ks, num, i, &bounds)?;
             }
@@ -290,10 +291,11 @@ fn rekey_node(node: &mut Node, r: &RangeRename) {
                 *pivot = to(pivot);
             }
             for basement in &mut leaf.basements {
-                let Some(entries) = &basement.entries else {
+                let Some(mut entries) = basement.entries.take() else {
                     unreachable!("tree invariant: dirty leaves are fully loaded")
                 };
-                *basement = Basement::from_entries(entries.rekeyed(to));
+                entries.replace_prefix(r.old_prefix_len, &r.new_prefix);
+                *basement = Basement::from_entries(entries);
             }
         }
         NodeBody::Interior(int) => {
@@ -310,15 +312,14 @@ fn rekey_node(node: &mut Node, r: &RangeRename) {
 /// The pointer swing in `int`: the `source` run of children (with their
 /// buffers, re-keyed) replaces the `destination` run, whose buffers are
 /// dropped (the rename deletes what the destination held), and `empty`
-/// takes the source's place. Returns where `empty` and the moved run are
-/// now.
+/// takes the source's place. Returns where `empty` is now.
 fn swing(
     int: &mut Interior,
     source: &Range<usize>,
     destination: &Range<usize>,
     empty: u64,
     r: &RangeRename,
-) -> (usize, Range<usize>) {
+) -> usize {
     let old_children = std::mem::take(&mut int.children);
     let old_pivots = std::mem::take(&mut int.pivots);
     let mut old_buffers: Vec<MessageBuffer> = std::mem::take(&mut int.buffers);
@@ -330,7 +331,7 @@ fn swing(
             .unwrap_or_default()
     };
     let mut lows = Vec::with_capacity(old_children.len());
-    let (mut empty_at, mut moved_at) = (0, 0..0);
+    let mut empty_at = 0;
     for j in 0..old_children.len() {
         if source.contains(&j) {
             if j == source.start {
@@ -341,7 +342,6 @@ fn swing(
             }
         } else if destination.contains(&j) {
             if j == destination.start {
-                let first = int.children.len();
                 for k in source.clone() {
                     int.children.push(old_children[k]);
                     let buffer = std::mem::take(&mut old_buffers[k]);
@@ -352,7 +352,6 @@ fn swing(
                         r.destination(&low(k))
                     });
                 }
-                moved_at = first..int.children.len();
             }
         } else {
             int.children.push(old_children[j]);
@@ -362,5 +361,5 @@ fn swing(
     }
     int.pivots = lows.into_iter().skip(1).collect();
     debug_assert!(int.pivots.windows(2).all(|w| w[0] < w[1]));
-    (empty_at, moved_at)
+    empty_at
 }
