@@ -271,6 +271,41 @@ pub fn rename_vs_size(dir: &Path, sizes: &[u64], repeats: usize) -> Result<Vec<(
     Ok(out)
 }
 
+/// First hard link against file size: `repeats` fresh files of each size
+/// (fsync'd, each linked once: on a full-path file system the first link
+/// is the one that moves the data), each link followed by an fsync of the
+/// directory. Returns, per size, every link's seconds.
+pub fn first_link_vs_size(
+    dir: &Path,
+    sizes: &[u64],
+    repeats: usize,
+) -> Result<Vec<(u64, Vec<f64>)>> {
+    let mut out = Vec::new();
+    for &size in sizes {
+        let mut times = Vec::with_capacity(repeats);
+        for i in 0..repeats {
+            let file = dir.join(format!("link-{size}-{i}"));
+            let link = dir.join(format!("link-{size}-{i}-second"));
+            write_file(&file, size, size + i as u64)?;
+            fsync_dir(dir)?;
+            let start = Instant::now();
+            std::fs::hard_link(&file, &link)
+                .with_context(|| format!("linking {}", file.display()))?;
+            fsync_dir(dir)?;
+            times.push(start.elapsed().as_secs_f64());
+            anyhow::ensure!(
+                std::fs::metadata(&link)?.len() == size,
+                "{} has the wrong size",
+                link.display()
+            );
+            std::fs::remove_file(&file)?;
+            std::fs::remove_file(&link)?;
+        }
+        out.push((size, times));
+    }
+    Ok(out)
+}
+
 /// Creates `repeats` files of each size (fsync'd), then `sync`, then
 /// measures each unlink plus an fsync of the directory. Returns, per size,
 /// every unlink's seconds.

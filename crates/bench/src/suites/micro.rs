@@ -81,6 +81,13 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     let renames = workloads::rename_vs_size(&ren, &p.sizes, p.rename_repeats)?;
     latency_rows(r, "rename", &renames);
 
+    r.phase("first link against file size")?;
+    let lnk = dir.join("link");
+    std::fs::create_dir(&lnk)?;
+    r.target.sync()?;
+    let links = workloads::first_link_vs_size(&lnk, &p.sizes, p.unlink_repeats)?;
+    latency_rows(r, "first link", &links);
+
     r.phase("unlink against file size")?;
     let unl = dir.join("unlink");
     std::fs::create_dir(&unl)?;
