@@ -119,7 +119,9 @@ impl Tree {
             let (child, child_bounds) = (int.children[j], int.child_bounds(j, &bounds));
             doomed.extend(self.collect_subtree(ks, child, &child_bounds, height - 1)?);
         }
-        // Nothing below fails: the tree changes from here on.
+        // Re-keying and the swing below cannot fail; healing after them
+        // reads a neighbour before it changes anything, so an error there
+        // leaves a whole tree (with an under-full node) behind.
 
         // Step 4 before 3: the moved subtrees are exactly the cached nodes
         // of this tree whose bounds lie inside the source range.
