@@ -4,17 +4,27 @@
 //! somewhere new (copy-on-write) changes one table entry and never its
 //! parent. The table is written whole at every checkpoint.
 //!
-//! Format version 1 (little-endian): u32 magic "BBTT", u32 version, u64
+//! A node number may be named by more than one parent once a range clone
+//! shares a subtree (docs/design.md, "Range clone"): the table keeps each
+//! number's reference count, and a number (with its extent) is released
+//! only when its last reference goes.
+//!
+//! Format version 2 (little-endian): u32 magic "BBTT", u32 version, u64
 //! entry count, then per entry u64 block (u64::MAX = free number), u32
-//! length in bytes, u32 header crc of the node. Its own checksum and
-//! location are in the superblock.
+//! length in bytes, u32 header crc of the node; then u64 shared count and
+//! per shared node (in increasing number order) u64 node number, u32
+//! reference count (at least 2; every number not listed has one). Version
+//! 1 had no shared list. Its own checksum and location are in the
+//! superblock.
+
+use std::collections::BTreeMap;
 
 use betreefs_store::Extent;
 
 use crate::codec::{DecodeError, DecodeResult, Decoder, Encoder};
 
 const BTT_MAGIC: u32 = u32::from_le_bytes(*b"BBTT");
-const BTT_VERSION: u32 = 1;
+const BTT_VERSION: u32 = 2;
 const FREE: u64 = u64::MAX;
 /// Longest node image: nodes split at 64 MiB at most (the largest node
 /// size) and may hold one more flush's worth before they do. A longer
@@ -36,6 +46,9 @@ pub enum Slot {
 pub struct BlockTable {
     slots: Vec<Slot>,
     free: Vec<u64>,
+    /// Reference counts above one (shared nodes); every other live number
+    /// has exactly one.
+    shared: BTreeMap<u64, u32>,
 }
 
 impl BlockTable {
@@ -66,10 +79,48 @@ impl BlockTable {
         }
     }
 
-    /// Frees a number; returns its extent, if it had one.
+    /// How many parents (or roots) name node `num`.
+    pub fn refs(&self, num: u64) -> u32 {
+        self.shared.get(&num).copied().unwrap_or(1)
+    }
+
+    /// Every shared node and its reference count.
+    pub fn shared(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.shared.iter().map(|(&n, &r)| (n, r))
+    }
+
+    /// One more parent names `num`.
+    pub fn add_ref(&mut self, num: u64) {
+        debug_assert!(
+            !matches!(self.get(num), Slot::Free),
+            "reference to free node number {num}"
+        );
+        *self.shared.entry(num).or_insert(1) += 1;
+    }
+
+    /// `count` parents of a shared node no longer name it; it stays live
+    /// (the last reference goes with [`BlockTable::release`]).
+    pub fn drop_refs(&mut self, num: u64, count: u32) {
+        let refs = self.refs(num);
+        assert!(
+            count < refs,
+            "tree invariant: dropping {count} of {refs} references to node {num}"
+        );
+        if refs - count == 1 {
+            self.shared.remove(&num);
+        } else {
+            self.shared.insert(num, refs - count);
+        }
+    }
+
+    /// Frees a number (its last reference); returns its extent, if it had one.
     pub fn release(&mut self, num: u64) -> Option<Extent> {
         let slot = self.slots.get_mut(num as usize);
         debug_assert!(slot.is_some(), "node number {num} was never allocated");
+        debug_assert!(
+            !self.shared.contains_key(&num),
+            "node number {num} released while shared"
+        );
         let old = std::mem::replace(slot?, Slot::Free);
         self.free.push(num);
         match old {
@@ -120,6 +171,11 @@ impl BlockTable {
                 Slot::Unwritten => panic!("block table written with an unwritten node"),
             }
         }
+        e.u64(self.shared.len() as u64);
+        for (&num, &refs) in &self.shared {
+            e.u64(num);
+            e.u32(refs);
+        }
         e.buf
     }
 
@@ -135,7 +191,7 @@ impl BlockTable {
             )));
         }
         let count = d.u64()?;
-        if count.saturating_mul(16) != d.remaining() as u64 {
+        if count.saturating_mul(16).saturating_add(8) > d.remaining() as u64 {
             return Err(DecodeError(format!(
                 "block table of {count} entries has {} bytes",
                 d.remaining()
@@ -160,6 +216,25 @@ impl BlockTable {
             }
         }
         table.free.reverse();
+        let shared = d.u64()?;
+        if shared.saturating_mul(12) != d.remaining() as u64 {
+            return Err(DecodeError(format!(
+                "{shared} shared nodes in {} bytes",
+                d.remaining()
+            )));
+        }
+        for _ in 0..shared {
+            let (num, refs) = (d.u64()?, d.u32()?);
+            if refs < 2 || !matches!(table.get(num), Slot::OnDisk { .. }) {
+                return Err(DecodeError(format!(
+                    "node {num} listed as shared {refs} times"
+                )));
+            }
+            if table.shared.last_key_value().is_some_and(|(&n, _)| n >= num) {
+                return Err(DecodeError("shared nodes out of order".into()));
+            }
+            table.shared.insert(num, refs);
+        }
         Ok(table)
     }
 }
@@ -190,5 +265,39 @@ mod tests {
         let mut back = back;
         assert_eq!(back.allocate(), b);
         assert!(BlockTable::decode(&t.encode()[..20]).is_err());
+    }
+
+    #[test]
+    fn reference_counts_round_trip_and_are_checked() {
+        let mut t = BlockTable::default();
+        let nums: Vec<u64> = (0..3).map(|_| t.allocate()).collect();
+        for &n in &nums {
+            t.set(n, Extent { block: n * 4, len: 4096 }, 1);
+        }
+        t.add_ref(nums[1]);
+        t.add_ref(nums[1]);
+        t.add_ref(nums[2]);
+        assert_eq!((t.refs(nums[0]), t.refs(nums[1]), t.refs(nums[2])), (1, 3, 2));
+        let enc = t.encode();
+        let back = BlockTable::decode(&enc).unwrap();
+        assert_eq!(back.shared().collect::<Vec<_>>(), vec![(nums[1], 3), (nums[2], 2)]);
+        t.drop_refs(nums[1], 2);
+        t.drop_refs(nums[2], 1);
+        assert_eq!(t.shared().count(), 0);
+        assert_eq!(t.release(nums[1]), Some(Extent { block: 4, len: 4096 }));
+        // A count below two, a free number and a wrong order are refused.
+        let shared_at = enc.len() - 2 * 12;
+        let mut bad = enc.clone();
+        bad[shared_at + 8..shared_at + 12].copy_from_slice(&1u32.to_le_bytes());
+        assert!(BlockTable::decode(&bad).is_err());
+        let mut bad = enc.clone();
+        bad[shared_at..shared_at + 8].copy_from_slice(&9u64.to_le_bytes());
+        assert!(BlockTable::decode(&bad).is_err());
+        let mut bad = enc.clone();
+        bad[shared_at + 12..shared_at + 20].copy_from_slice(&nums[0].to_le_bytes());
+        assert!(BlockTable::decode(&bad).is_err());
+        for cut in 0..enc.len() {
+            assert!(BlockTable::decode(&enc[..cut]).is_err());
+        }
     }
 }

@@ -65,9 +65,15 @@ pub enum Message {
     /// destination must not overlap. Applied by copying inside the engine
     /// (the log holds only this message); see [`RangeRename::check`].
     RangeRename(RangeRename),
+    /// Copies every key of [start, end) to where a range rename with the
+    /// same fields would move it, after deleting whatever the destination
+    /// range held; the source stays. Applied by sharing subtrees
+    /// copy-on-write (docs/design.md, "Range clone") or, within a leaf, by
+    /// copying pairs.
+    RangeClone(RangeRename),
 }
 
-/// The fields of [`Message::RangeRename`].
+/// The fields of [`Message::RangeRename`] and [`Message::RangeClone`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RangeRename {
     pub start: Vec<u8>,
@@ -114,6 +120,7 @@ const TAG_DELETE: u8 = 2;
 const TAG_UPSERT: u8 = 3;
 const TAG_RANGE_DELETE: u8 = 4;
 const TAG_RANGE_RENAME: u8 = 5;
+const TAG_RANGE_CLONE: u8 = 6;
 
 impl Message {
     /// Key and value bytes the caller asked to store (write amplification's
@@ -124,7 +131,9 @@ impl Message {
             Message::Delete { key } => key.len() as u64,
             Message::Upsert { key, arg, .. } => (key.len() + arg.len()) as u64,
             Message::RangeDelete { start, end } => (start.len() + end.len()) as u64,
-            Message::RangeRename(r) => (r.start.len() + r.end.len() + r.new_prefix.len()) as u64,
+            Message::RangeRename(r) | Message::RangeClone(r) => {
+                (r.start.len() + r.end.len() + r.new_prefix.len()) as u64
+            }
         }
     }
 
@@ -195,6 +204,25 @@ impl WriteBatch {
             }),
         )
     }
+    /// See [`Message::RangeClone`].
+    pub fn range_clone(
+        &mut self,
+        ks: KeySpace,
+        start: &[u8],
+        end: &[u8],
+        old_prefix_len: usize,
+        new_prefix: &[u8],
+    ) -> &mut Self {
+        self.push(
+            ks,
+            Message::RangeClone(RangeRename {
+                start: start.to_vec(),
+                end: end.to_vec(),
+                old_prefix_len,
+                new_prefix: new_prefix.to_vec(),
+            }),
+        )
+    }
     pub fn push(&mut self, ks: KeySpace, message: Message) -> &mut Self {
         self.messages.push((ks, message));
         self
@@ -212,9 +240,9 @@ impl WriteBatch {
     /// The log record payload: varint count, then per message
     /// `u8 key_space, u8 tag, fields` with fields
     /// put = key, value; delete = key; upsert = key, u8 func, arg;
-    /// range delete = start, end; range rename = start, end,
-    /// varint old prefix length, new prefix (each byte string a varint
-    /// length and bytes).
+    /// range delete = start, end; range rename (tag 5) and range clone
+    /// (tag 6) = start, end, varint old prefix length, new prefix (each
+    /// byte string a varint length and bytes).
     pub fn encode(&self) -> Vec<u8> {
         let size: usize = self
             .messages
@@ -246,8 +274,11 @@ impl WriteBatch {
                     e.bytes(start);
                     e.bytes(end);
                 }
-                Message::RangeRename(r) => {
-                    e.u8(TAG_RANGE_RENAME);
+                Message::RangeRename(r) | Message::RangeClone(r) => {
+                    e.u8(match m {
+                        Message::RangeClone(_) => TAG_RANGE_CLONE,
+                        _ => TAG_RANGE_RENAME,
+                    });
                     e.bytes(&r.start);
                     e.bytes(&r.end);
                     e.varint(r.old_prefix_len as u64);
@@ -286,12 +317,19 @@ impl WriteBatch {
                     start: d.bytes()?.to_vec(),
                     end: d.bytes()?.to_vec(),
                 },
-                TAG_RANGE_RENAME => Message::RangeRename(RangeRename {
-                    start: d.bytes()?.to_vec(),
-                    end: d.bytes()?.to_vec(),
-                    old_prefix_len: d.varint()? as usize,
-                    new_prefix: d.bytes()?.to_vec(),
-                }),
+                tag @ (TAG_RANGE_RENAME | TAG_RANGE_CLONE) => {
+                    let r = RangeRename {
+                        start: d.bytes()?.to_vec(),
+                        end: d.bytes()?.to_vec(),
+                        old_prefix_len: d.varint()? as usize,
+                        new_prefix: d.bytes()?.to_vec(),
+                    };
+                    if tag == TAG_RANGE_CLONE {
+                        Message::RangeClone(r)
+                    } else {
+                        Message::RangeRename(r)
+                    }
+                }
                 tag => return Err(DecodeError(format!("unknown message tag {tag}"))),
             };
             messages.push((ks, m));
@@ -317,7 +355,8 @@ mod tests {
             .delete(KeySpace::Data, b"\0\xff")
             .upsert(KeySpace::Meta, b"k", 1, b"arg")
             .range_delete(KeySpace::Data, b"a", b"z")
-            .range_rename(KeySpace::Meta, b"p\0", b"p\x02", 1, b"q");
+            .range_rename(KeySpace::Meta, b"p\0", b"p\x02", 1, b"q")
+            .range_clone(KeySpace::Data, b"p\0", b"p\x02", 1, b"r");
         let enc = b.encode();
         assert_eq!(WriteBatch::decode(&enc).unwrap(), b);
         for cut in 0..enc.len() {

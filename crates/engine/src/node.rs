@@ -520,6 +520,50 @@ pub struct Node {
 }
 
 impl Node {
+    /// Re-keys a cached node for the place `to` it is reached at now:
+    /// after a range rename moved its subtree, or through another parent
+    /// of a shared subtree (a range clone). The caller has checked that
+    /// `to` agrees with the node's bounds after the lifted prefixes
+    /// ([`Bounds::relative_check`]), so only what every key begins with
+    /// changes — exactly what the node's image omits, which is why it can
+    /// stay clean (docs/design.md, "Range rename by surgery": lazy
+    /// re-keying). Basements still on disk are decoded under `to` later.
+    pub fn move_to(&mut self, to: Bounds) {
+        let old = self.bounds.lifted_prefix();
+        let new = to.lifted_prefix();
+        self.bounds = to;
+        if old == new {
+            return;
+        }
+        let rekey = |k: &[u8]| {
+            let mut out = Vec::with_capacity(new.len() + k.len());
+            out.extend_from_slice(&new);
+            out.extend_from_slice(k.get(old.len()..).unwrap_or_default());
+            out
+        };
+        match &mut self.body {
+            NodeBody::Leaf(leaf) => {
+                for pivot in &mut leaf.pivots {
+                    *pivot = rekey(pivot);
+                }
+                for basement in &mut leaf.basements {
+                    if let Some(entries) = &mut basement.entries {
+                        entries.replace_prefix(old.len(), &new);
+                        basement.bytes = entries.bytes();
+                    }
+                }
+            }
+            NodeBody::Interior(int) => {
+                for pivot in &mut int.pivots {
+                    *pivot = rekey(pivot);
+                }
+                for buffer in &mut int.buffers {
+                    *buffer = buffer.take().rekeyed(rekey);
+                }
+            }
+        }
+    }
+
     pub fn height(&self) -> u32 {
         match &self.body {
             NodeBody::Leaf(_) => 0,

@@ -30,6 +30,15 @@ pub struct Stats {
     /// pairs (ranges within one leaf).
     pub range_renames_by_surgery: AtomicU64,
     pub range_renames_copied: AtomicU64,
+    /// Range clones done by sharing subtrees, and by copying pairs.
+    pub range_clones_by_surgery: AtomicU64,
+    pub range_clones_copied: AtomicU64,
+    /// Shared nodes copied because one of their parents changed them
+    /// (copy-on-write of a cloned subtree).
+    pub nodes_unshared: AtomicU64,
+    /// Cached nodes re-keyed for the place they were reached at (moved
+    /// or shared subtrees).
+    pub nodes_rekeyed: AtomicU64,
     pub cache_hits: AtomicU64,
     pub cache_misses: AtomicU64,
     pub evictions: AtomicU64,
@@ -75,6 +84,10 @@ pub struct StatsSnapshot {
     pub subtrees_dropped: u64,
     pub range_renames_by_surgery: u64,
     pub range_renames_copied: u64,
+    pub range_clones_by_surgery: u64,
+    pub range_clones_copied: u64,
+    pub nodes_unshared: u64,
+    pub nodes_rekeyed: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
     pub evictions: u64,
@@ -116,6 +129,10 @@ impl Stats {
             subtrees_dropped: get(&self.subtrees_dropped),
             range_renames_by_surgery: get(&self.range_renames_by_surgery),
             range_renames_copied: get(&self.range_renames_copied),
+            range_clones_by_surgery: get(&self.range_clones_by_surgery),
+            range_clones_copied: get(&self.range_clones_copied),
+            nodes_unshared: get(&self.nodes_unshared),
+            nodes_rekeyed: get(&self.nodes_rekeyed),
             cache_hits: get(&self.cache_hits),
             cache_misses: get(&self.cache_misses),
             evictions: get(&self.evictions),

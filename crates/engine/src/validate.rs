@@ -67,7 +67,7 @@ fn check_message(m: &Message, merges: &MergeRegistry) -> EngineResult<()> {
             }
             Ok(())
         }
-        Message::RangeRename(r) => {
+        Message::RangeRename(r) | Message::RangeClone(r) => {
             r.check().map_err(EngineError::InvalidMessage)?;
             for k in [&r.start, &r.end, &r.new_prefix] {
                 key_size(k)?;

@@ -15,7 +15,9 @@ pub const MAGIC: [u8; 8] = *b"BETREEFS";
 /// that wrote them, and the superblock has a flags word (`clean`).
 /// Version 3: node headers record their bounds relative to the lifted
 /// prefix (node format 2), so range renames move subtrees by surgery.
-pub const FORMAT_VERSION: u32 = 3;
+/// Version 4: the block table (version 2) counts references to shared
+/// nodes, and the log may hold range clones.
+pub const FORMAT_VERSION: u32 = 4;
 /// How many trees (key spaces) a superblock can name.
 pub const MAX_TREES: usize = 8;
 

@@ -3,6 +3,7 @@
 
 #![allow(clippy::indexing_slicing)] // see tree/mod.rs
 
+use super::surgery::Transplant;
 use super::*;
 
 impl Tree {
@@ -12,6 +13,7 @@ impl Tree {
         for (ks, msg) in batch.messages() {
             match msg {
                 Message::RangeRename(r) => self.apply_range_rename(*ks, seq, r)?,
+                Message::RangeClone(r) => self.apply_range_clone(*ks, seq, r)?,
                 _ => self.apply_message(*ks, seq, msg)?,
             }
             touched[ks.index()] = true;
@@ -37,22 +39,46 @@ impl Tree {
         seq: u64,
         r: &RangeRename,
     ) -> EngineResult<()> {
-        if self.spans_leaves(ks, &r.start, &r.end)? && self.rename_by_surgery(ks, r)? {
+        if self.spans_leaves(ks, &r.start, &r.end)?
+            && self.transplant_by_surgery(ks, r, Transplant::Move)?
+        {
             add(&self.stats.range_renames_by_surgery, 1);
         } else {
-            self.rename_by_copy(ks, seq, r)?;
+            self.copy_range(ks, seq, r)?;
+            let (start, end) = (r.start.clone(), r.end.clone());
+            self.apply_message(ks, seq, &Message::RangeDelete { start, end })?;
             add(&self.stats.range_renames_copied, 1);
         }
         self.removals_since_reclaim += 1;
         Ok(())
     }
 
-    /// A range rename by copying (small ranges): clear the destination, put
-    /// a copy of every source pair there, one leaf at a time with the tree
-    /// settled in between, then range-delete the source. Every message
-    /// carries the rename's sequence number; they are applied in this order
-    /// exactly as if the batch had listed them.
-    fn rename_by_copy(&mut self, ks: KeySpace, seq: u64, r: &RangeRename) -> EngineResult<()> {
+    /// A range clone: by sharing the source's subtrees when it reaches
+    /// over more than one leaf, by copying otherwise (as a rename chooses).
+    pub(super) fn apply_range_clone(
+        &mut self,
+        ks: KeySpace,
+        seq: u64,
+        r: &RangeRename,
+    ) -> EngineResult<()> {
+        if self.spans_leaves(ks, &r.start, &r.end)?
+            && self.transplant_by_surgery(ks, r, Transplant::Share)?
+        {
+            add(&self.stats.range_clones_by_surgery, 1);
+        } else {
+            self.copy_range(ks, seq, r)?;
+            add(&self.stats.range_clones_copied, 1);
+        }
+        Ok(())
+    }
+
+    /// The copying half of a small range rename or clone: clear the
+    /// destination, then put a copy of every source pair there, one leaf at
+    /// a time with the tree settled in between. Every message carries the
+    /// batch's sequence number; they are applied in this order exactly as
+    /// if the batch had listed them (a rename range-deletes the source
+    /// after).
+    fn copy_range(&mut self, ks: KeySpace, seq: u64, r: &RangeRename) -> EngineResult<()> {
         let (start, end) = r.destination_range();
         self.apply_message(ks, seq, &Message::RangeDelete { start, end })?;
         let mut next: Option<Vec<u8>> = Some(r.start.clone());
@@ -69,8 +95,7 @@ impl Tree {
             }
             next = after;
         }
-        let (start, end) = (r.start.clone(), r.end.clone());
-        self.apply_message(ks, seq, &Message::RangeDelete { start, end })
+        Ok(())
     }
 
     /// The root, loaded, with a buffer put above it if it is a leaf.

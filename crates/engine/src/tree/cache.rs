@@ -56,6 +56,7 @@ impl Tree {
 
     /// Changes an interior node in place (marking it dirty).
     pub(super) fn with_interior<R>(&mut self, num: u64, f: impl FnOnce(&mut Interior) -> R) -> R {
+        debug_assert!(self.is_private(num), "change of shared node {num}");
         let mut node = self.take(num);
         let result = match &mut node.body {
             NodeBody::Interior(int) => f(int),

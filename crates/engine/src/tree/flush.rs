@@ -43,16 +43,16 @@ impl Tree {
         if int.buffers[i].covers_whole(&child_bounds.lo, child_bounds.hi.as_deref()) {
             // A range delete covers the whole child: drop its subtree without
             // reading a single leaf and start over with an empty one.
-            let doomed = self.collect_subtree(ks, child, &child_bounds, child_height)?;
+            let doomed =
+                self.doomed_subtrees(ks, vec![(child, child_bounds.clone(), child_height)])?;
             let fresh = self.empty_subtree(ks, child_height, &child_bounds);
-            for num in doomed {
-                self.free_node(num);
-            }
+            self.release(doomed);
             self.with_interior(parent, |int| int.children[i] = fresh);
             add(&self.stats.subtrees_dropped, 1);
             child = fresh;
         } else {
             self.load(ks, child, &child_bounds, Want::Whole, Some(child_height))?;
+            child = self.private_child(ks, parent, i, parent_bounds)?;
         }
         let batch = self.with_interior(parent, |int| int.buffers[i].take());
         let count = batch.message_count() as u64;
@@ -161,7 +161,9 @@ impl Tree {
             let child_bounds = int.child_bounds(i_now, bounds);
             let height = int.height - 1;
             let mut done = true;
-            if height > 0 {
+            // A shared subtree keeps its pending messages: flushing them
+            // would copy it (reclaiming space is why this runs).
+            if height > 0 && self.is_private(child) {
                 self.load(ks, child, &child_bounds, Want::Whole, Some(height))?;
                 done = self.flush_subtree(ks, child, &child_bounds, budget)?;
                 let splits = self.split_if_needed(ks, child, &child_bounds)?;

@@ -45,17 +45,27 @@ impl Tree {
             self.tick += 1;
             node.last_used = self.tick;
             if node.bounds != *bounds {
-                // Reached from a parent that disagrees with where the node
-                // was found before: it is referenced twice, or the pivots
-                // above it changed under it.
-                return Err(Self::corrupt(
-                    ks,
-                    num,
-                    format!(
-                        "reached with bounds {bounds:?} but known with {:?}",
-                        node.bounds
-                    ),
-                ));
+                // Reached where the node was not found before: its subtree
+                // was moved by a range rename, or it is shared (a range
+                // clone) and was last reached through another parent. It
+                // is re-keyed if its bounds agree after the lifted
+                // prefixes, as its image would decode; otherwise the
+                // parent names the wrong node.
+                if node.bounds.relative_check() != bounds.relative_check() {
+                    return Err(Self::corrupt(
+                        ks,
+                        num,
+                        format!(
+                            "reached with bounds {bounds:?} but known with {:?}",
+                            node.bounds
+                        ),
+                    ));
+                }
+                let mut node = self.take(num);
+                node.move_to(bounds.clone());
+                self.put(num, node);
+                add(&self.stats.nodes_rekeyed, 1);
+                return self.load(ks, num, bounds, want, height);
             }
             if let Some(h) = height.filter(|&h| h != node.height()) {
                 return Err(Self::corrupt(

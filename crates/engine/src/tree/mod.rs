@@ -26,7 +26,7 @@
 // from disk goes through the bounds-checked decoders and `get` first.
 #![allow(clippy::indexing_slicing)]
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -44,7 +44,7 @@ use crate::format::{
 };
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, RangeRename, WriteBatch, KEY_SPACES};
-use crate::node::{Basement, Bounds, Interior, Leaf, Node, NodeBody};
+use crate::node::{Bounds, Interior, Leaf, Node, NodeBody};
 use crate::stats::{add, level, Stats};
 use crate::validate;
 
@@ -102,7 +102,7 @@ fn point_msg(seq: u64, msg: &Message) -> Option<(Vec<u8>, PointMsg)> {
         Message::Upsert { key, func, arg } => {
             Some((key.clone(), PointMsg::upsert(seq, *func, arg.clone())))
         }
-        Message::RangeDelete { .. } | Message::RangeRename(_) => None,
+        Message::RangeDelete { .. } | Message::RangeRename(_) | Message::RangeClone(_) => None,
     }
 }
 
@@ -319,6 +319,7 @@ mod io;
 mod query;
 pub mod readahead;
 mod reshape;
+mod share;
 mod surgery;
 mod verify;
 mod writeback;

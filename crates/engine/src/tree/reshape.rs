@@ -6,28 +6,6 @@
 use super::*;
 
 impl Tree {
-    /// Every node number in a subtree; leaves are not read.
-    pub(super) fn collect_subtree(
-        &mut self,
-        ks: KeySpace,
-        num: u64,
-        bounds: &Bounds,
-        height: u32,
-    ) -> EngineResult<Vec<u64>> {
-        let mut out = vec![num];
-        if height > 0 {
-            self.load(ks, num, bounds, Want::Whole, Some(height))?;
-            let int = self.interior(num);
-            let kids: Vec<(u64, Bounds)> = (0..int.children.len())
-                .map(|j| (int.children[j], int.child_bounds(j, bounds)))
-                .collect();
-            for (child, child_bounds) in kids {
-                out.extend(self.collect_subtree(ks, child, &child_bounds, height - 1)?);
-            }
-        }
-        Ok(out)
-    }
-
     /// An empty subtree of the given height: a chain of single-child
     /// interior nodes over an empty leaf (merges heal it later).
     pub(super) fn empty_subtree(&mut self, ks: KeySpace, height: u32, bounds: &Bounds) -> u64 {
@@ -81,6 +59,8 @@ impl Tree {
         let height = int.height - 1;
         self.load(ks, left_num, &lb, Want::Whole, Some(height))?;
         self.load(ks, right_num, &rb, Want::Whole, Some(height))?;
+        let left_num = self.private_child(ks, parent, l, parent_bounds)?;
+        let right_num = self.private_child(ks, parent, r, parent_bounds)?;
         let merged_bounds = Bounds {
             lo: lb.lo,
             hi: rb.hi,
@@ -126,6 +106,7 @@ impl Tree {
         num: u64,
         bounds: &Bounds,
     ) -> EngineResult<Splits> {
+        debug_assert!(self.is_private(num), "split of shared node {num}");
         let over = match &self.node(num).body {
             NodeBody::Leaf(leaf) => leaf.bytes() > self.opts.node_size && leaf.entry_count() > 1,
             NodeBody::Interior(int) => int.children.len() > self.opts.fanout,

@@ -15,12 +15,15 @@
 //!    them re-keyed) takes the destination run's place; the destination's
 //!    subtrees are freed (their leaves unread); an empty subtree fills the
 //!    source's place.
-//! 4. Re-key what is cached of the moved subtrees: dirty nodes have their
-//!    keys rewritten in memory (they are written under the new prefix
-//!    anyway); clean ones are dropped and read again under their new
-//!    bounds, which their images decode under unchanged (node format 2
-//!    records bounds relative to the lifted prefix).
-//! 5. Heal: under-full children where the source was merge with
+//!    A range clone (docs/design.md, "Range clone") makes the same cuts
+//!    and hangs the source run at the destination too: the subtrees are
+//!    then shared, counted in the block table ([`share`](super::share)).
+//! 4. Nothing inside the moved subtrees is touched: cached nodes keep the
+//!    keys of their old place and are re-keyed when next reached
+//!    ([`Node::move_to`]); their images decode under the new bounds
+//!    unchanged (node format 2 records bounds relative to the lifted
+//!    prefix), so a dirty node is written as it is.
+//! 5. Heal (rename): under-full children where the source was merge with
 //!    neighbours; `L` and its ancestors split if they now hold too many
 //!    children.
 
@@ -60,13 +63,15 @@ impl Tree {
         }
     }
 
-    /// Carries out `r` by surgery; `Ok(false)` if the ranges turned out to
-    /// lie in one leaf after the flushes on the way down (nothing changed
-    /// but where messages wait: the caller copies instead).
-    pub(super) fn rename_by_surgery(
+    /// Carries out `r` (a rename, or a clone with `how` = `Share`) by
+    /// surgery; `Ok(false)` if the ranges turned out to lie in one leaf
+    /// after the flushes on the way down (nothing changed but where
+    /// messages wait: the caller copies instead).
+    pub(super) fn transplant_by_surgery(
         &mut self,
         ks: KeySpace,
         r: &RangeRename,
+        how: Transplant,
     ) -> EngineResult<bool> {
         let (dst_start, dst_end) = r.destination_range();
         let lo = r.start.as_slice().min(&dst_start).to_vec();
@@ -99,8 +104,9 @@ impl Tree {
             if int.height == 1 {
                 return Ok(false);
             }
-            let (child, height) = (int.children[i], int.height - 1);
+            let height = int.height - 1;
             path.push((num, bounds.clone(), i));
+            let child = self.private_child(ks, num, i, &bounds)?;
             self.load(ks, child, &child_bounds, Want::Whole, Some(height))?;
             (num, bounds) = (child, child_bounds);
         }
@@ -113,50 +119,46 @@ impl Tree {
         let source = Self::child_run(int, &bounds, &r.start, &r.end);
         let destination = Self::child_run(int, &bounds, &dst_start, &dst_end);
         let height = int.height;
-        let mut doomed = Vec::new();
-        for j in destination.clone() {
-            let int = self.interior(num);
-            let (child, child_bounds) = (int.children[j], int.child_bounds(j, &bounds));
-            doomed.extend(self.collect_subtree(ks, child, &child_bounds, height - 1)?);
-        }
-        // Re-keying and the swing below cannot fail; healing after them
+        let doomed_roots = destination
+            .clone()
+            .map(|j| (int.children[j], int.child_bounds(j, &bounds), height - 1))
+            .collect();
+        let doomed = self.doomed_subtrees(ks, doomed_roots)?;
+        // The swing and the release below cannot fail; healing after them
         // reads a neighbour before it changes anything, so an error there
         // leaves a whole tree (with an under-full node) behind.
 
-        // Step 4 before 3: the moved subtrees are exactly the cached nodes
-        // of this tree whose bounds lie inside the source range.
-        let moved: Vec<u64> = self
-            .cache
-            .iter()
-            .filter(|(_, n)| n.tree == ks as u8 && n.bounds.within(&r.start, &r.end))
-            .map(|(&num, _)| num)
-            .collect();
-        for m in moved {
-            let mut node = self.take(m);
-            if node.dirty {
-                rekey_node(&mut node, r);
-                self.put(m, node);
-            }
-        }
-
         // Step 3: the pointer swing.
-        let vacated = Bounds {
-            lo: r.start.clone(),
-            hi: Some(r.end.clone()),
+        let vacated = match how {
+            Transplant::Move => {
+                let range = Bounds {
+                    lo: r.start.clone(),
+                    hi: Some(r.end.clone()),
+                };
+                Some(self.empty_subtree(ks, height - 1, &range))
+            }
+            Transplant::Share => {
+                for j in source.clone() {
+                    let child = self.interior(num).children[j];
+                    self.btt.add_ref(child);
+                }
+                None
+            }
         };
-        let empty = self.empty_subtree(ks, height - 1, &vacated);
-        let empty_at = self.with_interior(num, |int| swing(int, &source, &destination, empty, r));
-        for d in doomed {
-            self.free_node(d);
-        }
+        let empty_at =
+            self.with_interior(num, |int| swing(int, &source, &destination, vacated, r));
+        self.release(doomed);
 
         // Step 5: heal where the source was: the empty subtree and the
         // fringe pieces beside it merge with a neighbour (from the right,
         // so indices to the left stay valid). The moved run is left as it
         // is, cut exactly at its ends: merging a fringe piece into it would
         // make the next rename of the same range cut it again.
-        let mut around: Vec<usize> = vec![empty_at + 1, empty_at];
-        around.extend(empty_at.checked_sub(1));
+        let mut around: Vec<usize> = Vec::new();
+        if let Some(at) = empty_at {
+            around.extend([at + 1, at]);
+            around.extend(at.checked_sub(1));
+        }
         for i in around {
             if i < self.interior(num).children.len() {
                 self.maybe_merge(ks, num, i, &bounds)?;
@@ -213,7 +215,8 @@ impl Tree {
         if child_bounds.lo.as_slice() == key {
             return Ok(());
         }
-        let (child, height) = (int.children[i], int.height - 1);
+        let height = int.height - 1;
+        let child = self.private_child(ks, num, i, bounds)?;
         let right = self.split_at(ks, child, &child_bounds, height, key)?;
         self.adopt_splits(num, i, vec![(key.to_vec(), right)]);
         Ok(())
@@ -236,6 +239,7 @@ impl Tree {
         if height > 0 {
             self.cut_children_at(ks, num, bounds, key)?;
         }
+        debug_assert!(self.is_private(num), "split of shared node {num}");
         let mut node = self.take(num);
         let right = match &mut node.body {
             NodeBody::Leaf(leaf) => {
@@ -280,48 +284,29 @@ impl Tree {
     }
 }
 
-/// Rewrites a cached node of a moved subtree under its new keys.
-fn rekey_node(node: &mut Node, r: &RangeRename) {
-    let to = |k: &[u8]| r.destination(k);
-    node.bounds = Bounds {
-        lo: to(&node.bounds.lo),
-        hi: node.bounds.hi.as_deref().map(to),
-    };
-    match &mut node.body {
-        NodeBody::Leaf(leaf) => {
-            for pivot in &mut leaf.pivots {
-                *pivot = to(pivot);
-            }
-            for basement in &mut leaf.basements {
-                let Some(mut entries) = basement.entries.take() else {
-                    unreachable!("tree invariant: dirty leaves are fully loaded")
-                };
-                entries.replace_prefix(r.old_prefix_len, &r.new_prefix);
-                *basement = Basement::from_entries(entries);
-            }
-        }
-        NodeBody::Interior(int) => {
-            for pivot in &mut int.pivots {
-                *pivot = to(pivot);
-            }
-            for buffer in &mut int.buffers {
-                *buffer = buffer.take().rekeyed(to);
-            }
-        }
-    }
+/// What a surgery does with the source run once it hangs at the
+/// destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Transplant {
+    /// A range rename: the source range is left empty.
+    Move,
+    /// A range clone: the source keeps its subtrees, now shared.
+    Share,
 }
 
 /// The pointer swing in `int`: the `source` run of children (with their
 /// buffers, re-keyed) replaces the `destination` run, whose buffers are
-/// dropped (the rename deletes what the destination held), and `empty`
-/// takes the source's place. Returns where `empty` is now.
+/// dropped (the rename deletes what the destination held). With `vacated`
+/// (a rename) that empty subtree takes the source's place, and where it is
+/// now is returned; without (a clone) the source run stays and its
+/// buffers are copied.
 fn swing(
     int: &mut Interior,
     source: &Range<usize>,
     destination: &Range<usize>,
-    empty: u64,
+    vacated: Option<u64>,
     r: &RangeRename,
-) -> usize {
+) -> Option<usize> {
     let old_children = std::mem::take(&mut int.children);
     let old_pivots = std::mem::take(&mut int.pivots);
     let mut old_buffers: Vec<MessageBuffer> = std::mem::take(&mut int.buffers);
@@ -332,28 +317,38 @@ fn swing(
             .cloned()
             .unwrap_or_default()
     };
-    let mut lows = Vec::with_capacity(old_children.len());
-    let mut empty_at = 0;
+    let transplanted: Vec<(u64, MessageBuffer, Vec<u8>)> = source
+        .clone()
+        .map(|k| {
+            let buffer = match vacated {
+                Some(_) => std::mem::take(&mut old_buffers[k]),
+                None => old_buffers[k].clone(),
+            };
+            let lo = if k == source.start {
+                r.start.clone()
+            } else {
+                low(k)
+            };
+            let rekeyed = buffer.rekeyed(|key| r.destination(key));
+            (old_children[k], rekeyed, r.destination(&lo))
+        })
+        .collect();
+    let mut transplanted = Some(transplanted);
+    let mut lows = Vec::with_capacity(old_children.len() + source.len());
+    let mut empty_at = None;
     for j in 0..old_children.len() {
-        if source.contains(&j) {
+        if destination.contains(&j) {
+            for (child, buffer, lo) in transplanted.take().into_iter().flatten() {
+                int.children.push(child);
+                int.buffers.push(buffer);
+                lows.push(lo);
+            }
+        } else if let (true, Some(empty)) = (source.contains(&j), vacated) {
             if j == source.start {
-                empty_at = int.children.len();
+                empty_at = Some(int.children.len());
                 int.children.push(empty);
                 int.buffers.push(MessageBuffer::default());
                 lows.push(r.start.clone());
-            }
-        } else if destination.contains(&j) {
-            if j == destination.start {
-                for k in source.clone() {
-                    int.children.push(old_children[k]);
-                    let buffer = std::mem::take(&mut old_buffers[k]);
-                    int.buffers.push(buffer.rekeyed(|key| r.destination(key)));
-                    lows.push(if k == source.start {
-                        r.destination(&r.start)
-                    } else {
-                        r.destination(&low(k))
-                    });
-                }
             }
         } else {
             int.children.push(old_children[j]);

@@ -9,18 +9,31 @@ impl Tree {
     /// Walks every node of every tree, reading all of them, and checks
     /// ordering, bounds, heights, buffer placement and fanout; also finds
     /// nodes the block table holds but no tree reaches (leaked space).
+    /// Shared nodes (range clones) are checked under every parent that
+    /// names them, walked below once, and their reference counts in the
+    /// block table must equal the references the trees hold.
     pub fn verify(&mut self) -> EngineResult<VerifyReport> {
-        let mut visited = HashSet::new();
+        let mut visited = HashMap::new();
         for ks in KeySpace::ALL {
             let root = self.roots[ks.index()];
             self.load(ks, root, &Bounds::full(), Want::Whole, None)?;
             let height = self.node(root).height();
             self.verify_subtree(ks, root, &Bounds::full(), height, &mut visited)?;
         }
+        for (&num, &(ks, found)) in &visited {
+            let counted = self.btt.refs(num);
+            if counted != found {
+                return Err(Self::corrupt(
+                    ks,
+                    num,
+                    format!("the block table counts {counted} references, the trees hold {found}"),
+                ));
+            }
+        }
         let unreachable = self
             .btt
             .live_numbers()
-            .filter(|n| !visited.contains(n))
+            .filter(|n| !visited.contains_key(n))
             .collect();
         Ok(VerifyReport {
             nodes: visited.len() as u64,
@@ -32,6 +45,12 @@ impl Tree {
     pub fn free_unreachable(&mut self, nums: &[u64]) {
         for &num in nums {
             if !self.roots.contains(&num) {
+                // Unreachable: whatever references the table counts are
+                // gone with the parents that held them.
+                let refs = self.btt.refs(num);
+                if refs > 1 {
+                    self.btt.drop_refs(num, refs - 1);
+                }
                 self.free_node(num);
             }
         }
@@ -43,10 +62,20 @@ impl Tree {
         num: u64,
         bounds: &Bounds,
         height: u32,
-        visited: &mut HashSet<u64>,
+        visited: &mut HashMap<u64, (KeySpace, u32)>,
     ) -> EngineResult<()> {
-        if !visited.insert(num) {
-            return Err(Self::corrupt(ks, num, "reached twice"));
+        let seen = visited.entry(num).or_insert((ks, 0));
+        seen.1 += 1;
+        if seen.1 > 1 {
+            if seen.1 > self.btt.refs(num) {
+                return Err(Self::corrupt(
+                    ks,
+                    num,
+                    format!("reached {} times, shared by {}", seen.1, self.btt.refs(num)),
+                ));
+            }
+            // Shared: its place here must agree with its image too.
+            return self.load(ks, num, bounds, Want::Whole, Some(height));
         }
         self.load(ks, num, bounds, Want::Whole, Some(height))?;
         let bad = |reason: String| Self::corrupt(ks, num, reason);

@@ -66,14 +66,16 @@ impl Model {
                     map.insert(key.clone(), new);
                 }
                 Message::RangeDelete { start, end } => remove_range(map, start, end),
-                Message::RangeRename(r) => {
+                Message::RangeRename(r) | Message::RangeClone(r) => {
                     let (ds, de) = r.destination_range();
                     remove_range(map, &ds, &de);
                     let moved: Vec<_> = map
                         .range(r.start.clone()..r.end.clone())
                         .map(|(k, v)| (r.destination(k), v.clone()))
                         .collect();
-                    remove_range(map, &r.start, &r.end);
+                    if matches!(m, Message::RangeRename(_)) {
+                        remove_range(map, &r.start, &r.end);
+                    }
                     map.extend(moved);
                 }
             }
