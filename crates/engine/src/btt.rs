@@ -230,7 +230,11 @@ impl BlockTable {
                     "node {num} listed as shared {refs} times"
                 )));
             }
-            if table.shared.last_key_value().is_some_and(|(&n, _)| n >= num) {
+            if table
+                .shared
+                .last_key_value()
+                .is_some_and(|(&n, _)| n >= num)
+            {
                 return Err(DecodeError("shared nodes out of order".into()));
             }
             table.shared.insert(num, refs);
@@ -272,19 +276,38 @@ mod tests {
         let mut t = BlockTable::default();
         let nums: Vec<u64> = (0..3).map(|_| t.allocate()).collect();
         for &n in &nums {
-            t.set(n, Extent { block: n * 4, len: 4096 }, 1);
+            t.set(
+                n,
+                Extent {
+                    block: n * 4,
+                    len: 4096,
+                },
+                1,
+            );
         }
         t.add_ref(nums[1]);
         t.add_ref(nums[1]);
         t.add_ref(nums[2]);
-        assert_eq!((t.refs(nums[0]), t.refs(nums[1]), t.refs(nums[2])), (1, 3, 2));
+        assert_eq!(
+            (t.refs(nums[0]), t.refs(nums[1]), t.refs(nums[2])),
+            (1, 3, 2)
+        );
         let enc = t.encode();
         let back = BlockTable::decode(&enc).unwrap();
-        assert_eq!(back.shared().collect::<Vec<_>>(), vec![(nums[1], 3), (nums[2], 2)]);
+        assert_eq!(
+            back.shared().collect::<Vec<_>>(),
+            vec![(nums[1], 3), (nums[2], 2)]
+        );
         t.drop_refs(nums[1], 2);
         t.drop_refs(nums[2], 1);
         assert_eq!(t.shared().count(), 0);
-        assert_eq!(t.release(nums[1]), Some(Extent { block: 4, len: 4096 }));
+        assert_eq!(
+            t.release(nums[1]),
+            Some(Extent {
+                block: 4,
+                len: 4096
+            })
+        );
         // A count below two, a free number and a wrong order are refused.
         let shared_at = enc.len() - 2 * 12;
         let mut bad = enc.clone();

@@ -133,10 +133,17 @@ pub fn child_name(dir: &[u8], key: &[u8]) -> Option<Vec<u8>> {
 
 /// The data key of block `block` of the file whose entry key is `entry`.
 pub fn data_key(entry: &[u8], block: u64) -> Vec<u8> {
+    let mut out = data_prefix(entry);
+    out.extend_from_slice(&block.to_be_bytes());
+    out
+}
+
+/// What every data key of `entry` begins with: block `b` of one file and
+/// block `b` of another differ only in it (a range clone of blocks swaps it).
+pub fn data_prefix(entry: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(entry.len() + 9);
     out.extend_from_slice(entry);
     out.push(SEP_ENTRY);
-    out.extend_from_slice(&block.to_be_bytes());
     out
 }
 

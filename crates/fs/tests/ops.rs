@@ -870,3 +870,104 @@ fn renames_and_first_links_work_on_a_full_device() {
     let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
 }
+
+/// copy_file_range of whole blocks at the same offset is a range clone:
+/// the copy shares the source's data (the node region grows by far less
+/// than the bytes copied), reads back equal, holes included, and writes,
+/// truncates and punches on either side leave the other as it was —
+/// across a remount, with fsck clean (reference counts included). Ranges
+/// a clone cannot express exactly (other offsets, a partial last block
+/// before more of the destination) are copied and come out the same.
+#[test]
+fn copy_range_clones_whole_blocks_and_copies_stay_independent() {
+    let (dev, fs) = fresh();
+    let pattern = |n: usize, seed: u8| -> Vec<u8> {
+        (0..n)
+            .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
+            .collect()
+    };
+    let mut data = pattern(6 << 20, 3);
+    let src = write_file(&fs, ROOT_INO, b"src", &data);
+    // A hole of 1 MiB in the middle.
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    fs.fallocate(src, 2 << 20, 1 << 20, punch, None).unwrap();
+    data[2 << 20..3 << 20].fill(0);
+    fs.fsync().unwrap();
+    fs.store().checkpoint().unwrap();
+    let used_before = fs.store().stats().node_region_used_bytes;
+    let clones_before = fs.store().stats().range_clones_by_surgery;
+
+    let (dst, fh) = fs.create(ROOT_INO, b"dst", 0o644, 0, ME).unwrap();
+    let len = data.len() as u64;
+    assert_eq!(
+        fs.copy_range(src, 0, dst.ino, fh, 0, len, None).unwrap(),
+        len
+    );
+    fs.fsync().unwrap();
+    fs.store().checkpoint().unwrap();
+    fs.store().checkpoint().unwrap();
+    assert!(fs.store().stats().range_clones_by_surgery > clones_before);
+    let grown = fs.store().stats().node_region_used_bytes - used_before;
+    assert!(
+        grown < 2 << 20,
+        "a clone of 6 MiB grew the node region by {grown} bytes"
+    );
+    assert_eq!(read_all(&fs, dst.ino), data);
+    assert_eq!(fs.getattr(dst.ino).unwrap().size, len);
+    assert_eq!(
+        fs.seek_data_or_hole(dst.ino, 0, libc::SEEK_HOLE).unwrap(),
+        2 << 20,
+        "the hole came along"
+    );
+
+    // Writes into the clone, a truncate of the source and a punch into it.
+    let mut copy = data.clone();
+    fs.write(dst.ino, fh, 100_000, &[0xaa; 300_000], None)
+        .unwrap();
+    copy[100_000..400_000].fill(0xaa);
+    fs.write(dst.ino, fh, (5 << 20) + 7, &[0xbb; 10], None)
+        .unwrap();
+    copy[(5 << 20) + 7..(5 << 20) + 17].fill(0xbb);
+    set_size(&fs, src, 4 << 20);
+    data.truncate(4 << 20);
+    fs.fallocate(src, 0, 1 << 20, punch, None).unwrap();
+    data[..1 << 20].fill(0);
+    assert_eq!(read_all(&fs, dst.ino), copy);
+    assert_eq!(read_all(&fs, src), data);
+
+    // Not whole blocks at one offset: copied, same bytes.
+    let (odd, odd_fh) = fs.create(ROOT_INO, b"odd", 0o644, 0, ME).unwrap();
+    fs.write(odd.ino, odd_fh, 0, &[0x11; 5000], None).unwrap();
+    let clones =
+        fs.store().stats().range_clones_by_surgery + fs.store().stats().range_clones_copied;
+    assert_eq!(
+        fs.copy_range(dst.ino, 4096, odd.ino, odd_fh, 100, 3000, None)
+            .unwrap(),
+        3000
+    );
+    let mut odd_expect = vec![0x11; 5000];
+    odd_expect[100..3100].copy_from_slice(&copy[4096..7096]);
+    assert_eq!(read_all(&fs, odd.ino), odd_expect);
+    assert_eq!(
+        fs.store().stats().range_clones_by_surgery + fs.store().stats().range_clones_copied,
+        clones,
+        "other offsets are copied, not cloned"
+    );
+    fs.release(fh).unwrap();
+    fs.release(odd_fh).unwrap();
+    fs.fsync().unwrap();
+
+    let fs = remount(&dev, fs);
+    let src = fs.lookup(ROOT_INO, b"src").unwrap().ino;
+    let dst = fs.lookup(ROOT_INO, b"dst").unwrap().ino;
+    assert_eq!(read_all(&fs, src), data);
+    assert_eq!(read_all(&fs, dst), copy);
+    let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    // Removing both frees what they shared.
+    fs.unlink(ROOT_INO, b"src").unwrap();
+    fs.unlink(ROOT_INO, b"dst").unwrap();
+    fs.fsync().unwrap();
+    let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}

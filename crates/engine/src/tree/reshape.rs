@@ -61,6 +61,10 @@ impl Tree {
         self.load(ks, right_num, &rb, Want::Whole, Some(height))?;
         let left_num = self.private_child(ks, parent, l, parent_bounds)?;
         let right_num = self.private_child(ks, parent, r, parent_bounds)?;
+        // Loaded again: when both were one shared node, the second load
+        // above re-keyed it for the right-hand place (cached, no IO).
+        self.load(ks, left_num, &lb, Want::Whole, Some(height))?;
+        self.load(ks, right_num, &rb, Want::Whole, Some(height))?;
         let merged_bounds = Bounds {
             lo: lb.lo,
             hi: rb.hi,

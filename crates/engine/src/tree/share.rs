@@ -96,6 +96,7 @@ impl Tree {
         while let Some((num, bounds, height)) = stack.pop() {
             let count = dropped.entry(num).or_insert(0);
             *count += 1;
+            debug_assert!(*count <= self.btt.refs(num), "node {num} over-referenced");
             if *count < self.btt.refs(num) {
                 continue;
             }
@@ -122,6 +123,11 @@ impl Tree {
             self.btt.drop_refs(num, count);
         }
         for num in release.free {
+            // Every reference to it lay inside the dropped subtrees.
+            let refs = self.btt.refs(num);
+            if refs > 1 {
+                self.btt.drop_refs(num, refs - 1);
+            }
             self.free_node(num);
         }
     }

@@ -145,8 +145,7 @@ impl Tree {
                 None
             }
         };
-        let empty_at =
-            self.with_interior(num, |int| swing(int, &source, &destination, vacated, r));
+        let empty_at = self.with_interior(num, |int| swing(int, &source, &destination, vacated, r));
         self.release(doomed);
 
         // Step 5: heal where the source was: the empty subtree and the

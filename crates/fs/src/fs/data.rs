@@ -372,6 +372,9 @@ impl FileSystem {
         if ino_in == ino_out && off_in < end_out && off_out < off_in + len {
             return Err(Errno::EINVAL);
         }
+        if self.clone_blocks(ino_in, off_in, ino_out, off_out, len, kill)? {
+            return Ok(len);
+        }
         let mut buf = vec![0u8; CHUNK as usize];
         let (mut pos, end) = (off_in, off_in + len);
         let mut kill = kill;
@@ -424,6 +427,71 @@ impl FileSystem {
             )?;
         }
         Ok(len)
+    }
+
+    /// copy_file_range(2) as a range clone (docs/design.md, "Range
+    /// clone"): the destination's blocks [off/B, end/B) become the
+    /// source's, shared copy-on-write in the engine — one logged message,
+    /// O(tree height) however long the range. Only where that is exactly
+    /// a copy: the same block-aligned offset in both files (block `b`
+    /// stays block `b`), a range ending at a block boundary or at the
+    /// source's end with nothing of the destination after it, and no
+    /// preallocated blocks in the destination (its reservations would
+    /// disagree with what it stores). `Ok(false)`: copy instead.
+    fn clone_blocks(
+        &self,
+        ino_in: Ino,
+        off_in: u64,
+        ino_out: Ino,
+        off_out: u64,
+        len: u64,
+        kill: Option<Caller>,
+    ) -> FsResult<bool> {
+        let mut st = self.lock();
+        let source = st.node(ino_in)?.attr.clone();
+        let before = st.node(ino_out)?.attr.clone();
+        let end = off_in + len;
+        let whole_blocks =
+            end.is_multiple_of(BLOCK_SIZE) || (end == source.size && before.size <= end);
+        if ino_in == ino_out
+            || off_in != off_out
+            || !off_in.is_multiple_of(BLOCK_SIZE)
+            || !whole_blocks
+            || before.flags & PREALLOC_FL != 0
+            || before.is_immutable()
+            || before.is_append_only()
+        {
+            return Ok(false);
+        }
+        let (key_in, key_out) = (st.file_key(ino_in)?, st.file_key(ino_out)?);
+        let mut batch = WriteBatch::new();
+        if let Some(caller) = kill {
+            self.drop_privileges(&mut st, &mut batch, ino_out, &key_out, caller)?;
+        }
+        let (first, past) = (off_in / BLOCK_SIZE, blocks_to(end));
+        let from = schema::data_prefix(&key_in);
+        batch.range_clone(
+            KeySpace::Data,
+            &schema::data_key(&key_in, first),
+            &schema::data_key(&key_in, past),
+            from.len(),
+            &schema::data_prefix(&key_out),
+        );
+        // The source's holes come along; so does one before `off_out`
+        // when the destination was shorter.
+        let leaves_holes = source.flags & SPARSE_FL != 0 || first > blocks_to(before.size);
+        st.note_data_change(ino_out, leaves_holes)?;
+        let now = Timespec::now();
+        let node = st.node_mut(ino_out)?;
+        node.attr.size = node.attr.size.max(end);
+        node.attr.mtime = now;
+        node.attr.ctime = now;
+        st.put_record_at(&mut batch, &key_out, ino_out)?;
+        if let Err(e) = self.store.write(&batch) {
+            st.node_mut(ino_out)?.attr = before;
+            return Err(e.into());
+        }
+        Ok(true)
     }
 
     /// The attributes of table inode `ino` as the table has them (no
