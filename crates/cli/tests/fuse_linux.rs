@@ -469,6 +469,7 @@ fn copy_file_range_copies_inside_the_file_system() {
         total
     };
     let requests_before = request_counts(&m.dir);
+    let clones_before = engine_counter(&m.dir, "range_clones_by_surgery");
     let from = File::open(&src).unwrap();
     let to = OpenOptions::new()
         .create(true)
@@ -487,6 +488,9 @@ fn copy_file_range_copies_inside_the_file_system() {
         "{counts:?}"
     );
     assert_eq!(counts.get("read").copied().unwrap_or(0), 0, "{counts:?}");
+    // The same offset, whole blocks up to the source's end: a range clone
+    // (the data is shared, not copied).
+    assert!(engine_counter(&m.dir, "range_clones_by_surgery") > clones_before);
     // The hole stays a hole in the copy (past what was written before).
     let to = File::open(m.path("dst")).unwrap();
     // SAFETY: valid descriptor.

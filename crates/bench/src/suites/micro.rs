@@ -88,6 +88,13 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     let links = workloads::first_link_vs_size(&lnk, &p.sizes, p.unlink_repeats)?;
     latency_rows(r, "first link", &links);
 
+    r.phase("copy_file_range (clone) against file size")?;
+    let cln = dir.join("clone");
+    std::fs::create_dir(&cln)?;
+    r.target.sync()?;
+    let clones = workloads::clone_vs_size(&cln, &p.sizes, p.unlink_repeats)?;
+    latency_rows(r, "copy_file_range", &clones);
+
     r.phase("unlink against file size")?;
     let unl = dir.join("unlink");
     std::fs::create_dir(&unl)?;

@@ -48,7 +48,7 @@ impl Suite {
     /// How many phases the progress display counts for it.
     pub fn phases(self) -> u64 {
         match self {
-            Suite::Micro => 8,
+            Suite::Micro => 9,
             Suite::Source => 7,
             Suite::App => 8,
             Suite::Ioamp => 9,

@@ -42,16 +42,28 @@ pub fn transports() -> Vec<&'static str> {
     out
 }
 
-/// The daemon's request counters (`betreefs stats`): count per opcode
-/// name, and the requests each transport carried.
-pub fn request_counts(mountpoint: &Path) -> std::collections::BTreeMap<String, u64> {
+/// `betreefs stats` of a mount, parsed.
+pub fn stats_json(mountpoint: &Path) -> serde_json::Value {
     let out = Command::new(binary())
         .arg("stats")
         .arg(mountpoint)
         .output()
         .expect("betreefs stats");
     assert_succeeded(&out);
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
+    serde_json::from_slice(&out.stdout).expect("stats JSON")
+}
+
+/// One of the engine's counters on a mount (`betreefs stats`).
+pub fn engine_counter(mountpoint: &Path, name: &str) -> u64 {
+    stats_json(mountpoint)["engine"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no engine counter {name}"))
+}
+
+/// The daemon's request counters (`betreefs stats`): count per opcode
+/// name, and the requests each transport carried.
+pub fn request_counts(mountpoint: &Path) -> std::collections::BTreeMap<String, u64> {
+    let json = stats_json(mountpoint);
     let mut counts = std::collections::BTreeMap::new();
     let fuse = json["fuse"].as_object().expect("request counters");
     for (op, figures) in fuse {
