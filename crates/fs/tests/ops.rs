@@ -483,11 +483,38 @@ fn listing_continues_after_the_directory_itself_is_renamed() {
 
 #[derive(Clone, Debug)]
 enum DataOp {
-    Write { at: u64, len: u64, byte: u8 },
-    Punch { at: u64, len: u64 },
-    Zero { at: u64, len: u64, keep_size: bool },
-    Truncate { size: u64 },
-    Preallocate { at: u64, len: u64, keep_size: bool },
+    Write {
+        at: u64,
+        len: u64,
+        byte: u8,
+    },
+    Punch {
+        at: u64,
+        len: u64,
+    },
+    Zero {
+        at: u64,
+        len: u64,
+        keep_size: bool,
+    },
+    Truncate {
+        size: u64,
+    },
+    Preallocate {
+        at: u64,
+        len: u64,
+        keep_size: bool,
+    },
+    /// copy_file_range between the file and a second one (`to_other`: from
+    /// the file to it); `aligned` rounds to whole blocks at one offset,
+    /// which clones, otherwise the bytes are copied.
+    Copy {
+        to_other: bool,
+        at: u64,
+        out_at: u64,
+        len: u64,
+        aligned: bool,
+    },
 }
 
 fn data_op() -> impl proptest::strategy::Strategy<Value = DataOp> {
@@ -508,8 +535,25 @@ fn data_op() -> impl proptest::strategy::Strategy<Value = DataOp> {
             keep_size
         }),
         at.clone().prop_map(|size| DataOp::Truncate { size }),
-        (at, 1u64..30_000, any::<bool>())
+        (at.clone(), 1u64..30_000, any::<bool>())
             .prop_map(|(at, len, keep_size)| { DataOp::Preallocate { at, len, keep_size } }),
+        (any::<bool>(), at.clone(), at, 1u64..60_000, any::<bool>()).prop_map(
+            |(to_other, at, out_at, len, aligned)| {
+                let (at, out_at, len) = if aligned {
+                    let at = at / 4096 * 4096;
+                    (at, at, len.div_ceil(4096) * 4096)
+                } else {
+                    (at, out_at, len)
+                };
+                DataOp::Copy {
+                    to_other,
+                    at,
+                    out_at,
+                    len,
+                    aligned,
+                }
+            }
+        ),
     ]
 }
 
@@ -525,9 +569,34 @@ proptest::proptest! {
         let (dev, mut fs) = fresh();
         let (attr, fh) = fs.create(ROOT_INO, b"f", 0o644, 0, ME).unwrap();
         let ino = attr.ino;
+        let (other, other_fh) = fs.create(ROOT_INO, b"g", 0o644, 0, ME).unwrap();
         let mut model: Vec<u8> = Vec::new();
+        let mut other_model: Vec<u8> = Vec::new();
         for op in &ops {
             match *op {
+                DataOp::Copy { to_other, at, out_at, len, .. } => {
+                    let (from, to, to_fh) = if to_other {
+                        (ino, other.ino, other_fh)
+                    } else {
+                        (other.ino, ino, fh)
+                    };
+                    let (src, dst) = if to_other {
+                        (&model, &mut other_model)
+                    } else {
+                        (&other_model, &mut model)
+                    };
+                    let n = len.min((src.len() as u64).saturating_sub(at));
+                    let copied = fs.copy_range(from, at, to, to_fh, out_at, len, None).unwrap();
+                    proptest::prop_assert_eq!(copied, n);
+                    if n > 0 {
+                        let end = (out_at + n) as usize;
+                        if dst.len() < end {
+                            dst.resize(end, 0);
+                        }
+                        dst[out_at as usize..end]
+                            .copy_from_slice(&src[at as usize..(at + n) as usize]);
+                    }
+                }
                 DataOp::Write { at, len, byte } => {
                     fs.write(ino, fh, at, &vec![byte; len as usize], None).unwrap();
                     let end = (at + len) as usize;
@@ -576,6 +645,11 @@ proptest::proptest! {
         for round in 0..2 {
             proptest::prop_assert_eq!(fs.getattr(ino).unwrap().size, model.len() as u64);
             proptest::prop_assert!(read_all(&fs, ino) == model, "contents after {:?}", ops);
+            proptest::prop_assert!(
+                read_all(&fs, other.ino) == other_model,
+                "the other file's contents after {:?}",
+                ops
+            );
             let size = model.len() as u64;
             let mut offset = 0;
             // Walk data/hole boundaries from the start to the end.
@@ -614,8 +688,10 @@ proptest::proptest! {
             proptest::prop_assert!(report.is_clean(), "{:?} after {:?}", report.problems, ops);
             if round == 0 {
                 fs.release(fh).unwrap();
+                fs.release(other_fh).unwrap();
                 fs = remount(&dev, fs);
                 proptest::prop_assert_eq!(fs.lookup(ROOT_INO, b"f").unwrap().ino, ino);
+                proptest::prop_assert_eq!(fs.lookup(ROOT_INO, b"g").unwrap().ino, other.ino);
             }
         }
     }
