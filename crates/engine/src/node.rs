@@ -339,6 +339,65 @@ impl Leaf {
         all
     }
 
+    /// Splits a fully loaded leaf at `key`: it keeps the keys below, the
+    /// returned leaf takes the rest. Whole basements move as they are; only
+    /// the one holding `key` is cut (a copy of one basement, not of the
+    /// leaf: range renames and clones cut boundary leaves this way).
+    // Reviewed exception (indexing): `b` comes from basement_for, below the
+    // basement count; a leaf has one pivot fewer than basements.
+    #[allow(clippy::indexing_slicing)]
+    pub fn split_off(&mut self, key: &[u8]) -> Leaf {
+        debug_assert!(self.is_fully_loaded());
+        let b = self.basement_for(key);
+        let mut right_basements = self.basements.split_off(b + 1);
+        let mut right_pivots = self.pivots.split_off(b);
+        let entries = self.basements[b].entries.take().unwrap_or_default();
+        let cut = entries.lower_bound(key);
+        let piece = |from: usize, to: usize| {
+            let mut e = Entries::with_capacity(to - from, 0);
+            e.extend_from(&entries, from, to);
+            Basement::from_entries(e)
+        };
+        self.basements[b] = piece(0, cut);
+        right_basements.insert(0, piece(cut, entries.len()));
+        // Locations belong to the old image; the leaves are dirty now.
+        for basement in &mut right_basements {
+            basement.loc = None;
+        }
+        if self.basements.len() > 1 && self.basements[b].count == 0 {
+            self.basements.pop();
+            self.pivots.pop();
+        }
+        if right_basements.len() > 1 && right_basements[0].count == 0 {
+            right_basements.remove(0);
+            right_pivots.remove(0);
+        }
+        Leaf {
+            pivots: right_pivots,
+            basements: right_basements,
+        }
+    }
+
+    /// Appends the basements of `right`, the leaf after this one whose
+    /// keys all lie at or above `separator` (a merge of two neighbours:
+    /// no entry is copied).
+    pub fn append(&mut self, mut right: Leaf, separator: Vec<u8>) {
+        debug_assert!(self.is_fully_loaded() && right.is_fully_loaded());
+        for basement in &mut right.basements {
+            basement.loc = None;
+        }
+        if right.entry_count() == 0 {
+            return;
+        }
+        if self.entry_count() == 0 {
+            *self = right;
+            return;
+        }
+        self.pivots.push(separator);
+        self.pivots.append(&mut right.pivots);
+        self.basements.append(&mut right.basements);
+    }
+
     /// A fully loaded leaf chunked into basements of about `basement_size`.
     pub fn from_sorted(entries: &Entries, basement_size: usize) -> Leaf {
         let pieces = chunk(entries, basement_size);
@@ -603,6 +662,52 @@ mod tests {
         assert!(b.contains(b"a\x01b\x00d"));
         assert!(!b.contains(b"a\x01b\x00q"));
         assert!(Bounds::full().lifted_prefix().is_empty());
+    }
+
+    #[test]
+    fn leaves_split_and_append_by_basements() {
+        let mut e = Entries::default();
+        for i in 0..1000u32 {
+            e.push(format!("k{i:04}").as_bytes(), &[i as u8; 30]);
+        }
+        let whole = Leaf::from_sorted(&e, 2000);
+        assert!(whole.basements.len() > 10);
+        let keys = |l: &Leaf| -> Vec<Vec<u8>> {
+            l.basements
+                .iter()
+                .flat_map(|b| b.entries.as_ref().unwrap().iter().map(|(k, _)| k.to_vec()))
+                .collect()
+        };
+        let all = keys(&whole);
+        // At a pivot, inside a basement, before everything, after everything.
+        let at_pivot = whole.pivots[3].clone();
+        for cut in [at_pivot, b"k0500x".to_vec(), b"a".to_vec(), b"z".to_vec()] {
+            let mut left = whole.clone();
+            let right = left.split_off(&cut);
+            let (l, r) = (keys(&left), keys(&right));
+            assert!(l.iter().all(|k| *k < cut) && r.iter().all(|k| *k >= cut));
+            assert_eq!([l.clone(), r.clone()].concat(), all);
+            for (leaf, lo, hi) in [(&left, &b""[..], Some(&cut)), (&right, &cut[..], None)] {
+                let own = Bounds {
+                    lo: lo.to_vec(),
+                    hi: hi.cloned(),
+                };
+                assert!(
+                    crate::validate::check_leaf(leaf, &own).is_ok(),
+                    "cut {cut:?}"
+                );
+                for i in 0..leaf.basements.len() {
+                    let range = crate::validate::basement_bounds(leaf, i, &own);
+                    let entries = leaf.basements[i].entries.as_ref().unwrap();
+                    assert!(crate::validate::check_basement(entries, &range).is_ok());
+                }
+                assert_eq!(leaf.pivots.len() + 1, leaf.basements.len());
+            }
+            let mut joined = left;
+            joined.append(right, cut.clone());
+            assert_eq!(keys(&joined), all);
+            assert!(crate::validate::check_leaf(&joined, &Bounds::full()).is_ok());
+        }
     }
 
     #[test]

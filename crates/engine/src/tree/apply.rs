@@ -29,8 +29,8 @@ impl Tree {
         Ok(())
     }
 
-    /// A range rename: by tree surgery when the source reaches over more
-    /// than one leaf ([`surgery`](super::surgery)), by copying otherwise.
+    /// A range rename: by tree surgery when the source is large enough
+    /// ([`surgery`](super::surgery)), by copying otherwise.
     /// Log replay makes the same choice on the same state, and either way
     /// the pairs end up the same.
     pub(super) fn apply_range_rename(
@@ -39,7 +39,7 @@ impl Tree {
         seq: u64,
         r: &RangeRename,
     ) -> EngineResult<()> {
-        if self.spans_leaves(ks, &r.start, &r.end)?
+        if self.worth_surgery(ks, &r.start, &r.end)?
             && self.transplant_by_surgery(ks, r, Transplant::Move)?
         {
             add(&self.stats.range_renames_by_surgery, 1);
@@ -53,15 +53,15 @@ impl Tree {
         Ok(())
     }
 
-    /// A range clone: by sharing the source's subtrees when it reaches
-    /// over more than one leaf, by copying otherwise (as a rename chooses).
+    /// A range clone: by sharing the source's subtrees when it is large
+    /// enough, by copying otherwise (as a rename chooses).
     pub(super) fn apply_range_clone(
         &mut self,
         ks: KeySpace,
         seq: u64,
         r: &RangeRename,
     ) -> EngineResult<()> {
-        if self.spans_leaves(ks, &r.start, &r.end)?
+        if self.worth_surgery(ks, &r.start, &r.end)?
             && self.transplant_by_surgery(ks, r, Transplant::Share)?
         {
             add(&self.stats.range_clones_by_surgery, 1);

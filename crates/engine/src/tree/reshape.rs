@@ -79,11 +79,15 @@ impl Tree {
             sep
         });
         match (&mut left.body, right.body) {
-            (NodeBody::Leaf(a), NodeBody::Leaf(mut b)) => {
-                let mut entries = a.take_entries();
-                let right = b.take_entries();
-                entries.extend_from(&right, 0, right.len());
-                *a = Leaf::from_sorted(&entries, self.opts.basement_size);
+            (NodeBody::Leaf(a), NodeBody::Leaf(b)) => {
+                a.append(b, separator);
+                // Appending keeps basements as they were; many small ones
+                // (fringe pieces of surgeries) are packed again.
+                let usual = (self.opts.node_size / self.opts.basement_size).max(1);
+                if a.basements.len() > 2 * usual {
+                    let entries = a.take_entries();
+                    *a = Leaf::from_sorted(&entries, self.opts.basement_size);
+                }
             }
             (NodeBody::Interior(a), NodeBody::Interior(b)) => {
                 a.pivots.push(separator);

@@ -33,11 +33,18 @@ use std::ops::Range;
 
 use super::*;
 
+/// Fewest basements of one leaf a range must cover to be renamed or cloned
+/// by surgery rather than copied (with 128 KiB basements: about 256 KiB).
+const SURGERY_MIN_BASEMENTS: usize = 3;
+
 impl Tree {
-    /// Whether the source range [start, end) reaches over more than one
-    /// leaf: below that a copy moves at most a leaf of pairs, cheaper than
-    /// splitting four boundary paths (docs/design.md gives the measurement).
-    pub(super) fn spans_leaves(
+    /// Whether the source range [start, end) is worth a surgery: it
+    /// reaches over more than one leaf, or over at least
+    /// [`SURGERY_MIN_BASEMENTS`] basements of one. Below that a copy moves
+    /// less than cutting does: a cut copies one basement (`Leaf::split_off`)
+    /// and leaves fringe pieces to heal (docs/design.md gives the
+    /// measurement).
+    pub(super) fn worth_surgery(
         &mut self,
         ks: KeySpace,
         start: &[u8],
@@ -54,19 +61,26 @@ impl Tree {
             if child_bounds.hi.as_deref().is_some_and(|hi| end > hi) {
                 return Ok(true);
             }
-            if int.height == 1 {
-                return Ok(false);
-            }
             let (child, height) = (int.children[i], int.height - 1);
+            if height == 0 {
+                // Header and meta (and one basement): the pivots say how
+                // many basements the range covers.
+                self.load(ks, child, &child_bounds, Want::Key(start), Some(0))?;
+                let NodeBody::Leaf(leaf) = &self.node(child).body else {
+                    return Ok(false);
+                };
+                let first = leaf.basement_for(start);
+                let last = leaf.last_basement_before(end, first);
+                return Ok(last + 1 - first >= SURGERY_MIN_BASEMENTS);
+            }
             self.load(ks, child, &child_bounds, Want::Whole, Some(height))?;
             (num, bounds) = (child, child_bounds);
         }
     }
 
     /// Carries out `r` (a rename, or a clone with `how` = `Share`) by
-    /// surgery; `Ok(false)` if the ranges turned out to lie in one leaf
-    /// after the flushes on the way down (nothing changed but where
-    /// messages wait: the caller copies instead).
+    /// surgery; `Ok(false)` if the tree is a single leaf (nothing changed:
+    /// the caller copies instead).
     pub(super) fn transplant_by_surgery(
         &mut self,
         ks: KeySpace,
@@ -102,7 +116,8 @@ impl Tree {
                 continue;
             }
             if int.height == 1 {
-                return Ok(false);
+                // Both ranges in one leaf: it is cut here.
+                break;
             }
             let height = int.height - 1;
             path.push((num, bounds.clone(), i));
@@ -241,17 +256,7 @@ impl Tree {
         debug_assert!(self.is_private(num), "split of shared node {num}");
         let mut node = self.take(num);
         let right = match &mut node.body {
-            NodeBody::Leaf(leaf) => {
-                let entries = leaf.take_entries();
-                let cut = entries.lower_bound(key);
-                let piece = |from: usize, to: usize| {
-                    let mut e = Entries::with_capacity(to - from, 0);
-                    e.extend_from(&entries, from, to);
-                    Leaf::from_sorted(&e, self.opts.basement_size)
-                };
-                *leaf = piece(0, cut);
-                NodeBody::Leaf(piece(cut, entries.len()))
-            }
+            NodeBody::Leaf(leaf) => NodeBody::Leaf(leaf.split_off(key)),
             NodeBody::Interior(int) => {
                 let c = int.child_index(key);
                 assert!(
