@@ -125,6 +125,38 @@ impl Tree {
         let mut node = self.take(num);
         let mut pieces: Vec<(Vec<u8>, NodeBody)> = Vec::new();
         match &mut node.body {
+            // Cut between whole basements: no entry is copied (a leaf grown
+            // by flushes, or by appends when neighbours merged, is split
+            // without copying its megabytes).
+            NodeBody::Leaf(leaf) if leaf.basements.len() >= 2 => {
+                let total = leaf.bytes();
+                let target_piece = (self.opts.node_size * 3 / 4).max(1);
+                let k = total.div_ceil(target_piece).clamp(2, leaf.basements.len());
+                let per = total.div_ceil(k);
+                // Basement indices where pieces 1..k begin.
+                let mut cuts = Vec::with_capacity(k - 1);
+                let mut acc = 0;
+                for (i, b) in leaf.basements.iter().enumerate() {
+                    if i > 0 && cuts.len() < k - 1 && acc >= per * (cuts.len() + 1) {
+                        cuts.push(i);
+                    }
+                    acc += b.bytes;
+                }
+                if cuts.is_empty() {
+                    cuts.push(leaf.basements.len() / 2);
+                }
+                for &c in cuts.iter().rev() {
+                    let mut basements = leaf.basements.split_off(c);
+                    let mut pivots = leaf.pivots.split_off(c - 1);
+                    // The lower bound of basement `c` separates the pieces.
+                    let sep = pivots.remove(0);
+                    for b in &mut basements {
+                        b.loc = None;
+                    }
+                    pieces.push((sep, NodeBody::Leaf(Leaf { pivots, basements })));
+                }
+                pieces.reverse();
+            }
             NodeBody::Leaf(leaf) => {
                 let entries = leaf.take_entries();
                 let total = entries.bytes();
