@@ -172,6 +172,17 @@ impl MessageBuffer {
         &self.ranges
     }
 
+    /// Bytes of the point messages for keys in [lo, hi).
+    pub fn point_bytes_in(&self, lo: &[u8], hi: &[u8]) -> usize {
+        if lo >= hi {
+            return 0;
+        }
+        self.points
+            .range::<[u8], _>((Bound::Included(lo), Bound::Excluded(hi)))
+            .map(|(k, m)| m.bytes(k.len()))
+            .sum()
+    }
+
     /// The range delete covering `key`, if any.
     pub fn covering(&self, key: &[u8]) -> Option<(&Vec<u8>, &RangeDel)> {
         self.ranges

@@ -448,3 +448,38 @@ fn dropping_every_copy_of_a_shared_subtree_at_once() {
         Touch(5, 83, 14),
     ]);
 }
+
+/// A range written just now is still in the buffers above its leaf, which
+/// holds none of it: its pending messages count, and it moves by surgery
+/// (a copy would copy every message).
+#[test]
+fn a_range_pending_in_the_buffers_moves_by_surgery() {
+    let (_dev, store) = mem_store(64 << 20, small_options());
+    let mut model = Model::default();
+    let fill = batch_for(&Op::Fill(0, 0, 400, 200)).unwrap();
+    store.write(&fill).unwrap();
+    model.apply(&fill);
+    store.checkpoint().unwrap();
+    // Three basements' worth (2 KiB basements), pending above the leaves.
+    let flushes = store.stats().flushes;
+    let fresh = batch_for(&Op::Fill(2, 0, 12, 500)).unwrap();
+    store.write(&fresh).unwrap();
+    model.apply(&fresh);
+    assert_eq!(
+        store.stats().flushes,
+        flushes,
+        "the new pairs must still be pending for this test"
+    );
+    let before = store.stats();
+    let rename = batch_for(&Op::Rename(2, 1)).unwrap();
+    store.write(&rename).unwrap();
+    model.apply(&rename);
+    let after = store.stats();
+    assert_eq!(
+        after.range_renames_by_surgery - before.range_renames_by_surgery,
+        1,
+        "the data range moves by surgery"
+    );
+    assert_matches(&store, &model);
+    store.verify().unwrap();
+}
