@@ -1,5 +1,6 @@
 //! `betreefs`: the command-line entry point.
 
+mod clone_cmd;
 mod daemon;
 mod fs_cmds;
 mod fsck;
@@ -38,6 +39,10 @@ enum Command {
     /// Print a mounted file system's engine counters and amplification
     /// figures as JSON.
     Stats(fs_cmds::StatsArgs),
+    /// Copy a directory tree on a mounted betreefs in one atomic step,
+    /// sharing its data copy-on-write (root only): DST is made, and must
+    /// not exist before.
+    Clone(clone_cmd::CloneArgs),
     /// Install the mount(8), umount(8) and fsck(8) helpers, so that
     /// `mount -t fuse.betreefs IMAGE DIR`, fstab lines, a `umount` that
     /// waits for the final checkpoint and `fsck -t fuse.betreefs` work.
@@ -149,6 +154,7 @@ fn main() {
             Command::Fsck(args) => Ok(run_fsck(args)),
             Command::Umount(args) => unmount::run(args).map(|()| 0),
             Command::Stats(args) => fs_cmds::run_stats(args).map(|()| 0),
+            Command::Clone(args) => clone_cmd::run(args).map(|()| 0),
             Command::InstallHelper(args) => daemon::run_install_helper(args).map(|()| 0),
             Command::Nullfuse(args) => daemon::run_nullfuse(args).map(|()| 0),
             Command::KvBench(args) => kv_bench::run(args).map(|()| 0),

@@ -947,3 +947,141 @@ fn file_handles_find_files_after_eviction_renames_and_remounts() {
     drop(mount_fd);
     m.unmount_fsck_clean("after file handles");
 }
+
+/// Every path below `dir` with its kind, mode, size, mtime, link count and
+/// contents (or symlink target).
+fn tree_listing(dir: &Path) -> Vec<(String, u32, u64, i64, u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = fs::symlink_metadata(&path).unwrap();
+            let content = if meta.is_file() {
+                fs::read(&path).unwrap()
+            } else if meta.file_type().is_symlink() {
+                fs::read_link(&path)
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes()
+            } else {
+                if meta.is_dir() {
+                    todo.push(path.clone());
+                }
+                Vec::new()
+            };
+            let rel = path
+                .strip_prefix(dir)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            out.push((
+                rel,
+                meta.mode(),
+                meta.size(),
+                meta.mtime_nsec(),
+                meta.nlink(),
+                content,
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `betreefs clone SRC DST` on a mount: the copy matches (data shared by a
+/// range clone), the kernel sees it at once (the parent's listing, the
+/// new directory's attributes), writes to either side leave the other as
+/// it was, refusals say why and leave nothing behind, and fsck is clean.
+#[test]
+fn clone_copies_a_directory_tree() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, m) = mounted("linux-clone");
+    let src = m.path("src");
+    fs::create_dir_all(src.join("a/b")).unwrap();
+    fs::create_dir(src.join("c")).unwrap();
+    for i in 0..40 {
+        fs::write(
+            src.join(format!("a/f{i}")),
+            format!("file {i}\n").repeat(i + 1),
+        )
+        .unwrap();
+    }
+    let big: Vec<u8> = (0..6_000_000u32).map(|i| (i % 253) as u8).collect();
+    fs::write(src.join("a/b/big"), &big).unwrap();
+    fs::hard_link(src.join("a/f1"), src.join("c/hard")).unwrap();
+    std::os::unix::fs::symlink("../a/f2", src.join("c/sym")).unwrap();
+    // The parent's listing is cached before the clone adds to it.
+    assert_eq!(fs::read_dir(m.dir.clone()).unwrap().count(), 1);
+    let clones_before = engine_counter(&m.dir, "range_clones_by_surgery");
+
+    let run = |from: &Path, to: &Path| {
+        std::process::Command::new(binary())
+            .arg("clone")
+            .arg(from)
+            .arg(to)
+            .output()
+            .unwrap()
+    };
+    let dst = m.path("dst");
+    assert_succeeded(&run(&src, &dst));
+    assert!(engine_counter(&m.dir, "range_clones_by_surgery") > clones_before);
+    assert_eq!(tree_listing(&src), tree_listing(&dst));
+    let names: Vec<_> = fs::read_dir(m.dir.clone())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    let (s_meta, d_meta) = (fs::metadata(&src).unwrap(), fs::metadata(&dst).unwrap());
+    assert_eq!(
+        (s_meta.mode(), s_meta.nlink()),
+        (d_meta.mode(), d_meta.nlink())
+    );
+    assert_ne!(s_meta.ino(), d_meta.ino());
+    let (h1, h2) = (
+        fs::metadata(dst.join("a/f1")).unwrap(),
+        fs::metadata(dst.join("c/hard")).unwrap(),
+    );
+    assert_eq!((h1.ino(), h1.nlink()), (h2.ino(), 2));
+    assert_ne!(h1.ino(), fs::metadata(src.join("a/f1")).unwrap().ino());
+
+    // Independent copies.
+    File::options()
+        .write(true)
+        .open(dst.join("a/b/big"))
+        .unwrap()
+        .write_all_at(&[7; 100_000], 1 << 20)
+        .unwrap();
+    fs::write(src.join("a/f3"), b"changed in the source").unwrap();
+    fs::remove_file(dst.join("a/f4")).unwrap();
+    let mut changed = big.clone();
+    changed[1 << 20..(1 << 20) + 100_000].fill(7);
+    assert!(fs::read(src.join("a/b/big")).unwrap() == big);
+    assert!(fs::read(dst.join("a/b/big")).unwrap() == changed);
+    assert_eq!(fs::read(dst.join("a/f3")).unwrap(), b"file 3\n".repeat(4));
+    assert!(src.join("a/f4").exists());
+
+    // Refusals: an existing destination, a destination inside the source,
+    // a file as the source; nothing is left behind.
+    let out = run(&src, &dst);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("exists"),
+        "{out:?}"
+    );
+    let inside = src.join("a/inside");
+    let out = run(&src, &inside);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("inside the source"),
+        "{out:?}"
+    );
+    assert!(!inside.exists());
+    let out = run(&src.join("a/f1"), &m.path("file-clone"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a directory"),
+        "{out:?}"
+    );
+    m.unmount_fsck_clean("after clones");
+}

@@ -232,6 +232,12 @@ pub trait Operations: Send + Sync + 'static {
     ) -> FsResult<u64> {
         Err(crate::error::Errno(libc::ENOSYS))
     }
+    /// Makes the empty directory `dst` a copy of the tree of directory
+    /// `src` (`betreefs clone`, the `BETREEFS_IOC_CLONE_TREE` ioctl):
+    /// atomically, data shared copy-on-write. Returns `dst`'s attributes.
+    fn clone_tree_into(&self, _src: Ino, _dst: Ino, _caller: Caller) -> FsResult<Attr> {
+        Err(crate::error::Errno(libc::ENOTTY))
+    }
     fn statfs(&self) -> FsStats;
     fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> FsResult<()>;
     fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>>;

@@ -70,6 +70,20 @@ pub(crate) fn move_subtree(batch: &mut WriteBatch, from: &[u8], to: &[u8]) {
     }
 }
 
+/// Copies everything a file owns in the data space to another file key
+/// (one range clone: shared subtrees when it is large).
+pub(crate) fn clone_file_data(batch: &mut WriteBatch, from: &[u8], to: &[u8]) {
+    let (lo, hi) = schema::file_range(from);
+    batch.range_clone(KeySpace::Data, &lo, &hi, from.len(), to);
+}
+
+/// Copies the data space of a directory's subtree (blocks, xattrs and
+/// reservations of everything below it) to another dir key.
+pub(crate) fn clone_subtree_data(batch: &mut WriteBatch, from: &[u8], to: &[u8]) {
+    let (lo, hi) = schema::subtree_range(from);
+    batch.range_clone(KeySpace::Data, &lo, &hi, from.len(), to);
+}
+
 /// The record key of the directory whose directory key is `dir`.
 pub(crate) fn dir_record_key(dir: &[u8]) -> Vec<u8> {
     schema::dir_entry_key(dir).unwrap_or_else(|| schema::ROOT_KEY.to_vec())

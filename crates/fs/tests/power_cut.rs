@@ -89,7 +89,7 @@ fn random_op(
         return Ok(());
     };
     let exists = tree.get(&path).cloned();
-    let result = match rng.gen_range(0..10) {
+    let result = match rng.gen_range(0..11) {
         0..=3 => {
             // Create or overwrite part of a file.
             let offset = rng.gen_range(0..20_000u64);
@@ -176,6 +176,35 @@ fn random_op(
             }
             _ => Ok(()),
         },
+        8 => {
+            // Clone a directory's tree to a fresh name: a mkdir, then
+            // one batch filling it.
+            let to = random_path(rng, tree);
+            if exists != Some(Entry::Dir) || tree.contains_key(&to) || to.starts_with(&path) {
+                return Ok(());
+            }
+            let (to_parent_path, to_name) = split(&to);
+            let Ok(to_parent) = resolve(fs, to_parent_path) else {
+                return Ok(());
+            };
+            let src = resolve(fs, &path)?;
+            let dst = fs.mkdir(to_parent, to_name, 0o700, ME)?.ino;
+            tree.insert(to.clone(), Entry::Dir);
+            steps.push(tree.clone());
+            fs.clone_tree_into(src, dst, ME)?;
+            let copied: Vec<_> = tree
+                .range(path.clone()..)
+                .take_while(|(p, _)| p.starts_with(&path))
+                .filter(|(p, _)| p.len() > path.len())
+                .map(|(p, e)| (p.clone(), e.clone()))
+                .collect();
+            for (p, e) in copied {
+                let mut q = to.clone();
+                q.extend_from_slice(&p[path.len()..]);
+                tree.insert(q, e);
+            }
+            Ok(())
+        }
         _ => {
             // Rename anything onto a fresh name (subtrees move along).
             let to = random_path(rng, tree);

@@ -459,6 +459,10 @@ pub mod ioctl {
     pub const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
     pub const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
     pub const FSXATTR_BYTES: usize = 28;
+    /// betreefs's own: `_IOW(0xbe, 1, u64)` on an empty directory, with
+    /// the inode number of a directory on the same mount, makes the
+    /// directory a clone of that one's tree (`betreefs clone`).
+    pub const BETREEFS_IOC_CLONE_TREE: u32 = 0x4008_be01;
     /// `FS_XFLAG_*` and the `FS_*_FL` flag each stands for.
     const XFLAGS: [(u32, u32); 4] = [(0x8, 0x10), (0x10, 0x20), (0x40, 0x80), (0x80, 0x40)];
 

@@ -484,6 +484,11 @@ impl<F: Operations> Dispatcher<F> {
                 entry(&mut w, &a);
                 abi::open_out(&mut w, fh, fopen::KEEP_CACHE);
             }
+            Op::Ioctl { cmd, input, .. } if cmd == abi::ioctl::BETREEFS_IOC_CLONE_TREE => {
+                let src = Reader::new(input).u64().map_err(|_| Errno::EINVAL)?;
+                fs.clone_tree_into(src, ino, caller)?;
+                abi::ioctl_out(&mut w, 0, &[]);
+            }
             Op::Ioctl {
                 cmd,
                 out_size,

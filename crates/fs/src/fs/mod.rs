@@ -40,6 +40,7 @@ mod listing;
 mod names;
 mod reservations;
 mod state;
+mod tree_clone;
 mod xattr;
 
 use std::collections::HashMap;
@@ -437,6 +438,10 @@ impl Operations for FileSystem {
         kill: Option<Caller>,
     ) -> FsResult<u64> {
         self.copy_data(ino_in, off_in, ino_out, fh_out, off_out, len, kill)
+    }
+
+    fn clone_tree_into(&self, src: Ino, dst: Ino, caller: Caller) -> FsResult<Attr> {
+        self.clone_tree_into(src, dst, caller)
     }
 
     fn seek_data_or_hole(&self, ino: Ino, offset: u64, whence: i32) -> FsResult<u64> {

@@ -436,7 +436,7 @@ impl FileSystem {
         self.attr_for_kernel(&mut st, parent)
     }
 
-    fn load_by_number(&self, st: &mut State, ino: Ino) -> FsResult<()> {
+    pub(super) fn load_by_number(&self, st: &mut State, ino: Ino) -> FsResult<()> {
         if let Some(n) = st.nodes.get(&ino) {
             return match n.home {
                 Home::Gone => Err(Errno::ESTALE),
