@@ -424,7 +424,7 @@ const SUITE_NOTES: [(&str, &str); 4] = [
     ),
     (
         "source",
-        "A source tree: untar + sync; the p99, p99.9 and longest 4 KiB write + fsync (into a 1 MiB file, round-robin) while a second untar of the tree runs; then cold-cache find, grep -r and tar cf (to a pipe: GNU tar does not read files when the archive is /dev/null), mv of the tree root + sync, rm -rf + sync.",
+        "A source tree: untar + sync; the p99, p99.9 and longest 4 KiB write + fsync (into a 1 MiB file, round-robin) while a second untar of the tree runs; then cold-cache find, grep -r and tar cf (to a pipe: GNU tar does not read files when the archive is /dev/null), mv of the tree root + sync, a clone of it + sync (betreefs clone; cp -a --reflink=auto on the others: reflinks on XFS and btrfs, a copy on ext4, tmpfs and nullfuse), rm -rf + sync.",
     ),
     (
         "app",

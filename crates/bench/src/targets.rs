@@ -397,6 +397,23 @@ impl Target {
         ))
     }
 
+    /// The command that copies directory `from` to `to` sharing data
+    /// where the file system can: `betreefs clone` on betreefs, `cp -a
+    /// --reflink=auto` (a reflink per file on XFS and btrfs) elsewhere.
+    pub fn tree_clone_command(&self, from: &Path, to: &Path) -> Command {
+        let mut cmd = if self.kind == Kind::Betreefs {
+            let mut c = Command::new(&self.env.betreefs);
+            c.arg("clone");
+            c
+        } else {
+            let mut c = Command::new("cp");
+            c.args(["-a", "--reflink=auto"]);
+            c
+        };
+        cmd.arg(from).arg(to);
+        cmd
+    }
+
     /// Empties every cache the next phase could read from: the page cache
     /// for all, and for betreefs its own node cache (unmount and mount).
     pub fn cold(&mut self) -> Result<()> {

@@ -1,6 +1,7 @@
 //! The source-tree suite (BetrFS 0.2 Table 1, 0.4 Tables 1 and 3, 0.6
 //! Table 1): untar, then cold-cache find, grep and tar, then mv of the
-//! tree root and rm -rf, each ending durable; and the latency of 4 KiB
+//! tree root, a clone of it (`betreefs clone`, `cp -a --reflink=auto`
+//! elsewhere) and rm -rf, each ending durable; and the latency of 4 KiB
 //! write + fsync while a second untar runs.
 
 use std::process::{Command, Stdio};
@@ -95,6 +96,18 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     let moved = dir.join("moved");
     let t = r.timed_durable(|| run_tool(Command::new("mv").arg(&top).arg(&moved), &[]))?;
     r.seconds("mv of the tree root + sync", t);
+
+    // A copy of the tree that shares its data: `betreefs clone` (one
+    // batch, the data one range clone), `cp -a --reflink=auto` elsewhere
+    // (reflinks on XFS and btrfs, a full copy on ext4 and tmpfs). The
+    // copy is removed before rm -rf, which times the original alone.
+    r.phase("clone")?;
+    let cloned = dir.join("cloned");
+    let mut clone = r.target.tree_clone_command(&moved, &cloned);
+    let t = r.timed_durable(|| run_tool(&mut clone, &[]))?;
+    r.seconds("clone of the tree + sync", t);
+    std::fs::remove_dir_all(&cloned)?;
+    r.target.sync()?;
 
     r.phase("rm -rf")?;
     let before = r.requests_before()?;
