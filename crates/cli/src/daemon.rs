@@ -539,13 +539,16 @@ fn start_nullfuse(
     stats: Arc<betreefs_fuse::RequestStats>,
 ) -> Result<(betreefs_fuse::Session, PathBuf)> {
     let socket = control_socket(&args.mountpoint)?;
-    let session =
-        betreefs_fuse::nullfuse::mount(&args.mountpoint, &settings.config, guard, stats.clone())
-            .map_err(|e| anyhow!("mounting on {}: {e}", args.mountpoint.display()))?;
+    let answering = stats.clone();
     serve_control(&socket, move |request| match request {
-        "stats" => Some(format!("{{\"fuse\":{}}}", stats.to_json())),
+        "stats" => Some(format!("{{\"fuse\":{}}}", answering.to_json())),
         _ => None,
     })?;
+    let session = betreefs_fuse::nullfuse::mount(&args.mountpoint, &settings.config, guard, stats)
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&socket);
+            anyhow!("mounting on {}: {e}", args.mountpoint.display())
+        })?;
     Ok((session, socket))
 }
 
@@ -569,20 +572,15 @@ fn start(
     let fs = Arc::new(fs);
     watch_device_faults(&fs, settings, &args.mountpoint, guard.clone());
     let socket = control_socket(&args.mountpoint)?;
-    let session = betreefs_fuse::mount(
-        fs.clone(),
-        &args.mountpoint,
-        &settings.config,
-        "betreefs",
-        guard,
-        stats.clone(),
-    )
-    .map_err(|e| anyhow!("mounting on {}: {e}", args.mountpoint.display()))?;
+    // The control socket is up before the mount answers: whoever waits
+    // for the mount (`betreefs mount`, the benchmark's --foreground
+    // daemons) may ask for stats at once.
     let weak = Arc::downgrade(&fs);
+    let answering = stats.clone();
     serve_control(&socket, move |request| {
         let fs = weak.upgrade()?;
         Some(match request {
-            "stats" => stats_json(&fs, &stats),
+            "stats" => stats_json(&fs, &answering),
             "checkpoint" => match fs.store().checkpoint() {
                 Ok(()) => "{\"checkpoint\":\"ok\"}".to_string(),
                 Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
@@ -602,6 +600,18 @@ fn start(
                 serde_json::json!({ "error": format!("unknown request {other:?}") }).to_string()
             }
         })
+    })?;
+    let session = betreefs_fuse::mount(
+        fs.clone(),
+        &args.mountpoint,
+        &settings.config,
+        "betreefs",
+        guard,
+        stats,
+    )
+    .map_err(|e| {
+        let _ = std::fs::remove_file(&socket);
+        anyhow!("mounting on {}: {e}", args.mountpoint.display())
     })?;
     Ok((fs, session, socket))
 }

@@ -83,6 +83,15 @@ pub struct RangeRename {
 }
 
 impl RangeRename {
+    pub fn new(start: &[u8], end: &[u8], old_prefix_len: usize, new_prefix: &[u8]) -> Self {
+        RangeRename {
+            start: start.to_vec(),
+            end: end.to_vec(),
+            old_prefix_len,
+            new_prefix: new_prefix.to_vec(),
+        }
+    }
+
     /// Where `key` (inside the source range) moves to.
     pub fn destination(&self, key: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.new_prefix.len() + key.len());
@@ -194,15 +203,8 @@ impl WriteBatch {
         old_prefix_len: usize,
         new_prefix: &[u8],
     ) -> &mut Self {
-        self.push(
-            ks,
-            Message::RangeRename(RangeRename {
-                start: start.to_vec(),
-                end: end.to_vec(),
-                old_prefix_len,
-                new_prefix: new_prefix.to_vec(),
-            }),
-        )
+        let r = RangeRename::new(start, end, old_prefix_len, new_prefix);
+        self.push(ks, Message::RangeRename(r))
     }
     /// See [`Message::RangeClone`].
     pub fn range_clone(
@@ -213,15 +215,8 @@ impl WriteBatch {
         old_prefix_len: usize,
         new_prefix: &[u8],
     ) -> &mut Self {
-        self.push(
-            ks,
-            Message::RangeClone(RangeRename {
-                start: start.to_vec(),
-                end: end.to_vec(),
-                old_prefix_len,
-                new_prefix: new_prefix.to_vec(),
-            }),
-        )
+        let r = RangeRename::new(start, end, old_prefix_len, new_prefix);
+        self.push(ks, Message::RangeClone(r))
     }
     pub fn push(&mut self, ks: KeySpace, message: Message) -> &mut Self {
         self.messages.push((ks, message));

@@ -12,8 +12,10 @@ impl Tree {
         let mut touched = [false; KEY_SPACES];
         for (ks, msg) in batch.messages() {
             match msg {
-                Message::RangeRename(r) => self.apply_range_rename(*ks, seq, r)?,
-                Message::RangeClone(r) => self.apply_range_clone(*ks, seq, r)?,
+                Message::RangeRename(r) => {
+                    self.apply_transplant(*ks, seq, r, Transplant::Move)?
+                }
+                Message::RangeClone(r) => self.apply_transplant(*ks, seq, r, Transplant::Share)?,
                 _ => self.apply_message(*ks, seq, msg)?,
             }
             touched[ks.index()] = true;
@@ -29,45 +31,37 @@ impl Tree {
         Ok(())
     }
 
-    /// A range rename: by tree surgery when the source is large enough
-    /// ([`surgery`](super::surgery)), by copying otherwise.
-    /// Log replay makes the same choice on the same state, and either way
-    /// the pairs end up the same.
-    pub(super) fn apply_range_rename(
+    /// A range rename (`Transplant::Move`) or clone (`Transplant::Share`):
+    /// by tree surgery when the source is large enough
+    /// ([`surgery`](super::surgery)), by copying otherwise. Log replay
+    /// makes the same choice on the same state, and either way the pairs
+    /// end up the same.
+    pub(super) fn apply_transplant(
         &mut self,
         ks: KeySpace,
         seq: u64,
         r: &RangeRename,
+        how: Transplant,
     ) -> EngineResult<()> {
-        if self.worth_surgery(ks, &r.start, &r.end)?
-            && self.transplant_by_surgery(ks, r, Transplant::Move)?
-        {
-            add(&self.stats.range_renames_by_surgery, 1);
-        } else {
+        let by_surgery =
+            self.worth_surgery(ks, &r.start, &r.end)? && self.transplant_by_surgery(ks, r, how)?;
+        if !by_surgery {
             self.copy_range(ks, seq, r)?;
-            let (start, end) = (r.start.clone(), r.end.clone());
-            self.apply_message(ks, seq, &Message::RangeDelete { start, end })?;
-            add(&self.stats.range_renames_copied, 1);
+            if how == Transplant::Move {
+                let (start, end) = (r.start.clone(), r.end.clone());
+                self.apply_message(ks, seq, &Message::RangeDelete { start, end })?;
+            }
         }
-        self.removals_since_reclaim += 1;
-        Ok(())
-    }
-
-    /// A range clone: by sharing the source's subtrees when it is large
-    /// enough, by copying otherwise (as a rename chooses).
-    pub(super) fn apply_range_clone(
-        &mut self,
-        ks: KeySpace,
-        seq: u64,
-        r: &RangeRename,
-    ) -> EngineResult<()> {
-        if self.worth_surgery(ks, &r.start, &r.end)?
-            && self.transplant_by_surgery(ks, r, Transplant::Share)?
-        {
-            add(&self.stats.range_clones_by_surgery, 1);
-        } else {
-            self.copy_range(ks, seq, r)?;
-            add(&self.stats.range_clones_copied, 1);
+        let stats = &self.stats;
+        let counter = match (how, by_surgery) {
+            (Transplant::Move, true) => &stats.range_renames_by_surgery,
+            (Transplant::Move, false) => &stats.range_renames_copied,
+            (Transplant::Share, true) => &stats.range_clones_by_surgery,
+            (Transplant::Share, false) => &stats.range_clones_copied,
+        };
+        add(counter, 1);
+        if how == Transplant::Move {
+            self.removals_since_reclaim += 1;
         }
         Ok(())
     }
