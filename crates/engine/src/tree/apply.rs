@@ -12,9 +12,7 @@ impl Tree {
         let mut touched = [false; KEY_SPACES];
         for (ks, msg) in batch.messages() {
             match msg {
-                Message::RangeRename(r) => {
-                    self.apply_transplant(*ks, seq, r, Transplant::Move)?
-                }
+                Message::RangeRename(r) => self.apply_transplant(*ks, seq, r, Transplant::Move)?,
                 Message::RangeClone(r) => self.apply_transplant(*ks, seq, r, Transplant::Share)?,
                 _ => self.apply_message(*ks, seq, msg)?,
             }
