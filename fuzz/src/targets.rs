@@ -115,6 +115,12 @@ fn base_image() -> &'static Vec<u8> {
                 fs.setxattr(attr.ino, b"user.k", &[i as u8; 40], 0)
                     .expect("xattr");
             }
+            if i == 74 {
+                // A clone of the directory so far: shared subtrees, so
+                // the block table carries reference counts.
+                let copy = fs.mkdir(ROOT_INO, b"copy", 0o755, ME).expect("mkdir").ino;
+                fs.clone_tree_into(d, copy, ME).expect("clone");
+            }
             if i == 75 {
                 fs.store().checkpoint().expect("checkpoint");
             }
@@ -634,5 +640,14 @@ mod tests {
         let before = field_u32(&region, 4);
         fix_log_checksums(&mut region);
         assert_ne!(field_u32(&region, 4), before);
+    }
+
+    /// The seeds reach what the format has: the base image's block table
+    /// lists shared nodes.
+    #[test]
+    fn the_base_image_has_shared_nodes() {
+        let image = base_image();
+        let table = block_table_of(image, &newest(image));
+        assert!(table.shared().next().is_some(), "no shared node");
     }
 }
