@@ -14,6 +14,7 @@ mod common;
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -176,6 +177,12 @@ enum Op {
     Mkfifo {
         path: PathBuf,
     },
+    /// What `cp` does: open the target with O_TRUNC, then copy_file_range
+    /// of the whole source (a range clone on betreefs when whole blocks).
+    CopyFile {
+        from: PathBuf,
+        to: PathBuf,
+    },
 }
 
 impl Op {
@@ -183,7 +190,9 @@ impl Op {
     /// and their parent directories.
     fn affected(&self) -> Vec<PathBuf> {
         let operands: Vec<&PathBuf> = match self {
-            Op::Rename { from, to, .. } | Op::Link { from, to } => vec![from, to],
+            Op::Rename { from, to, .. } | Op::Link { from, to } | Op::CopyFile { from, to } => {
+                vec![from, to]
+            }
             Op::Symlink { path, .. }
             | Op::Write { path, .. }
             | Op::Truncate { path, .. }
@@ -290,9 +299,9 @@ fn random_op(rng: &mut SmallRng, reference: &Path) -> Op {
         98 => Op::Mkfifo {
             path: new_path(rng),
         },
-        _ => Op::Chmod {
-            path: existing(rng),
-            mode: 0o640,
+        _ => Op::CopyFile {
+            from: existing(rng),
+            to: existing(rng),
         },
     }
 }
@@ -388,6 +397,39 @@ fn apply(root: &Path, op: &Op) -> Result<(), i32> {
             let c = cstr(&at(path));
             // SAFETY: valid path.
             libc_result(unsafe { libc::mkfifo(c.as_ptr(), 0o644) } as i64)
+        }
+        Op::CopyFile { from, to } => {
+            for p in [from, to] {
+                if fs::symlink_metadata(at(p)).is_ok_and(|m| !m.is_file()) {
+                    return Err(libc::EISDIR);
+                }
+            }
+            let src = fs::File::open(at(from)).map_err(|e| e.raw_os_error().unwrap_or(-1))?;
+            let dst = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(at(to))
+                .map_err(|e| e.raw_os_error().unwrap_or(-1))?;
+            loop {
+                // SAFETY: two open descriptors; null offsets use (and
+                // advance) the files' own.
+                let n = unsafe {
+                    libc::copy_file_range(
+                        src.as_raw_fd(),
+                        std::ptr::null_mut(),
+                        dst.as_raw_fd(),
+                        std::ptr::null_mut(),
+                        1 << 30,
+                        0,
+                    )
+                };
+                match n {
+                    0 => return Ok(()),
+                    n if n < 0 => return Err(errno()),
+                    _ => {}
+                }
+            }
         }
     }
 }
