@@ -148,6 +148,10 @@ fn fold_upserts(
     Ok(value)
 }
 
+/// A range delete removes the points it covers one by one while they are
+/// fewer than 1/16 of the buffer's, and by splitting the map beyond.
+const RANGE_DELETE_REBUILD_RATIO: usize = 16;
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MessageBuffer {
     points: BTreeMap<Vec<u8>, PointMsg>,
@@ -197,12 +201,34 @@ impl MessageBuffer {
         if start >= end {
             return 0;
         }
-        let mut in_range = self.points.split_off(&start);
-        let mut after = in_range.split_off(&end);
-        self.points.append(&mut after);
-        let mut eaten = in_range.len();
-        for (k, m) in &in_range {
-            self.bytes -= m.bytes(k.len());
+        let inside = (
+            Bound::Included(start.as_slice()),
+            Bound::Excluded(end.as_slice()),
+        );
+        let mut eaten = self.points.range::<[u8], _>(inside).count();
+        if eaten.saturating_mul(RANGE_DELETE_REBUILD_RATIO) < self.points.len() {
+            // A few points of a large buffer: removed one by one in
+            // O(eaten · log n). Splitting the map and appending the rest
+            // back rebuilds all of it (O(n)): with a root buffer of a
+            // hundred thousand messages that made each small range delete
+            // (every copied rename has two) cost about a millisecond.
+            while let Some(key) = self
+                .points
+                .range::<[u8], _>(inside)
+                .next()
+                .map(|(k, _)| k.clone())
+            {
+                if let Some(m) = self.points.remove(&key) {
+                    self.bytes -= m.bytes(key.len());
+                }
+            }
+        } else {
+            let mut in_range = self.points.split_off(&start);
+            let mut after = in_range.split_off(&end);
+            self.points.append(&mut after);
+            for (k, m) in &in_range {
+                self.bytes -= m.bytes(k.len());
+            }
         }
         let (mut new_start, mut new_end, mut new_seq) = (start, end, seq);
         let touching: Vec<Vec<u8>> = self
@@ -390,6 +416,36 @@ mod tests {
 
     fn k(s: &str) -> Vec<u8> {
         s.as_bytes().to_vec()
+    }
+
+    /// A range delete eats the points it covers, whether few (removed one
+    /// by one) or many (the map split): same messages, same byte count.
+    #[test]
+    fn range_deletes_of_few_and_many_points() {
+        let merges = MergeRegistry::default();
+        let mut b = MessageBuffer::default();
+        for i in 0..200u32 {
+            let key = format!("k{i:04}").into_bytes();
+            b.insert_point(
+                key,
+                PointMsg::put(u64::from(i), vec![7; (i % 13) as usize]),
+                &merges,
+            );
+        }
+        // 3 of 200: one by one.
+        assert_eq!(b.insert_range_delete(k("k0010"), k("k0013"), 300), 3);
+        // 150 of 197: by splitting.
+        assert_eq!(b.insert_range_delete(k("k0050"), k("k0200"), 301), 150);
+        let mut counted = b.clone();
+        counted.recount();
+        assert_eq!(b.bytes(), counted.bytes());
+        let left: Vec<_> = b.points().keys().cloned().collect();
+        let expect: Vec<_> = (0..50u32)
+            .filter(|i| !(10..13).contains(i))
+            .map(|i| format!("k{i:04}").into_bytes())
+            .collect();
+        assert_eq!(left, expect);
+        assert_eq!(b.ranges().len(), 2);
     }
 
     #[test]
