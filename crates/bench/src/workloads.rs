@@ -280,83 +280,78 @@ pub fn first_link_vs_size(
     sizes: &[u64],
     repeats: usize,
 ) -> Result<Vec<(u64, Vec<f64>)>> {
-    let mut out = Vec::new();
-    for &size in sizes {
-        let mut times = Vec::with_capacity(repeats);
-        for i in 0..repeats {
-            let file = dir.join(format!("link-{size}-{i}"));
-            let link = dir.join(format!("link-{size}-{i}-second"));
-            write_file(&file, size, size + i as u64)?;
-            fsync_dir(dir)?;
-            let start = Instant::now();
-            std::fs::hard_link(&file, &link)
-                .with_context(|| format!("linking {}", file.display()))?;
-            fsync_dir(dir)?;
-            times.push(start.elapsed().as_secs_f64());
-            anyhow::ensure!(
-                std::fs::metadata(&link)?.len() == size,
-                "{} has the wrong size",
-                link.display()
-            );
-            std::fs::remove_file(&file)?;
-            std::fs::remove_file(&link)?;
-        }
-        out.push((size, times));
-    }
-    Ok(out)
+    second_name_vs_size(dir, sizes, repeats, "link", |file, link, _| {
+        std::fs::hard_link(file, link).with_context(|| format!("linking {}", file.display()))?;
+        fsync_dir(dir)
+    })
 }
 
-/// Per size: writes a file (fsync'd), then measures a copy of it to a new
-/// file by copy_file_range(2) (a clone where the file system shares data:
-/// XFS and btrfs reflink, betreefs clones a range of its tree), with an
-/// fsync of the copy and of the directory. Returns, per size, every
-/// copy's seconds.
+/// copy_file_range(2) against file size: `repeats` fresh files of each
+/// size, each copied whole to a new file (a clone where the file system
+/// shares data: XFS and btrfs reflink, betreefs clones a range of its
+/// tree), with an fsync of the copy and of the directory. Returns, per
+/// size, every copy's seconds.
 pub fn clone_vs_size(dir: &Path, sizes: &[u64], repeats: usize) -> Result<Vec<(u64, Vec<f64>)>> {
     use std::os::fd::AsRawFd;
+    second_name_vs_size(dir, sizes, repeats, "clone", |file, copy, size| {
+        let from = File::open(file).with_context(|| format!("opening {}", file.display()))?;
+        let to = File::create(copy).with_context(|| format!("creating {}", copy.display()))?;
+        let mut left = size;
+        while left > 0 {
+            // SAFETY: both descriptors are open for the call's duration;
+            // null offsets use and advance the files' own positions.
+            let n = unsafe {
+                libc::copy_file_range(
+                    from.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    to.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    left as usize,
+                    0,
+                )
+            };
+            anyhow::ensure!(
+                n > 0,
+                "copy_file_range to {}: {}",
+                copy.display(),
+                std::io::Error::last_os_error()
+            );
+            left -= n as u64;
+        }
+        to.sync_all()?;
+        fsync_dir(dir)
+    })
+}
+
+/// For each size, `repeats` times: writes a fresh file (and fsyncs the
+/// directory), then times `op(file, second, size)`, which gives the file's
+/// content a second name (a link, a copy); checks its size and removes
+/// both. Returns, per size, every operation's seconds.
+fn second_name_vs_size(
+    dir: &Path,
+    sizes: &[u64],
+    repeats: usize,
+    tag: &str,
+    op: impl Fn(&Path, &Path, u64) -> Result<()>,
+) -> Result<Vec<(u64, Vec<f64>)>> {
     let mut out = Vec::new();
     for &size in sizes {
         let mut times = Vec::with_capacity(repeats);
         for i in 0..repeats {
-            let file = dir.join(format!("clone-{size}-{i}"));
-            let copy = dir.join(format!("clone-{size}-{i}-copy"));
+            let file = dir.join(format!("{tag}-{size}-{i}"));
+            let second = dir.join(format!("{tag}-{size}-{i}-second"));
             write_file(&file, size, size + i as u64)?;
             fsync_dir(dir)?;
             let start = Instant::now();
-            let from = File::open(&file).with_context(|| format!("opening {}", file.display()))?;
-            let to = File::create(&copy).with_context(|| format!("creating {}", copy.display()))?;
-            let mut left = size;
-            while left > 0 {
-                // SAFETY: both descriptors are open for the call's
-                // duration; null offsets use and advance the files'
-                // own positions.
-                let n = unsafe {
-                    libc::copy_file_range(
-                        from.as_raw_fd(),
-                        std::ptr::null_mut(),
-                        to.as_raw_fd(),
-                        std::ptr::null_mut(),
-                        left as usize,
-                        0,
-                    )
-                };
-                anyhow::ensure!(
-                    n > 0,
-                    "copy_file_range to {}: {}",
-                    copy.display(),
-                    std::io::Error::last_os_error()
-                );
-                left -= n as u64;
-            }
-            to.sync_all()?;
-            fsync_dir(dir)?;
+            op(&file, &second, size)?;
             times.push(start.elapsed().as_secs_f64());
             anyhow::ensure!(
-                std::fs::metadata(&copy)?.len() == size,
+                std::fs::metadata(&second)?.len() == size,
                 "{} has the wrong size",
-                copy.display()
+                second.display()
             );
             std::fs::remove_file(&file)?;
-            std::fs::remove_file(&copy)?;
+            std::fs::remove_file(&second)?;
         }
         out.push((size, times));
     }

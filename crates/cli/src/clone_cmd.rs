@@ -91,7 +91,7 @@ fn fill(src_ino: u64, dst: &Path) -> Result<()> {
             Some(libc::EINVAL) => anyhow::anyhow!("{e}: the destination is inside the source"),
             Some(libc::EFBIG) => anyhow::anyhow!(
                 "{e}: the tree's records do not fit in one batch of the log \
-                 (a third of the log region; see docs/design.md)"
+                 (a quarter of the log region; see docs/design.md)"
             ),
             _ => e.into(),
         });

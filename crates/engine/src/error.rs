@@ -46,6 +46,12 @@ impl EngineError {
         )
     }
 
+    /// Whether a write was refused because its batch exceeds what one log
+    /// record carries (a quarter of the log region); nothing was written.
+    pub fn is_too_large(&self) -> bool {
+        matches!(self, EngineError::Store(StoreError::RecordTooLarge { .. }))
+    }
+
     /// Whether this is the device-full condition (the store stays usable).
     pub fn is_no_space(&self) -> bool {
         matches!(

@@ -313,12 +313,9 @@ impl WriteBatch {
                     end: d.bytes()?.to_vec(),
                 },
                 tag @ (TAG_RANGE_RENAME | TAG_RANGE_CLONE) => {
-                    let r = RangeRename {
-                        start: d.bytes()?.to_vec(),
-                        end: d.bytes()?.to_vec(),
-                        old_prefix_len: d.varint()? as usize,
-                        new_prefix: d.bytes()?.to_vec(),
-                    };
+                    let (start, end) = (d.bytes()?, d.bytes()?);
+                    let old_prefix_len = d.varint()? as usize;
+                    let r = RangeRename::new(start, end, old_prefix_len, d.bytes()?);
                     if tag == TAG_RANGE_CLONE {
                         Message::RangeClone(r)
                     } else {

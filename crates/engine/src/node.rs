@@ -360,10 +360,6 @@ impl Leaf {
         };
         self.basements[b] = piece(0, cut);
         right_basements.insert(0, piece(cut, entries.len()));
-        // Locations belong to the old image; the leaves are dirty now.
-        for basement in &mut right_basements {
-            basement.loc = None;
-        }
         if self.basements.len() > 1 && self.basements[b].count == 0 {
             self.basements.pop();
             self.pivots.pop();
@@ -372,9 +368,20 @@ impl Leaf {
             right_basements.remove(0);
             right_pivots.remove(0);
         }
-        Leaf {
+        let mut right = Leaf {
             pivots: right_pivots,
             basements: right_basements,
+        };
+        right.forget_locations();
+        right
+    }
+
+    /// Drops the basements' locations in the image the leaf was read
+    /// from: a leaf split off, merged or copied is a new image, written
+    /// whole (and its basements stay loaded until then).
+    pub fn forget_locations(&mut self) {
+        for basement in &mut self.basements {
+            basement.loc = None;
         }
     }
 
@@ -383,9 +390,7 @@ impl Leaf {
     /// no entry is copied).
     pub fn append(&mut self, mut right: Leaf, separator: Vec<u8>) {
         debug_assert!(self.is_fully_loaded() && right.is_fully_loaded());
-        for basement in &mut right.basements {
-            basement.loc = None;
-        }
+        right.forget_locations();
         if right.entry_count() == 0 {
             return;
         }

@@ -531,14 +531,6 @@ impl Store {
         self.inner.write(batch, reservation)
     }
 
-    /// The largest batch (its encoded bytes) the store takes in one write:
-    /// a third of the log region, the share a write may fill before a
-    /// checkpoint is due (the log keeps the previous checkpoint's records
-    /// too). A larger batch would be refused as `LogFull`.
-    pub fn max_batch_bytes(&self) -> u64 {
-        self.inner.log.capacity() / 3
-    }
-
     /// Sets the space promised to later writes (after opening: the store
     /// keeps no record of promises itself).
     pub fn set_promised_bytes(&self, bytes: u64) {

@@ -37,11 +37,17 @@ impl std::fmt::Display for Errno {
 impl std::error::Error for Errno {}
 
 impl From<EngineError> for Errno {
-    /// A full device is ENOSPC; anything else the engine reports is an I/O
-    /// error for the caller, and is logged here with its detail.
+    /// A full device is ENOSPC; a change too large for one log record
+    /// (a clone of a huge tree) is EFBIG, refused before anything was
+    /// written; anything else the engine reports is an I/O error for the
+    /// caller, and is logged here with its detail.
     fn from(e: EngineError) -> Errno {
         if e.is_no_space() {
             return Errno::ENOSPC;
+        }
+        if e.is_too_large() {
+            tracing::warn!("engine: {e}");
+            return Errno::EFBIG;
         }
         if matches!(e, EngineError::ReadOnly) {
             return Errno::EROFS;

@@ -1254,3 +1254,37 @@ fn clone_tree_copies_a_directory_tree_with_new_inodes() {
     check(&fs);
     fs.store().verify().unwrap();
 }
+
+/// A tree whose records do not fit in one log record is refused with
+/// EFBIG before anything is written: the destination stays empty, the
+/// image clean, and a smaller clone works afterwards.
+#[test]
+fn clone_tree_of_too_many_records_is_refused_whole() {
+    const ROOT: Caller = Caller::new(0, 0);
+    let dev = MemDevice::new(64 << 20);
+    let small_log = Options {
+        log_bytes: Some(1 << 20),
+        ..options()
+    };
+    let store = Store::create_on(Arc::new(dev.clone()), small_log).unwrap();
+    FileSystem::format(&store, ME).unwrap();
+    let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
+    let big = fs.mkdir(ROOT_INO, b"big", 0o755, ME).unwrap().ino;
+    for i in 0..2000 {
+        let name = format!("a-file-with-a-name-of-some-length-{i:05}");
+        fs.mknod(big, name.as_bytes(), libc::S_IFREG | 0o644, 0, ME)
+            .unwrap();
+    }
+    let dst = fs.mkdir(ROOT_INO, b"dst", 0o755, ME).unwrap().ino;
+    assert_eq!(fs.clone_tree_into(big, dst, ROOT), Err(Errno::EFBIG));
+    assert_eq!(names(&fs, dst).len(), 2, "only . and ..");
+    let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    let small = fs.mkdir(ROOT_INO, b"small", 0o755, ME).unwrap().ino;
+    write_file(&fs, small, b"f", b"data");
+    fs.clone_tree_into(small, dst, ROOT).unwrap();
+    let f = fs.lookup(dst, b"f").unwrap().ino;
+    assert_eq!(read_all(&fs, f), b"data");
+    let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}

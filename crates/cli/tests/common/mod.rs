@@ -383,7 +383,8 @@ pub fn err_of<T>(r: std::io::Result<T>) -> i32 {
     }
 }
 
-/// A checksum of every path, type, size, mode and content under `root`.
+/// A checksum of every path, type, size, mode, link count, modification
+/// time and content under `root`.
 pub fn tree_digest(root: &Path) -> Vec<(String, String)> {
     let mut out = Vec::new();
     walk(root, root, &mut out);
@@ -417,7 +418,13 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
         } else {
             format!("other {:o}", meta.mode())
         };
-        out.push((rel, desc));
+        let times = format!(
+            " nlink={} mtime={}.{:09}",
+            meta.nlink(),
+            meta.mtime(),
+            meta.mtime_nsec()
+        );
+        out.push((rel, desc + &times));
     }
 }
 

@@ -51,8 +51,8 @@ impl Tree {
             add(&self.stats.subtrees_dropped, 1);
             child = fresh;
         } else {
-            self.load(ks, child, &child_bounds, Want::Whole, Some(child_height))?;
             child = self.private_child(ks, parent, i, parent_bounds)?;
+            self.load(ks, child, &child_bounds, Want::Whole, Some(child_height))?;
         }
         let batch = self.with_interior(parent, |int| int.buffers[i].take());
         let count = batch.message_count() as u64;

@@ -51,18 +51,15 @@ impl Tree {
             return Ok(());
         }
         let (l, r) = if i + 1 < len { (i, i + 1) } else { (i - 1, i) };
-        let (left_num, right_num) = (int.children[l], int.children[r]);
         let (lb, rb) = (
             int.child_bounds(l, parent_bounds),
             int.child_bounds(r, parent_bounds),
         );
         let height = int.height - 1;
-        self.load(ks, left_num, &lb, Want::Whole, Some(height))?;
-        self.load(ks, right_num, &rb, Want::Whole, Some(height))?;
         let left_num = self.private_child(ks, parent, l, parent_bounds)?;
         let right_num = self.private_child(ks, parent, r, parent_bounds)?;
-        // Loaded again: when both were one shared node, the second load
-        // above re-keyed it for the right-hand place (cached, no IO).
+        // Loaded after both are private: when they were one shared node,
+        // unsharing the right one re-keyed it for the right-hand place.
         self.load(ks, left_num, &lb, Want::Whole, Some(height))?;
         self.load(ks, right_num, &rb, Want::Whole, Some(height))?;
         let merged_bounds = Bounds {
@@ -146,14 +143,13 @@ impl Tree {
                     cuts.push(leaf.basements.len() / 2);
                 }
                 for &c in cuts.iter().rev() {
-                    let mut basements = leaf.basements.split_off(c);
+                    let basements = leaf.basements.split_off(c);
                     let mut pivots = leaf.pivots.split_off(c - 1);
                     // The lower bound of basement `c` separates the pieces.
                     let sep = pivots.remove(0);
-                    for b in &mut basements {
-                        b.loc = None;
-                    }
-                    pieces.push((sep, NodeBody::Leaf(Leaf { pivots, basements })));
+                    let mut piece = Leaf { pivots, basements };
+                    piece.forget_locations();
+                    pieces.push((sep, NodeBody::Leaf(piece)));
                 }
                 pieces.reverse();
             }

@@ -39,7 +39,7 @@ impl Tree {
     ) -> EngineResult<u64> {
         let int = self.interior(parent);
         let child = int.children[i];
-        if self.btt.refs(child) == 1 {
+        if self.is_private(child) {
             return Ok(child);
         }
         let bounds = int.child_bounds(i, parent_bounds);
@@ -59,12 +59,7 @@ impl Tree {
                     self.btt.add_ref(grandchild);
                 }
             }
-            NodeBody::Leaf(leaf) => {
-                // Locations belong to the original's extent.
-                for basement in &mut leaf.basements {
-                    basement.loc = None;
-                }
-            }
+            NodeBody::Leaf(leaf) => leaf.forget_locations(),
         }
         let num = self.btt.allocate();
         self.put(num, copy);

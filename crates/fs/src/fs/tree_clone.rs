@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use betreefs_engine::{KeySpace, WriteBatch};
 
-use super::state::{Home, State};
+use super::state::State;
 use super::{decode, Caller, FileSystem, Ino, ENTRY_KEY_MAX};
 use crate::error::{Errno, FsResult};
 use crate::plan::{
@@ -24,11 +24,12 @@ use crate::plan::{
 use crate::record::{Attr, Record, Timespec, PREALLOC_FL, SPARSE_FL};
 use crate::schema;
 
-/// A hard-linked inode met below the source: its clone's number and how
-/// many of its names lie inside the tree.
+/// A hard-linked inode met below the source: its clone's number, how
+/// many of its names lie inside the tree, and the record naming it.
 struct LinkedInode {
     clone: Ino,
     names: u32,
+    record: Record,
 }
 
 impl FileSystem {
@@ -59,12 +60,17 @@ impl FileSystem {
         }
         let (src_key, dst_key) = (st.file_key(src)?, st.file_key(dst)?);
         let now = Timespec::now();
+        // Numbers handed out to a batch that is refused are taken back: a
+        // reservation of numbers the batch would have recorded must not
+        // stay in memory only (a crash would hand them out again).
+        let numbering = (st.next_ino, st.ino_reserved);
         let mut batch = WriteBatch::new();
         // The directory's own xattrs (the clone clears what dst had, such
         // as a default ACL inherited at its mkdir), then everything below.
         clone_file_data(&mut batch, &src_key, &dst_key);
         clone_subtree_data(&mut batch, &src_dir, &dst_dir);
-        let made = self.clone_records(&mut st, &mut batch, &src_dir, &dst_dir, dst, now)?;
+        let made = self.clone_records(&mut st, &mut batch, &src_dir, &dst_dir, dst, now);
+        let made = made.inspect_err(|_| (st.next_ino, st.ino_reserved) = numbering)?;
         let attr = {
             let from = &st.node(src)?.attr;
             let to = &st.node(dst)?.attr;
@@ -78,15 +84,12 @@ impl FileSystem {
         };
         batch.put(KeySpace::Meta, &dst_key, &inode_record(&attr, &[]));
         count_update(&mut batch, made as i64);
-        let bytes: usize = batch.encode().len();
-        if bytes as u64 > self.store.max_batch_bytes() {
-            tracing::warn!(
-                "clone of inode {src}: {bytes} bytes of records, more than one batch takes ({})",
-                self.store.max_batch_bytes()
-            );
-            return Err(Errno::EFBIG);
+        // A tree whose records exceed one log record is refused here
+        // (EFBIG), before anything is written.
+        if let Err(e) = self.store.write(&batch) {
+            (st.next_ino, st.ino_reserved) = numbering;
+            return Err(e.into());
         }
-        self.store.write(&batch)?;
         let node = st.node_mut(dst)?;
         node.attr = attr.clone();
         node.dir_version += 1;
@@ -110,17 +113,14 @@ impl FileSystem {
         now: Timespec,
     ) -> FsResult<u64> {
         let (lo, hi) = schema::subtree_range(src_dir);
-        let mut entries = Vec::new();
-        for item in self.store.range(KeySpace::Meta, &lo, Some(&hi)) {
-            entries.push(item?);
-        }
         // New number of each directory below the source, by its old dir
         // key; entries come in key order, a directory's record before
         // everything below it.
         let mut dirs: HashMap<Vec<u8>, Ino> = HashMap::from([(src_dir.to_vec(), dst)]);
         let mut linked: HashMap<u64, LinkedInode> = HashMap::new();
         let mut made = 0;
-        for (key, value) in entries {
+        for item in self.store.range(KeySpace::Meta, &lo, Some(&hi)) {
+            let (key, value) = item?;
             let (dir, name) = schema::parse_entry_key(&key).ok_or_else(|| {
                 tracing::error!("clone: a key below {src_dir:02x?} is no entry: {key:02x?}");
                 Errno::EIO
@@ -142,23 +142,20 @@ impl FileSystem {
                     let current = st.nodes.get(&attr.ino).map(|n| n.attr.clone());
                     let attr = current.unwrap_or(attr);
                     let ino = st.allocate_ino(batch);
-                    let clone = cloned_attr(&attr, ino, now);
-                    if attr.flags & PREALLOC_FL != 0 {
-                        drop_reservations(batch, &new_key);
-                    }
-                    batch.put(KeySpace::Meta, &new_key, &inode_record(&clone, &target));
+                    put_cloned_inode(batch, &new_key, &attr, ino, attr.nlink, &target, now);
                     put_back_pointer(batch, ino, parent, &name);
                     if attr.is_dir() {
                         dirs.insert(schema::child_dir_key(dir, &name), ino);
                     }
                     made += 1;
                 }
-                Record::Link { ino, mode } => {
+                record @ Record::Link { ino, mode } => {
                     let link = linked.entry(ino).or_insert_with(|| {
                         made += 1;
                         LinkedInode {
                             clone: st.allocate_ino(batch),
                             names: 0,
+                            record,
                         }
                     });
                     link.names += 1;
@@ -171,28 +168,36 @@ impl FileSystem {
             }
         }
         for (ino, link) in linked {
-            let key = schema::inode_key(ino);
-            let (attr, target) = match st.nodes.get(&ino) {
-                Some(n) if n.home == Home::Inode => (n.attr.clone(), n.target.clone()),
-                _ => match self.store.get(KeySpace::Meta, &key)?.map(|v| decode(&v)) {
-                    Some(Ok(Record::Inode { attr, target })) => (attr, target),
-                    _ => {
-                        tracing::error!("clone: hard link to inode {ino}, which has no record");
-                        return Err(Errno::EIO);
-                    }
-                },
-            };
+            let (attr, target, _) = self.resolve(st, link.record)?;
             let new_key = schema::inode_key(link.clone);
-            let mut clone = cloned_attr(&attr, link.clone, now);
-            clone.nlink = link.names;
-            clone_file_data(batch, &key, &new_key);
-            if attr.flags & PREALLOC_FL != 0 {
-                drop_reservations(batch, &new_key);
-            }
-            batch.put(KeySpace::Meta, &new_key, &inode_record(&clone, &target));
+            clone_file_data(batch, &schema::inode_key(ino), &new_key);
+            put_cloned_inode(batch, &new_key, &attr, link.clone, link.names, &target, now);
         }
         Ok(made)
     }
+}
+
+/// Puts the record of inode `ino`, the clone of `attr` with `nlink`
+/// names, at `key`; its copied reservations are dropped (a clone promises
+/// no space for writes into them: they stay holes).
+fn put_cloned_inode(
+    batch: &mut WriteBatch,
+    key: &[u8],
+    attr: &Attr,
+    ino: Ino,
+    nlink: u32,
+    target: &[u8],
+    now: Timespec,
+) {
+    if attr.flags & PREALLOC_FL != 0 {
+        let (lo, hi) = schema::reservations_ending_after(key, 0);
+        batch.range_delete(KeySpace::Data, &lo, &hi);
+    }
+    let clone = Attr {
+        nlink,
+        ..cloned_attr(attr, ino, now)
+    };
+    batch.put(KeySpace::Meta, key, &inode_record(&clone, target));
 }
 
 /// The attributes of the clone of `attr`: the same but for its number, a
@@ -212,11 +217,4 @@ fn cloned_attr(attr: &Attr, ino: Ino, now: Timespec) -> Attr {
         stored_blocks: None,
         ..attr.clone()
     }
-}
-
-/// Drops the reservations the range clone copied to file key `file`: a
-/// clone promises no space for writes into them (they stay holes).
-fn drop_reservations(batch: &mut WriteBatch, file: &[u8]) {
-    let (lo, hi) = schema::reservations_ending_after(file, 0);
-    batch.range_delete(KeySpace::Data, &lo, &hi);
 }
