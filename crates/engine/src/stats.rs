@@ -46,6 +46,10 @@ pub struct Stats {
     /// Time checkpoints held the tree lock (writers wait that long).
     pub checkpoint_micros_total: AtomicU64,
     pub checkpoint_micros_max: AtomicU64,
+    /// Time checkpoints spent writing without the tree lock (requests went
+    /// on meanwhile).
+    pub checkpoint_io_micros_total: AtomicU64,
+    pub checkpoint_io_micros_max: AtomicU64,
     pub log_replayed_records: AtomicU64,
 }
 
@@ -94,6 +98,8 @@ pub struct StatsSnapshot {
     pub checkpoints: u64,
     pub checkpoint_micros_total: u64,
     pub checkpoint_micros_max: u64,
+    pub checkpoint_io_micros_total: u64,
+    pub checkpoint_io_micros_max: u64,
     pub log_replayed_records: u64,
     pub cache_bytes: u64,
     pub cache_dirty_bytes: u64,
@@ -139,6 +145,8 @@ impl Stats {
             checkpoints: get(&self.checkpoints),
             checkpoint_micros_total: get(&self.checkpoint_micros_total),
             checkpoint_micros_max: get(&self.checkpoint_micros_max),
+            checkpoint_io_micros_total: get(&self.checkpoint_io_micros_total),
+            checkpoint_io_micros_max: get(&self.checkpoint_io_micros_max),
             log_replayed_records: get(&self.log_replayed_records),
             ..StatsSnapshot::default()
         }

@@ -136,7 +136,11 @@ pub struct RecoveryReport {
 }
 
 struct Inner {
-    tree: Mutex<Tree>,
+    /// A `parking_lot` mutex: the paths that must checkpoint while they
+    /// hold it wait for a checkpoint in flight through `checkpoint_ended`
+    /// without giving up their guard.
+    tree: parking_lot::Mutex<Tree>,
+    checkpoint_ended: parking_lot::Condvar,
     log: LogWriter,
     stats: Arc<Stats>,
     merges: Arc<MergeRegistry>,
@@ -448,7 +452,8 @@ impl Store {
     ) -> Store {
         drop(device);
         let inner = Arc::new(Inner {
-            tree: Mutex::new(tree),
+            tree: parking_lot::Mutex::new(tree),
+            checkpoint_ended: parking_lot::Condvar::new(),
             log,
             stats,
             merges,
@@ -711,6 +716,8 @@ impl Drop for Store {
     }
 }
 
+type TreeGuard<'a> = parking_lot::MutexGuard<'a, Tree>;
+
 /// Bytes a batch that deletes may also add (a file system's unlink rewrites
 /// its parent directory's record) and still be let into the reserve when
 /// space is low: deleting must stay possible on a full device.
@@ -732,8 +739,8 @@ fn needs_space(batch: &WriteBatch) -> bool {
 }
 
 impl Inner {
-    fn lock_tree(&self) -> MutexGuard<'_, Tree> {
-        self.tree.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_tree(&self) -> TreeGuard<'_> {
+        self.tree.lock()
     }
 
     fn lock_background(&self) -> MutexGuard<'_, BackgroundState> {
@@ -999,7 +1006,7 @@ impl Inner {
     /// writes replaced stay allocated until two checkpoints no longer need
     /// them (once per batch written: refusing again with nothing written
     /// in between frees nothing more).
-    fn reclaim_space(&self, tree: &mut Tree) -> EngineResult<()> {
+    fn reclaim_space(&self, tree: &mut TreeGuard<'_>) -> EngineResult<()> {
         if tree.removals_since_reclaim == 0 {
             if tree.reclaimed_at_seq == tree.next_seq {
                 return Ok(());
@@ -1038,11 +1045,52 @@ impl Inner {
         }
     }
 
+    /// A checkpoint written while requests go on: the tree lock is held
+    /// only to encode what it writes and to record that it is durable
+    /// (docs/design.md, "Checkpoints that do not stop the world").
     fn checkpoint(&self) -> EngineResult<()> {
         self.check_image_writable()?;
         let mut tree = self.lock_tree();
         self.check_failed()?;
-        self.checkpoint_locked(&mut tree)
+        self.wait_for_checkpoint(&mut tree);
+        let started = Instant::now();
+        let head = self.log.append_pos();
+        let writes = tree
+            .begin_checkpoint(head, self.log.epoch(), false)
+            .map_err(|e| self.poison(e))?;
+        let device = tree.device();
+        drop(tree);
+        let locked = started.elapsed();
+        let io_started = Instant::now();
+        let written = writes.write(device.as_ref(), &self.stats, || {
+            self.log.flush().map_err(EngineError::from)
+        });
+        let io = io_started.elapsed();
+        let mut tree = self.lock_tree();
+        let relocked = Instant::now();
+        let result = match written {
+            Ok(()) => {
+                tree.finish_checkpoint(writes.generation());
+                self.log.set_head(head);
+                Ok(())
+            }
+            Err(e) => {
+                tree.abort_checkpoint();
+                Err(e)
+            }
+        };
+        drop(tree);
+        self.checkpoint_ended.notify_all();
+        self.record_checkpoint_times(locked + relocked.elapsed(), io);
+        result.map_err(|e| self.poison(e))
+    }
+
+    /// Waits (giving up the tree lock meanwhile) until no checkpoint is
+    /// being written: one is in flight at a time.
+    fn wait_for_checkpoint(&self, tree: &mut TreeGuard<'_>) {
+        while tree.checkpoint_in_flight() {
+            self.checkpoint_ended.wait(tree);
+        }
     }
 
     /// The checkpoint of a close, marked clean: nothing follows it in the log.
@@ -1053,26 +1101,38 @@ impl Inner {
         self.write_checkpoint(&mut tree, true)
     }
 
-    fn checkpoint_locked(&self, tree: &mut Tree) -> EngineResult<()> {
+    fn checkpoint_locked(&self, tree: &mut TreeGuard<'_>) -> EngineResult<()> {
         self.write_checkpoint(tree, false)
     }
 
-    fn write_checkpoint(&self, tree: &mut Tree, clean: bool) -> EngineResult<()> {
+    /// A checkpoint with the tree lock held throughout, for the paths that
+    /// cannot go on without one (a full log, reclaiming space, close).
+    fn write_checkpoint(&self, tree: &mut TreeGuard<'_>, clean: bool) -> EngineResult<()> {
+        self.wait_for_checkpoint(tree);
         let started = Instant::now();
         let head = self.log.append_pos();
-        // Every record before the new head goes to the log first, although
-        // the checkpoint contains it: recovery from the previous superblock
-        // copy (should this one be lost) replays it from there.
-        self.log.flush().map_err(|e| self.poison(e.into()))?;
-        tree.write_checkpoint(head, self.log.epoch(), clean)
-            .map_err(|e| self.poison(e))?;
+        // Every record before the new head reaches the log before the
+        // superblock, although the checkpoint contains it: recovery from
+        // the previous superblock copy (should this one be lost) replays
+        // it from there.
+        tree.write_checkpoint(head, self.log.epoch(), clean, || {
+            self.log.flush().map_err(EngineError::from)
+        })
+        .map_err(|e| self.poison(e))?;
         self.log.set_head(head);
-        let micros = started.elapsed().as_micros() as u64;
-        add(&self.stats.checkpoint_micros_total, micros);
-        self.stats
-            .checkpoint_micros_max
-            .fetch_max(micros, std::sync::atomic::Ordering::Relaxed);
+        self.record_checkpoint_times(started.elapsed(), Duration::ZERO);
         Ok(())
+    }
+
+    /// `locked`: how long the checkpoint held the tree lock (every request
+    /// waited that long); `io`: how long it wrote without it.
+    fn record_checkpoint_times(&self, locked: Duration, io: Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (locked, io) = (locked.as_micros() as u64, io.as_micros() as u64);
+        add(&self.stats.checkpoint_micros_total, locked);
+        self.stats.checkpoint_micros_max.fetch_max(locked, Relaxed);
+        add(&self.stats.checkpoint_io_micros_total, io);
+        self.stats.checkpoint_io_micros_max.fetch_max(io, Relaxed);
     }
 
     fn stats_snapshot(&self) -> StatsSnapshot {

@@ -11,6 +11,14 @@
 //! from the older copy still finds every node it names (docs/design.md,
 //! "Durability"). [`BlockAllocator::commit_checkpoint`] shifts the
 //! generations and releases what none of them holds.
+//!
+//! A checkpoint written while writes go on (docs/design.md, "Checkpoints
+//! that do not stop the world") adds a fourth map for the time it is in
+//! flight: `pending`, a copy of `current` taken when the checkpoint's block
+//! table was encoded ([`BlockAllocator::begin_checkpoint`]). Blocks freed
+//! meanwhile may be ones that checkpoint names; they stay held until it is
+//! durable and then as its generation, exactly as if they had been freed
+//! after it ([`BlockAllocator::commit_pending_checkpoint`]).
 
 use crate::Extent;
 
@@ -19,7 +27,9 @@ pub struct BlockAllocator {
     current: Vec<u64>,
     checkpointed: Vec<u64>,
     previous: Vec<u64>,
-    /// Blocks set in `current | checkpointed | previous`.
+    /// What a checkpoint being written references (see the module text).
+    pending: Option<Vec<u64>>,
+    /// Blocks set in `current | checkpointed | previous | pending`.
     used_blocks: u64,
     /// Next-fit cursor: allocation continues after the last extent, which
     /// keeps a checkpoint's node writes sequential on the device.
@@ -56,6 +66,7 @@ impl BlockAllocator {
             current: vec![0; words],
             checkpointed: vec![0; words],
             previous: vec![0; words],
+            pending: None,
             used_blocks: 0,
             cursor: 0,
         }
@@ -73,11 +84,12 @@ impl BlockAllocator {
     }
 
     fn in_use(&self, i: u64) -> bool {
-        bit(&self.current, i) || bit(&self.checkpointed, i) || bit(&self.previous, i)
+        self.held_word((i / 64) as usize) & (1 << (i % 64)) != 0
     }
 
     fn held_word(&self, w: usize) -> u64 {
-        word(&self.current, w) | word(&self.checkpointed, w) | word(&self.previous, w)
+        let pending = self.pending.as_ref().map_or(0, |p| word(p, w));
+        word(&self.current, w) | word(&self.checkpointed, w) | word(&self.previous, w) | pending
     }
 
     /// Records an extent as in use now and by the newest checkpoint (used
@@ -173,9 +185,55 @@ impl BlockAllocator {
         for b in extent.block..extent.block + extent.blocks() {
             debug_assert!(bit(&self.current, b), "double free of block {b}");
             set(&mut self.current, b, false);
-            if !bit(&self.checkpointed, b) && !bit(&self.previous, b) {
+            if !self.in_use(b) {
                 self.used_blocks -= 1;
             }
+        }
+    }
+
+    fn recount_used(&mut self) {
+        self.used_blocks = (0..self.current.len())
+            .map(|w| self.held_word(w).count_ones() as u64)
+            .sum();
+    }
+
+    /// A checkpoint naming exactly the blocks in use now is about to be
+    /// written while allocation and freeing go on: hold its blocks until
+    /// [`Self::commit_pending_checkpoint`] or [`Self::abort_pending_checkpoint`].
+    pub fn begin_checkpoint(&mut self) {
+        assert!(
+            self.pending.is_none(),
+            "allocator invariant: one checkpoint in flight at a time"
+        );
+        self.pending = Some(self.current.clone());
+    }
+
+    /// Whether a checkpoint begun by [`Self::begin_checkpoint`] is in flight.
+    pub fn checkpoint_in_flight(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// The checkpoint begun by [`Self::begin_checkpoint`] is durable: it
+    /// becomes the newest generation (what was freed since it began stays
+    /// held by it).
+    pub fn commit_pending_checkpoint(&mut self) {
+        let Some(pending) = self.pending.take() else {
+            panic!("allocator invariant: no checkpoint in flight to commit");
+        };
+        self.previous = std::mem::replace(&mut self.checkpointed, pending);
+        self.recount_used();
+    }
+
+    /// The checkpoint begun by [`Self::begin_checkpoint`] failed: it may
+    /// still have reached the device in part (a superblock naming it
+    /// among them), so its blocks stay held as if it were the newest
+    /// generation, beside the real one, until two more checkpoints commit.
+    pub fn abort_pending_checkpoint(&mut self) {
+        if let Some(pending) = self.pending.take() {
+            for (held, p) in self.checkpointed.iter_mut().zip(pending) {
+                *held |= p;
+            }
+            self.recount_used();
         }
     }
 
@@ -183,11 +241,8 @@ impl BlockAllocator {
     /// newest checkpoint becomes the previous one, and the blocks only the
     /// old previous one used are free from now on.
     pub fn commit_checkpoint(&mut self) {
-        std::mem::swap(&mut self.previous, &mut self.checkpointed);
-        self.checkpointed.copy_from_slice(&self.current);
-        self.used_blocks = (0..self.current.len())
-            .map(|w| self.held_word(w).count_ones() as u64)
-            .sum();
+        self.begin_checkpoint();
+        self.commit_pending_checkpoint();
     }
 }
 
@@ -231,27 +286,41 @@ mod tests {
 
     proptest! {
         #[test]
-        fn never_hands_out_a_block_in_use(ops in proptest::collection::vec((0u8..3, 1u32..20_000), 1..200)) {
+        fn never_hands_out_a_block_in_use(ops in proptest::collection::vec((0u8..5, 1u32..20_000), 1..200)) {
             let mut a = BlockAllocator::new(64);
             let mut live: Vec<Extent> = Vec::new();
             let mut ckpt: Vec<Extent> = Vec::new();
             let mut prev: Vec<Extent> = Vec::new();
+            // A checkpoint in flight: what `live` was when it began.
+            let mut pending: Option<Vec<Extent>> = None;
             for (op, len) in ops {
                 match op {
                     0 => if let Some(e) = a.allocate(len) {
-                        for other in live.iter().chain(ckpt.iter()).chain(prev.iter()) {
+                        for other in live.iter().chain(ckpt.iter()).chain(prev.iter()).chain(pending.iter().flatten()) {
                             let disjoint = e.block + e.blocks() <= other.block || other.block + other.blocks() <= e.block;
                             prop_assert!(disjoint, "{e:?} overlaps {other:?}");
                         }
                         live.push(e);
                     },
-                    1 => if !live.is_empty() {
+                    1 if !live.is_empty() => {
                         let e = live.remove(len as usize % live.len());
                         a.free(e);
+                    }
+                    2 if pending.is_none() => { a.commit_checkpoint(); prev = std::mem::replace(&mut ckpt, live.clone()); }
+                    3 if pending.is_none() => { a.begin_checkpoint(); pending = Some(live.clone()); }
+                    3 | 4 => if let Some(p) = pending.take() {
+                        if len % 4 == 0 {
+                            // Failed: held beside the newest generation.
+                            a.abort_pending_checkpoint();
+                            ckpt.extend(p);
+                        } else {
+                            a.commit_pending_checkpoint();
+                            prev = std::mem::replace(&mut ckpt, p);
+                        }
                     },
-                    _ => { a.commit_checkpoint(); prev = std::mem::replace(&mut ckpt, live.clone()); }
+                    _ => {}
                 }
-                let mut union: Vec<u64> = live.iter().chain(ckpt.iter()).chain(prev.iter())
+                let mut union: Vec<u64> = live.iter().chain(ckpt.iter()).chain(prev.iter()).chain(pending.iter().flatten())
                     .flat_map(|e| e.block..e.block + e.blocks()).collect();
                 union.sort_unstable();
                 union.dedup();

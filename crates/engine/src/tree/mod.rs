@@ -26,7 +26,7 @@
 // from disk goes through the bounds-checked decoders and `get` first.
 #![allow(clippy::indexing_slicing)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -40,7 +40,8 @@ use crate::codec::DecodeError;
 use crate::entries::Entries;
 use crate::error::{EngineError, EngineResult};
 use crate::format::{
-    decode_basement, decode_header, decode_meta, encode_node, meta_end, NodeHeader, HEADER_BYTES,
+    decode_basement, decode_header, decode_meta, encode_node, meta_end, NodeHeader, NodeImage,
+    HEADER_BYTES,
 };
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, RangeRename, WriteBatch, KEY_SPACES};
@@ -180,6 +181,10 @@ pub(crate) struct Tree {
     /// Where the leaf after one a scan read sequentially begins: set by
     /// queries, taken by the store for its read-ahead ([`readahead`]).
     read_ahead_hint: Option<(KeySpace, Vec<u8>)>,
+    /// Nodes a checkpoint in flight has given extents that it has not yet
+    /// written ([`writeback`]): clean in the cache, but not on the device,
+    /// so eviction must keep them until the checkpoint is durable.
+    unwritten: HashSet<u64>,
 }
 
 impl Tree {
@@ -215,6 +220,7 @@ impl Tree {
             used_blocks_at_checkpoint: 0,
             read_only: false,
             read_ahead_hint: None,
+            unwritten: HashSet::new(),
         }
     }
 

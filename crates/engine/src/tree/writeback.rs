@@ -6,8 +6,9 @@
 use super::*;
 
 impl Tree {
-    /// Writes a dirty node to a fresh extent (copy-on-write).
-    pub(super) fn write_node(&mut self, num: u64) -> EngineResult<()> {
+    /// Encodes a dirty node and finds it a fresh extent (copy-on-write);
+    /// nothing changes yet but the allocation.
+    fn encode_for_write(&mut self, num: u64) -> EngineResult<(Extent, NodeImage)> {
         if self.read_only {
             return Err(EngineError::ReadOnly);
         }
@@ -30,22 +31,21 @@ impl Tree {
             );
             return Err(EngineError::NoSpace);
         };
-        if let Err(e) = self
-            .device
-            .write_at(&img.buf, self.layout.extent_offset(extent))
-        {
-            self.alloc.free(extent);
-            return Err(betreefs_store::StoreError::io("writing node", e).into());
-        }
+        Ok((extent, img))
+    }
+
+    /// Records node `num` as living at `extent` (its previous copy freed)
+    /// and clean; returns the image's bytes, for whoever writes them.
+    fn mark_written(&mut self, num: u64, extent: Extent, img: NodeImage) -> AlignedBuf {
         if let Some(old) = self.btt.set(num, extent, img.crc) {
             self.alloc.free(old);
         }
+        let mut node = self.take(num);
         add(
-            &self.stats.node_bytes_written[level(height)],
+            &self.stats.node_bytes_written[level(node.height())],
             img.buf.len() as u64,
         );
         add(&self.stats.nodes_written, 1);
-        let mut node = self.take(num);
         node.dirty = false;
         if let NodeBody::Leaf(leaf) = &mut node.body {
             for (b, loc) in leaf.basements.iter_mut().zip(img.basement_locs) {
@@ -53,6 +53,20 @@ impl Tree {
             }
         }
         self.put(num, node);
+        img.buf
+    }
+
+    /// Writes a dirty node to a fresh extent (copy-on-write).
+    pub(super) fn write_node(&mut self, num: u64) -> EngineResult<()> {
+        let (extent, img) = self.encode_for_write(num)?;
+        if let Err(e) = self
+            .device
+            .write_at(&img.buf, self.layout.extent_offset(extent))
+        {
+            self.alloc.free(extent);
+            return Err(betreefs_store::StoreError::io("writing node", e).into());
+        }
+        self.mark_written(num, extent, img);
         Ok(())
     }
 
@@ -83,7 +97,9 @@ impl Tree {
         let mut order: Vec<(bool, bool, u64, u64)> = self
             .cache
             .iter()
-            .filter(|(_, n)| write_dirty || !n.dirty)
+            .filter(|(num, n)| {
+                (write_dirty || !n.dirty) && (n.dirty || !self.unwritten.contains(num))
+            })
             .map(|(num, n)| (n.dirty, n.height() > 0, n.last_used, *num))
             .collect();
         order.sort_unstable();
@@ -103,18 +119,35 @@ impl Tree {
         Ok(())
     }
 
-    /// Writes every dirty node, the block table and a new superblock naming
-    /// them; `log_head` is where replay must start for what comes after.
-    /// `clean` marks the final checkpoint of a close (no record follows).
-    pub fn write_checkpoint(
+    /// The first half of a checkpoint, under the tree lock: every dirty
+    /// node is encoded and given a fresh extent, the block table naming
+    /// them is encoded, and the superblock is prepared; the nodes count as
+    /// clean from here on. Nothing is written: [`CheckpointWrites::write`]
+    /// does that without the lock while requests go on, and
+    /// [`Tree::finish_checkpoint`] (or [`Tree::abort_checkpoint`]) ends it.
+    /// `log_head` is where replay must start for what comes after; `clean`
+    /// marks the final checkpoint of a close (no record follows).
+    ///
+    /// What keeps the snapshot whole while writers change the tree
+    /// (docs/design.md, "Checkpoints that do not stop the world"): the
+    /// images are bytes, so later changes cannot reach them; the blocks
+    /// they go to are held by the allocator's pending generation even if
+    /// their nodes are written elsewhere or freed meanwhile; and eviction
+    /// keeps the nodes whose new extents are not yet written (`unwritten`),
+    /// so no one reads them back from the device too early.
+    pub fn begin_checkpoint(
         &mut self,
         log_head: u64,
         log_epoch: u32,
         clean: bool,
-    ) -> EngineResult<()> {
+    ) -> EngineResult<CheckpointWrites> {
         if self.read_only {
             return Err(EngineError::ReadOnly);
         }
+        assert!(
+            !self.checkpoint_in_flight(),
+            "tree invariant: one checkpoint at a time"
+        );
         let mut dirty: Vec<(u32, u64)> = self
             .cache
             .iter()
@@ -122,8 +155,16 @@ impl Tree {
             .map(|(num, n)| (n.height(), *num))
             .collect();
         dirty.sort_unstable();
+        let mut nodes = Vec::with_capacity(dirty.len());
         for (_, num) in dirty {
-            self.write_node(num)?;
+            match self.encode_for_write(num) {
+                Ok((extent, img)) => {
+                    let offset = self.layout.extent_offset(extent);
+                    nodes.push((offset, self.mark_written(num, extent, img)));
+                    self.unwritten.insert(num);
+                }
+                Err(e) => return Err(self.write_prepared_nodes(&nodes, e)),
+            }
         }
         let table = self.btt.encode();
         let Some(extent) = self.alloc.allocate(table.len() as u32) else {
@@ -133,21 +174,16 @@ impl Tree {
                 self.alloc.used_blocks(),
                 self.layout.nodes_bytes / BLOCK_SIZE as u64
             );
-            return Err(EngineError::NoSpace);
+            return Err(self.write_prepared_nodes(&nodes, EngineError::NoSpace));
         };
-        let buf = AlignedBuf::from_slice(&table);
-        let io = |context| move |e| EngineError::from(betreefs_store::StoreError::io(context, e));
-        let written = self
-            .device
-            .write_at(&buf, self.layout.extent_offset(extent))
-            .map_err(io("writing block table"))
-            .and_then(|()| self.device.sync().map_err(io("syncing nodes")));
-        if let Err(e) = written {
-            self.alloc.free(extent);
-            return Err(e);
+        let table_buf = AlignedBuf::from_slice(&table);
+        // The newest durable checkpoint still holds the old table's
+        // blocks; freed now, they stay held for two more checkpoints.
+        if let Some(old) = self.btt_extent.replace(extent) {
+            self.alloc.free(old);
         }
-        add(&self.stats.block_table_bytes_written, buf.len() as u64);
-        let sb = Superblock {
+        self.alloc.begin_checkpoint();
+        let superblock = Superblock {
             generation: self.generation + 1,
             layout: self.layout,
             checkpoint_seq: self.next_seq - 1,
@@ -158,18 +194,84 @@ impl Tree {
             roots: self.roots.to_vec(),
             clean,
         };
-        sb.write(self.device.as_ref())?;
-        add(&self.stats.superblock_bytes_written, BLOCK_SIZE as u64);
-        self.generation = sb.generation;
-        if let Some(old) = self.btt_extent.replace(extent) {
-            self.alloc.free(old);
+        Ok(CheckpointWrites {
+            nodes,
+            table: (self.layout.extent_offset(extent), table_buf),
+            superblock,
+        })
+    }
+
+    /// A checkpoint could not be prepared (no space for a node or the
+    /// table): the nodes already given extents are clean now, so their
+    /// images are written at once (the tree stays as it was, only partly
+    /// written back). Returns the error to report.
+    fn write_prepared_nodes(&mut self, nodes: &[(u64, AlignedBuf)], e: EngineError) -> EngineError {
+        for (offset, buf) in nodes {
+            if let Err(io) = self.device.write_at(buf, *offset) {
+                self.redirty_unwritten();
+                return betreefs_store::StoreError::io("writing node", io).into();
+            }
         }
-        self.alloc.commit_checkpoint();
+        self.unwritten.clear();
+        e
+    }
+
+    /// Whether a checkpoint has begun and not ended.
+    pub fn checkpoint_in_flight(&self) -> bool {
+        self.alloc.checkpoint_in_flight()
+    }
+
+    /// The second half of a checkpoint, under the tree lock again: its
+    /// superblock (generation `generation`) is durable.
+    pub fn finish_checkpoint(&mut self, generation: u64) {
+        self.generation = generation;
+        self.alloc.commit_pending_checkpoint();
+        self.unwritten.clear();
         let node_blocks = (self.opts.node_size / BLOCK_SIZE) as u64;
         self.node_sized_free_blocks = self.alloc.free_blocks_in_runs(node_blocks);
         self.used_blocks_at_checkpoint = self.alloc.used_blocks();
         add(&self.stats.checkpoints, 1);
-        Ok(())
+    }
+
+    /// A checkpoint whose writes failed: the nodes it meant to write are
+    /// dirty again (their contents are still in memory), and its blocks
+    /// stay held, since part of it may have reached the device.
+    pub fn abort_checkpoint(&mut self) {
+        self.redirty_unwritten();
+        self.alloc.abort_pending_checkpoint();
+    }
+
+    fn redirty_unwritten(&mut self) {
+        for num in std::mem::take(&mut self.unwritten) {
+            if self.cache.get(&num).is_some_and(|n| !n.dirty) {
+                let mut node = self.take(num);
+                node.dirty = true;
+                self.put(num, node);
+            }
+        }
+    }
+
+    /// A whole checkpoint with the lock held throughout (close, and the
+    /// paths that need one before they can go on: a full log, reclaiming
+    /// space).
+    pub fn write_checkpoint(
+        &mut self,
+        log_head: u64,
+        log_epoch: u32,
+        clean: bool,
+        before_superblock: impl FnOnce() -> EngineResult<()>,
+    ) -> EngineResult<()> {
+        let writes = self.begin_checkpoint(log_head, log_epoch, clean)?;
+        match writes.write(self.device.as_ref(), &self.stats, before_superblock) {
+            Ok(()) => {
+                self.finish_checkpoint(writes.generation());
+                Ok(())
+            }
+            Err(e) => {
+                self.abort_checkpoint();
+                Err(e)
+            }
+        }
     }
 
     /// Whether writes that add data should be refused: the node region
@@ -209,5 +311,47 @@ impl Tree {
             .saturating_sub(consumed)
             .saturating_mul(BLOCK_SIZE as u64);
         used + reserve > capacity || promised + self.dirty_bytes as u64 + 4 * node > runs
+    }
+}
+
+/// What a checkpoint writes, encoded by [`Tree::begin_checkpoint`]: dirty
+/// nodes with their offsets (in allocation order, so mostly sequential),
+/// the block table, and the superblock naming them.
+pub(crate) struct CheckpointWrites {
+    nodes: Vec<(u64, AlignedBuf)>,
+    table: (u64, AlignedBuf),
+    superblock: Superblock,
+}
+
+impl CheckpointWrites {
+    /// The superblock's generation (for [`Tree::finish_checkpoint`]).
+    pub fn generation(&self) -> u64 {
+        self.superblock.generation
+    }
+
+    /// Writes the nodes and the table, syncs, runs `before_superblock`
+    /// (the store makes the log durable up to the checkpoint's head there),
+    /// then writes the superblock and syncs: the superblock reaches the
+    /// device only after everything it names. Needs no tree lock.
+    pub fn write(
+        &self,
+        device: &dyn Device,
+        stats: &Stats,
+        before_superblock: impl FnOnce() -> EngineResult<()>,
+    ) -> EngineResult<()> {
+        let io = |context| move |e| EngineError::from(betreefs_store::StoreError::io(context, e));
+        for (offset, buf) in &self.nodes {
+            device.write_at(buf, *offset).map_err(io("writing node"))?;
+        }
+        let (offset, table) = &self.table;
+        device
+            .write_at(table, *offset)
+            .map_err(io("writing block table"))?;
+        add(&stats.block_table_bytes_written, table.len() as u64);
+        device.sync().map_err(io("syncing nodes"))?;
+        before_superblock()?;
+        self.superblock.write(device)?;
+        add(&stats.superblock_bytes_written, BLOCK_SIZE as u64);
+        Ok(())
     }
 }
