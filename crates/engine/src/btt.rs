@@ -42,7 +42,9 @@ pub enum Slot {
     },
 }
 
-#[derive(Default)]
+/// Cloned by a checkpoint when it begins: the table it writes is the one
+/// of that moment, with the extents its own writes give.
+#[derive(Clone, Default)]
 pub struct BlockTable {
     slots: Vec<Slot>,
     free: Vec<u64>,

@@ -35,4 +35,4 @@ mod store;
 
 pub use merge::{MergeRegistry, RecordOp, MERGE_PATCH, MERGE_RECORD, MERGE_TRUNCATE};
 pub use stats::StatsSnapshot;
-pub use store::{FaultObserver, Options, RangeIter, RecoveryReport, Reservation, Store};
+pub use store::{FaultObserver, Options, RangeIter, RecoveryReport, Reservation, Store, TurnHook};

@@ -43,7 +43,8 @@ pub struct Stats {
     pub cache_misses: AtomicU64,
     pub evictions: AtomicU64,
     pub checkpoints: AtomicU64,
-    /// Time checkpoints held the tree lock (writers wait that long).
+    /// Time checkpoints held the tree lock: the total, and the longest
+    /// single turn (a request may have waited that long).
     pub checkpoint_micros_total: AtomicU64,
     pub checkpoint_micros_max: AtomicU64,
     /// Time checkpoints spent writing without the tree lock (requests went

@@ -1,6 +1,7 @@
 //! Checkpoints written while requests go on (issue 11, item 3): the
-//! checkpoint's thread is stopped before each of its node, table, sync and
-//! superblock IOs, and the test writes, reads, scans and syncs in between —
+//! checkpoint's thread is stopped between its turns of encoding nodes and
+//! before each of its node, table, sync and superblock IOs, and the test
+//! writes, reads and syncs in between —
 //! which can only complete if a checkpoint in flight holds no lock they
 //! need. The same schedule with a power cut at every IO shows that a
 //! checkpoint overlapping writes keeps every synced write and a valid tree.
@@ -13,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 use std::time::Duration;
 
-use betreefs_engine::{KeySpace, Store};
+use betreefs_engine::{KeySpace, Store, TurnHook};
 use betreefs_store::{CrashMode, Device, MemDevice, Superblock};
 use common::{dump, random_batch, small_options, Model};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
@@ -33,8 +34,8 @@ struct Gate {
     go: Arc<Mutex<Receiver<()>>>,
 }
 
-/// A device whose IOs outside the log, when made by one chosen thread,
-/// each wait for the test's go (the log is not stepped: a log flush holds
+/// A device whose IOs outside the log (and the checkpoint's turns, through
+/// its hook), when made by one chosen thread, each wait for the test's go (the log is not stepped: a log flush holds
 /// the log's group-commit turn, which the test's own syncs need).
 struct SteppedDevice {
     inner: MemDevice,
@@ -93,7 +94,14 @@ fn prepared_store(seed: u64) -> (MemDevice, Arc<SteppedDevice>, Arc<Store>, Mode
         log: layout.log_offset..layout.log_offset + layout.log_bytes,
         gate: Mutex::new(None),
     });
-    let store = Arc::new(Store::open_on(device.clone(), small_options()).unwrap());
+    let mut options = small_options();
+    // One node per turn: writers get in between every two images.
+    options.checkpoint_turn_bytes = 1;
+    let stepped = device.clone();
+    options.checkpoint_turn_hook = Some(TurnHook(Arc::new(move || {
+        stepped.step(|| "turn".to_string(), None)
+    })));
+    let store = Arc::new(Store::open_on(device.clone(), options).unwrap());
     let mut model = Model::default();
     for _ in 0..300 {
         let batch = random_batch(&mut rng);
@@ -179,6 +187,10 @@ fn reads_and_writes_complete_while_a_checkpoint_is_in_flight() {
         "the checkpoint wrote too little to overlap: {ios:?}"
     );
     assert!(ios.last().is_some_and(|io| io == "sync"));
+    assert!(
+        ios.iter().filter(|io| *io == "turn").count() > 5,
+        "too few encoding turns: {ios:?}"
+    );
     assert_eq!(store.stats().checkpoints, checkpoints_before + 1);
     common::assert_matches(&store, &model);
     store.verify().unwrap();

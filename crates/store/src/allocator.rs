@@ -208,6 +208,43 @@ impl BlockAllocator {
         self.pending = Some(self.current.clone());
     }
 
+    /// Adds an extent allocated for the checkpoint in flight (a node image
+    /// or its block table) to what it holds.
+    pub fn hold_for_checkpoint(&mut self, extent: Extent) {
+        self.set_pending(extent, true);
+    }
+
+    /// The checkpoint in flight does not name this extent after all (its
+    /// node is written elsewhere by it): stop holding it for it.
+    pub fn release_from_checkpoint(&mut self, extent: Extent) {
+        self.set_pending(extent, false);
+    }
+
+    fn set_pending(&mut self, extent: Extent, on: bool) {
+        assert!(
+            self.pending.is_some(),
+            "allocator invariant: no checkpoint in flight for {extent:?}"
+        );
+        for b in extent.block..extent.block + extent.blocks() {
+            let was = self.in_use(b);
+            if let Some(pending) = &mut self.pending {
+                set(pending, b, on);
+            }
+            match (was, self.in_use(b)) {
+                (false, true) => self.used_blocks += 1,
+                (true, false) => self.used_blocks -= 1,
+                _ => {}
+            }
+        }
+    }
+
+    /// The checkpoint in flight is given up before anything of it was
+    /// written: nothing is held for it any more.
+    pub fn cancel_pending_checkpoint(&mut self) {
+        self.pending = None;
+        self.recount_used();
+    }
+
     /// Whether a checkpoint begun by [`Self::begin_checkpoint`] is in flight.
     pub fn checkpoint_in_flight(&self) -> bool {
         self.pending.is_some()
@@ -286,7 +323,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn never_hands_out_a_block_in_use(ops in proptest::collection::vec((0u8..5, 1u32..20_000), 1..200)) {
+        fn never_hands_out_a_block_in_use(ops in proptest::collection::vec((0u8..8, 1u32..20_000), 1..200)) {
             let mut a = BlockAllocator::new(64);
             let mut live: Vec<Extent> = Vec::new();
             let mut ckpt: Vec<Extent> = Vec::new();
@@ -318,6 +355,25 @@ mod tests {
                             prev = std::mem::replace(&mut ckpt, p);
                         }
                     },
+                    // An extent written for the checkpoint in flight.
+                    5 if !live.is_empty() => if let Some(p) = &mut pending {
+                        let e = live[len as usize % live.len()];
+                        if !p.contains(&e) {
+                            a.hold_for_checkpoint(e);
+                            p.push(e);
+                        }
+                    },
+                    // One it turned out not to name.
+                    6 => if let Some(p) = &mut pending {
+                        if !p.is_empty() {
+                            let e = p.remove(len as usize % p.len());
+                            a.release_from_checkpoint(e);
+                        }
+                    },
+                    7 if pending.is_some() => {
+                        a.cancel_pending_checkpoint();
+                        pending = None;
+                    }
                     _ => {}
                 }
                 let mut union: Vec<u64> = live.iter().chain(ckpt.iter()).chain(prev.iter()).chain(pending.iter().flatten())

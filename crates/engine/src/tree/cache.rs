@@ -13,6 +13,7 @@ impl Tree {
         };
         self.cache_bytes -= node.mem_bytes();
         self.dirty_bytes -= dirty_estimate(&node);
+        self.before_change(num, &node);
         node
     }
 

@@ -185,6 +185,8 @@ pub(crate) struct Tree {
     /// written ([`writeback`]): clean in the cache, but not on the device,
     /// so eviction must keep them until the checkpoint is durable.
     unwritten: HashSet<u64>,
+    /// A checkpoint still making its images ([`writeback`]).
+    checkpoint: Option<writeback::CheckpointInProgress>,
 }
 
 impl Tree {
@@ -221,6 +223,7 @@ impl Tree {
             read_only: false,
             read_ahead_hint: None,
             unwritten: HashSet::new(),
+            checkpoint: None,
         }
     }
 

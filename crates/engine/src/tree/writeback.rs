@@ -119,28 +119,24 @@ impl Tree {
         Ok(())
     }
 
-    /// The first half of a checkpoint, under the tree lock: every dirty
-    /// node is encoded and given a fresh extent, the block table naming
-    /// them is encoded, and the superblock is prepared; the nodes count as
-    /// clean from here on. Nothing is written: [`CheckpointWrites::write`]
-    /// does that without the lock while requests go on, and
-    /// [`Tree::finish_checkpoint`] (or [`Tree::abort_checkpoint`]) ends it.
+    /// Begins a checkpoint of the tree as it is now, under the tree lock:
+    /// which nodes are dirty, the roots, the sequence number and the block
+    /// table are noted (the table cloned), and the allocator holds every
+    /// block in use. Nothing is encoded yet: [`Tree::encode_checkpoint_nodes`]
+    /// does that a bounded amount at a time, and a node about to change
+    /// before it got there is encoded first ([`Tree::take`]), so every image
+    /// shows the node as it was when the checkpoint began (TokuDB's
+    /// "pending" nodes, with an encoded image for their clone).
+    /// [`Tree::seal_checkpoint`] then gives the images their extents.
     /// `log_head` is where replay must start for what comes after; `clean`
     /// marks the final checkpoint of a close (no record follows).
-    ///
-    /// What keeps the snapshot whole while writers change the tree
-    /// (docs/design.md, "Checkpoints that do not stop the world"): the
-    /// images are bytes, so later changes cannot reach them; the blocks
-    /// they go to are held by the allocator's pending generation even if
-    /// their nodes are written elsewhere or freed meanwhile; and eviction
-    /// keeps the nodes whose new extents are not yet written (`unwritten`),
-    /// so no one reads them back from the device too early.
+    /// See docs/design.md, "Checkpoints that do not stop the world".
     pub fn begin_checkpoint(
         &mut self,
         log_head: u64,
         log_epoch: u32,
         clean: bool,
-    ) -> EngineResult<CheckpointWrites> {
+    ) -> EngineResult<()> {
         if self.read_only {
             return Err(EngineError::ReadOnly);
         }
@@ -154,71 +150,154 @@ impl Tree {
             .filter(|(_, n)| n.dirty)
             .map(|(num, n)| (n.height(), *num))
             .collect();
-        dirty.sort_unstable();
-        let mut nodes = Vec::with_capacity(dirty.len());
-        for (_, num) in dirty {
-            match self.encode_for_write(num) {
-                Ok((extent, img)) => {
-                    let offset = self.layout.extent_offset(extent);
-                    nodes.push((offset, self.mark_written(num, extent, img)));
-                    self.unwritten.insert(num);
+        // Popped from the end: leaves first, as they were written before.
+        dirty.sort_unstable_by(|a, b| b.cmp(a));
+        self.alloc.begin_checkpoint();
+        self.checkpoint = Some(CheckpointInProgress {
+            pending: dirty.iter().map(|&(_, num)| num).collect(),
+            order: dirty.into_iter().map(|(_, num)| num).collect(),
+            images: Vec::new(),
+            unchanged: HashSet::new(),
+            btt: self.btt.clone(),
+            superblock: Superblock {
+                generation: self.generation + 1,
+                layout: self.layout,
+                checkpoint_seq: self.next_seq - 1,
+                log_head,
+                log_epoch,
+                btt: Extent { block: 0, len: 0 },
+                btt_crc: 0,
+                roots: self.roots.to_vec(),
+                clean,
+            },
+        });
+        Ok(())
+    }
+
+    /// Encodes nodes of the checkpoint in flight until `budget` bytes of
+    /// images are made; whether none is left to encode.
+    pub fn encode_checkpoint_nodes(&mut self, budget: usize) -> bool {
+        let Some(mut cp) = self.checkpoint.take() else {
+            return true;
+        };
+        let mut bytes = 0;
+        while bytes < budget {
+            let Some(num) = cp.order.pop() else { break };
+            if !cp.pending.remove(&num) {
+                continue; // encoded when it was about to change
+            }
+            let img = encode_image(self.node(num), num);
+            bytes += img.buf.len();
+            cp.unchanged.insert(num);
+            cp.images.push((num, img));
+        }
+        let done = cp.order.is_empty();
+        self.checkpoint = Some(cp);
+        done
+    }
+
+    /// A node of the checkpoint in flight is taken out to change (or to be
+    /// dropped): its image is made first, if it has none yet.
+    pub(super) fn before_change(&mut self, num: u64, node: &Node) {
+        if let Some(cp) = &mut self.checkpoint {
+            if cp.pending.remove(&num) {
+                cp.images.push((num, encode_image(node, num)));
+            }
+            cp.unchanged.remove(&num);
+        }
+    }
+
+    /// Ends the encoding part of the checkpoint in flight, under the tree
+    /// lock: encodes what is left, gives every image an extent, and
+    /// encodes the block table naming them. Nodes still as their image
+    /// shows become clean, at their new extents (kept in the cache until
+    /// written, `unwritten`); the others stay dirty, their image known to
+    /// the checkpoint alone. Returns what to write without the lock. On
+    /// failure (no space) nothing has changed but that the checkpoint is
+    /// given up.
+    pub fn seal_checkpoint(&mut self) -> EngineResult<CheckpointWrites> {
+        self.encode_checkpoint_nodes(usize::MAX);
+        let Some(mut cp) = self.checkpoint.take() else {
+            panic!("tree invariant: no checkpoint in flight to seal");
+        };
+        let mut placed = Vec::with_capacity(cp.images.len());
+        for (num, img) in std::mem::take(&mut cp.images) {
+            match self.alloc.allocate(img.len) {
+                Some(extent) => placed.push((num, extent, img)),
+                None => {
+                    tracing::warn!(
+                        "no {} byte extent for node {num}; {} of {} blocks in use",
+                        img.len,
+                        self.alloc.used_blocks(),
+                        self.layout.nodes_bytes / BLOCK_SIZE as u64
+                    );
+                    return Err(self.cancel_checkpoint(placed.iter().map(|p| p.1)));
                 }
-                Err(e) => return Err(self.write_prepared_nodes(&nodes, e)),
             }
         }
-        let table = self.btt.encode();
-        let Some(extent) = self.alloc.allocate(table.len() as u32) else {
+        for (num, extent, img) in &placed {
+            cp.btt.set(*num, *extent, img.crc);
+        }
+        let table = cp.btt.encode();
+        let Some(table_extent) = self.alloc.allocate(table.len() as u32) else {
             tracing::warn!(
                 "no {} byte extent for the block table; {} of {} blocks in use",
                 table.len(),
                 self.alloc.used_blocks(),
                 self.layout.nodes_bytes / BLOCK_SIZE as u64
             );
-            return Err(self.write_prepared_nodes(&nodes, EngineError::NoSpace));
+            return Err(self.cancel_checkpoint(placed.iter().map(|p| p.1)));
         };
-        let table_buf = AlignedBuf::from_slice(&table);
+        // Nothing fails from here on.
+        let mut nodes = Vec::with_capacity(placed.len());
+        for (num, extent, img) in placed {
+            self.alloc.hold_for_checkpoint(extent);
+            let offset = self.layout.extent_offset(extent);
+            if cp.unchanged.contains(&num) {
+                if let Slot::OnDisk { extent: old, .. } = self.btt.get(num) {
+                    // Named by neither this checkpoint nor the live tree.
+                    self.alloc.release_from_checkpoint(old);
+                }
+                nodes.push((offset, self.mark_written(num, extent, img)));
+                self.unwritten.insert(num);
+            } else {
+                // Changed since: the image is the checkpoint's alone.
+                self.alloc.free(extent);
+                nodes.push((offset, img.buf));
+            }
+        }
+        self.alloc.hold_for_checkpoint(table_extent);
         // The newest durable checkpoint still holds the old table's
         // blocks; freed now, they stay held for two more checkpoints.
-        if let Some(old) = self.btt_extent.replace(extent) {
+        if let Some(old) = self.btt_extent.replace(table_extent) {
             self.alloc.free(old);
         }
-        self.alloc.begin_checkpoint();
-        let superblock = Superblock {
-            generation: self.generation + 1,
-            layout: self.layout,
-            checkpoint_seq: self.next_seq - 1,
-            log_head,
-            log_epoch,
-            btt: extent,
-            btt_crc: crc32c_of(&[&table]),
-            roots: self.roots.to_vec(),
-            clean,
-        };
+        let mut superblock = cp.superblock;
+        superblock.btt = table_extent;
+        superblock.btt_crc = crc32c_of(&[&table]);
         Ok(CheckpointWrites {
             nodes,
-            table: (self.layout.extent_offset(extent), table_buf),
+            table: (
+                self.layout.extent_offset(table_extent),
+                AlignedBuf::from_slice(&table),
+            ),
             superblock,
         })
     }
 
-    /// A checkpoint could not be prepared (no space for a node or the
-    /// table): the nodes already given extents are clean now, so their
-    /// images are written at once (the tree stays as it was, only partly
-    /// written back). Returns the error to report.
-    fn write_prepared_nodes(&mut self, nodes: &[(u64, AlignedBuf)], e: EngineError) -> EngineError {
-        for (offset, buf) in nodes {
-            if let Err(io) = self.device.write_at(buf, *offset) {
-                self.redirty_unwritten();
-                return betreefs_store::StoreError::io("writing node", io).into();
-            }
+    /// Gives up a checkpoint before anything of it was written: the
+    /// extents found for it are freed and its nodes stay dirty.
+    fn cancel_checkpoint(&mut self, extents: impl Iterator<Item = Extent>) -> EngineError {
+        for extent in extents {
+            self.alloc.free(extent);
         }
-        self.unwritten.clear();
-        e
+        self.alloc.cancel_pending_checkpoint();
+        EngineError::NoSpace
     }
 
     /// Whether a checkpoint has begun and not ended.
     pub fn checkpoint_in_flight(&self) -> bool {
-        self.alloc.checkpoint_in_flight()
+        self.checkpoint.is_some() || self.alloc.checkpoint_in_flight()
     }
 
     /// The second half of a checkpoint, under the tree lock again: its
@@ -261,7 +340,8 @@ impl Tree {
         clean: bool,
         before_superblock: impl FnOnce() -> EngineResult<()>,
     ) -> EngineResult<()> {
-        let writes = self.begin_checkpoint(log_head, log_epoch, clean)?;
+        self.begin_checkpoint(log_head, log_epoch, clean)?;
+        let writes = self.seal_checkpoint()?;
         match writes.write(self.device.as_ref(), &self.stats, before_superblock) {
             Ok(()) => {
                 self.finish_checkpoint(writes.generation());
@@ -314,7 +394,7 @@ impl Tree {
     }
 }
 
-/// What a checkpoint writes, encoded by [`Tree::begin_checkpoint`]: dirty
+/// What a checkpoint writes, encoded by [`Tree::seal_checkpoint`]: dirty
 /// nodes with their offsets (in allocation order, so mostly sequential),
 /// the block table, and the superblock naming them.
 pub(crate) struct CheckpointWrites {
@@ -354,4 +434,31 @@ impl CheckpointWrites {
         add(&stats.superblock_bytes_written, BLOCK_SIZE as u64);
         Ok(())
     }
+}
+
+/// A checkpoint between [`Tree::begin_checkpoint`] and
+/// [`Tree::seal_checkpoint`].
+pub(super) struct CheckpointInProgress {
+    /// Nodes dirty when it began whose image is not made yet.
+    pending: HashSet<u64>,
+    /// The same, in the order the encoder takes them (popped from the end).
+    order: Vec<u64>,
+    images: Vec<(u64, NodeImage)>,
+    /// Imaged nodes not taken out to change since.
+    unchanged: HashSet<u64>,
+    /// The block table when it began.
+    btt: BlockTable,
+    /// The superblock to write; its table extent and checksum come last.
+    superblock: Superblock,
+}
+
+/// A node's image, for a checkpoint (dirty leaves are always whole).
+fn encode_image(node: &Node, num: u64) -> NodeImage {
+    if let NodeBody::Leaf(leaf) = &node.body {
+        assert!(
+            leaf.is_fully_loaded(),
+            "tree invariant: dirty leaf {num} must be fully loaded"
+        );
+    }
+    encode_node(node, num)
 }
