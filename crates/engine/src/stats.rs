@@ -51,6 +51,11 @@ pub struct Stats {
     /// on meanwhile).
     pub checkpoint_io_micros_total: AtomicU64,
     pub checkpoint_io_micros_max: AtomicU64,
+    /// The longest a write spent, with the tree lock held, applying its
+    /// batch (flushes, splits and merges it set off included) and then
+    /// evicting (writing back dirty nodes when the cache is over budget).
+    pub apply_micros_max: AtomicU64,
+    pub evict_micros_max: AtomicU64,
     pub log_replayed_records: AtomicU64,
 }
 
@@ -101,6 +106,8 @@ pub struct StatsSnapshot {
     pub checkpoint_micros_max: u64,
     pub checkpoint_io_micros_total: u64,
     pub checkpoint_io_micros_max: u64,
+    pub apply_micros_max: u64,
+    pub evict_micros_max: u64,
     pub log_replayed_records: u64,
     pub cache_bytes: u64,
     pub cache_dirty_bytes: u64,
@@ -148,6 +155,8 @@ impl Stats {
             checkpoint_micros_max: get(&self.checkpoint_micros_max),
             checkpoint_io_micros_total: get(&self.checkpoint_io_micros_total),
             checkpoint_io_micros_max: get(&self.checkpoint_io_micros_max),
+            apply_micros_max: get(&self.apply_micros_max),
+            evict_micros_max: get(&self.evict_micros_max),
             log_replayed_records: get(&self.log_replayed_records),
             ..StatsSnapshot::default()
         }

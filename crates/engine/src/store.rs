@@ -737,6 +737,11 @@ impl Drop for Store {
 
 type TreeGuard<'a> = parking_lot::MutexGuard<'a, Tree>;
 
+/// Raises a maximum kept in microseconds.
+fn record_max(max: &std::sync::atomic::AtomicU64, took: Duration) {
+    max.fetch_max(took.as_micros() as u64, Ordering::Relaxed);
+}
+
 /// The turns a checkpoint held the tree lock.
 #[derive(Default)]
 struct LockTurns {
@@ -1005,12 +1010,15 @@ impl Inner {
         }
         tree.next_seq = seq + 1;
         self.promised_bytes.store(promised_after, Ordering::Relaxed);
+        let applying = Instant::now();
         if let Err(e) = tree.apply_batch(seq, batch) {
             return Err(self.poison(e));
         }
+        record_max(&self.stats.apply_micros_max, applying.elapsed());
         let user_bytes: u64 = batch.messages().iter().map(|(_, m)| m.user_bytes()).sum();
         add(&self.stats.user_bytes_written, user_bytes);
         add(&self.stats.user_messages, batch.len() as u64);
+        let evicting = Instant::now();
         match tree.evict_if_needed() {
             Ok(()) => {}
             Err(e) if e.is_no_space() => {
@@ -1018,6 +1026,7 @@ impl Inner {
             }
             Err(e) => return Err(self.poison(e)),
         }
+        record_max(&self.stats.evict_micros_max, evicting.elapsed());
         // A third of the log: the writer keeps the records of the previous
         // checkpoint's head on as well, so two of these fit in the region
         // with room to spare while the checkpoint runs.
@@ -1187,17 +1196,14 @@ impl Inner {
     /// may have waited as long as the longest); `io`: how long it wrote
     /// without it.
     fn record_checkpoint_times(&self, locked: LockTurns, io: Duration) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let io = io.as_micros() as u64;
+        let stats = &self.stats;
         add(
-            &self.stats.checkpoint_micros_total,
+            &stats.checkpoint_micros_total,
             locked.total.as_micros() as u64,
         );
-        self.stats
-            .checkpoint_micros_max
-            .fetch_max(locked.longest.as_micros() as u64, Relaxed);
-        add(&self.stats.checkpoint_io_micros_total, io);
-        self.stats.checkpoint_io_micros_max.fetch_max(io, Relaxed);
+        record_max(&stats.checkpoint_micros_max, locked.longest);
+        add(&stats.checkpoint_io_micros_total, io.as_micros() as u64);
+        record_max(&stats.checkpoint_io_micros_max, io);
     }
 
     fn stats_snapshot(&self) -> StatsSnapshot {
