@@ -1102,22 +1102,41 @@ impl Inner {
         let head = self.log.append_pos();
         tree.begin_checkpoint(head, self.log.epoch(), false)
             .map_err(|e| self.poison(e))?;
+        let device = tree.device();
+        let mut io = Duration::ZERO;
+        // Turns: encode a bounded part under the lock, write it without.
         loop {
-            let done = tree.encode_checkpoint_nodes(self.options.checkpoint_turn_bytes);
+            let turn_result = tree.encode_checkpoint_nodes(self.options.checkpoint_turn_bytes);
             locked.add(turn.elapsed());
-            if done {
-                break;
-            }
             drop(tree);
-            if let Some(hook) = &self.options.checkpoint_turn_hook {
-                (hook.0)();
+            let (done, images) = match turn_result {
+                Ok(turn) => turn,
+                Err(e) => {
+                    self.checkpoint_ended.notify_all();
+                    return Err(self.poison(e));
+                }
+            };
+            let writing = Instant::now();
+            let written = crate::tree::write_nodes(device.as_ref(), &images);
+            io += writing.elapsed();
+            if let Err(e) = written {
+                self.lock_tree().cancel_checkpoint();
+                self.checkpoint_ended.notify_all();
+                return Err(self.poison(e));
+            }
+            if !done {
+                if let Some(hook) = &self.options.checkpoint_turn_hook {
+                    (hook.0)();
+                }
             }
             tree = self.lock_tree();
             turn = Instant::now();
+            if done {
+                break;
+            }
         }
         let sealed = tree.seal_checkpoint();
         locked.add(turn.elapsed());
-        let device = tree.device();
         drop(tree);
         let writes = match sealed {
             Ok(writes) => writes,
@@ -1130,7 +1149,7 @@ impl Inner {
         let written = writes.write(device.as_ref(), &self.stats, || {
             self.log.flush().map_err(EngineError::from)
         });
-        let io = io_started.elapsed();
+        io += io_started.elapsed();
         let mut tree = self.lock_tree();
         let relocked = Instant::now();
         let result = match written {

@@ -45,7 +45,7 @@ use crate::format::{
 };
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, RangeRename, WriteBatch, KEY_SPACES};
-use crate::node::{Bounds, Interior, Leaf, Node, NodeBody};
+use crate::node::{BasementLoc, Bounds, Interior, Leaf, Node, NodeBody};
 use crate::stats::{add, level, Stats};
 use crate::validate;
 
@@ -332,6 +332,7 @@ mod share;
 mod surgery;
 mod verify;
 mod writeback;
+pub(crate) use writeback::write_nodes;
 
 #[cfg(test)]
 mod tests {

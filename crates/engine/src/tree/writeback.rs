@@ -35,25 +35,24 @@ impl Tree {
     }
 
     /// Records node `num` as living at `extent` (its previous copy freed)
-    /// and clean; returns the image's bytes, for whoever writes them.
-    fn mark_written(&mut self, num: u64, extent: Extent, img: NodeImage) -> AlignedBuf {
-        if let Some(old) = self.btt.set(num, extent, img.crc) {
+    /// and clean, its basements where the image put them.
+    fn mark_written(&mut self, num: u64, extent: Extent, crc: u32, locs: Vec<BasementLoc>) {
+        if let Some(old) = self.btt.set(num, extent, crc) {
             self.alloc.free(old);
         }
         let mut node = self.take(num);
-        add(
-            &self.stats.node_bytes_written[level(node.height())],
-            img.buf.len() as u64,
-        );
-        add(&self.stats.nodes_written, 1);
         node.dirty = false;
         if let NodeBody::Leaf(leaf) = &mut node.body {
-            for (b, loc) in leaf.basements.iter_mut().zip(img.basement_locs) {
+            for (b, loc) in leaf.basements.iter_mut().zip(locs) {
                 b.loc = Some(loc);
             }
         }
         self.put(num, node);
-        img.buf
+    }
+
+    fn count_node_written(&self, height: u32, bytes: usize) {
+        add(&self.stats.node_bytes_written[level(height)], bytes as u64);
+        add(&self.stats.nodes_written, 1);
     }
 
     /// Writes a dirty node to a fresh extent (copy-on-write).
@@ -66,7 +65,8 @@ impl Tree {
             self.alloc.free(extent);
             return Err(betreefs_store::StoreError::io("writing node", e).into());
         }
-        self.mark_written(num, extent, img);
+        self.count_node_written(self.node(num).height(), img.buf.len());
+        self.mark_written(num, extent, img.crc, img.basement_locs);
         Ok(())
     }
 
@@ -157,6 +157,7 @@ impl Tree {
             pending: dirty.iter().map(|&(_, num)| num).collect(),
             order: dirty.into_iter().map(|(_, num)| num).collect(),
             images: Vec::new(),
+            placed: Vec::new(),
             unchanged: HashSet::new(),
             btt: self.btt.clone(),
             superblock: Superblock {
@@ -174,11 +175,15 @@ impl Tree {
         Ok(())
     }
 
-    /// Encodes nodes of the checkpoint in flight until `budget` bytes of
-    /// images are made; whether none is left to encode.
-    pub fn encode_checkpoint_nodes(&mut self, budget: usize) -> bool {
+    /// One turn of the checkpoint in flight: encodes nodes until `budget`
+    /// bytes of images are made, and gives every image made so far an
+    /// extent (held for the checkpoint). Returns whether no node is left
+    /// to encode, and the images' bytes, for the caller to write without
+    /// the lock (so no more than a turn's images are ever in memory). If
+    /// space runs out the checkpoint is cancelled ([`Tree::cancel_checkpoint`]).
+    pub fn encode_checkpoint_nodes(&mut self, budget: usize) -> EngineResult<(bool, NodeWrites)> {
         let Some(mut cp) = self.checkpoint.take() else {
-            return true;
+            return Ok((true, Vec::new()));
         };
         let mut bytes = 0;
         while bytes < budget {
@@ -186,14 +191,39 @@ impl Tree {
             if !cp.pending.remove(&num) {
                 continue; // encoded when it was about to change
             }
-            let img = encode_image(self.node(num), num);
+            let node = self.node(num);
+            let img = encode_image(node, num);
             bytes += img.buf.len();
             cp.unchanged.insert(num);
-            cp.images.push((num, img));
+            cp.images.push((num, node.height(), img));
         }
         let done = cp.order.is_empty();
+        let mut writes = Vec::with_capacity(cp.images.len());
+        for (num, height, img) in std::mem::take(&mut cp.images) {
+            let Some(extent) = self.alloc.allocate(img.len) else {
+                tracing::warn!(
+                    "no {} byte extent for node {num}; {} of {} blocks in use",
+                    img.len,
+                    self.alloc.used_blocks(),
+                    self.layout.nodes_bytes / BLOCK_SIZE as u64
+                );
+                self.checkpoint = Some(cp);
+                self.cancel_checkpoint();
+                return Err(EngineError::NoSpace);
+            };
+            self.alloc.hold_for_checkpoint(extent);
+            writes.push((self.layout.extent_offset(extent), img.buf));
+            cp.placed.push(PlacedImage {
+                num,
+                height,
+                extent,
+                crc: img.crc,
+                bytes: img.len as usize,
+                basement_locs: img.basement_locs,
+            });
+        }
         self.checkpoint = Some(cp);
-        done
+        Ok((done, writes))
     }
 
     /// A node of the checkpoint in flight is taken out to change (or to be
@@ -201,42 +231,27 @@ impl Tree {
     pub(super) fn before_change(&mut self, num: u64, node: &Node) {
         if let Some(cp) = &mut self.checkpoint {
             if cp.pending.remove(&num) {
-                cp.images.push((num, encode_image(node, num)));
+                cp.images
+                    .push((num, node.height(), encode_image(node, num)));
             }
             cp.unchanged.remove(&num);
         }
     }
 
     /// Ends the encoding part of the checkpoint in flight, under the tree
-    /// lock: encodes what is left, gives every image an extent, and
-    /// encodes the block table naming them. Nodes still as their image
-    /// shows become clean, at their new extents (kept in the cache until
-    /// written, `unwritten`); the others stay dirty, their image known to
-    /// the checkpoint alone. Returns what to write without the lock. On
-    /// failure (no space) nothing has changed but that the checkpoint is
-    /// given up.
+    /// lock: encodes and places what is left, and encodes the block table
+    /// naming every image. Nodes still as their image shows become clean,
+    /// at their new extents (kept in the cache until the checkpoint is
+    /// durable, `unwritten`); the others stay dirty, their image the
+    /// checkpoint's alone. Returns what is left to write without the lock.
+    /// If space runs out the checkpoint is cancelled and no node changed.
     pub fn seal_checkpoint(&mut self) -> EngineResult<CheckpointWrites> {
-        self.encode_checkpoint_nodes(usize::MAX);
+        let (_, nodes) = self.encode_checkpoint_nodes(usize::MAX)?;
         let Some(mut cp) = self.checkpoint.take() else {
             panic!("tree invariant: no checkpoint in flight to seal");
         };
-        let mut placed = Vec::with_capacity(cp.images.len());
-        for (num, img) in std::mem::take(&mut cp.images) {
-            match self.alloc.allocate(img.len) {
-                Some(extent) => placed.push((num, extent, img)),
-                None => {
-                    tracing::warn!(
-                        "no {} byte extent for node {num}; {} of {} blocks in use",
-                        img.len,
-                        self.alloc.used_blocks(),
-                        self.layout.nodes_bytes / BLOCK_SIZE as u64
-                    );
-                    return Err(self.cancel_checkpoint(placed.iter().map(|p| p.1)));
-                }
-            }
-        }
-        for (num, extent, img) in &placed {
-            cp.btt.set(*num, *extent, img.crc);
+        for p in &cp.placed {
+            cp.btt.set(p.num, p.extent, p.crc);
         }
         let table = cp.btt.encode();
         let Some(table_extent) = self.alloc.allocate(table.len() as u32) else {
@@ -246,24 +261,23 @@ impl Tree {
                 self.alloc.used_blocks(),
                 self.layout.nodes_bytes / BLOCK_SIZE as u64
             );
-            return Err(self.cancel_checkpoint(placed.iter().map(|p| p.1)));
+            self.checkpoint = Some(cp);
+            self.cancel_checkpoint();
+            return Err(EngineError::NoSpace);
         };
         // Nothing fails from here on.
-        let mut nodes = Vec::with_capacity(placed.len());
-        for (num, extent, img) in placed {
-            self.alloc.hold_for_checkpoint(extent);
-            let offset = self.layout.extent_offset(extent);
-            if cp.unchanged.contains(&num) {
-                if let Slot::OnDisk { extent: old, .. } = self.btt.get(num) {
+        for p in std::mem::take(&mut cp.placed) {
+            self.count_node_written(p.height, p.bytes);
+            if cp.unchanged.contains(&p.num) {
+                if let Slot::OnDisk { extent: old, .. } = self.btt.get(p.num) {
                     // Named by neither this checkpoint nor the live tree.
                     self.alloc.release_from_checkpoint(old);
                 }
-                nodes.push((offset, self.mark_written(num, extent, img)));
-                self.unwritten.insert(num);
+                self.mark_written(p.num, p.extent, p.crc, p.basement_locs);
+                self.unwritten.insert(p.num);
             } else {
                 // Changed since: the image is the checkpoint's alone.
-                self.alloc.free(extent);
-                nodes.push((offset, img.buf));
+                self.alloc.free(p.extent);
             }
         }
         self.alloc.hold_for_checkpoint(table_extent);
@@ -285,14 +299,16 @@ impl Tree {
         })
     }
 
-    /// Gives up a checkpoint before anything of it was written: the
-    /// extents found for it are freed and its nodes stay dirty.
-    fn cancel_checkpoint(&mut self, extents: impl Iterator<Item = Extent>) -> EngineError {
-        for extent in extents {
-            self.alloc.free(extent);
+    /// Gives up the checkpoint in flight before it was sealed (no space,
+    /// or a turn's writes failed): the extents its images were given are
+    /// freed (no superblock names them) and its nodes stay dirty.
+    pub fn cancel_checkpoint(&mut self) {
+        if let Some(cp) = self.checkpoint.take() {
+            for p in cp.placed {
+                self.alloc.free(p.extent);
+            }
         }
         self.alloc.cancel_pending_checkpoint();
-        EngineError::NoSpace
     }
 
     /// Whether a checkpoint has begun and not ended.
@@ -398,7 +414,7 @@ impl Tree {
 /// nodes with their offsets (in allocation order, so mostly sequential),
 /// the block table, and the superblock naming them.
 pub(crate) struct CheckpointWrites {
-    nodes: Vec<(u64, AlignedBuf)>,
+    nodes: NodeWrites,
     table: (u64, AlignedBuf),
     superblock: Superblock,
 }
@@ -420,9 +436,7 @@ impl CheckpointWrites {
         before_superblock: impl FnOnce() -> EngineResult<()>,
     ) -> EngineResult<()> {
         let io = |context| move |e| EngineError::from(betreefs_store::StoreError::io(context, e));
-        for (offset, buf) in &self.nodes {
-            device.write_at(buf, *offset).map_err(io("writing node"))?;
-        }
+        write_nodes(device, &self.nodes)?;
         let (offset, table) = &self.table;
         device
             .write_at(table, *offset)
@@ -443,13 +457,40 @@ pub(super) struct CheckpointInProgress {
     pending: HashSet<u64>,
     /// The same, in the order the encoder takes them (popped from the end).
     order: Vec<u64>,
-    images: Vec<(u64, NodeImage)>,
+    /// Images not yet given an extent: node number, height, image.
+    images: Vec<(u64, u32, NodeImage)>,
+    /// Images given an extent (their bytes written, or being written).
+    placed: Vec<PlacedImage>,
     /// Imaged nodes not taken out to change since.
     unchanged: HashSet<u64>,
     /// The block table when it began.
     btt: BlockTable,
     /// The superblock to write; its table extent and checksum come last.
     superblock: Superblock,
+}
+
+/// An image of the checkpoint in flight with its extent: what the block
+/// table and, if the node has not changed since, the cached node must say.
+pub(super) struct PlacedImage {
+    num: u64,
+    height: u32,
+    extent: Extent,
+    crc: u32,
+    bytes: usize,
+    basement_locs: Vec<BasementLoc>,
+}
+
+/// Node images to write: (device offset, bytes).
+pub(crate) type NodeWrites = Vec<(u64, AlignedBuf)>;
+
+/// Writes node images (no tree lock needed).
+pub(crate) fn write_nodes(device: &dyn Device, nodes: &NodeWrites) -> EngineResult<()> {
+    for (offset, buf) in nodes {
+        device
+            .write_at(buf, *offset)
+            .map_err(|e| EngineError::from(betreefs_store::StoreError::io("writing node", e)))?;
+    }
+    Ok(())
 }
 
 /// A node's image, for a checkpoint (dirty leaves are always whole).
