@@ -643,6 +643,7 @@ impl Store {
     pub fn compact(&self) -> EngineResult<()> {
         self.inner.check_writable()?;
         let mut tree = self.inner.lock_tree();
+        self.inner.wait_for_checkpoint(&mut tree);
         self.inner.check_failed()?;
         tree.flush_everything().map_err(|e| self.inner.poison(e))?;
         self.inner.checkpoint_locked(&mut tree)
@@ -672,6 +673,9 @@ impl Store {
     pub fn free_unreachable_nodes(&self) -> EngineResult<u64> {
         self.inner.check_writable()?;
         let mut tree = self.inner.lock_tree();
+        // Unreachable means unreachable by the live tree and every
+        // checkpoint: none may be in flight.
+        self.inner.wait_for_checkpoint(&mut tree);
         let unreachable = tree.verify()?.unreachable;
         tree.free_unreachable(&unreachable);
         self.inner.checkpoint_locked(&mut tree)?;
@@ -961,53 +965,67 @@ impl Inner {
         }
         let payload = batch.encode();
         let mut tree = self.lock_tree();
-        // Again under the lock: a checkpoint for a remount read-only must
-        // not be followed by a write that checked before it began.
-        self.check_writable()?;
-        let promised = self.promised_bytes.load(Ordering::Relaxed);
-        let promised_after = promised
-            .saturating_add(reservation.take)
-            .saturating_sub(reservation.release);
-        if reservation.take > 0 || needs_space(batch) {
-            // A write drawing on a promise is checked with the promise
-            // already given back; one making a promise, with it taken.
-            let drawing = reservation.release > 0 && reservation.take == 0;
-            let counted = if drawing {
-                promised_after
-            } else {
-                promised.saturating_add(reservation.take)
-            };
-            if tree.space_low(counted, drawing) {
-                self.reclaim_space(&mut tree)?;
+        // Everything from here to the log append is decided under one hold
+        // of the lock: the sequence number, the promised space. A step that
+        // needs a checkpoint while one is in flight waits for it — which
+        // lets the lock go, so the decisions are made again from the start.
+        let (seq, promised_after) = 'admit: loop {
+            // Again under the lock: a checkpoint for a remount read-only
+            // must not be followed by a write that checked before it began.
+            self.check_writable()?;
+            let promised = self.promised_bytes.load(Ordering::Relaxed);
+            let promised_after = promised
+                .saturating_add(reservation.take)
+                .saturating_sub(reservation.release);
+            if reservation.take > 0 || needs_space(batch) {
+                // A write drawing on a promise is checked with the promise
+                // already given back; one making a promise, with it taken.
+                let drawing = reservation.release > 0 && reservation.take == 0;
+                let counted = if drawing {
+                    promised_after
+                } else {
+                    promised.saturating_add(reservation.take)
+                };
                 if tree.space_low(counted, drawing) {
-                    return Err(EngineError::NoSpace);
-                }
-            }
-        }
-        let seq = tree.next_seq;
-        let mut attempts = 0;
-        loop {
-            match self.log.append(seq, &payload) {
-                Ok(_) => break,
-                // The log keeps the previous checkpoint's records too, so
-                // freeing it may take two checkpoints.
-                Err(StoreError::LogFull { .. }) if attempts < 2 => {
-                    attempts += 1;
-                    match self.checkpoint_locked(&mut tree) {
-                        // A full device cannot take the checkpoint that
-                        // would free the log: push pending deletes down and
-                        // free their space first (a delete must never be
-                        // refused for lack of room).
-                        Err(e) if e.is_no_space() => {
-                            self.reclaim_space(&mut tree)?;
-                            self.checkpoint_locked(&mut tree)?;
-                        }
-                        other => other?,
+                    if tree.checkpoint_in_flight() {
+                        self.wait_for_checkpoint(&mut tree);
+                        continue 'admit;
+                    }
+                    self.reclaim_space(&mut tree)?;
+                    if tree.space_low(counted, drawing) {
+                        return Err(EngineError::NoSpace);
                     }
                 }
-                Err(e) => return Err(e.into()),
             }
-        }
+            let seq = tree.next_seq;
+            let mut attempts = 0;
+            loop {
+                match self.log.append(seq, &payload) {
+                    Ok(_) => break 'admit (seq, promised_after),
+                    Err(StoreError::LogFull { .. }) if tree.checkpoint_in_flight() => {
+                        self.wait_for_checkpoint(&mut tree);
+                        continue 'admit;
+                    }
+                    // The log keeps the previous checkpoint's records too,
+                    // so freeing it may take two checkpoints.
+                    Err(StoreError::LogFull { .. }) if attempts < 2 => {
+                        attempts += 1;
+                        match self.checkpoint_locked(&mut tree) {
+                            // A full device cannot take the checkpoint that
+                            // would free the log: push pending deletes down
+                            // and free their space first (a delete must
+                            // never be refused for lack of room).
+                            Err(e) if e.is_no_space() => {
+                                self.reclaim_space(&mut tree)?;
+                                self.checkpoint_locked(&mut tree)?;
+                            }
+                            other => other?,
+                        }
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        };
         tree.next_seq = seq + 1;
         self.promised_bytes.store(promised_after, Ordering::Relaxed);
         let applying = Instant::now();
@@ -1095,8 +1113,9 @@ impl Inner {
     fn checkpoint(&self) -> EngineResult<()> {
         self.check_image_writable()?;
         let mut tree = self.lock_tree();
-        self.check_failed()?;
         self.wait_for_checkpoint(&mut tree);
+        // After the wait: the checkpoint waited for may have failed.
+        self.check_failed()?;
         let mut turn = Instant::now();
         let mut locked = LockTurns::default();
         let head = self.log.append_pos();
