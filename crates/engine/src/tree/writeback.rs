@@ -23,13 +23,7 @@ impl Tree {
         let height = node.height();
         let img = encode_node(node, num);
         let Some(extent) = self.alloc.allocate(img.len) else {
-            tracing::warn!(
-                "no {} byte extent for node {num} (height {height}); {} of {} blocks in use",
-                img.len,
-                self.alloc.used_blocks(),
-                self.layout.nodes_bytes / BLOCK_SIZE as u64
-            );
-            return Err(EngineError::NoSpace);
+            return Err(self.no_extent(&format!("node {num} (height {height})"), img.len));
         };
         Ok((extent, img))
     }
@@ -48,6 +42,16 @@ impl Tree {
             }
         }
         self.put(num, node);
+    }
+
+    /// Logs that no extent of `len` bytes was found for `what`.
+    fn no_extent(&self, what: &str, len: u32) -> EngineError {
+        tracing::warn!(
+            "no {len} byte extent for {what}; {} of {} blocks in use",
+            self.alloc.used_blocks(),
+            self.layout.nodes_bytes / BLOCK_SIZE as u64
+        );
+        EngineError::NoSpace
     }
 
     fn count_node_written(&self, height: u32, bytes: usize) {
@@ -201,15 +205,10 @@ impl Tree {
         let mut writes = Vec::with_capacity(cp.images.len());
         for (num, height, img) in std::mem::take(&mut cp.images) {
             let Some(extent) = self.alloc.allocate(img.len) else {
-                tracing::warn!(
-                    "no {} byte extent for node {num}; {} of {} blocks in use",
-                    img.len,
-                    self.alloc.used_blocks(),
-                    self.layout.nodes_bytes / BLOCK_SIZE as u64
-                );
+                let e = self.no_extent(&format!("node {num}"), img.len);
                 self.checkpoint = Some(cp);
                 self.cancel_checkpoint();
-                return Err(EngineError::NoSpace);
+                return Err(e);
             };
             self.alloc.hold_for_checkpoint(extent);
             writes.push((self.layout.extent_offset(extent), img.buf));
@@ -255,15 +254,10 @@ impl Tree {
         }
         let table = cp.btt.encode();
         let Some(table_extent) = self.alloc.allocate(table.len() as u32) else {
-            tracing::warn!(
-                "no {} byte extent for the block table; {} of {} blocks in use",
-                table.len(),
-                self.alloc.used_blocks(),
-                self.layout.nodes_bytes / BLOCK_SIZE as u64
-            );
+            let e = self.no_extent("the block table", table.len() as u32);
             self.checkpoint = Some(cp);
             self.cancel_checkpoint();
-            return Err(EngineError::NoSpace);
+            return Err(e);
         };
         // Nothing fails from here on.
         for p in std::mem::take(&mut cp.placed) {
