@@ -56,6 +56,9 @@ pub struct Stats {
     /// evicting (writing back dirty nodes when the cache is over budget).
     pub apply_micros_max: AtomicU64,
     pub evict_micros_max: AtomicU64,
+    /// Writes that needed a checkpoint (a full log, space low) while one
+    /// was in flight, and waited for it.
+    pub writes_waited_for_checkpoint: AtomicU64,
     pub log_replayed_records: AtomicU64,
 }
 
@@ -108,6 +111,7 @@ pub struct StatsSnapshot {
     pub checkpoint_io_micros_max: u64,
     pub apply_micros_max: u64,
     pub evict_micros_max: u64,
+    pub writes_waited_for_checkpoint: u64,
     pub log_replayed_records: u64,
     pub cache_bytes: u64,
     pub cache_dirty_bytes: u64,
@@ -157,6 +161,7 @@ impl Stats {
             checkpoint_io_micros_max: get(&self.checkpoint_io_micros_max),
             apply_micros_max: get(&self.apply_micros_max),
             evict_micros_max: get(&self.evict_micros_max),
+            writes_waited_for_checkpoint: get(&self.writes_waited_for_checkpoint),
             log_replayed_records: get(&self.log_replayed_records),
             ..StatsSnapshot::default()
         }

@@ -988,7 +988,7 @@ impl Inner {
                 };
                 if tree.space_low(counted, drawing) {
                     if tree.checkpoint_in_flight() {
-                        self.wait_for_checkpoint(&mut tree);
+                        self.wait_for_checkpoint_to_admit(&mut tree);
                         continue 'admit;
                     }
                     self.reclaim_space(&mut tree)?;
@@ -1003,7 +1003,7 @@ impl Inner {
                 match self.log.append(seq, &payload) {
                     Ok(_) => break 'admit (seq, promised_after),
                     Err(StoreError::LogFull { .. }) if tree.checkpoint_in_flight() => {
-                        self.wait_for_checkpoint(&mut tree);
+                        self.wait_for_checkpoint_to_admit(&mut tree);
                         continue 'admit;
                     }
                     // The log keeps the previous checkpoint's records too,
@@ -1191,6 +1191,12 @@ impl Inner {
 
     /// Waits (giving up the tree lock meanwhile) until no checkpoint is
     /// being written: one is in flight at a time.
+    /// A write's wait (counted: it is back-pressure a writer felt).
+    fn wait_for_checkpoint_to_admit(&self, tree: &mut TreeGuard<'_>) {
+        add(&self.stats.writes_waited_for_checkpoint, 1);
+        self.wait_for_checkpoint(tree);
+    }
+
     fn wait_for_checkpoint(&self, tree: &mut TreeGuard<'_>) {
         while tree.checkpoint_in_flight() {
             self.checkpoint_ended.wait(tree);

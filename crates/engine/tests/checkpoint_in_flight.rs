@@ -315,3 +315,81 @@ fn power_cut_at_every_io_of_a_checkpoint_overlapping_writes() {
         "only {crashed_runs} IOs: the schedule did not overlap"
     );
 }
+
+/// Writers that fill the log while a checkpoint is in flight wait for it
+/// and then decide again from the start: every batch gets a sequence
+/// number of its own (two writers that chose theirs before waiting would
+/// otherwise go on with the same one), and all of them survive recovery.
+#[test]
+fn writers_that_fill_the_log_during_a_checkpoint_wait_and_keep_their_order() {
+    let (mem, device, store, mut model, _rng) = prepared_store(13);
+    let waited_before = store.stats().writes_waited_for_checkpoint;
+    let (arrived, go, handle) = stepped_checkpoint(&device, &store);
+    let Step::Io(first) = next_step(&arrived) else {
+        panic!("the checkpoint finished without IO")
+    };
+    // The log (1 MiB) cannot hold what each of these writes: both fill it
+    // while the checkpoint stands still and must wait for it.
+    const WRITERS: usize = 2;
+    const BATCHES: usize = 400;
+    let value = vec![0x5au8; 3000];
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (store, value) = (store.clone(), value.clone());
+            std::thread::spawn(move || {
+                let mut seqs = Vec::with_capacity(BATCHES);
+                for i in 0..BATCHES {
+                    let mut batch = betreefs_engine::WriteBatch::default();
+                    batch.put(KeySpace::Data, format!("w{w}-{i:04}").as_bytes(), &value);
+                    seqs.push(store.write(&batch).unwrap());
+                }
+                seqs
+            })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while store.stats().writes_waited_for_checkpoint < waited_before + WRITERS as u64 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writers never waited for the checkpoint stopped at {first}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Let the checkpoint go to its end.
+    go.send(()).unwrap();
+    let result = loop {
+        match next_step(&arrived) {
+            Step::Io(_) => go.send(()).unwrap(),
+            Step::Done(result) => break result,
+        }
+    };
+    handle.join().unwrap();
+    result.unwrap();
+    let mut all = Vec::new();
+    for (w, writer) in writers.into_iter().enumerate() {
+        let seqs = writer.join().unwrap();
+        assert!(
+            seqs.windows(2).all(|p| p[0] < p[1]),
+            "writer {w}'s sequence numbers go back: {seqs:?}"
+        );
+        all.extend(seqs);
+        for i in 0..BATCHES {
+            let mut batch = betreefs_engine::WriteBatch::default();
+            batch.put(KeySpace::Data, format!("w{w}-{i:04}").as_bytes(), &value);
+            model.apply(&batch);
+        }
+    }
+    let count = all.len();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), count, "two batches got the same sequence number");
+    common::assert_matches(&store, &model);
+    store.sync().unwrap();
+    mem.power_off();
+    let image = mem.crash_image(CrashMode::DropUnsynced);
+    drop(store);
+    let recovered = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options())
+        .expect("recovery after writers waited on a checkpoint");
+    recovered.verify().unwrap();
+    assert!(dump(&recovered) == model, "synced writes lost");
+}
