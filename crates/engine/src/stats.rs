@@ -59,6 +59,9 @@ pub struct Stats {
     /// Writes that needed a checkpoint (a full log, space low) while one
     /// was in flight, and waited for it.
     pub writes_waited_for_checkpoint: AtomicU64,
+    /// Writes that flushed the log themselves: its unflushed bytes were
+    /// past the bound while the background thread was busy.
+    pub writes_flushed_log: AtomicU64,
     pub log_replayed_records: AtomicU64,
 }
 
@@ -77,6 +80,8 @@ pub struct StatsSnapshot {
     pub user_messages: u64,
     pub log_bytes_written: u64,
     pub log_flushes: u64,
+    /// Log bytes appended and not yet durable (held in memory).
+    pub log_unflushed_bytes: u64,
     /// Index = height above the leaves (0 = leaves).
     pub node_bytes_written_per_level: Vec<u64>,
     pub node_bytes_read_per_level: Vec<u64>,
@@ -112,6 +117,7 @@ pub struct StatsSnapshot {
     pub apply_micros_max: u64,
     pub evict_micros_max: u64,
     pub writes_waited_for_checkpoint: u64,
+    pub writes_flushed_log: u64,
     pub log_replayed_records: u64,
     pub cache_bytes: u64,
     pub cache_dirty_bytes: u64,
@@ -162,6 +168,7 @@ impl Stats {
             apply_micros_max: get(&self.apply_micros_max),
             evict_micros_max: get(&self.evict_micros_max),
             writes_waited_for_checkpoint: get(&self.writes_waited_for_checkpoint),
+            writes_flushed_log: get(&self.writes_flushed_log),
             log_replayed_records: get(&self.log_replayed_records),
             ..StatsSnapshot::default()
         }

@@ -136,6 +136,12 @@ impl Options {
 /// waiting for its interval: bounds the memory a burst of writes holds.
 const LOG_FLUSH_EAGER_BYTES: u64 = 4 << 20;
 
+/// Unflushed log bytes at which a writer flushes the log itself: the
+/// background thread is behind (it writes a checkpoint, which takes
+/// seconds on a busy disk), and the log's buffer would otherwise grow by
+/// everything written meanwhile — hundreds of MiB in a sequential write.
+const LOG_FLUSH_WRITER_BYTES: u64 = 2 * LOG_FLUSH_EAGER_BYTES;
+
 #[derive(Default)]
 struct BackgroundState {
     shutdown: bool,
@@ -1049,13 +1055,25 @@ impl Inner {
         // checkpoint's head on as well, so two of these fit in the region
         // with room to spare while the checkpoint runs.
         let wants_checkpoint = self.log.used() > self.log.capacity() / 3;
-        let wants_flush = self.log.unflushed_bytes() > LOG_FLUSH_EAGER_BYTES;
+        let unflushed = self.log.unflushed_bytes();
+        let wants_flush = unflushed > LOG_FLUSH_EAGER_BYTES;
         drop(tree);
         if wants_checkpoint || wants_flush {
             let mut state = self.lock_background();
             state.checkpoint_wanted |= wants_checkpoint;
             state.flush_wanted |= wants_flush;
             self.wake.notify_all();
+        }
+        if unflushed > LOG_FLUSH_WRITER_BYTES {
+            // Back-pressure, without the tree lock: this writer waits for
+            // the log's device writes as a synchronous writer would.
+            add(&self.stats.writes_flushed_log, 1);
+            if let Err(e) = self.log.flush() {
+                // The batch is applied, as any write not yet synced; what
+                // failed is its durability, which the next sync reports
+                // (the store refuses writes from here on).
+                let _ = self.poison(e.into());
+            }
         }
         Ok(seq)
     }
@@ -1189,14 +1207,15 @@ impl Inner {
         result.map_err(|e| self.poison(e))
     }
 
-    /// Waits (giving up the tree lock meanwhile) until no checkpoint is
-    /// being written: one is in flight at a time.
-    /// A write's wait (counted: it is back-pressure a writer felt).
+    /// A write's wait for the checkpoint in flight (counted: it is
+    /// back-pressure a writer felt).
     fn wait_for_checkpoint_to_admit(&self, tree: &mut TreeGuard<'_>) {
         add(&self.stats.writes_waited_for_checkpoint, 1);
         self.wait_for_checkpoint(tree);
     }
 
+    /// Waits (giving up the tree lock meanwhile) until no checkpoint is
+    /// being written: one is in flight at a time.
     fn wait_for_checkpoint(&self, tree: &mut TreeGuard<'_>) {
         while tree.checkpoint_in_flight() {
             self.checkpoint_ended.wait(tree);
@@ -1225,7 +1244,8 @@ impl Inner {
         // superblock, although the checkpoint contains it: recovery from
         // the previous superblock copy (should this one be lost) replays
         // it from there.
-        tree.write_checkpoint(head, self.log.epoch(), clean, || {
+        let turn_bytes = self.options.checkpoint_turn_bytes;
+        tree.write_checkpoint(head, self.log.epoch(), clean, turn_bytes, || {
             self.log.flush().map_err(EngineError::from)
         })
         .map_err(|e| self.poison(e))?;
@@ -1254,6 +1274,7 @@ impl Inner {
         let mut snap = self.stats.snapshot();
         snap.log_bytes_written = self.log.bytes_written();
         snap.log_flushes = self.log.flush_count();
+        snap.log_unflushed_bytes = self.log.unflushed_bytes();
         {
             let tree = self.lock_tree();
             snap.cache_bytes = tree.cache_bytes() as u64;

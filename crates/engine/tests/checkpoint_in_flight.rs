@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 use std::time::Duration;
 
-use betreefs_engine::{KeySpace, Store, TurnHook};
+use betreefs_engine::{KeySpace, Options, Store, TurnHook};
 use betreefs_store::{CrashMode, Device, MemDevice, Superblock};
 use common::{dump, random_batch, small_options, Model};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
@@ -26,15 +26,25 @@ enum Step {
     Done(Result<(), String>),
 }
 
+/// Whose IO is stepped.
+#[derive(Clone, Copy)]
+enum Who {
+    /// One thread's (a checkpoint the test started).
+    Only(ThreadId),
+    /// Every thread's but this one (the store's background checkpoints,
+    /// while the test writes).
+    AllBut(ThreadId),
+}
+
 #[derive(Clone)]
 struct Gate {
-    thread: ThreadId,
+    who: Who,
     arrived: Sender<Step>,
     go: Arc<Mutex<Receiver<()>>>,
 }
 
 /// A device whose writes outside the log (and the checkpoint's turns,
-/// through its hook), when made by one chosen thread, each wait for the
+/// through its hook), when made by the chosen threads, each wait for the
 /// test's go (neither log writes nor syncs are stepped: a log flush holds
 /// the log's group-commit turn, which the test's own syncs need).
 struct SteppedDevice {
@@ -52,11 +62,16 @@ impl SteppedDevice {
         let Some(gate) = self.gate.lock().unwrap().clone() else {
             return;
         };
-        if gate.thread != std::thread::current().id() {
-            return;
+        let me = std::thread::current().id();
+        match gate.who {
+            Who::Only(thread) if thread != me => return,
+            Who::AllBut(thread) if thread == me => return,
+            _ => {}
         }
-        gate.arrived.send(Step::Io(what())).unwrap();
-        gate.go.lock().unwrap().recv().unwrap();
+        // The test may have stopped listening (it lets everything go).
+        let _ = gate.arrived.send(Step::Io(what()));
+        // A go, or the test dropping its sender: go on for good.
+        let _ = gate.go.lock().unwrap().recv();
     }
 }
 
@@ -87,23 +102,7 @@ const DEVICE_BYTES: u64 = 32 << 20;
 /// write; returns it with its device and the model of what it holds.
 fn prepared_store(seed: u64) -> (MemDevice, Arc<SteppedDevice>, Arc<Store>, Model, SmallRng) {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let mem = MemDevice::new(DEVICE_BYTES);
-    let layout_probe = Store::create_on(Arc::new(mem.clone()), small_options()).unwrap();
-    layout_probe.close().unwrap();
-    let layout = Superblock::read_newest(&mem).unwrap().layout;
-    let device = Arc::new(SteppedDevice {
-        inner: mem.clone(),
-        log: layout.log_offset..layout.log_offset + layout.log_bytes,
-        gate: Mutex::new(None),
-    });
-    let mut options = small_options();
-    // One node per turn: writers get in between every two images.
-    options.checkpoint_turn_bytes = 1;
-    let stepped = device.clone();
-    options.checkpoint_turn_hook = Some(TurnHook(Arc::new(move || {
-        stepped.step(|| "turn".to_string(), None)
-    })));
-    let store = Arc::new(Store::open_on(device.clone(), options).unwrap());
+    let (mem, device, store) = stepped_store(DEVICE_BYTES, small_options());
     let mut model = Model::default();
     for _ in 0..300 {
         let batch = random_batch(&mut rng);
@@ -117,6 +116,29 @@ fn prepared_store(seed: u64) -> (MemDevice, Arc<SteppedDevice>, Arc<Store>, Mode
     }
     store.sync().unwrap();
     (mem, device, store, model, rng)
+}
+
+/// A fresh store on a stepped device of `bytes`, made with `options`
+/// (the log region as they say), encoding one node per checkpoint turn.
+fn stepped_store(bytes: u64, options: Options) -> (MemDevice, Arc<SteppedDevice>, Arc<Store>) {
+    let mem = MemDevice::new(bytes);
+    let layout_probe = Store::create_on(Arc::new(mem.clone()), options.clone()).unwrap();
+    layout_probe.close().unwrap();
+    let layout = Superblock::read_newest(&mem).unwrap().layout;
+    let device = Arc::new(SteppedDevice {
+        inner: mem.clone(),
+        log: layout.log_offset..layout.log_offset + layout.log_bytes,
+        gate: Mutex::new(None),
+    });
+    let mut options = options;
+    // One node per turn: writers get in between every two images.
+    options.checkpoint_turn_bytes = 1;
+    let stepped = device.clone();
+    options.checkpoint_turn_hook = Some(TurnHook(Arc::new(move || {
+        stepped.step(|| "turn".to_string(), None)
+    })));
+    let store = Arc::new(Store::open_on(device.clone(), options).unwrap());
+    (mem, device, store)
 }
 
 /// One put, to the store and the model.
@@ -143,7 +165,7 @@ fn stepped_checkpoint(
         done.send(Step::Done(result)).unwrap();
     });
     *device.gate.lock().unwrap() = Some(Gate {
-        thread: handle.thread().id(),
+        who: Who::Only(handle.thread().id()),
         arrived: arrived_tx,
         go: Arc::new(Mutex::new(go_rx)),
     });
@@ -392,4 +414,56 @@ fn writers_that_fill_the_log_during_a_checkpoint_wait_and_keep_their_order() {
         .expect("recovery after writers waited on a checkpoint");
     recovered.verify().unwrap();
     assert!(dump(&recovered) == model, "synced writes lost");
+}
+
+/// While the background thread is stuck in a checkpoint, writers keep the
+/// log's unflushed bytes (held in memory) bounded by flushing it
+/// themselves; before, the buffer grew by everything written meanwhile.
+#[test]
+fn writers_bound_the_unflushed_log_while_the_background_checkpoints() {
+    let mut options = small_options();
+    options.log_bytes = Some(96 << 20);
+    options.checkpoint_interval = Some(Duration::from_millis(5));
+    let (_mem, device, store) = stepped_store(256 << 20, options);
+    let mut model = Model::default();
+    for i in 0..200u32 {
+        put(
+            &store,
+            &mut model,
+            format!("early{i:04}").as_bytes(),
+            &[7; 100],
+        );
+    }
+    let (arrived, arrivals) = channel();
+    let (go, go_rx) = channel();
+    *device.gate.lock().unwrap() = Some(Gate {
+        who: Who::AllBut(std::thread::current().id()),
+        arrived,
+        go: Arc::new(Mutex::new(go_rx)),
+    });
+    // A dirty node for the next background checkpoint, which stops at
+    // its first write or turn until the end of the test.
+    put(&store, &mut model, b"dirty", &[1; 100]);
+    let Step::Io(_) = next_step(&arrivals) else {
+        unreachable!("only IO is reported here")
+    };
+    let flushed_before = store.stats().writes_flushed_log;
+    let value = vec![0xa5u8; 60 << 10];
+    let mut most = 0;
+    for i in 0..400u32 {
+        put(&store, &mut model, format!("big{i:04}").as_bytes(), &value);
+        most = most.max(store.stats().log_unflushed_bytes);
+    }
+    assert!(
+        // The store's bound (8 MiB) and one write.
+        most <= (8 << 20) + (64 << 10),
+        "the unflushed log grew to {most} bytes"
+    );
+    assert!(
+        store.stats().writes_flushed_log > flushed_before,
+        "no writer flushed the log: was the background thread not stuck?"
+    );
+    *device.gate.lock().unwrap() = None;
+    drop(go);
+    common::assert_matches(&store, &model);
 }

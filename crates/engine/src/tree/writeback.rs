@@ -342,15 +342,28 @@ impl Tree {
 
     /// A whole checkpoint with the lock held throughout (close, and the
     /// paths that need one before they can go on: a full log, reclaiming
-    /// space).
+    /// space). Its nodes are still encoded and written `turn_bytes` at a
+    /// time, so no more than a turn's images are in memory beside the
+    /// cache (a close after a long run may have all of it dirty).
     pub fn write_checkpoint(
         &mut self,
         log_head: u64,
         log_epoch: u32,
         clean: bool,
+        turn_bytes: usize,
         before_superblock: impl FnOnce() -> EngineResult<()>,
     ) -> EngineResult<()> {
         self.begin_checkpoint(log_head, log_epoch, clean)?;
+        loop {
+            let (done, images) = self.encode_checkpoint_nodes(turn_bytes)?;
+            if let Err(e) = write_nodes(self.device.as_ref(), &images) {
+                self.cancel_checkpoint();
+                return Err(e);
+            }
+            if done {
+                break;
+            }
+        }
         let writes = self.seal_checkpoint()?;
         match writes.write(self.device.as_ref(), &self.stats, before_superblock) {
             Ok(()) => {
