@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use crate::cleanup::Resource;
 use crate::progress::Progress;
-use crate::report::Results;
+use crate::report::{Better, Results};
 use crate::scale::{Params, Scale};
 use crate::suites::{Recorder, Suite, Trees};
 use crate::targets::{Env, FsSpec, Kind, Target};
@@ -349,6 +349,17 @@ fn run_suite(
         Suite::App => suites::app::run(&mut recorder),
         Suite::Ioamp => suites::ioamp::run(&mut recorder),
     };
+    if let (Ok(()), Some(peak)) = (&outcome, target.daemon_peak_mib()) {
+        let row = format!("{} suite: daemon peak resident", suite.name());
+        results.record(
+            suites::MEMORY_TABLE,
+            &row,
+            "MiB",
+            Better::Lower,
+            &spec.label,
+            peak,
+        );
+    }
     progress.status(&format!("{} · {} · tearing down", spec.label, suite.name()));
     let teardown = target.teardown();
     outcome?;
@@ -474,7 +485,7 @@ fn markdown(report: &Report, specs: &[FsSpec], plots: &[(String, Result<()>)]) -
     let order: Vec<String> = report.file_systems.iter().map(|s| s.to_string()).collect();
     let keeps_data = |fs: &str| specs.iter().any(|s| s.label == fs && s.kind.keeps_data());
     for suite in report.results.suites() {
-        if suite == suites::REQUESTS_TABLE {
+        if suite == suites::REQUESTS_TABLE || suite == suites::MEMORY_TABLE {
             continue;
         }
         let _ = writeln!(md, "## {suite}\n");
@@ -487,17 +498,34 @@ fn markdown(report: &Report, specs: &[FsSpec], plots: &[(String, Result<()>)]) -
             report.results.markdown(&suite, &order, &keeps_data)
         );
     }
-    if report
-        .results
-        .suites()
+    let fuse: Vec<String> = specs
         .iter()
-        .any(|s| s == suites::REQUESTS_TABLE)
-    {
-        let fuse: Vec<String> = specs
-            .iter()
-            .filter(|s| s.kind.is_fuse())
-            .map(|s| s.label.clone())
-            .collect();
+        .filter(|s| s.kind.is_fuse())
+        .map(|s| s.label.clone())
+        .collect();
+    let has_table = |table: &str| report.results.suites().iter().any(|s| s == table);
+    if has_table(suites::MEMORY_TABLE) {
+        let _ = writeln!(
+            md,
+            "## Daemon memory
+"
+        );
+        let _ = writeln!(
+            md,
+            "The mount daemon's peak resident size over each suite (the kernel's high-water mark, \
+             VmHWM, read before every unmount; the final checkpoint after the last one is not in \
+             it). betreefs keeps a node cache of 256 MiB unless mounted with `cache=`; its target \
+             is the cache budget + 64 MiB.\n"
+        );
+        let _ = writeln!(
+            md,
+            "{}",
+            report
+                .results
+                .markdown(suites::MEMORY_TABLE, &fuse, &|_| false)
+        );
+    }
+    if has_table(suites::REQUESTS_TABLE) {
         let _ = writeln!(md, "## FUSE requests\n");
         let _ = writeln!(
             md,

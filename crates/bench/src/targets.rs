@@ -172,6 +172,9 @@ pub struct Target {
     image: Option<PathBuf>,
     /// What this target registered, oldest first.
     owned: Vec<Resource>,
+    /// The largest resident size (KiB) any of its mount daemons reached,
+    /// sampled before each unmount (a cold remount starts a new one).
+    daemon_peak_kib: u64,
 }
 
 impl Target {
@@ -196,6 +199,7 @@ impl Target {
             loop_dev: None,
             image: None,
             owned: Vec::new(),
+            daemon_peak_kib: 0,
         };
         if let Err(e) = target.create() {
             target.teardown_quietly();
@@ -331,6 +335,7 @@ impl Target {
     /// Unmounts and, for a FUSE file system, waits until its daemon has
     /// exited (betreefs writes its final checkpoint first).
     fn unmount(&mut self) -> Result<()> {
+        self.note_daemon_peak();
         // A plain unmount: failing on a busy mount is a bug to report.
         cleanup::unmount(&self.dir, false)?;
         self.release_owned(&Resource::Mount(self.dir.clone()))?;
@@ -344,6 +349,38 @@ impl Target {
             self.release_owned(&daemon)?;
         }
         Ok(())
+    }
+
+    /// Adds the running daemon's peak resident size (the kernel's
+    /// high-water mark, VmHWM) to what earlier daemons reached.
+    fn note_daemon_peak(&mut self) {
+        let Some(pid) = self.owned.iter().rev().find_map(|r| match r {
+            Resource::Daemon(pid) => Some(*pid),
+            _ => None,
+        }) else {
+            return;
+        };
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            return;
+        };
+        let peak = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+        if let Some(kib) = peak {
+            self.daemon_peak_kib = self.daemon_peak_kib.max(kib);
+        }
+    }
+
+    /// The largest resident size of this target's mount daemons so far, in
+    /// MiB (None for a kernel file system). The final checkpoint after the
+    /// last unmount is not in it: the daemon is gone before it could be read.
+    pub fn daemon_peak_mib(&mut self) -> Option<f64> {
+        if !self.kind.is_fuse() {
+            return None;
+        }
+        self.note_daemon_peak();
+        (self.daemon_peak_kib > 0).then(|| self.daemon_peak_kib as f64 / 1024.0)
     }
 
     /// The loop device the file system sits on.

@@ -21,6 +21,10 @@ use crate::targets::{RequestCounts, Target};
 /// The table of FUSE requests per operation (FUSE file systems only).
 pub const REQUESTS_TABLE: &str = "requests";
 
+/// The table of the mount daemon's peak resident size per suite (FUSE
+/// file systems only).
+pub const MEMORY_TABLE: &str = "daemon memory";
+
 /// A suite the harness can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
