@@ -552,6 +552,20 @@ fn start_nullfuse(
     Ok((session, socket))
 }
 
+/// What the mount daemon's memory budget keeps free of the node cache for
+/// the buffers that come and go beside it: the log's unflushed records
+/// and their copy being written (8 MiB each at most), a checkpoint turn's
+/// images (2 MiB and a node), requests in flight (a 1 MiB write is in its
+/// request buffer, its batch and its log record at once), a write's flush
+/// cascade before eviction (a leaf's old and new basements), and the
+/// allocator's pages on their way back to the kernel.
+const WORKING_MEMORY: usize = 32 << 20;
+
+/// The most the mount daemon keeps in idle IO buffers (an eighth of its
+/// memory budget when that is less): recycled node-sized buffers spare a
+/// page fault per 4 KiB of every cold read.
+const IO_BUFFER_POOL_MAX: usize = 16 << 20;
+
 fn start(
     args: &MountArgs,
     settings: &Settings,
@@ -560,9 +574,15 @@ fn start(
 ) -> Result<Started> {
     check_image_private(&args.image, settings.config.allow_other)?;
     let mut options = fs_cmds::engine_options_for(&args.image);
-    if let Some(c) = settings.cache_bytes {
-        options.cache_bytes = c;
-    }
+    // One budget for the node cache, the inode table (which the node
+    // cache makes room for as it grows) and idle IO buffers.
+    let budget = settings.cache_bytes.unwrap_or(options.cache_bytes);
+    let pool = (budget / 8).min(IO_BUFFER_POOL_MAX);
+    betreefs_store::set_buffer_pool_limit(pool);
+    let working = (budget / 4).min(WORKING_MEMORY);
+    options.cache_bytes = budget
+        .saturating_sub(pool + working)
+        .max(4 * options.node_size);
     options.read_ahead = settings.read_ahead;
     options.read_only = settings.read_only;
     let store = crate::image::open_store(&args.image, options, crate::image::UNMOUNT_WAIT)
@@ -743,6 +763,38 @@ fn serve_control(
     Ok(())
 }
 
+/// The daemon's memory as the kernel and the allocator see it: resident
+/// now and at its peak; the bytes the program holds (allocated), the pages
+/// they occupy (active: allocated plus size-class slack), and what the
+/// allocator keeps resident in all (its free pages not yet returned and
+/// its own metadata included); the idle IO buffers; and the inode table
+/// and node cache (in "engine").
+fn memory_json() -> serde_json::Value {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|k| k * 1024)
+    };
+    // The allocator's statistics are a snapshot taken at an epoch.
+    let allocator = tikv_jemalloc_ctl::epoch::advance().ok().map(|_| {
+        use tikv_jemalloc_ctl::stats;
+        serde_json::json!({
+            "allocated_bytes": stats::allocated::read().ok(),
+            "active_bytes": stats::active::read().ok(),
+            "resident_bytes": stats::resident::read().ok(),
+        })
+    });
+    serde_json::json!({
+        "resident_bytes": kib("VmRSS:"),
+        "peak_resident_bytes": kib("VmHWM:"),
+        "allocator": allocator,
+        "io_buffer_pool_bytes": betreefs_store::buffer_pool_bytes(),
+    })
+}
+
 fn stats_json(fs: &FileSystem, requests: &betreefs_fuse::RequestStats) -> String {
     let s = fs.statfs();
     let fuse: serde_json::Value =
@@ -750,6 +802,7 @@ fn stats_json(fs: &FileSystem, requests: &betreefs_fuse::RequestStats) -> String
     serde_json::json!({
         "engine": fs.store().stats(),
         "fuse": fuse,
+        "memory": memory_json(),
         "statfs": {
             "block_size": s.block_size,
             "blocks": s.blocks,

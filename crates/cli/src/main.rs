@@ -55,41 +55,34 @@ enum Command {
     KvBench(kv_bench::Args),
 }
 
-/// How glibc should place large buffers (nodes are megabytes).
-///
-/// `Lean` sends buffers of 256 KiB and more straight to mmap and back to
-/// the kernel when freed, and keeps at most 16 MiB of recycled IO buffers,
-/// so the resident set stays close to the node cache (kv-bench's WS3 at
-/// 1M keys and 2M operations with the 256 MiB cache: 455 MiB peak with the
-/// 64 MiB pool, 384 MiB with 16 MiB, 378 MiB with none, at the same
-/// speed). `Fast` keeps buffers up
-/// to 8 MiB in the heap for reuse, and up to 128 MiB of free heap before
-/// giving it back: every fresh page costs a fault and a kernel clear per
-/// 4 KiB, which was 40% of the mount daemon's cycles in a sequential
-/// write (148 -> 240 MB/s for 2 GiB in 1 MiB writes with the heap) and
-/// still ~15% of a cold sequential read with a 16 MiB trim threshold
-/// (~690 -> ~810 MB/s with 128 MiB). The daemon's resident set stays
-/// near the cache plus that slack (~350-420 MB with the default 256 MiB
-/// cache after reading 2 GiB).
-#[derive(Clone, Copy)]
-enum Allocator {
-    Lean,
-    Fast,
-}
+/// The allocator: jemalloc, because the mount daemon's memory must stay
+/// within its budget (issue 11: resident ≤ the cache budget + 64 MiB).
+/// The engine frees and allocates basements of ~128 KiB and node images of
+/// megabytes all the time beside small long-lived allocations; glibc
+/// either left 60-160 MiB free but fragmented in its heaps (with large
+/// buffers kept in the heap: 360-490 MiB resident during an untar with
+/// the default 256 MiB budget) or, sending them to mmap, paid a page
+/// fault and a clear per 4 KiB on every reuse (sequential write 240 -> 143
+/// MB/s, cold read ~800 -> ~520 MB/s). jemalloc's size classes reuse the
+/// pages, and its decay gives back what stays free (326 MiB peak in the
+/// same untar). See docs/benchmarks/daemon-memory.md.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-fn tune_allocator(mode: Allocator) {
-    let (mmap_threshold, trim_threshold, pool) = match mode {
-        Allocator::Lean => (256 << 10, 1 << 20, 16 << 20),
-        Allocator::Fast => (8 << 20, 128 << 20, 64 << 20),
-    };
-    // SAFETY: mallopt only adjusts allocator parameters; called before any
-    // other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, mmap_threshold);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, trim_threshold);
-    }
-    betreefs_store::set_buffer_pool_limit(pool);
-}
+/// jemalloc's options, read at its first allocation (before `main`): a
+/// background thread returns pages that stayed free for a quarter of a
+/// second, at once (no lazy "muzzy" stage, whose pages would still count
+/// as resident); four arenas, not four per CPU, as the daemon runs a
+/// handful of threads and each arena keeps its own free pages.
+#[export_name = "_rjem_malloc_conf"]
+pub static MALLOC_CONF: &[u8; 69] =
+    b"background_thread:true,narenas:4,dirty_decay_ms:250,muzzy_decay_ms:0\0";
+
+/// Idle IO buffers kept for reuse by every command but the mount daemon
+/// (which sizes its pool from its memory budget): kv-bench's WS3 at 1M
+/// keys and 2M operations with the 256 MiB cache peaked at 455 MiB with a
+/// 64 MiB pool, 384 MiB with 16 MiB, 378 MiB with none, at the same speed.
+const IO_BUFFER_POOL: usize = 16 << 20;
 
 /// fsck's own command line (as `betreefs fsck` or `fsck.fuse.betreefs`),
 /// so that usage errors exit 16 as fsck(8) expects.
@@ -123,13 +116,7 @@ fn run_fsck(args: fsck::FsckArgs) -> i32 {
 
 fn main() {
     let argv: Vec<String> = std::env::args().collect();
-    let serves_a_mount =
-        argv.iter().any(|a| a == "mount") || argv.first().is_some_and(|a| a.contains("mount.fuse"));
-    tune_allocator(if serves_a_mount {
-        Allocator::Fast
-    } else {
-        Allocator::Lean
-    });
+    betreefs_store::set_buffer_pool_limit(IO_BUFFER_POOL);
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)

@@ -35,4 +35,7 @@ mod store;
 
 pub use merge::{MergeRegistry, RecordOp, MERGE_PATCH, MERGE_RECORD, MERGE_TRUNCATE};
 pub use stats::StatsSnapshot;
-pub use store::{FaultObserver, Options, RangeIter, RecoveryReport, Reservation, Store, TurnHook};
+pub use store::{
+    FaultObserver, MemoryBesideCache, Options, RangeIter, RecoveryReport, Reservation, Store,
+    TurnHook,
+};

@@ -63,6 +63,9 @@ pub struct Stats {
     /// past the bound while the background thread was busy.
     pub writes_flushed_log: AtomicU64,
     pub log_replayed_records: AtomicU64,
+    /// What the store's user reports holding in its own tables (not a
+    /// counter: a gauge the node cache's budget makes room for).
+    pub memory_beside_cache: AtomicU64,
 }
 
 pub(crate) fn add(counter: &AtomicU64, n: u64) {
@@ -121,6 +124,10 @@ pub struct StatsSnapshot {
     pub log_replayed_records: u64,
     pub cache_bytes: u64,
     pub cache_dirty_bytes: u64,
+    /// The user's tables beside the cache (see `Store::memory_beside_cache`),
+    /// and the node cache's budget after making room for them.
+    pub memory_beside_cache_bytes: u64,
+    pub cache_budget_bytes: u64,
     pub tree_heights: Vec<u32>,
     pub node_region_bytes: u64,
     pub node_region_used_bytes: u64,
@@ -169,6 +176,7 @@ impl Stats {
             evict_micros_max: get(&self.evict_micros_max),
             writes_waited_for_checkpoint: get(&self.writes_waited_for_checkpoint),
             writes_flushed_log: get(&self.writes_flushed_log),
+            memory_beside_cache_bytes: get(&self.memory_beside_cache),
             log_replayed_records: get(&self.log_replayed_records),
             ..StatsSnapshot::default()
         }

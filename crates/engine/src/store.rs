@@ -660,6 +660,13 @@ impl Store {
         self.inner.checkpoint()
     }
 
+    /// A handle through which the store's user reports the memory its
+    /// own tables hold: the node cache makes room for it, so that one
+    /// budget (`Options::cache_bytes`) covers both.
+    pub fn memory_beside_cache(&self) -> MemoryBesideCache {
+        MemoryBesideCache(self.inner.stats.clone())
+    }
+
     /// The counters, with derived totals.
     pub fn stats(&self) -> StatsSnapshot {
         self.inner.stats_snapshot()
@@ -742,6 +749,17 @@ impl Drop for Store {
                 tracing::error!("final checkpoint failed: {e}");
             }
         }
+    }
+}
+
+/// See [`Store::memory_beside_cache`].
+#[derive(Clone)]
+pub struct MemoryBesideCache(Arc<Stats>);
+
+impl MemoryBesideCache {
+    /// The bytes held beside the cache now (replaces the last report).
+    pub fn set(&self, bytes: u64) {
+        self.0.memory_beside_cache.store(bytes, Ordering::Relaxed);
     }
 }
 
@@ -1279,6 +1297,7 @@ impl Inner {
             let tree = self.lock_tree();
             snap.cache_bytes = tree.cache_bytes() as u64;
             snap.cache_dirty_bytes = tree.dirty_bytes() as u64;
+            snap.cache_budget_bytes = tree.cache_budget() as u64;
             snap.tree_heights = tree.heights();
             snap.node_region_bytes = tree.layout.nodes_bytes;
             snap.node_region_used_bytes = tree.alloc.live_blocks() * BLOCK_SIZE as u64;

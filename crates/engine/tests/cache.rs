@@ -59,3 +59,50 @@ fn reads_keep_the_cache_within_its_budget() {
     within_budget(&store, "visit_range");
     assert!(store.stats().evictions > 0);
 }
+
+/// Memory the store's user reports beside the cache (the file system's
+/// inode table) comes out of the cache's budget: reads and writes keep the
+/// cache within what is left, never under four nodes.
+#[test]
+fn the_cache_makes_room_for_memory_reported_beside_it() {
+    let options = small_options();
+    let budget = options.cache_bytes as u64;
+    let floor = 4 * options.node_size as u64;
+    let (_dev, store) = mem_store(64 << 20, small_options());
+    let beside = store.memory_beside_cache();
+    let write = |from: u32| {
+        for chunk in (from..from + 2_000).collect::<Vec<_>>().chunks(100) {
+            let mut batch = WriteBatch::new();
+            for &i in chunk {
+                batch.put(KeySpace::Data, &i.to_be_bytes(), &[i as u8; 300]);
+            }
+            store.write(&batch).unwrap();
+        }
+    };
+    write(0);
+    assert_eq!(store.stats().cache_budget_bytes, budget);
+    let reported = budget / 4;
+    assert!(budget - reported > floor, "the test needs room above the floor");
+    beside.set(reported);
+    write(2_000);
+    let stats = store.stats();
+    assert_eq!(stats.memory_beside_cache_bytes, reported);
+    assert_eq!(stats.cache_budget_bytes, budget - reported);
+    assert!(
+        stats.cache_bytes <= budget - reported,
+        "{} bytes cached, {} left to the cache",
+        stats.cache_bytes,
+        budget - reported
+    );
+    // More than the whole budget: the cache keeps its floor of four nodes.
+    beside.set(2 * budget);
+    write(4_000);
+    let stats = store.stats();
+    assert_eq!(stats.cache_budget_bytes, floor);
+    assert!(stats.cache_bytes <= floor, "{} bytes cached", stats.cache_bytes);
+    for i in (0..6_000u32).step_by(11) {
+        let value = store.get(KeySpace::Data, &i.to_be_bytes()).unwrap();
+        assert_eq!(value.as_deref(), Some(&[i as u8; 300][..]));
+    }
+    assert!(store.stats().cache_bytes <= floor);
+}

@@ -69,6 +69,11 @@ pub fn set_buffer_pool_limit(bytes: usize) {
     }
 }
 
+/// How much memory recycled IO buffers hold now.
+pub fn buffer_pool_bytes() -> usize {
+    pool().bytes
+}
+
 fn pool() -> std::sync::MutexGuard<'static, Pool> {
     POOL.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -33,7 +33,7 @@ mod layout;
 mod log;
 mod superblock;
 
-pub use aligned::{set_buffer_pool_limit, AlignedBuf};
+pub use aligned::{buffer_pool_bytes, set_buffer_pool_limit, AlignedBuf};
 pub use allocator::BlockAllocator;
 pub use device::{CrashMode, Device, FileDevice, MemDevice};
 pub use error::{StoreError, StoreResult};

@@ -3,6 +3,8 @@
 
 #![allow(clippy::indexing_slicing)] // see tree/mod.rs
 
+use std::sync::atomic::Ordering;
+
 use super::*;
 
 impl Tree {
@@ -93,11 +95,23 @@ impl Tree {
         let _ = self.evict(false);
     }
 
+    /// The node cache's budget: what the options give, less what the
+    /// store's user holds beside it (`Store::memory_beside_cache`), and
+    /// never under four nodes.
+    pub fn cache_budget(&self) -> usize {
+        let beside = self.stats.memory_beside_cache.load(Ordering::Relaxed) as usize;
+        self.opts
+            .cache_bytes
+            .saturating_sub(beside)
+            .max(4 * self.opts.node_size)
+    }
+
     pub(super) fn evict(&mut self, write_dirty: bool) -> EngineResult<()> {
-        if self.cache_bytes <= self.opts.cache_bytes {
+        let budget = self.cache_budget();
+        if self.cache_bytes <= budget {
             return Ok(());
         }
-        let target = self.opts.cache_bytes / 10 * 9;
+        let target = budget / 10 * 9;
         let mut order: Vec<(bool, bool, u64, u64)> = self
             .cache
             .iter()

@@ -60,7 +60,7 @@ pub use attrs::{mode_without_privileges, CAPABILITY_XATTR};
 use betreefs_engine::merge::record_slot;
 pub use listing::dir_cookie;
 use reservations::RESERVED_BLOCK_BYTES;
-use state::{Home, Node, State};
+use state::{Home, Node, State, TableMemory};
 pub use xattr::XATTR_ACL_KILL_SGID;
 
 pub const ROOT_INO: Ino = 1;
@@ -173,8 +173,15 @@ impl FileSystem {
         let mut nodes = HashMap::new();
         nodes.insert(
             ROOT_INO,
-            Node::new(ROOT_INO, Vec::new(), root, Vec::new(), Home::Path),
+            Box::new(Node::new(
+                ROOT_INO,
+                Vec::new(),
+                root,
+                Vec::new(),
+                Home::Path,
+            )),
         );
+        let memory = TableMemory::new(store.memory_beside_cache());
         let fs = FileSystem {
             store,
             state: Mutex::new(State {
@@ -187,6 +194,7 @@ impl FileSystem {
                 next_ino: info.ino_reserved,
                 ino_reserved: info.ino_reserved,
                 created: info.created,
+                memory,
             }),
             atime,
             kernel_places_appends: std::sync::atomic::AtomicBool::new(false),

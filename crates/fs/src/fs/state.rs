@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use betreefs_engine::{KeySpace, WriteBatch};
+use betreefs_engine::{KeySpace, MemoryBesideCache, WriteBatch};
 
 use super::listing::dir_cookie as name_hash;
 use super::listing::CookieWindow;
@@ -87,7 +87,9 @@ pub(super) struct OpenFile {
 }
 
 pub(super) struct State {
-    pub(super) nodes: HashMap<Ino, Node>,
+    /// Boxed: the map's slots stay small (a table of a million inodes
+    /// grows, and rehashes, 16-byte slots rather than whole nodes).
+    pub(super) nodes: HashMap<Ino, Box<Node>>,
     /// Names a lookup found absent and nothing created since, by parent
     /// (looked up by borrowed name: no allocation per lookup).
     pub(super) absent: HashMap<Ino, HashSet<Vec<u8>>>,
@@ -100,15 +102,69 @@ pub(super) struct State {
     pub(super) next_ino: Ino,
     pub(super) ino_reserved: Ino,
     pub(super) created: i64,
+    /// Where the table's memory is reported: the engine's node cache
+    /// makes room for it (one budget, `cache=`, covers both).
+    pub(super) memory: TableMemory,
+}
+
+/// The inode table's memory as last reported to the engine.
+pub(super) struct TableMemory {
+    gauge: MemoryBesideCache,
+    /// The table's length and capacity when it was last measured.
+    len: usize,
+    capacity: usize,
+}
+
+/// Entries added or dropped before the table's memory is measured again
+/// (measuring walks the whole table).
+const TABLE_MEASURE_STEP: usize = 4096;
+
+impl TableMemory {
+    pub(super) fn new(gauge: MemoryBesideCache) -> TableMemory {
+        TableMemory {
+            gauge,
+            len: 0,
+            capacity: 0,
+        }
+    }
 }
 
 impl State {
+    /// Measures the table again, and reports it, when it has grown or
+    /// shrunk by a step or its map was reallocated.
+    fn account_table(&mut self) {
+        let (len, capacity) = (self.nodes.len(), self.nodes.capacity());
+        let m = &self.memory;
+        if len.abs_diff(m.len) < TABLE_MEASURE_STEP && capacity == m.capacity {
+            return;
+        }
+        let slots = capacity * (std::mem::size_of::<(Ino, Box<Node>)>() + 1);
+        let nodes: usize = self
+            .nodes
+            .values()
+            .map(|n| {
+                std::mem::size_of::<Node>()
+                    + n.name.capacity()
+                    + n.target.capacity()
+                    + n.child_names
+                        .as_ref()
+                        .map_or(0, |c| c.capacity() * (std::mem::size_of::<u64>() + 1))
+            })
+            .sum();
+        self.memory.gauge.set((slots + nodes) as u64);
+        self.memory.len = len;
+        self.memory.capacity = capacity;
+    }
+
     pub(super) fn node(&self, ino: Ino) -> FsResult<&Node> {
-        self.nodes.get(&ino).ok_or(Errno::ESTALE)
+        self.nodes.get(&ino).map(|n| &**n).ok_or(Errno::ESTALE)
     }
 
     pub(super) fn node_mut(&mut self, ino: Ino) -> FsResult<&mut Node> {
-        self.nodes.get_mut(&ino).ok_or(Errno::ESTALE)
+        self.nodes
+            .get_mut(&ino)
+            .map(|n| &mut **n)
+            .ok_or(Errno::ESTALE)
     }
 
     /// `EPERM` when directory `ino` may not gain entries (immutable) or,
@@ -265,11 +321,14 @@ impl State {
             }
             return;
         }
-        self.nodes
-            .insert(ino, Node::new(parent, name.to_vec(), attr, target, home));
+        self.nodes.insert(
+            ino,
+            Box::new(Node::new(parent, name.to_vec(), attr, target, home)),
+        );
         if let Some(p) = self.nodes.get_mut(&parent) {
             p.children += 1;
         }
+        self.account_table();
     }
 
     /// Adds `ino` to the table without a kernel reference (an ancestor
@@ -316,6 +375,7 @@ impl State {
             }
             let parent = node.parent;
             self.nodes.remove(&ino);
+            self.account_table();
             match self.nodes.get_mut(&parent) {
                 Some(p) => p.children = p.children.saturating_sub(1),
                 None => return,
