@@ -173,8 +173,10 @@ pub struct Target {
     /// What this target registered, oldest first.
     owned: Vec<Resource>,
     /// The largest resident size (KiB) any of its mount daemons reached,
-    /// sampled before each unmount (a cold remount starts a new one).
+    /// sampled before each unmount (a cold remount starts a new one), in
+    /// all and since the current phase began.
     daemon_peak_kib: u64,
+    phase_peak_kib: u64,
 }
 
 impl Target {
@@ -200,6 +202,7 @@ impl Target {
             image: None,
             owned: Vec::new(),
             daemon_peak_kib: 0,
+            phase_peak_kib: 0,
         };
         if let Err(e) = target.create() {
             target.teardown_quietly();
@@ -354,10 +357,7 @@ impl Target {
     /// Adds the running daemon's peak resident size (the kernel's
     /// high-water mark, VmHWM) to what earlier daemons reached.
     fn note_daemon_peak(&mut self) {
-        let Some(pid) = self.owned.iter().rev().find_map(|r| match r {
-            Resource::Daemon(pid) => Some(*pid),
-            _ => None,
-        }) else {
+        let Some(pid) = self.daemon_pid() else {
             return;
         };
         let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
@@ -369,7 +369,31 @@ impl Target {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
         if let Some(kib) = peak {
             self.daemon_peak_kib = self.daemon_peak_kib.max(kib);
+            self.phase_peak_kib = self.phase_peak_kib.max(kib);
         }
+    }
+
+    fn daemon_pid(&self) -> Option<u32> {
+        self.owned.iter().rev().find_map(|r| match r {
+            Resource::Daemon(pid) => Some(*pid),
+            _ => None,
+        })
+    }
+
+    /// The largest resident size of this target's mount daemons since the
+    /// last call, in MiB (None for a kernel file system), and the running
+    /// daemon's high-water mark reset for the next phase.
+    pub fn take_phase_peak_mib(&mut self) -> Option<f64> {
+        if !self.kind.is_fuse() {
+            return None;
+        }
+        self.note_daemon_peak();
+        let peak = std::mem::take(&mut self.phase_peak_kib);
+        if let Some(pid) = self.daemon_pid() {
+            // "5" resets the process's peak resident size (proc(5)).
+            let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+        }
+        (peak > 0).then(|| peak as f64 / 1024.0)
     }
 
     /// The largest resident size of this target's mount daemons so far, in

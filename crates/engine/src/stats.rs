@@ -123,6 +123,8 @@ pub struct StatsSnapshot {
     pub writes_flushed_log: u64,
     pub log_replayed_records: u64,
     pub cache_bytes: u64,
+    /// The most the cache has held since the store was opened.
+    pub cache_peak_bytes: u64,
     pub cache_dirty_bytes: u64,
     /// The user's tables beside the cache (see `Store::memory_beside_cache`),
     /// and the node cache's budget after making room for them.

@@ -1296,6 +1296,7 @@ impl Inner {
         {
             let tree = self.lock_tree();
             snap.cache_bytes = tree.cache_bytes() as u64;
+            snap.cache_peak_bytes = tree.cache_bytes_peak() as u64;
             snap.cache_dirty_bytes = tree.dirty_bytes() as u64;
             snap.cache_budget_bytes = tree.cache_budget() as u64;
             snap.tree_heights = tree.heights();

@@ -82,7 +82,10 @@ fn the_cache_makes_room_for_memory_reported_beside_it() {
     write(0);
     assert_eq!(store.stats().cache_budget_bytes, budget);
     let reported = budget / 4;
-    assert!(budget - reported > floor, "the test needs room above the floor");
+    assert!(
+        budget - reported > floor,
+        "the test needs room above the floor"
+    );
     beside.set(reported);
     write(2_000);
     let stats = store.stats();
@@ -99,10 +102,70 @@ fn the_cache_makes_room_for_memory_reported_beside_it() {
     write(4_000);
     let stats = store.stats();
     assert_eq!(stats.cache_budget_bytes, floor);
-    assert!(stats.cache_bytes <= floor, "{} bytes cached", stats.cache_bytes);
+    assert!(
+        stats.cache_bytes <= floor,
+        "{} bytes cached",
+        stats.cache_bytes
+    );
     for i in (0..6_000u32).step_by(11) {
         let value = store.get(KeySpace::Data, &i.to_be_bytes()).unwrap();
         assert_eq!(value.as_deref(), Some(&[i as u8; 300][..]));
     }
     assert!(store.stats().cache_bytes <= floor);
+}
+
+/// One batch of many times a node's worth of messages (the file system's
+/// clone of a tree writes one) is applied in steps: the cache never holds
+/// all of it, and messages later in the batch still win over earlier ones
+/// that were flushed down before them.
+#[test]
+fn a_huge_batch_settles_as_it_goes_and_later_messages_win() {
+    let options = small_options();
+    let budget = options.cache_bytes as u64;
+    let node = options.node_size as u64;
+    let (dev, store) = mem_store(64 << 20, small_options());
+    let mut batch = WriteBatch::new();
+    let mut expected = std::collections::BTreeMap::new();
+    // Several nodes' worth (a log record may hold 256 KiB here): every key
+    // put, then a third deleted and a third put again with another value,
+    // later in the same batch.
+    for round in 0..3u8 {
+        for i in 0..1_000u32 {
+            let key = i.to_be_bytes();
+            match (round, i % 3) {
+                (0, _) => {
+                    batch.put(KeySpace::Data, &key, &[1; 60]);
+                    expected.insert(key, Some(vec![1; 60]));
+                }
+                (1, 0) => {
+                    batch.delete(KeySpace::Data, &key);
+                    expected.insert(key, None);
+                }
+                (2, 1) => {
+                    batch.put(KeySpace::Data, &key, &[2; 60]);
+                    expected.insert(key, Some(vec![2; 60]));
+                }
+                _ => {}
+            }
+        }
+    }
+    store.write(&batch).unwrap();
+    let peak = store.stats().cache_peak_bytes;
+    assert!(
+        peak <= budget + 4 * node,
+        "the cache reached {peak} bytes in one write (budget {budget}, nodes of {node})"
+    );
+    let check = |store: &Store| {
+        for (key, value) in &expected {
+            assert_eq!(
+                store.get(KeySpace::Data, key).unwrap().as_deref(),
+                value.as_deref(),
+                "key {key:?}"
+            );
+        }
+    };
+    check(&store);
+    store.close().unwrap();
+    let store = Store::open_on(Arc::new(dev), small_options()).unwrap();
+    check(&store);
 }

@@ -69,15 +69,33 @@ pub struct Recorder<'a> {
     pub results: &'a mut Results,
     pub progress: &'a Progress,
     pub suite: Suite,
+    /// The phase under way (its daemon memory is recorded when it ends).
+    pub phase: Option<String>,
 }
 
 impl Recorder<'_> {
     /// Announces the next phase; fails if the run has been interrupted.
-    pub fn phase(&self, name: &str) -> Result<()> {
+    pub fn phase(&mut self, name: &str) -> Result<()> {
         crate::cleanup::check_interrupted()?;
+        self.end_phase();
+        self.phase = Some(name.to_string());
         self.progress
             .phase(self.target.label.as_str(), self.suite.name(), name);
         Ok(())
+    }
+
+    /// Ends the phase under way: records the daemon's peak resident size
+    /// during it (FUSE file systems), in the daemon memory table.
+    pub fn end_phase(&mut self) {
+        let Some(phase) = self.phase.take() else {
+            return;
+        };
+        if let Some(peak) = self.target.take_phase_peak_mib() {
+            let row = format!("{}: {phase}", self.suite.name());
+            let fs = self.target.label.as_str();
+            self.results
+                .record(MEMORY_TABLE, &row, "MiB", Better::Lower, fs, peak);
+        }
     }
 
     /// Records one figure (and counts the phase as done).

@@ -20,6 +20,15 @@ impl Tree {
             if msg.is_removal() {
                 self.removals_since_reclaim += 1;
             }
+            // A batch of many messages (a tree's clone writes a record for
+            // every inode in it) settles as it goes: the root's buffers
+            // would otherwise take all of it before the first flush, far
+            // past the cache's budget. Messages flushed early stay below
+            // the later ones of the same batch, so later still wins.
+            if self.root_buffer_bytes(*ks) > self.opts.node_size {
+                self.settle_root(*ks)?;
+                self.evict_within_write()?;
+            }
         }
         for ks in KeySpace::ALL {
             if touched[ks.index()] {
@@ -81,13 +90,28 @@ impl Tree {
                 self.apply_message(ks, seq, &Message::Put { key, value })?;
             }
             self.settle_root(ks)?;
-            match self.evict_if_needed() {
-                Err(e) if !e.is_no_space() => return Err(e),
-                _ => {}
-            }
+            self.evict_within_write()?;
             next = after;
         }
         Ok(())
+    }
+
+    /// Evicts in the middle of applying a batch (the store evicts again
+    /// after it); no space to write dirty nodes back is not an error here:
+    /// the cache stays over budget until the write's own eviction says so.
+    fn evict_within_write(&mut self) -> EngineResult<()> {
+        match self.evict_if_needed() {
+            Err(e) if !e.is_no_space() => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Bytes buffered in the root of `ks` (none if it is a leaf).
+    fn root_buffer_bytes(&self, ks: KeySpace) -> usize {
+        match &self.node(self.roots[ks.index()]).body {
+            NodeBody::Interior(int) => int.buffer_bytes(),
+            NodeBody::Leaf(_) => 0,
+        }
     }
 
     /// The root, loaded, with a buffer put above it if it is a leaf.

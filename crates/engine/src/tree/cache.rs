@@ -21,6 +21,7 @@ impl Tree {
         self.tick += 1;
         node.last_used = self.tick;
         self.cache_bytes += node.mem_bytes();
+        self.cache_bytes_peak = self.cache_bytes_peak.max(self.cache_bytes);
         self.dirty_bytes += dirty_estimate(&node);
         let previous = self.cache.insert(num, node);
         debug_assert!(previous.is_none(), "node {num} cached twice");

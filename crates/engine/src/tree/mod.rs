@@ -160,6 +160,9 @@ pub(crate) struct Tree {
     pub roots: [u64; KEY_SPACES],
     cache: HashMap<u64, Node>,
     cache_bytes: usize,
+    /// The most `cache_bytes` has been (eviction runs between steps of a
+    /// write: this shows how far a write overshot the budget).
+    cache_bytes_peak: usize,
     dirty_bytes: usize,
     tick: u64,
     /// The sequence number the next batch gets.
@@ -211,6 +214,7 @@ impl Tree {
             roots: [0; KEY_SPACES],
             cache: HashMap::new(),
             cache_bytes: 0,
+            cache_bytes_peak: 0,
             dirty_bytes: 0,
             tick: 0,
             next_seq: 1,
@@ -307,6 +311,10 @@ impl Tree {
 
     pub fn cache_bytes(&self) -> usize {
         self.cache_bytes
+    }
+
+    pub fn cache_bytes_peak(&self) -> usize {
+        self.cache_bytes_peak
     }
 
     pub fn dirty_bytes(&self) -> usize {
