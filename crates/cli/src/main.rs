@@ -64,8 +64,10 @@ enum Command {
 /// the default 256 MiB budget) or, sending them to mmap, paid a page
 /// fault and a clear per 4 KiB on every reuse (sequential write 240 -> 143
 /// MB/s, cold read ~800 -> ~520 MB/s). jemalloc's size classes reuse the
-/// pages, and its decay gives back what stays free (326 MiB peak in the
-/// same untar). See docs/benchmarks/daemon-memory.md.
+/// pages, and its decay gives back what stays free (283-317 MiB peak in
+/// the same untar). The price: pages given back are faulted in again,
+/// and a sequential write is ~15-25% slower than with glibc keeping 128
+/// MiB of free heap. See docs/benchmarks/daemon-memory.md.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
