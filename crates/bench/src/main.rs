@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use crate::cleanup::Resource;
 use crate::progress::Progress;
-use crate::report::{Better, Results};
+use crate::report::Results;
 use crate::scale::{Params, Scale};
 use crate::suites::{Recorder, Suite, Trees};
 use crate::targets::{Env, FsSpec, Kind, Target};
@@ -343,6 +343,7 @@ fn run_suite(
         progress,
         suite,
         phase: None,
+        suite_peak_mib: None,
     };
     let outcome = match suite {
         Suite::Micro => suites::micro::run(&mut recorder),
@@ -351,18 +352,7 @@ fn run_suite(
         Suite::Ioamp => suites::ioamp::run(&mut recorder),
     };
     if outcome.is_ok() {
-        recorder.end_phase();
-    }
-    if let (Ok(()), Some(peak)) = (&outcome, target.daemon_peak_mib()) {
-        let row = format!("{} suite: daemon peak resident", suite.name());
-        results.record(
-            suites::MEMORY_TABLE,
-            &row,
-            "MiB",
-            Better::Lower,
-            &spec.label,
-            peak,
-        );
+        recorder.end_suite();
     }
     progress.status(&format!("{} · {} · tearing down", spec.label, suite.name()));
     let teardown = target.teardown();

@@ -172,10 +172,9 @@ pub struct Target {
     image: Option<PathBuf>,
     /// What this target registered, oldest first.
     owned: Vec<Resource>,
-    /// The largest resident size (KiB) any of its mount daemons reached,
-    /// sampled before each unmount (a cold remount starts a new one), in
-    /// all and since the current phase began.
-    daemon_peak_kib: u64,
+    /// The largest resident size (KiB) any of its mount daemons reached
+    /// since the current phase began, sampled before each unmount too (a
+    /// cold remount starts a new daemon).
     phase_peak_kib: u64,
 }
 
@@ -201,7 +200,6 @@ impl Target {
             loop_dev: None,
             image: None,
             owned: Vec::new(),
-            daemon_peak_kib: 0,
             phase_peak_kib: 0,
         };
         if let Err(e) = target.create() {
@@ -355,7 +353,7 @@ impl Target {
     }
 
     /// Adds the running daemon's peak resident size (the kernel's
-    /// high-water mark, VmHWM) to what earlier daemons reached.
+    /// high-water mark, VmHWM) to what earlier daemons of the phase reached.
     fn note_daemon_peak(&mut self) {
         let Some(pid) = self.daemon_pid() else {
             return;
@@ -368,7 +366,6 @@ impl Target {
             .find_map(|l| l.strip_prefix("VmHWM:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
         if let Some(kib) = peak {
-            self.daemon_peak_kib = self.daemon_peak_kib.max(kib);
             self.phase_peak_kib = self.phase_peak_kib.max(kib);
         }
     }
@@ -394,17 +391,6 @@ impl Target {
             let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
         }
         (peak > 0).then(|| peak as f64 / 1024.0)
-    }
-
-    /// The largest resident size of this target's mount daemons so far, in
-    /// MiB (None for a kernel file system). The final checkpoint after the
-    /// last unmount is not in it: the daemon is gone before it could be read.
-    pub fn daemon_peak_mib(&mut self) -> Option<f64> {
-        if !self.kind.is_fuse() {
-            return None;
-        }
-        self.note_daemon_peak();
-        (self.daemon_peak_kib > 0).then(|| self.daemon_peak_kib as f64 / 1024.0)
     }
 
     /// The loop device the file system sits on.

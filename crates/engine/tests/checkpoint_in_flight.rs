@@ -243,14 +243,22 @@ fn reads_and_writes_complete_while_a_checkpoint_is_in_flight() {
         "no checkpoint since"
     );
 
-    // What was synced survives a power cut.
+    assert_power_cut_keeps(mem, store, &model, "an overlapped checkpoint");
+}
+
+/// What was synced survives a power cut: recovery gives a valid tree
+/// holding exactly `model`.
+fn assert_power_cut_keeps(mem: MemDevice, store: Arc<Store>, model: &Model, after: &str) {
     mem.power_off();
     let image = mem.crash_image(CrashMode::DropUnsynced);
     drop(store);
     let recovered = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options())
-        .expect("recovery after an overlapped checkpoint");
+        .unwrap_or_else(|e| panic!("recovery after {after}: {e}"));
     recovered.verify().unwrap();
-    assert!(dump(&recovered) == model, "synced writes lost");
+    assert!(
+        dump(&recovered) == *model,
+        "synced writes lost after {after}"
+    );
 }
 
 /// The models after each batch written, how many of them were synced,
@@ -361,9 +369,7 @@ fn writers_that_fill_the_log_during_a_checkpoint_wait_and_keep_their_order() {
             std::thread::spawn(move || {
                 let mut seqs = Vec::with_capacity(BATCHES);
                 for i in 0..BATCHES {
-                    let mut batch = betreefs_engine::WriteBatch::default();
-                    batch.put(KeySpace::Data, format!("w{w}-{i:04}").as_bytes(), &value);
-                    seqs.push(store.write(&batch).unwrap());
+                    seqs.push(store.write(&writer_batch(w, i, &value)).unwrap());
                 }
                 seqs
             })
@@ -396,9 +402,7 @@ fn writers_that_fill_the_log_during_a_checkpoint_wait_and_keep_their_order() {
         );
         all.extend(seqs);
         for i in 0..BATCHES {
-            let mut batch = betreefs_engine::WriteBatch::default();
-            batch.put(KeySpace::Data, format!("w{w}-{i:04}").as_bytes(), &value);
-            model.apply(&batch);
+            model.apply(&writer_batch(w, i, &value));
         }
     }
     let count = all.len();
@@ -407,13 +411,14 @@ fn writers_that_fill_the_log_during_a_checkpoint_wait_and_keep_their_order() {
     assert_eq!(all.len(), count, "two batches got the same sequence number");
     common::assert_matches(&store, &model);
     store.sync().unwrap();
-    mem.power_off();
-    let image = mem.crash_image(CrashMode::DropUnsynced);
-    drop(store);
-    let recovered = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options())
-        .expect("recovery after writers waited on a checkpoint");
-    recovered.verify().unwrap();
-    assert!(dump(&recovered) == model, "synced writes lost");
+    assert_power_cut_keeps(mem, store, &model, "writers waited on a checkpoint");
+}
+
+/// Writer `w`'s `i`th batch in the test above.
+fn writer_batch(w: usize, i: usize, value: &[u8]) -> betreefs_engine::WriteBatch {
+    let mut batch = betreefs_engine::WriteBatch::default();
+    batch.put(KeySpace::Data, format!("w{w}-{i:04}").as_bytes(), value);
+    batch
 }
 
 /// While the background thread is stuck in a checkpoint, writers keep the

@@ -71,6 +71,8 @@ pub struct Recorder<'a> {
     pub suite: Suite,
     /// The phase under way (its daemon memory is recorded when it ends).
     pub phase: Option<String>,
+    /// The largest of the phases' daemon peaks so far (MiB).
+    pub suite_peak_mib: Option<f64>,
 }
 
 impl Recorder<'_> {
@@ -91,11 +93,26 @@ impl Recorder<'_> {
             return;
         };
         if let Some(peak) = self.target.take_phase_peak_mib() {
-            let row = format!("{}: {phase}", self.suite.name());
-            let fs = self.target.label.as_str();
-            self.results
-                .record(MEMORY_TABLE, &row, "MiB", Better::Lower, fs, peak);
+            self.record_memory(&format!("{}: {phase}", self.suite.name()), peak);
+            self.suite_peak_mib = Some(self.suite_peak_mib.map_or(peak, |p| p.max(peak)));
         }
+    }
+
+    /// Ends the suite: its last phase, and the daemon's peak over all of
+    /// them. (The final checkpoint after the last unmount is not in it:
+    /// the daemon is gone before it could be read.)
+    pub fn end_suite(&mut self) {
+        self.end_phase();
+        if let Some(peak) = self.suite_peak_mib {
+            let row = format!("{} suite: daemon peak resident", self.suite.name());
+            self.record_memory(&row, peak);
+        }
+    }
+
+    fn record_memory(&mut self, row: &str, mib: f64) {
+        let fs = self.target.label.as_str();
+        self.results
+            .record(MEMORY_TABLE, row, "MiB", Better::Lower, fs, mib);
     }
 
     /// Records one figure (and counts the phase as done).

@@ -16,14 +16,8 @@ impl Tree {
         }
         let node = self.node(num);
         debug_assert!(node.dirty);
-        if let NodeBody::Leaf(leaf) = &node.body {
-            assert!(
-                leaf.is_fully_loaded(),
-                "tree invariant: dirty leaf {num} must be fully loaded"
-            );
-        }
         let height = node.height();
-        let img = encode_node(node, num);
+        let img = encode_image(node, num);
         let Some(extent) = self.alloc.allocate(img.len) else {
             return Err(self.no_extent(&format!("node {num} (height {height})"), img.len));
         };
@@ -319,9 +313,12 @@ impl Tree {
         self.alloc.cancel_pending_checkpoint();
     }
 
-    /// Whether a checkpoint has begun and not ended.
+    /// Whether a checkpoint has begun and not ended: the allocator holds
+    /// its pending generation from begin to commit, abort or cancel (the
+    /// encoding part, `self.checkpoint`, lies within).
     pub fn checkpoint_in_flight(&self) -> bool {
-        self.checkpoint.is_some() || self.alloc.checkpoint_in_flight()
+        debug_assert!(self.checkpoint.is_none() || self.alloc.checkpoint_in_flight());
+        self.alloc.checkpoint_in_flight()
     }
 
     /// The second half of a checkpoint, under the tree lock again: its
@@ -514,7 +511,8 @@ pub(crate) fn write_nodes(device: &dyn Device, nodes: &NodeWrites) -> EngineResu
     Ok(())
 }
 
-/// A node's image, for a checkpoint (dirty leaves are always whole).
+/// A dirty node's image, for a checkpoint or write-back (dirty leaves are
+/// always whole).
 fn encode_image(node: &Node, num: u64) -> NodeImage {
     if let NodeBody::Leaf(leaf) = &node.body {
         assert!(
