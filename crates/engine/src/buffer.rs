@@ -317,6 +317,32 @@ impl MessageBuffer {
         self.ranges.append(&mut ranges);
     }
 
+    /// Takes the messages below a key chosen so that about `limit` bytes
+    /// of point messages go, leaving the rest (a range delete straddling
+    /// the key is cut in two); the whole buffer when it holds no more than
+    /// `limit` or no point lies past it. Background flushing moves a large
+    /// buffer down in such parts, one per turn of the tree lock.
+    pub fn take_first_bytes(&mut self, limit: usize) -> MessageBuffer {
+        if self.bytes <= limit {
+            return std::mem::take(self);
+        }
+        let mut taken = 0;
+        let cut = self.points.iter().find_map(|(key, msg)| {
+            if taken >= limit {
+                return Some(key.clone());
+            }
+            taken += msg.bytes(key.len());
+            None
+        });
+        match cut {
+            Some(cut) => {
+                let rest = self.split_off(&cut);
+                std::mem::replace(self, rest)
+            }
+            None => std::mem::take(self),
+        }
+    }
+
     /// Splits off the messages at or after `pivot` (range deletes straddling
     /// it are cut in two).
     pub fn split_off(&mut self, pivot: &[u8]) -> MessageBuffer {
@@ -416,6 +442,62 @@ mod tests {
 
     fn k(s: &str) -> Vec<u8> {
         s.as_bytes().to_vec()
+    }
+
+    /// A part taken from the front holds the lowest keys, about the bytes
+    /// asked for; the parts together are the buffer, a range delete
+    /// straddling a cut is cut in two, and a small buffer goes whole.
+    #[test]
+    fn parts_taken_from_the_front_split_the_buffer_by_key() {
+        let merges = MergeRegistry::default();
+        let mut b = MessageBuffer::default();
+        let put = |b: &mut MessageBuffer, i: u32, seq: u64| {
+            let key = format!("k{i:04}").into_bytes();
+            b.insert_point(key, PointMsg::put(seq, vec![1; 100]), &merges);
+        };
+        for i in 0..100 {
+            put(&mut b, i, u64::from(i));
+        }
+        // Deletes k0040..k0059; k0045..k0049 are written again after it.
+        b.insert_range_delete(k("k0040"), k("k0060"), 200);
+        for i in 45..50 {
+            put(&mut b, i, 300 + u64::from(i));
+        }
+        let whole = b.clone();
+        let per_point = PointMsg::put(0, vec![1; 100]).bytes(5);
+        let first = b.take_first_bytes(30 * per_point);
+        let keys = |b: &MessageBuffer| b.points().keys().cloned().collect::<Vec<_>>();
+        assert_eq!(
+            keys(&first),
+            (0..30)
+                .map(|i| format!("k{i:04}").into_bytes())
+                .collect::<Vec<_>>()
+        );
+        assert!(first.ranges().is_empty());
+        // k0030..k0039, k0045, k0046: the cut falls at k0047, inside the
+        // range delete.
+        let second = b.take_first_bytes(12 * per_point);
+        assert_eq!(second.points().len(), 12);
+        let range = |b: &MessageBuffer| {
+            b.ranges()
+                .iter()
+                .map(|(s, r)| (s.clone(), r.end.clone(), r.seq))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(range(&second), vec![(k("k0040"), k("k0047"), 200)]);
+        assert_eq!(range(&b), vec![(k("k0047"), k("k0060"), 200)]);
+        assert_eq!(keys(&b).first(), Some(&k("k0047")));
+        let rest = b.take_first_bytes(usize::MAX);
+        assert!(b.is_empty() && b.bytes() == 0);
+        for part in [&first, &second, &rest] {
+            let mut counted = part.clone();
+            counted.recount();
+            assert_eq!(part.bytes(), counted.bytes());
+        }
+        let mut rejoined = first;
+        rejoined.absorb_disjoint(second);
+        rejoined.absorb_disjoint(rest);
+        assert_eq!(rejoined.points(), whole.points());
     }
 
     /// A range delete eats the points it covers, whether few (removed one

@@ -62,6 +62,15 @@ pub struct Stats {
     /// Writes that flushed the log themselves: its unflushed bytes were
     /// past the bound while the background thread was busy.
     pub writes_flushed_log: AtomicU64,
+    /// Background flushing (`Options::flush_backlog_bytes`): its turns
+    /// with the tree lock held (how many, the longest), and the writes
+    /// that found a root's buffers past the backlog bound and waited for
+    /// it (how many, the longest wait, all waits together).
+    pub flush_turns: AtomicU64,
+    pub flush_turn_micros_max: AtomicU64,
+    pub writes_waited_for_flush: AtomicU64,
+    pub flush_wait_micros_max: AtomicU64,
+    pub flush_wait_micros_total: AtomicU64,
     pub log_replayed_records: AtomicU64,
     /// What the store's user reports holding in its own tables (not a
     /// counter: a gauge the node cache's budget makes room for).
@@ -121,6 +130,15 @@ pub struct StatsSnapshot {
     pub evict_micros_max: u64,
     pub writes_waited_for_checkpoint: u64,
     pub writes_flushed_log: u64,
+    pub flush_turns: u64,
+    pub flush_turn_micros_max: u64,
+    pub writes_waited_for_flush: u64,
+    pub flush_wait_micros_max: u64,
+    pub flush_wait_micros_total: u64,
+    /// The most any root's buffers hold now, and the bound past which
+    /// writers wait for background flushing (0: writers flush themselves).
+    pub flush_backlog_bytes: u64,
+    pub flush_backlog_bound_bytes: u64,
     pub log_replayed_records: u64,
     pub cache_bytes: u64,
     /// The most the cache has held since the store was opened.
@@ -178,6 +196,11 @@ impl Stats {
             evict_micros_max: get(&self.evict_micros_max),
             writes_waited_for_checkpoint: get(&self.writes_waited_for_checkpoint),
             writes_flushed_log: get(&self.writes_flushed_log),
+            flush_turns: get(&self.flush_turns),
+            flush_turn_micros_max: get(&self.flush_turn_micros_max),
+            writes_waited_for_flush: get(&self.writes_waited_for_flush),
+            flush_wait_micros_max: get(&self.flush_wait_micros_max),
+            flush_wait_micros_total: get(&self.flush_wait_micros_total),
             memory_beside_cache_bytes: get(&self.memory_beside_cache),
             log_replayed_records: get(&self.log_replayed_records),
             ..StatsSnapshot::default()

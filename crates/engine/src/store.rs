@@ -63,6 +63,18 @@ pub struct Options {
     /// Called between a checkpoint's turns, without the tree lock (tests
     /// stop the checkpoint there to write and read in between).
     pub checkpoint_turn_hook: Option<TurnHook>,
+    /// Move messages down the trees on a thread of their own, in turns,
+    /// rather than in the writer's thread (on by default; see
+    /// docs/design.md, "Background flushing"). Writers wait only when a
+    /// root's buffers hold more than a node's worth.
+    pub background_flush: bool,
+    /// Bytes of messages one turn of background flushing moves down with
+    /// the tree lock held (a leaf takes them at roughly 300-500 MB/s:
+    /// 1 MiB is 2-3 ms). Tests make it small to interleave many turns.
+    pub flush_turn_bytes: usize,
+    /// Called before each turn of background flushing, without the tree
+    /// lock (tests hold the flusher there to fill the backlog).
+    pub flush_turn_hook: Option<TurnHook>,
 }
 
 /// See [`Options::checkpoint_turn_hook`].
@@ -91,6 +103,9 @@ impl Default for Options {
             read_ahead: true,
             checkpoint_turn_bytes: 2 << 20,
             checkpoint_turn_hook: None,
+            background_flush: true,
+            flush_turn_bytes: 1 << 20,
+            flush_turn_hook: None,
         }
     }
 }
@@ -147,6 +162,9 @@ struct BackgroundState {
     shutdown: bool,
     checkpoint_wanted: bool,
     flush_wanted: bool,
+    /// A root's buffers hold more than a node's worth: the tree flusher
+    /// has work.
+    tree_flush_wanted: bool,
 }
 
 /// What opening a store found in its log and superblocks.
@@ -190,6 +208,14 @@ struct Inner {
     /// it a second time.
     reading_ahead: Mutex<HashSet<u64>>,
     read_ahead_landed: Condvar,
+    /// Wakes the tree flusher (with `background`).
+    tree_flush_wake: Condvar,
+    /// Signalled after every turn of the tree flusher (with the tree
+    /// lock): writers past the backlog bound wait on it.
+    flush_progress: parking_lot::Condvar,
+    /// The tree flusher runs: writers may leave messages in the roots and
+    /// wait for it past the backlog bound.
+    tree_flusher_running: std::sync::atomic::AtomicBool,
 }
 
 /// Leaves read ahead of a sequential scan, the next one included.
@@ -224,6 +250,7 @@ pub struct Reservation {
 pub struct Store {
     inner: Arc<Inner>,
     worker: Option<JoinHandle<()>>,
+    tree_flusher: Option<JoinHandle<()>>,
     read_ahead_worker: Option<JoinHandle<()>>,
     closed: bool,
 }
@@ -251,6 +278,27 @@ fn start_read_ahead(inner: &Arc<Inner>) -> Option<JoinHandle<()>> {
         }
         Err(e) => {
             tracing::warn!("could not start the read-ahead thread: {e}; reading on demand");
+            None
+        }
+    }
+}
+
+/// Starts the thread that moves messages down the trees in turns and
+/// tells the tree to leave them in the roots' buffers for it.
+fn start_tree_flusher(inner: &Arc<Inner>) -> Option<JoinHandle<()>> {
+    inner.tree_flusher_running.store(true, Ordering::SeqCst);
+    let worker = inner.clone();
+    let spawned = std::thread::Builder::new()
+        .name("betreefs-tree-flush".into())
+        .spawn(move || worker.run_tree_flusher());
+    match spawned {
+        Ok(handle) => {
+            inner.lock_tree().set_background_flush(true);
+            Some(handle)
+        }
+        Err(e) => {
+            inner.tree_flusher_running.store(false, Ordering::SeqCst);
+            tracing::warn!("could not start the tree flusher: {e}; writers flush themselves");
             None
         }
     }
@@ -493,6 +541,9 @@ impl Store {
             read_ahead: Mutex::new(None),
             reading_ahead: Mutex::new(HashSet::new()),
             read_ahead_landed: Condvar::new(),
+            tree_flush_wake: Condvar::new(),
+            flush_progress: parking_lot::Condvar::new(),
+            tree_flusher_running: std::sync::atomic::AtomicBool::new(false),
         });
         let read_ahead_worker = if inner.options.read_ahead {
             start_read_ahead(&inner)
@@ -518,9 +569,15 @@ impl Store {
             }
             None => None,
         };
+        let tree_flusher = if inner.options.background_flush && !inner.options.read_only {
+            start_tree_flusher(&inner)
+        } else {
+            None
+        };
         Store {
             inner,
             worker,
+            tree_flusher,
             read_ahead_worker,
             closed: false,
         }
@@ -723,12 +780,24 @@ impl Store {
                 tracing::error!("read-ahead thread panicked");
             }
         }
-        if let Some(worker) = self.worker.take() {
+        let (worker, tree_flusher) = (self.worker.take(), self.tree_flusher.take());
+        if worker.is_some() || tree_flusher.is_some() {
             self.inner.lock_background().shutdown = true;
             self.inner.wake.notify_all();
+            self.inner.tree_flush_wake.notify_all();
+        }
+        if let Some(worker) = worker {
             if worker.join().is_err() {
                 tracing::error!("background flusher panicked");
             }
+        }
+        if let Some(flusher) = tree_flusher {
+            if flusher.join().is_err() {
+                tracing::error!("tree flusher panicked");
+            }
+            // The messages it left in the roots settle in the writer's
+            // thread from here on (the final checkpoint keeps them as is).
+            self.inner.lock_tree().set_background_flush(false);
         }
     }
 }
@@ -989,6 +1058,7 @@ impl Inner {
         }
         let payload = batch.encode();
         let mut tree = self.lock_tree();
+        self.wait_for_flush_backlog(&mut tree);
         // Everything from here to the log append is decided under one hold
         // of the lock: the sequence number, the promised space. A step that
         // needs a checkpoint while one is in flight waits for it — which
@@ -1052,6 +1122,8 @@ impl Inner {
         };
         tree.next_seq = seq + 1;
         self.promised_bytes.store(promised_after, Ordering::Relaxed);
+        let background = self.background_flush_now(&tree);
+        tree.set_background_flush(background);
         let applying = Instant::now();
         if let Err(e) = tree.apply_batch(seq, batch) {
             return Err(self.poison(e));
@@ -1075,12 +1147,17 @@ impl Inner {
         let wants_checkpoint = self.log.used() > self.log.capacity() / 3;
         let unflushed = self.log.unflushed_bytes();
         let wants_flush = unflushed > LOG_FLUSH_EAGER_BYTES;
+        let wants_tree_flush = self.tree_flusher_running.load(Ordering::Relaxed)
+            && tree.flush_backlog() > tree.flush_low_water();
         drop(tree);
         if wants_checkpoint || wants_flush {
             let mut state = self.lock_background();
             state.checkpoint_wanted |= wants_checkpoint;
             state.flush_wanted |= wants_flush;
             self.wake.notify_all();
+        }
+        if wants_tree_flush {
+            self.want_tree_flush();
         }
         if unflushed > LOG_FLUSH_WRITER_BYTES {
             // Back-pressure, without the tree lock: this writer waits for
@@ -1303,9 +1380,124 @@ impl Inner {
             snap.node_region_bytes = tree.layout.nodes_bytes;
             snap.node_region_used_bytes = tree.alloc.live_blocks() * BLOCK_SIZE as u64;
             snap.promised_bytes = self.promised_bytes.load(Ordering::Relaxed);
+            snap.flush_backlog_bytes = tree.flush_backlog() as u64;
+            if self.tree_flusher_running.load(Ordering::Relaxed) {
+                snap.flush_backlog_bound_bytes = tree.flush_backlog_bound() as u64;
+            }
         }
         snap.finish();
         snap
+    }
+
+    /// Wakes the tree flusher.
+    fn want_tree_flush(&self) {
+        let mut state = self.lock_background();
+        if !state.tree_flush_wanted {
+            state.tree_flush_wanted = true;
+            self.tree_flush_wake.notify_all();
+        }
+    }
+
+    /// Back-pressure: while a root's buffers hold more than the backlog
+    /// bound, a writer waits (giving up the tree lock) for the tree
+    /// flusher's turns to bring them down. Counted: how many writes
+    /// waited, and how long.
+    fn wait_for_flush_backlog(&self, tree: &mut TreeGuard<'_>) {
+        let flushing = |tree: &Tree| self.background_flush_now(tree);
+        let over = |tree: &Tree| tree.flush_backlog() > tree.flush_backlog_bound();
+        if !flushing(tree) || !over(tree) {
+            return;
+        }
+        add(&self.stats.writes_waited_for_flush, 1);
+        let waiting = Instant::now();
+        self.want_tree_flush();
+        while over(tree) && flushing(tree) && self.check_failed().is_ok() {
+            // A timeout only as a safeguard: every turn signals.
+            self.flush_progress
+                .wait_for(tree, Duration::from_millis(100));
+        }
+        let waited = waiting.elapsed();
+        record_max(&self.stats.flush_wait_micros_max, waited);
+        add(
+            &self.stats.flush_wait_micros_total,
+            waited.as_micros() as u64,
+        );
+    }
+
+    /// The tree flusher: woken when a root's buffers hold more than a
+    /// node's worth, it moves messages down in turns of
+    /// `Options::flush_turn_bytes` with the tree lock held, handing the
+    /// lock on fairly in between so that requests go on (docs/design.md,
+    /// "Background flushing").
+    fn run_tree_flusher(&self) {
+        loop {
+            {
+                let mut state = self.lock_background();
+                while !state.shutdown && !state.tree_flush_wanted {
+                    state = self
+                        .tree_flush_wake
+                        .wait_timeout(state, Duration::from_secs(1))
+                        .map(|(s, _)| s)
+                        .unwrap_or_else(|e| e.into_inner().0);
+                }
+                if state.shutdown {
+                    break;
+                }
+                state.tree_flush_wanted = false;
+            }
+            if self.check_failed().is_err() {
+                continue;
+            }
+            while self.flush_turn() {}
+        }
+        self.tree_flusher_running.store(false, Ordering::SeqCst);
+        // Writers waiting for it settle in their own thread from now on.
+        let _guard = self.lock_tree();
+        self.flush_progress.notify_all();
+    }
+
+    /// Whether messages are left to the tree flusher now: it runs, and the
+    /// device has room to spare (`Tree::room_for_background_flush`). Past
+    /// that, writers settle the roots themselves, as before: a write's
+    /// admission checks that the space its own settling dirties will fit,
+    /// and the flusher's later work would escape that check.
+    fn background_flush_now(&self, tree: &Tree) -> bool {
+        self.tree_flusher_running.load(Ordering::SeqCst)
+            && tree.room_for_background_flush(self.promised_bytes.load(Ordering::Relaxed))
+    }
+
+    /// One turn of the tree flusher; whether there is more to do (and no
+    /// reason to stop).
+    fn flush_turn(&self) -> bool {
+        if let Some(hook) = &self.options.flush_turn_hook {
+            (hook.0)();
+        }
+        let mut tree = self.lock_tree();
+        if !self.background_flush_now(&tree) {
+            // Space is getting low: writers settle for themselves.
+            return false;
+        }
+        let started = Instant::now();
+        let turn = tree
+            .flush_turn(self.options.flush_turn_bytes)
+            .and_then(|more| {
+                // A write's eviction, as for the nodes a writer's own settling
+                // would have loaded and dirtied.
+                match tree.evict_if_needed() {
+                    Err(e) if !e.is_no_space() => Err(e),
+                    _ => Ok(more),
+                }
+            });
+        record_max(&self.stats.flush_turn_micros_max, started.elapsed());
+        add(&self.stats.flush_turns, 1);
+        let more = turn.unwrap_or_else(|e| {
+            tracing::error!("background flushing failed: {e}");
+            self.poison(e);
+            false
+        });
+        self.flush_progress.notify_all();
+        parking_lot::MutexGuard::unlock_fair(tree);
+        more && !self.lock_background().shutdown
     }
 
     fn run_background(&self) {

@@ -9,14 +9,23 @@ use super::*;
 impl Tree {
     /// Applies one batch (already logged) with sequence number `seq`.
     pub fn apply_batch(&mut self, seq: u64, batch: &WriteBatch) -> EngineResult<()> {
-        let mut touched = [false; KEY_SPACES];
+        // With background flushing, the roots' buffers take the batch and
+        // the flushing thread moves it down (the store makes writers wait
+        // for it past the backlog bound); a range rename or clone settles
+        // here, as surgery leaves nodes with more children than a node
+        // may keep.
+        let mut must_settle = [false; KEY_SPACES];
         for (ks, msg) in batch.messages() {
-            match msg {
-                Message::RangeRename(r) => self.apply_transplant(*ks, seq, r, Transplant::Move)?,
-                Message::RangeClone(r) => self.apply_transplant(*ks, seq, r, Transplant::Share)?,
-                _ => self.apply_message(*ks, seq, msg)?,
+            let transplant = match msg {
+                Message::RangeRename(r) => Some((r, Transplant::Move)),
+                Message::RangeClone(r) => Some((r, Transplant::Share)),
+                _ => None,
+            };
+            match transplant {
+                Some((r, how)) => self.apply_transplant(*ks, seq, r, how)?,
+                None => self.apply_message(*ks, seq, msg)?,
             }
-            touched[ks.index()] = true;
+            must_settle[ks.index()] |= !self.background_flush || transplant.is_some();
             if msg.is_removal() {
                 self.removals_since_reclaim += 1;
             }
@@ -25,17 +34,29 @@ impl Tree {
             // would otherwise take all of it before the first flush, far
             // past the cache's budget. Messages flushed early stay below
             // the later ones of the same batch, so later still wins.
-            if self.root_buffer_bytes(*ks) > self.opts.node_size {
+            if self.root_buffer_bytes(*ks) > self.settle_in_write_above() {
                 self.settle_root(*ks)?;
                 self.evict_within_write()?;
             }
         }
         for ks in KeySpace::ALL {
-            if touched[ks.index()] {
+            if must_settle[ks.index()] {
                 self.settle_root(ks)?;
             }
         }
         Ok(())
+    }
+
+    /// The bytes a root's buffers may hold before a batch being applied
+    /// settles it in the writer's thread: with background flushing, twice
+    /// the backlog bound — the store lets a write in at the bound, so only
+    /// a batch that alone could fill the backlog gets there.
+    fn settle_in_write_above(&self) -> usize {
+        if self.background_flush {
+            2 * self.flush_backlog_bound()
+        } else {
+            self.opts.node_size
+        }
     }
 
     /// A range rename (`Transplant::Move`) or clone (`Transplant::Share`):
@@ -106,11 +127,12 @@ impl Tree {
         }
     }
 
-    /// Bytes buffered in the root of `ks` (none if it is a leaf).
-    fn root_buffer_bytes(&self, ks: KeySpace) -> usize {
-        match &self.node(self.roots[ks.index()]).body {
-            NodeBody::Interior(int) => int.buffer_bytes(),
-            NodeBody::Leaf(_) => 0,
+    /// Bytes buffered in the root of `ks` (none if it is a leaf, or not
+    /// cached: a root written back and dropped holds nothing new).
+    pub(super) fn root_buffer_bytes(&self, ks: KeySpace) -> usize {
+        match self.cache.get(&self.roots[ks.index()]).map(|n| &n.body) {
+            Some(NodeBody::Interior(int)) => int.buffer_bytes(),
+            _ => 0,
         }
     }
 
@@ -164,6 +186,13 @@ impl Tree {
     pub(super) fn settle_root(&mut self, ks: KeySpace) -> EngineResult<()> {
         let root = self.roots[ks.index()];
         let splits = self.settle(ks, root, &Bounds::full())?;
+        self.adopt_root_splits(ks, splits)
+    }
+
+    /// Grows the tree by a level when its root split, and drops roots that
+    /// are only a detour (one interior child, nothing buffered).
+    pub(super) fn adopt_root_splits(&mut self, ks: KeySpace, splits: Splits) -> EngineResult<()> {
+        let root = self.roots[ks.index()];
         if !splits.is_empty() {
             let height = self.node(root).height() + 1;
             let mut int = Interior {

@@ -19,9 +19,7 @@ impl Tree {
             if int.buffer_bytes() <= self.opts.node_size {
                 break;
             }
-            let heaviest = (0..int.buffers.len())
-                .max_by_key(|&i| int.buffers[i].bytes())
-                .unwrap_or(0);
+            let heaviest = heaviest_buffer(int);
             self.flush_child(ks, num, heaviest, bounds)?;
         }
         self.split_if_needed(ks, num, bounds)
@@ -36,11 +34,47 @@ impl Tree {
         i: usize,
         parent_bounds: &Bounds,
     ) -> EngineResult<()> {
+        self.flush_part(ks, parent, i, parent_bounds, usize::MAX)
+            .map(|_| ())
+    }
+
+    /// [`Tree::flush_child`] of only the first `limit` bytes or so of the
+    /// buffer (background flushing's step): the child, settled before,
+    /// passes on about what it took. Returns the bytes moved.
+    fn flush_part(
+        &mut self,
+        ks: KeySpace,
+        parent: u64,
+        i: usize,
+        parent_bounds: &Bounds,
+        limit: usize,
+    ) -> EngineResult<usize> {
+        let (child, child_bounds, moved) =
+            self.move_buffer_down(ks, parent, i, parent_bounds, limit)?;
+        let splits = self.settle(ks, child, &child_bounds)?;
+        self.adopt_splits(parent, i, splits);
+        self.maybe_merge(ks, parent, i, parent_bounds)?;
+        Ok(moved)
+    }
+
+    /// Moves the messages of the lowest keys in the buffer for child `i`
+    /// of `parent`, about `limit` bytes of them (all if there are no
+    /// more), into the private, loaded child. Returns the child, its
+    /// bounds and the bytes moved; the child may now be over-full.
+    fn move_buffer_down(
+        &mut self,
+        ks: KeySpace,
+        parent: u64,
+        i: usize,
+        parent_bounds: &Bounds,
+        limit: usize,
+    ) -> EngineResult<(u64, Bounds, usize)> {
         let int = self.interior(parent);
         let child_bounds = int.child_bounds(i, parent_bounds);
         let child_height = int.height - 1;
+        let whole = int.buffers[i].bytes() <= limit;
         let mut child = int.children[i];
-        if int.buffers[i].covers_whole(&child_bounds.lo, child_bounds.hi.as_deref()) {
+        if whole && int.buffers[i].covers_whole(&child_bounds.lo, child_bounds.hi.as_deref()) {
             // A range delete covers the whole child: drop its subtree without
             // reading a single leaf and start over with an empty one.
             let doomed =
@@ -54,7 +88,8 @@ impl Tree {
             child = self.private_child(ks, parent, i, parent_bounds)?;
             self.load(ks, child, &child_bounds, Want::Whole, Some(child_height))?;
         }
-        let batch = self.with_interior(parent, |int| int.buffers[i].take());
+        let batch = self.with_interior(parent, |int| int.buffers[i].take_first_bytes(limit));
+        let moved = batch.bytes();
         let count = batch.message_count() as u64;
         let merges = self.merges.clone();
         let mut node = self.take(child);
@@ -75,9 +110,75 @@ impl Tree {
         result?;
         add(&self.stats.flushes, 1);
         add(&self.stats.messages_flushed, count);
-        let splits = self.settle(ks, child, &child_bounds)?;
-        self.adopt_splits(parent, i, splits);
-        self.maybe_merge(ks, parent, i, parent_bounds)
+        Ok((child, child_bounds, moved))
+    }
+
+    /// The most bytes the buffers of any tree's root hold (what background
+    /// flushing has yet to move down).
+    pub fn flush_backlog(&self) -> usize {
+        KeySpace::ALL
+            .into_iter()
+            .map(|ks| self.root_buffer_bytes(ks))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Turns background flushing on or off (see `Tree::background_flush`).
+    pub fn set_background_flush(&mut self, on: bool) {
+        self.background_flush = on;
+    }
+
+    /// The bytes a root's buffers may hold before writers wait for
+    /// background flushing (back-pressure): a node and a half, enough to
+    /// take a burst while a turn runs, or an eighth of the cache's budget
+    /// if that is less (the roots are cached nodes), never under a node.
+    /// Only the roots are ever fuller than a node: what a turn moves into
+    /// a child is settled at once.
+    pub fn flush_backlog_bound(&self) -> usize {
+        let node = self.opts.node_size;
+        (self.cache_budget() / 8).clamp(node, node + node / 2)
+    }
+
+    /// The bytes of a root's buffers past which background flushing
+    /// works: a node's worth, where a writer's own settling began.
+    pub fn flush_low_water(&self) -> usize {
+        self.opts.node_size
+    }
+
+    /// One turn of background flushing, with the tree lock held: in the
+    /// tree whose root's buffers hold the most past a node's worth, moves
+    /// the heaviest buffer's first part down ([`Tree::flush_part`]), part
+    /// after part, until the root holds a node's worth or about `budget`
+    /// bytes have left it; then grows or shrinks the root as a writer's
+    /// settling does. Returns whether a root still holds more than a
+    /// node's worth. Between two turns the tree is whole and every message
+    /// is where a query looks for it.
+    pub fn flush_turn(&mut self, budget: usize) -> EngineResult<bool> {
+        let low_water = self.flush_low_water();
+        let fullest = KeySpace::ALL
+            .into_iter()
+            .map(|ks| (self.root_buffer_bytes(ks), ks))
+            .filter(|&(bytes, _)| bytes > low_water)
+            .max_by_key(|&(bytes, _)| bytes);
+        if let Some((_, ks)) = fullest {
+            let root = self.roots[ks.index()];
+            let full = Bounds::full();
+            let mut left = budget.max(1);
+            while left > 0 {
+                let NodeBody::Interior(int) = &self.node(root).body else {
+                    break;
+                };
+                if int.buffer_bytes() <= low_water {
+                    break;
+                }
+                let heaviest = heaviest_buffer(int);
+                let moved = self.flush_part(ks, root, heaviest, &full, left)?;
+                left = left.saturating_sub(moved.max(1));
+            }
+            let splits = self.split_if_needed(ks, root, &full)?;
+            self.adopt_root_splits(ks, splits)?;
+        }
+        Ok(self.flush_backlog() > low_water)
     }
 
     /// Inserts the right siblings a split of child `i` produced. The
@@ -175,4 +276,11 @@ impl Tree {
             i = i_now + 1;
         }
     }
+}
+
+/// The child whose buffer holds the most bytes.
+fn heaviest_buffer(int: &Interior) -> usize {
+    (0..int.buffers.len())
+        .max_by_key(|&i| int.buffers[i].bytes())
+        .unwrap_or(0)
 }

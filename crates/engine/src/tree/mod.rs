@@ -190,6 +190,12 @@ pub(crate) struct Tree {
     unwritten: HashSet<u64>,
     /// A checkpoint still making its images ([`writeback`]).
     checkpoint: Option<writeback::CheckpointInProgress>,
+    /// Set while a thread flushes the trees in the background ([`flush`]):
+    /// a batch then leaves its messages in the roots' buffers unless a
+    /// root comes to hold twice the backlog bound while it is applied (a
+    /// batch far larger than writes usually are). Unset, every batch settles the
+    /// roots itself (log replay, a store without the thread).
+    background_flush: bool,
 }
 
 impl Tree {
@@ -228,6 +234,7 @@ impl Tree {
             read_ahead_hint: None,
             unwritten: HashSet::new(),
             checkpoint: None,
+            background_flush: false,
         }
     }
 
