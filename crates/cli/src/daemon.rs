@@ -32,7 +32,9 @@ pub struct MountArgs {
     /// off by default), transport=auto|devfuse|uring (FUSE over io_uring
     /// when the kernel offers it, by default), errors=remount-ro|continue|
     /// panic (what a device fault does; remount-ro by default),
-    /// readahead=on|off (leaves read ahead of sequential reads; on);
+    /// readahead=on|off (leaves read ahead of sequential reads; on),
+    /// flush=background|inline (who moves messages down the trees: a
+    /// thread of the engine, or each writer; background);
     /// fstab's defaults, auto, noauto, nofail, _netdev, user(s), rw and
     /// x-* are accepted and ignored.
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -66,6 +68,9 @@ struct Settings {
     on_device_error: OnDeviceError,
     /// `-o readahead=off`: no leaves read ahead of sequential reads.
     read_ahead: bool,
+    /// `-o flush=inline`: writers flush the trees themselves (the engine's
+    /// `Options::background_flush` off).
+    background_flush: bool,
 }
 
 /// `-o errors=continue|remount-ro|panic`: what the daemon does when the
@@ -115,6 +120,7 @@ fn parse_options(args: &MountArgs) -> Result<Settings> {
         remount: false,
         on_device_error: OnDeviceError::RemountReadOnly,
         read_ahead: true,
+        background_flush: true,
     };
     for opt in args.options.iter().flat_map(|o| o.split(',')) {
         let (key, value) = match opt.split_once('=') {
@@ -173,6 +179,13 @@ fn parse_options(args: &MountArgs) -> Result<Settings> {
                     Some("on") => true,
                     Some("off") => false,
                     _ => bail!("readahead= needs on or off"),
+                }
+            }
+            "flush" => {
+                s.background_flush = match value {
+                    Some("background") => true,
+                    Some("inline") => false,
+                    _ => bail!("flush= needs background or inline"),
                 }
             }
             "errors" => {
@@ -584,6 +597,7 @@ fn start(
         .saturating_sub(pool + working)
         .max(4 * options.node_size);
     options.read_ahead = settings.read_ahead;
+    options.background_flush = settings.background_flush;
     options.read_only = settings.read_only;
     let store = crate::image::open_store(&args.image, options, crate::image::UNMOUNT_WAIT)
         .map_err(|e| anyhow!("{}: {e:#}", args.image.display()))?;
