@@ -33,8 +33,8 @@ pub struct MountArgs {
     /// when the kernel offers it, by default), errors=remount-ro|continue|
     /// panic (what a device fault does; remount-ro by default),
     /// readahead=on|off (leaves read ahead of sequential reads; on),
-    /// flush=background|inline (who moves messages down the trees: a
-    /// thread of the engine, or each writer; background);
+    /// flush=inline|background (who moves messages down the trees: each
+    /// writer, or a thread of the engine; inline);
     /// fstab's defaults, auto, noauto, nofail, _netdev, user(s), rw and
     /// x-* are accepted and ignored.
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -68,8 +68,8 @@ struct Settings {
     on_device_error: OnDeviceError,
     /// `-o readahead=off`: no leaves read ahead of sequential reads.
     read_ahead: bool,
-    /// `-o flush=inline`: writers flush the trees themselves (the engine's
-    /// `Options::background_flush` off).
+    /// `-o flush=background`: a thread of the engine flushes the trees
+    /// (its `Options::background_flush`).
     background_flush: bool,
 }
 
@@ -120,7 +120,7 @@ fn parse_options(args: &MountArgs) -> Result<Settings> {
         remount: false,
         on_device_error: OnDeviceError::RemountReadOnly,
         read_ahead: true,
-        background_flush: true,
+        background_flush: false,
     };
     for opt in args.options.iter().flat_map(|o| o.split(',')) {
         let (key, value) = match opt.split_once('=') {

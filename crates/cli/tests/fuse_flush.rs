@@ -1,7 +1,7 @@
-//! `-o flush=background|inline` on a real mount: who moves messages down
-//! the engine's trees. By default a thread of the engine does, in turns
-//! (its counters move, writers have a backlog bound); with `inline` every
-//! writer flushes for itself and the flusher never runs. Either way the
+//! `-o flush=inline|background` on a real mount: who moves messages down
+//! the engine's trees. By default every writer flushes for itself and no
+//! flusher runs; with `background` a thread of the engine does, in turns
+//! (its counters move, writers have a backlog bound). Either way the
 //! files read back whole after a remount.
 
 mod common;
@@ -44,7 +44,7 @@ fn background_and_inline_flushing_both_keep_every_byte() {
     if !common::fuse_available() {
         return;
     }
-    for (option, background) in [(None, true), (Some("flush=inline"), false)] {
+    for (option, background) in [(Some("flush=background"), true), (None, false)] {
         let (_scratch, image, dir) = formatted("flush", "1G");
         let options: Vec<&str> = option.into_iter().collect();
         let mount = Mount::start(&image, &dir, &options);
@@ -56,10 +56,10 @@ fn background_and_inline_flushing_both_keep_every_byte() {
         if background {
             assert!(
                 bound > 0 && turns > 0,
-                "default: bound {bound}, {turns} turns"
+                "background: bound {bound}, {turns} turns"
             );
         } else {
-            assert_eq!((bound, turns), (0, 0), "flush=inline");
+            assert_eq!((bound, turns), (0, 0), "the default, inline");
         }
         check_workload(&mount, &block);
         mount.unmount();

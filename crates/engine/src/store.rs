@@ -64,9 +64,11 @@ pub struct Options {
     /// stop the checkpoint there to write and read in between).
     pub checkpoint_turn_hook: Option<TurnHook>,
     /// Move messages down the trees on a thread of their own, in turns,
-    /// rather than in the writer's thread (on by default; see
-    /// docs/design.md, "Background flushing"). Writers wait only when a
-    /// root's buffers hold more than a node's worth.
+    /// rather than in the writer's thread (see docs/design.md, "Background
+    /// flushing"; off by default: on this 2-core reference machine it
+    /// neither shortened the longest waits nor sped an untar up —
+    /// docs/benchmarks/background-flush.md). Writers wait only when a
+    /// root's buffers hold more than the backlog bound.
     pub background_flush: bool,
     /// Bytes of messages one turn of background flushing moves down with
     /// the tree lock held (a leaf takes them at roughly 300-500 MB/s:
@@ -103,7 +105,7 @@ impl Default for Options {
             read_ahead: true,
             checkpoint_turn_bytes: 2 << 20,
             checkpoint_turn_hook: None,
-            background_flush: true,
+            background_flush: false,
             flush_turn_bytes: 1 << 20,
             flush_turn_hook: None,
         }

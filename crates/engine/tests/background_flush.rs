@@ -52,6 +52,7 @@ impl Gate {
 fn flushing_options() -> Options {
     Options {
         cache_bytes: 1 << 20,
+        background_flush: true,
         flush_turn_bytes: 1,
         ..small_options()
     }
@@ -155,8 +156,8 @@ fn writers_wait_past_the_backlog_bound_while_reads_syncs_and_checkpoints_go_on()
     assert_eq!(all, expected);
 }
 
-/// Without the thread (`background_flush: false`) writers settle the
-/// roots themselves: no backlog, no turns.
+/// Without the thread (`background_flush: false`, the default) writers
+/// settle the roots themselves: no backlog, no turns.
 #[test]
 fn without_background_flushing_writers_settle_the_roots_themselves() {
     let options = Options {

@@ -133,10 +133,6 @@ fn stepped_store(bytes: u64, options: Options) -> (MemDevice, Arc<SteppedDevice>
     let mut options = options;
     // One node per turn: writers get in between every two images.
     options.checkpoint_turn_bytes = 1;
-    // The test's own writes alone change nodes between the turns: the
-    // schedule of IOs is then the same in every run (the flusher's turns
-    // racing checkpoints are tested in background_flush.rs).
-    options.background_flush = false;
     let stepped = device.clone();
     options.checkpoint_turn_hook = Some(TurnHook(Arc::new(move || {
         stepped.step(|| "turn".to_string(), None)

@@ -26,7 +26,8 @@ fn share_one_store(round: u64) {
     options.checkpoint_interval = Some(Duration::from_millis(50));
     // A node per turn: writers run between the checkpoint's encoding turns.
     options.checkpoint_turn_bytes = 1;
-    // And a part of a buffer per turn of background flushing.
+    // And background flushing, a part of a buffer per turn.
+    options.background_flush = true;
     options.flush_turn_bytes = 1;
     let (dev, store) = common::mem_store(64 << 20, options.clone());
     let store = Arc::new(store);

@@ -5,12 +5,30 @@ mod common;
 
 use std::sync::Arc;
 
-use betreefs_engine::{KeySpace, Store};
+use betreefs_engine::{KeySpace, Options, Store};
 use common::{scan_all, small_options};
+
+/// Both ways of flushing: by the writers, and by the engine's thread
+/// (which stands aside when space runs low).
+fn flushing_modes() -> [Options; 2] {
+    [
+        small_options(),
+        Options {
+            background_flush: true,
+            ..small_options()
+        },
+    ]
+}
 
 #[test]
 fn full_device_refuses_writes_then_recovers_after_deletes() {
-    let (dev, store) = common::mem_store(12 << 20, small_options());
+    for options in flushing_modes() {
+        refuse_writes_then_recover_after_deletes(options);
+    }
+}
+
+fn refuse_writes_then_recover_after_deletes(options: Options) {
+    let (dev, store) = common::mem_store(12 << 20, options);
     let value = vec![0x5a; 1000];
     let mut written = 0u32;
     let err = loop {
@@ -73,7 +91,13 @@ fn full_device_refuses_writes_then_recovers_after_deletes() {
 /// delete is ever refused.
 #[test]
 fn deletes_on_a_full_device_survive_a_full_log() {
-    let (_dev, store) = common::mem_store(12 << 20, small_options());
+    for options in flushing_modes() {
+        deletes_survive_a_full_log(options);
+    }
+}
+
+fn deletes_survive_a_full_log(options: Options) {
+    let (_dev, store) = common::mem_store(12 << 20, options);
     let value = vec![0x5a; 1000];
     let mut written = 0u32;
     while store

@@ -454,13 +454,7 @@ fn dropping_every_copy_of_a_shared_subtree_at_once() {
 /// (a copy would copy every message).
 #[test]
 fn a_range_pending_in_the_buffers_moves_by_surgery() {
-    // Without the flusher: the test needs messages to stay where the
-    // writes left them.
-    let options = betreefs_engine::Options {
-        background_flush: false,
-        ..small_options()
-    };
-    let (_dev, store) = mem_store(64 << 20, options);
+    let (_dev, store) = mem_store(64 << 20, small_options());
     let mut model = Model::default();
     let fill = batch_for(&Op::Fill(0, 0, 400, 200)).unwrap();
     store.write(&fill).unwrap();
