@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use betreefs_engine::{KeySpace, Options, Store, TurnHook, WriteBatch};
 use betreefs_store::{CrashMode, MemDevice};
-use common::{dump, random_batch, small_options, Model};
+use common::{random_batch, small_options, Model};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
 /// Holds the flusher before its next turn while closed.
@@ -222,20 +222,10 @@ fn power_cuts_while_the_flusher_and_checkpoints_run_keep_a_synced_prefix() {
         }
         let crashed = mem.has_crashed();
         flush_turns = flush_turns.max(store.stats().flush_turns);
-        mem.power_off();
         let mode = CrashMode::from_random(rng.gen());
-        let image = mem.crash_image(mode);
-        drop(store);
         let context = format!("power cut after {crash_at} writes, {mode:?}");
-        let recovered = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options())
-            .unwrap_or_else(|e| panic!("{context}: recovery failed: {e}"));
-        recovered
-            .verify()
-            .unwrap_or_else(|e| panic!("{context}: tree invalid: {e}"));
-        let state = dump(&recovered);
-        assert!(
-            (synced..models.len()).any(|p| models[p] == state),
-            "{context}: recovered state matches no prefix at or after the last sync ({synced})"
+        common::assert_power_cut_keeps_a_synced_prefix(
+            &mem, store, mode, &context, &models, synced,
         );
         if !crashed {
             break;

@@ -319,20 +319,15 @@ fn power_cut_at_every_io_of_a_checkpoint_overlapping_writes() {
             run.write(&store, &mut rng, 1, i % 10 == 9);
         }
         let crashed = mem.has_crashed();
-        mem.power_off();
         let mode = CrashMode::from_random(rng.gen());
-        let image = mem.crash_image(mode);
-        drop(store);
         let context = format!("power cut after {crash_at} writes, {mode:?}");
-        let recovered = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options())
-            .unwrap_or_else(|e| panic!("{context}: recovery failed: {e}"));
-        recovered
-            .verify()
-            .unwrap_or_else(|e| panic!("{context}: tree invalid: {e}"));
-        let state = dump(&recovered);
-        assert!(
-            (run.synced..run.models.len()).any(|p| run.models[p] == state),
-            "{context}: recovered state matches no prefix at or after the last sync"
+        common::assert_power_cut_keeps_a_synced_prefix(
+            &mem,
+            store,
+            mode,
+            &context,
+            &run.models,
+            run.synced,
         );
         if !crashed {
             break;

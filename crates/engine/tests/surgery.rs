@@ -405,21 +405,10 @@ fn power_cuts_during_a_workload_of_surgeries_keep_a_prefix() {
                 Ok(false) => {}
             }
         }
-        dev.power_off();
         let mode = CrashMode::from_random(rng.gen());
-        let image = dev.crash_image(mode);
-        drop(store);
         let context = format!("seed {seed}, {mode:?}");
-        let recovered = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options())
-            .unwrap_or_else(|e| panic!("{context}: recovery: {e}"));
-        recovered
-            .verify()
-            .unwrap_or_else(|e| panic!("{context}: verify: {e}"));
-        let state = dump(&recovered);
-        assert!(
-            models[synced..].contains(&state),
-            "{context}: recovered state is no prefix at or after the last sync ({synced} of {})",
-            models.len() - 1
+        common::assert_power_cut_keeps_a_synced_prefix(
+            &dev, store, mode, &context, &models, synced,
         );
     }
 }

@@ -227,11 +227,7 @@ impl Tree {
     /// How many dirty bytes a reclaim step may make: half of what the
     /// node-sized free runs hold, at least two nodes.
     pub fn reclaim_budget(&self) -> usize {
-        let consumed = self
-            .alloc
-            .used_blocks()
-            .saturating_sub(self.used_blocks_at_checkpoint);
-        let runs = self.node_sized_free_blocks.saturating_sub(consumed) * BLOCK_SIZE as u64;
+        let runs = self.node_sized_run_bytes();
         ((runs / 2) as usize).max(2 * self.opts.node_size)
     }
 

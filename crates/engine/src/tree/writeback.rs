@@ -388,6 +388,33 @@ impl Tree {
         }
     }
 
+    /// Whether the device has room enough for background flushing: a
+    /// quarter of the node region free after what is used, dirty and
+    /// promised, and as much in node-sized runs. The flusher's work is
+    /// not admitted as a write is ([`Tree::space_low`]): the dirty nodes
+    /// it makes, and the copies they leave until two checkpoints free
+    /// them, must find room without that check.
+    pub fn room_for_background_flush(&self, promised: u64) -> bool {
+        let capacity = self.layout.nodes_bytes;
+        let used =
+            promised + self.alloc.used_blocks() * BLOCK_SIZE as u64 + self.dirty_bytes as u64;
+        used.saturating_mul(4) <= capacity.saturating_mul(3)
+            && self.node_sized_run_bytes() >= capacity / 4
+    }
+
+    /// Bytes free in runs long enough for a full node: as counted at the
+    /// last checkpoint, less every block allocated since (which may have
+    /// come out of those runs).
+    pub(super) fn node_sized_run_bytes(&self) -> u64 {
+        let consumed = self
+            .alloc
+            .used_blocks()
+            .saturating_sub(self.used_blocks_at_checkpoint);
+        self.node_sized_free_blocks
+            .saturating_sub(consumed)
+            .saturating_mul(BLOCK_SIZE as u64)
+    }
+
     /// Whether writes that add data should be refused: the node region
     /// could not absorb the dirty nodes plus a reserve for copy-on-write.
     ///
@@ -404,27 +431,6 @@ impl Tree {
     /// when it was made, so the space is there, and what the write costs
     /// beyond its own bytes (dirty copies of nodes) is what the reserve is
     /// for.
-    /// Whether the device has room enough for background flushing: a
-    /// quarter of the node region free after what is used, dirty and
-    /// promised, and as much in node-sized runs. The flusher's work is
-    /// not admitted as a write is ([`Tree::space_low`]): the dirty nodes
-    /// it makes, and the copies they leave until two checkpoints free
-    /// them, must find room without that check.
-    pub fn room_for_background_flush(&self, promised: u64) -> bool {
-        let capacity = self.layout.nodes_bytes;
-        let used =
-            promised + self.alloc.used_blocks() * BLOCK_SIZE as u64 + self.dirty_bytes as u64;
-        let consumed = self
-            .alloc
-            .used_blocks()
-            .saturating_sub(self.used_blocks_at_checkpoint);
-        let runs = self
-            .node_sized_free_blocks
-            .saturating_sub(consumed)
-            .saturating_mul(BLOCK_SIZE as u64);
-        used.saturating_mul(4) <= capacity.saturating_mul(3) && runs >= capacity / 4
-    }
-
     pub fn space_low(&self, promised: u64, drawing: bool) -> bool {
         let capacity = self.layout.nodes_bytes;
         let node = self.opts.node_size as u64;
@@ -437,15 +443,8 @@ impl Tree {
             + self.alloc.used_blocks() * BLOCK_SIZE as u64
             + self.dirty_bytes as u64
             + (self.btt.live_count() as u64 * 16).next_multiple_of(BLOCK_SIZE as u64);
-        let consumed = self
-            .alloc
-            .used_blocks()
-            .saturating_sub(self.used_blocks_at_checkpoint);
-        let runs = self
-            .node_sized_free_blocks
-            .saturating_sub(consumed)
-            .saturating_mul(BLOCK_SIZE as u64);
-        used + reserve > capacity || promised + self.dirty_bytes as u64 + 4 * node > runs
+        used + reserve > capacity
+            || promised + self.dirty_bytes as u64 + 4 * node > self.node_sized_run_bytes()
     }
 }
 

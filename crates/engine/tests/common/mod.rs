@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use betreefs_engine::{KeySpace, MergeRegistry, Message, Options, Store, WriteBatch, KEY_SPACES};
-use betreefs_store::MemDevice;
+use betreefs_store::{CrashMode, MemDevice};
 
 /// Tiny nodes, basements and cache, no background threads (so a seed
 /// replays exactly): splits, merges, evictions and log-full checkpoints
@@ -158,6 +158,34 @@ pub fn assert_matches(store: &Store, model: &Model) {
             );
         }
     }
+}
+
+/// Cuts the power of `mem` under `store` and recovers its crash image
+/// (`mode`): the tree must be valid and hold one of `models[synced..]` —
+/// the state after some batch at or after the last synced one.
+pub fn assert_power_cut_keeps_a_synced_prefix(
+    mem: &MemDevice,
+    store: impl Sized,
+    mode: CrashMode,
+    context: &str,
+    models: &[Model],
+    synced: usize,
+) {
+    mem.power_off();
+    let image = mem.crash_image(mode);
+    drop(store);
+    let recovered = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options())
+        .unwrap_or_else(|e| panic!("{context}: recovery failed: {e}"));
+    recovered
+        .verify()
+        .unwrap_or_else(|e| panic!("{context}: tree invalid: {e}"));
+    let state = dump(&recovered);
+    assert!(
+        models
+            .get(synced..)
+            .is_some_and(|after| after.contains(&state)),
+        "{context}: recovered state matches no prefix at or after the last sync ({synced})"
+    );
 }
 
 /// The whole contents of a store, as a model.
