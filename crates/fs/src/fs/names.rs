@@ -438,8 +438,14 @@ impl FileSystem {
 
     pub(super) fn load_by_number(&self, st: &mut State, ino: Ino) -> FsResult<()> {
         if let Some(n) = st.nodes.get(&ino) {
+            // No name left: stale, as below for one not in the table. The
+            // kernel asks only when it holds no inode for the handle, so a
+            // file still open through the kernel never gets here; one the
+            // table counts as open may be only waiting for its release,
+            // which the kernel sends after close returns.
             return match n.home {
                 Home::Gone => Err(Errno::ESTALE),
+                _ if n.attr.nlink == 0 => Err(Errno::ESTALE),
                 _ => Ok(()),
             };
         }
