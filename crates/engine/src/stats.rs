@@ -62,7 +62,7 @@ pub struct Stats {
     /// Writes that flushed the log themselves: its unflushed bytes were
     /// past the bound while the background thread was busy.
     pub writes_flushed_log: AtomicU64,
-    /// Background flushing (`Options::flush_backlog_bytes`): its turns
+    /// Background flushing (`Options::background_flush`): its turns
     /// with the tree lock held (how many, the longest), and the writes
     /// that found a root's buffers past the backlog bound and waited for
     /// it (how many, the longest wait, all waits together).

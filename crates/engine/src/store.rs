@@ -25,7 +25,7 @@ use crate::error::{EngineError, EngineResult};
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, WriteBatch};
 use crate::stats::{add, Stats, StatsSnapshot};
-use crate::tree::{Tree, TreeOptions, VerifyReport};
+use crate::tree::{Flushing, Tree, TreeOptions, VerifyReport};
 use crate::validate::check_batch;
 
 /// Tunables. The defaults were chosen by measurement on the reference
@@ -294,10 +294,7 @@ fn start_tree_flusher(inner: &Arc<Inner>) -> Option<JoinHandle<()>> {
         .name("betreefs-tree-flush".into())
         .spawn(move || worker.run_tree_flusher());
     match spawned {
-        Ok(handle) => {
-            inner.lock_tree().set_background_flush(true);
-            Some(handle)
-        }
+        Ok(handle) => Some(handle),
         Err(e) => {
             inner.tree_flusher_running.store(false, Ordering::SeqCst);
             tracing::warn!("could not start the tree flusher: {e}; writers flush themselves");
@@ -423,7 +420,7 @@ impl Store {
                             }
                         })?;
                         tree.next_seq = seq + 1;
-                        tree.apply_batch(seq, &batch)?;
+                        tree.apply_batch(seq, &batch, Flushing::Inline)?;
                         match tree.evict_if_needed() {
                             Err(e) if !e.is_no_space() => Err(e),
                             _ => Ok(()),
@@ -797,9 +794,6 @@ impl Store {
             if flusher.join().is_err() {
                 tracing::error!("tree flusher panicked");
             }
-            // The messages it left in the roots settle in the writer's
-            // thread from here on (the final checkpoint keeps them as is).
-            self.inner.lock_tree().set_background_flush(false);
         }
     }
 }
@@ -1124,10 +1118,13 @@ impl Inner {
         };
         tree.next_seq = seq + 1;
         self.promised_bytes.store(promised_after, Ordering::Relaxed);
-        let background = self.background_flush_now(&tree);
-        tree.set_background_flush(background);
+        let flushing = if self.background_flush_now(&tree) {
+            Flushing::Background
+        } else {
+            Flushing::Inline
+        };
         let applying = Instant::now();
-        if let Err(e) = tree.apply_batch(seq, batch) {
+        if let Err(e) = tree.apply_batch(seq, batch, flushing) {
             return Err(self.poison(e));
         }
         record_max(&self.stats.apply_micros_max, applying.elapsed());
@@ -1149,8 +1146,8 @@ impl Inner {
         let wants_checkpoint = self.log.used() > self.log.capacity() / 3;
         let unflushed = self.log.unflushed_bytes();
         let wants_flush = unflushed > LOG_FLUSH_EAGER_BYTES;
-        let wants_tree_flush = self.tree_flusher_running.load(Ordering::Relaxed)
-            && tree.flush_backlog() > tree.flush_low_water();
+        let wants_tree_flush =
+            flushing == Flushing::Background && tree.flush_backlog() > tree.flush_low_water();
         drop(tree);
         if wants_checkpoint || wants_flush {
             let mut state = self.lock_background();

@@ -8,12 +8,29 @@ use super::*;
 
 impl Tree {
     /// Applies one batch (already logged) with sequence number `seq`.
-    pub fn apply_batch(&mut self, seq: u64, batch: &WriteBatch) -> EngineResult<()> {
-        // With background flushing, the roots' buffers take the batch and
-        // the flushing thread moves it down (the store makes writers wait
-        // for it past the backlog bound); a range rename or clone settles
-        // here, as surgery leaves nodes with more children than a node
-        // may keep.
+    /// With [`Flushing::Background`] the roots' buffers take the batch and
+    /// the flusher thread moves it down (the store makes writers wait for
+    /// it past the backlog bound); a range rename or clone settles here
+    /// all the same, as surgery leaves nodes with more children than a
+    /// node may keep.
+    pub fn apply_batch(
+        &mut self,
+        seq: u64,
+        batch: &WriteBatch,
+        flushing: Flushing,
+    ) -> EngineResult<()> {
+        let background = flushing == Flushing::Background;
+        // A batch of many messages (a tree's clone writes a record for
+        // every inode in it) settles as it goes past this: the root's
+        // buffers would otherwise take all of it before the first flush,
+        // far past the cache's budget. With background flushing, twice the
+        // backlog bound — the store lets a write in at the bound, so only
+        // a batch that alone could fill the backlog gets there.
+        let settle_above = if background {
+            2 * self.flush_backlog_bound()
+        } else {
+            self.opts.node_size
+        };
         let mut must_settle = [false; KEY_SPACES];
         for (ks, msg) in batch.messages() {
             let transplant = match msg {
@@ -25,16 +42,13 @@ impl Tree {
                 Some((r, how)) => self.apply_transplant(*ks, seq, r, how)?,
                 None => self.apply_message(*ks, seq, msg)?,
             }
-            must_settle[ks.index()] |= !self.background_flush || transplant.is_some();
+            must_settle[ks.index()] |= !background || transplant.is_some();
             if msg.is_removal() {
                 self.removals_since_reclaim += 1;
             }
-            // A batch of many messages (a tree's clone writes a record for
-            // every inode in it) settles as it goes: the root's buffers
-            // would otherwise take all of it before the first flush, far
-            // past the cache's budget. Messages flushed early stay below
-            // the later ones of the same batch, so later still wins.
-            if self.root_buffer_bytes(*ks) > self.settle_in_write_above() {
+            // Messages flushed early stay below the later ones of the same
+            // batch, so later still wins.
+            if self.root_buffer_bytes(*ks) > settle_above {
                 self.settle_root(*ks)?;
                 self.evict_within_write()?;
             }
@@ -45,18 +59,6 @@ impl Tree {
             }
         }
         Ok(())
-    }
-
-    /// The bytes a root's buffers may hold before a batch being applied
-    /// settles it in the writer's thread: with background flushing, twice
-    /// the backlog bound — the store lets a write in at the bound, so only
-    /// a batch that alone could fill the backlog gets there.
-    fn settle_in_write_above(&self) -> usize {
-        if self.background_flush {
-            2 * self.flush_backlog_bound()
-        } else {
-            self.opts.node_size
-        }
     }
 
     /// A range rename (`Transplant::Move`) or clone (`Transplant::Share`):

@@ -6,6 +6,17 @@
 
 use super::*;
 
+/// Who moves a batch's messages down from the roots
+/// ([`Tree::apply_batch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flushing {
+    /// The writer, before its write returns (log replay, a store without
+    /// the flusher thread, a device short of room).
+    Inline,
+    /// The store's flusher thread, in turns ([`Tree::flush_turn`]).
+    Background,
+}
+
 impl Tree {
     /// Flushes node `num` until its buffers fit, then splits it if it is too
     /// big. Returns the new right siblings for the parent to adopt.
@@ -121,11 +132,6 @@ impl Tree {
             .map(|ks| self.root_buffer_bytes(ks))
             .max()
             .unwrap_or(0)
-    }
-
-    /// Turns background flushing on or off (see `Tree::background_flush`).
-    pub fn set_background_flush(&mut self, on: bool) {
-        self.background_flush = on;
     }
 
     /// The bytes a root's buffers may hold before writers wait for

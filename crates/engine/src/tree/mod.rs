@@ -190,12 +190,6 @@ pub(crate) struct Tree {
     unwritten: HashSet<u64>,
     /// A checkpoint still making its images ([`writeback`]).
     checkpoint: Option<writeback::CheckpointInProgress>,
-    /// Set while a thread flushes the trees in the background ([`flush`]):
-    /// a batch then leaves its messages in the roots' buffers unless a
-    /// root comes to hold twice the backlog bound while it is applied (a
-    /// batch far larger than writes usually are). Unset, every batch settles the
-    /// roots itself (log replay, a store without the thread).
-    background_flush: bool,
 }
 
 impl Tree {
@@ -234,7 +228,6 @@ impl Tree {
             read_ahead_hint: None,
             unwritten: HashSet::new(),
             checkpoint: None,
-            background_flush: false,
         }
     }
 
@@ -347,6 +340,7 @@ mod share;
 mod surgery;
 mod verify;
 mod writeback;
+pub(crate) use flush::Flushing;
 pub(crate) use writeback::write_nodes;
 
 #[cfg(test)]

@@ -396,10 +396,14 @@ impl Tree {
     /// them, must find room without that check.
     pub fn room_for_background_flush(&self, promised: u64) -> bool {
         let capacity = self.layout.nodes_bytes;
-        let used =
-            promised + self.alloc.used_blocks() * BLOCK_SIZE as u64 + self.dirty_bytes as u64;
-        used.saturating_mul(4) <= capacity.saturating_mul(3)
+        self.claimed_bytes(promised).saturating_mul(4) <= capacity.saturating_mul(3)
             && self.node_sized_run_bytes() >= capacity / 4
+    }
+
+    /// Bytes of the node region in use, promised, or to be taken by the
+    /// dirty nodes when they are written.
+    fn claimed_bytes(&self, promised: u64) -> u64 {
+        promised + self.alloc.used_blocks() * BLOCK_SIZE as u64 + self.dirty_bytes as u64
     }
 
     /// Bytes free in runs long enough for a full node: as counted at the
@@ -439,9 +443,7 @@ impl Tree {
         } else {
             (capacity / 8).max(8 * node)
         };
-        let used = promised
-            + self.alloc.used_blocks() * BLOCK_SIZE as u64
-            + self.dirty_bytes as u64
+        let used = self.claimed_bytes(promised)
             + (self.btt.live_count() as u64 * 16).next_multiple_of(BLOCK_SIZE as u64);
         used + reserve > capacity
             || promised + self.dirty_bytes as u64 + 4 * node > self.node_sized_run_bytes()
