@@ -8,6 +8,12 @@
 //!
 //! BETREEFS_DIFF_SEEDS (default 3) and BETREEFS_DIFF_OPS (default 3000)
 //! make it run longer.
+//!
+//! The same comparison runs with several client processes on one mount at
+//! once, each in its own directory against its own reference; then the
+//! clients race on shared names, where only the file system's consistency
+//! can be checked (BETREEFS_DIFF_CLIENTS, default 4, and
+//! BETREEFS_DIFF_CLIENT_OPS, default 1500).
 
 mod common;
 
@@ -219,8 +225,14 @@ impl Op {
 
 fn random_op(rng: &mut SmallRng, reference: &Path) -> Op {
     let (dirs, others) = listing(reference);
-    let any: Vec<PathBuf> = dirs.iter().skip(1).chain(&others).cloned().collect();
-    let new_path = |rng: &mut SmallRng| pick(rng, &dirs).join(name(rng));
+    random_op_among(rng, &dirs, &others)
+}
+
+/// A random operation on the directories `dirs` (the first is the root)
+/// and the other entries `others`, or on new names in those directories.
+fn random_op_among(rng: &mut SmallRng, dirs: &[PathBuf], others: &[PathBuf]) -> Op {
+    let any: Vec<PathBuf> = dirs.iter().skip(1).chain(others).cloned().collect();
+    let new_path = |rng: &mut SmallRng| pick(rng, dirs).join(name(rng));
     let existing = |rng: &mut SmallRng| {
         if any.is_empty() || rng.gen_bool(0.2) {
             new_path(rng)
@@ -290,7 +302,7 @@ fn random_op(rng: &mut SmallRng, reference: &Path) -> Op {
                 path: existing(rng),
             },
             1 => Op::List {
-                path: pick(rng, &dirs).clone(),
+                path: pick(rng, dirs).clone(),
             },
             _ => Op::Stat {
                 path: existing(rng),
@@ -525,47 +537,11 @@ fn random_operations_match_tmpfs() {
         let transport = transports[seed as usize % transports.len()];
         let mut m = Mount::start(&image, &s.0.join("mnt"), &[transport]);
         let mut rng = SmallRng::seed_from_u64(seed);
-        let mut succeeded = 0;
-        for i in 0..ops {
-            let op = random_op(&mut rng, &reference);
-            let affected = op.affected();
-            // truncate(2) to the size a file has already: POSIX and ext4 or
-            // XFS mark nothing, while tmpfs marks both times when the file
-            // has pages (it runs its page truncation anyway). betreefs
-            // follows POSIX; such operations are not compared.
-            let same_size_truncate = matches!(&op, Op::Truncate { path, size }
-                if fs::symlink_metadata(reference.join(path)).is_ok_and(|m| m.is_file() && m.len() == *size));
-            let (ref_before, sub_before) = (times(&reference, &affected), times(&m.dir, &affected));
-            wait_for_coarse_clock_past(&ref_before);
-            let want = apply(&reference, &op);
-            let got = apply(&m.dir, &op);
-            assert_eq!(got, want, "seed {seed} op {i}: {op:?}");
-            let (ref_after, sub_after) = (times(&reference, &affected), times(&m.dir, &affected));
-            let want_marked = changed(&ref_before, &ref_after);
-            let got_marked = changed(&sub_before, &sub_after);
-            if got_marked != want_marked && !same_size_truncate {
-                eprintln!(
-                    "reference before {ref_before:?}\nafter {ref_after:?}\n\
-                     betreefs before {sub_before:?}\nafter {sub_after:?}"
-                );
-            }
-            assert!(
-                got_marked == want_marked || same_size_truncate,
-                "seed {seed} op {i}: {op:?} ({want:?}) marked other timestamps for update:\n\
-                 betreefs {got_marked:?}\ntmpfs {want_marked:?}"
-            );
-            succeeded += u64::from(got.is_ok());
-            if i % 500 == 499 {
-                assert_same(&reference, &m.dir, &format!("seed {seed} after op {i}"));
-            }
-            if i == ops / 2 {
-                // Remount half-way: everything must come back the same.
-                let (img, dir) = (m.image.clone(), m.dir.clone());
-                m.unmount();
-                m = Mount::start(&img, &dir, &[]);
-                assert_same(&reference, &m.dir, &format!("seed {seed} after remount"));
-            }
-        }
+        let mut succeeded = run_ops(&reference, &m.dir, &mut rng, 0..ops / 2 + 1, seed);
+        // Remount half-way: everything must come back the same.
+        m = m.remount(&[]);
+        assert_same(&reference, &m.dir, &format!("seed {seed} after remount"));
+        succeeded += run_ops(&reference, &m.dir, &mut rng, ops / 2 + 1..ops, seed);
         assert_same(&reference, &m.dir, &format!("seed {seed} at the end"));
         // The workload must mostly do things, not mostly fail.
         assert!(
@@ -580,4 +556,220 @@ fn random_operations_match_tmpfs() {
         assert_fsck_clean(&image, &format!("seed {seed}"));
         fs::remove_dir_all(&reference).unwrap();
     }
+}
+
+/// Applies operations number `range` of the sequence `rng` draws (from
+/// what `reference` holds) to `reference` and to `subject`: results and
+/// the timestamps marked for update must agree, and the trees every 500
+/// operations. How many succeeded.
+fn run_ops(
+    reference: &Path,
+    subject: &Path,
+    rng: &mut SmallRng,
+    range: std::ops::Range<u64>,
+    seed: u64,
+) -> u64 {
+    let mut succeeded = 0;
+    for i in range {
+        let op = random_op(rng, reference);
+        let affected = op.affected();
+        // truncate(2) to the size a file has already: POSIX and ext4 or
+        // XFS mark nothing, while tmpfs marks both times when the file
+        // has pages (it runs its page truncation anyway). betreefs
+        // follows POSIX; such operations are not compared.
+        let same_size_truncate = matches!(&op, Op::Truncate { path, size }
+            if fs::symlink_metadata(reference.join(path)).is_ok_and(|m| m.is_file() && m.len() == *size));
+        let (ref_before, sub_before) = (times(reference, &affected), times(subject, &affected));
+        wait_for_coarse_clock_past(&ref_before);
+        let want = apply(reference, &op);
+        let got = apply(subject, &op);
+        assert_eq!(got, want, "seed {seed} op {i}: {op:?}");
+        let (ref_after, sub_after) = (times(reference, &affected), times(subject, &affected));
+        let want_marked = changed(&ref_before, &ref_after);
+        let got_marked = changed(&sub_before, &sub_after);
+        if got_marked != want_marked && !same_size_truncate {
+            eprintln!(
+                "reference before {ref_before:?}\nafter {ref_after:?}\n\
+                 betreefs before {sub_before:?}\nafter {sub_after:?}"
+            );
+        }
+        assert!(
+            got_marked == want_marked || same_size_truncate,
+            "seed {seed} op {i}: {op:?} ({want:?}) marked other timestamps for update:\n\
+             betreefs {got_marked:?}\ntmpfs {want_marked:?}"
+        );
+        succeeded += u64::from(got.is_ok());
+        if i % 500 == 499 {
+            assert_same(reference, subject, &format!("seed {seed} after op {i}"));
+        }
+    }
+    succeeded
+}
+
+/// What a client process of [`concurrent_clients_match_tmpfs`] does.
+const MODE_OWN_DIRECTORY: &str = "own-directory";
+const MODE_RACING: &str = "racing";
+
+/// Several client processes on one mount at once. First each works in its
+/// own directory against its own reference on tmpfs (every result,
+/// timestamp and tree compared as in [`random_operations_match_tmpfs`]),
+/// before and after a remount, through each transport; then all of them
+/// race on the same few names, where results depend on the interleaving:
+/// no request may fail with an error the operation cannot give, and the
+/// tree must come back the same after a remount and pass fsck.
+#[test]
+fn concurrent_clients_match_tmpfs() {
+    if is_client_process() {
+        return run_client();
+    }
+    if !fuse_available() {
+        return;
+    }
+    let clients = env_u64("BETREEFS_DIFF_CLIENTS", 4);
+    let ops = env_u64("BETREEFS_DIFF_CLIENT_OPS", 1500);
+    let s = Scratch::new("diff-clients");
+    let image = s.0.join("img");
+    mkfs(&image, "512M");
+    let references = PathBuf::from(format!(
+        "/dev/shm/betreefs-diff-clients-{}",
+        std::process::id()
+    ));
+    let _ = fs::remove_dir_all(&references);
+    fs::create_dir(&references).unwrap();
+    let mut m = Mount::start(&image, &s.0.join("mnt"), &[]);
+    let run = |m: &Mount, mode: &str, round: u64| {
+        let spawned = (0..clients)
+            .map(|k| {
+                let (subject, reference) = if mode == MODE_RACING {
+                    (m.dir.join("shared"), PathBuf::new())
+                } else {
+                    (
+                        m.dir.join(format!("c{k}")),
+                        references.join(format!("c{k}")),
+                    )
+                };
+                let vars = [
+                    ("BETREEFS_CLIENT_MODE", mode.to_string()),
+                    ("BETREEFS_CLIENT_SUBJECT", subject.display().to_string()),
+                    ("BETREEFS_CLIENT_REFERENCE", reference.display().to_string()),
+                    ("BETREEFS_CLIENT_SEED", (round * 1000 + k).to_string()),
+                    ("BETREEFS_CLIENT_OPS", ops.to_string()),
+                ];
+                let log = s.0.join(format!("client-{mode}-{round}-{k}.log"));
+                spawn_client("concurrent_clients_match_tmpfs", &vars, &log)
+            })
+            .collect();
+        wait_for_clients(spawned, &format!("{mode} round {round}"));
+    };
+    for k in 0..clients {
+        fs::create_dir(m.dir.join(format!("c{k}"))).unwrap();
+        fs::create_dir(references.join(format!("c{k}"))).unwrap();
+    }
+    for (round, transport) in transports().into_iter().enumerate() {
+        m = m.remount(&[transport]);
+        for k in 0..clients {
+            let name = format!("c{k}");
+            assert_same(&references.join(&name), &m.dir.join(&name), &name);
+        }
+        run(&m, MODE_OWN_DIRECTORY, round as u64);
+        for k in 0..clients {
+            let name = format!("c{k}");
+            assert_same(&references.join(&name), &m.dir.join(&name), &name);
+        }
+    }
+    fs::create_dir(m.dir.join("shared")).unwrap();
+    run(&m, MODE_RACING, 0);
+    let before = snapshot(&m.dir);
+    m = m.remount(&[]);
+    let after = snapshot(&m.dir);
+    assert!(
+        before == after,
+        "the racing clients' tree changed across a remount"
+    );
+    eprintln!(
+        "{clients} clients: {} entries after the racing round",
+        after.len()
+    );
+    m.unmount();
+    assert_fsck_clean(&image, "after the concurrent clients");
+    fs::remove_dir_all(&references).unwrap();
+}
+
+/// The client side of [`concurrent_clients_match_tmpfs`].
+fn run_client() {
+    let subject = PathBuf::from(client_var("BETREEFS_CLIENT_SUBJECT"));
+    let seed: u64 = client_var("BETREEFS_CLIENT_SEED").parse().unwrap();
+    let ops: u64 = client_var("BETREEFS_CLIENT_OPS").parse().unwrap();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mode = client_var("BETREEFS_CLIENT_MODE");
+    if mode == MODE_OWN_DIRECTORY {
+        let reference = PathBuf::from(client_var("BETREEFS_CLIENT_REFERENCE"));
+        let succeeded = run_ops(&reference, &subject, &mut rng, 0..ops, seed);
+        assert!(
+            succeeded * 3 > ops,
+            "seed {seed}: only {succeeded} of {ops} operations succeeded"
+        );
+        assert_same(&reference, &subject, &format!("seed {seed} at the end"));
+        return;
+    }
+    assert_eq!(mode, MODE_RACING);
+    // What these operations can give when another process changes the
+    // names between (or during) the steps of one: anything else (EIO,
+    // ESTALE, ENOTCONN...) is the file system's failure.
+    const RACE_ERRNOS: &[i32] = &[
+        libc::ENOENT,
+        libc::EEXIST,
+        libc::ENOTEMPTY,
+        libc::ENOTDIR,
+        libc::EISDIR,
+        libc::EINVAL,
+        libc::ENODATA,
+        libc::ELOOP,
+        libc::EPERM,
+    ];
+    let mut succeeded = 0;
+    for i in 0..ops {
+        let (dirs, others) = live_listing(&subject);
+        // No FIFOs: a racing open could find one where it checked a file
+        // and wait for a writer forever.
+        let op = loop {
+            match random_op_among(&mut rng, &dirs, &others) {
+                Op::Mkfifo { .. } => continue,
+                op => break op,
+            }
+        };
+        match apply(&subject, &op) {
+            Ok(()) => succeeded += 1,
+            Err(e) => assert!(
+                RACE_ERRNOS.contains(&e),
+                "seed {seed} op {i}: {op:?} failed with errno {e}"
+            ),
+        }
+    }
+    assert!(
+        succeeded * 5 > ops,
+        "seed {seed}: only {succeeded} of {ops} racing operations succeeded"
+    );
+}
+
+/// [`listing`] of a tree other processes are changing: what vanishes
+/// while it is walked is left out.
+fn live_listing(root: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let mut dirs = vec![PathBuf::new()];
+    let mut others = Vec::new();
+    let mut i = 0;
+    while i < dirs.len() {
+        if let Ok(entries) = fs::read_dir(root.join(&dirs[i])) {
+            for e in entries.flatten() {
+                let rel = dirs[i].join(e.file_name());
+                match e.file_type() {
+                    Ok(t) if t.is_dir() => dirs.push(rel),
+                    Ok(_) => others.push(rel),
+                    Err(_) => {}
+                }
+            }
+        }
+        i += 1;
+    }
+    (dirs, others)
 }

@@ -7,10 +7,9 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
@@ -46,76 +45,227 @@ fn kill_minus_nine_keeps_every_fsynced_byte() {
             // SAFETY: pid is our child's.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         });
-        // The workload: numbered files in numbered directories; some are
-        // fsync'd (file and directory), most are not.
-        let mut durable: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-        let mut created: Vec<String> = Vec::new();
-        let mut i = 0u64;
-        'work: loop {
-            let dir = format!("d{:03}", i / 50);
-            if i.is_multiple_of(50) && fs::create_dir(m.path(&dir)).is_err() {
-                break;
-            }
-            let rel = format!("{dir}/f{i:06}");
-            let len = *[10usize, 4096, 5000, 70_000]
-                .get(rng.gen_range(0..4))
-                .unwrap_or(&10);
-            let data = content(i, len);
-            let sync = rng.gen_bool(0.2);
-            let result = (|| -> std::io::Result<()> {
-                let mut f = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(m.path(&rel))?;
-                f.write_all(&data)?;
-                if sync {
-                    f.sync_all()?;
-                    fsync_dir(&m.path(&dir))?;
-                }
-                Ok(())
-            })();
-            match result {
-                Ok(()) => {
-                    created.push(rel.clone());
-                    if sync {
-                        // Everything before an fsync is durable too (one log).
-                        durable.insert(rel, data);
-                    }
-                }
-                Err(_) => break 'work, // the daemon is gone
-            }
-            i += 1;
-            if i > 200_000 {
-                break;
-            }
-        }
+        let run = create_files_until_error(&m.dir, "", 0, &mut rng);
         killer.join().unwrap();
         m.kill();
         let m = Mount::start(&image, &s.0.join("mnt"), &[]);
-        for (rel, data) in &durable {
-            let got = fs::read(m.path(rel))
-                .unwrap_or_else(|e| panic!("seed {seed}: fsync'd {rel} lost: {e}"));
-            assert!(got == *data, "seed {seed}: fsync'd {rel} has wrong content");
-        }
-        // What survives is a prefix: no file exists after one that is missing.
-        let survived: Vec<bool> = created.iter().map(|rel| m.path(rel).exists()).collect();
-        if let Some(first_missing) = survived.iter().position(|&s| !s) {
-            assert!(
-                survived[first_missing..].iter().all(|&s| !s),
-                "seed {seed}: {} missing but a later file survived",
-                created[first_missing]
-            );
-        }
+        let survived = run.check_after_crash(&m.dir, &format!("seed {seed}"));
         // The whole tree is readable.
         let walked = tree_digest(&m.dir).len();
         eprintln!(
-            "seed {seed}: killed after {kill_after:?}: {} files created, {} fsync'd, {} survived, {walked} entries",
-            created.len(),
-            durable.len(),
-            survived.iter().filter(|&&s| s).count()
+            "seed {seed}: killed after {kill_after:?}: {} files created, {} fsync'd, {survived} survived, {walked} entries",
+            run.created.len(),
+            run.durable.len(),
         );
         m.unmount();
         assert_fsck_clean(&image, &format!("seed {seed}, after kill -9"));
+    }
+}
+
+/// What one run of [`create_files_until_error`] did.
+#[derive(Debug, Default, PartialEq)]
+struct FileRun {
+    /// The files created, in order.
+    created: Vec<String>,
+    /// The files fsync'd (file and directory): (path, content number,
+    /// length) of their [`content`].
+    durable: Vec<(String, u64, usize)>,
+}
+
+/// The workload of the kill -9 tests: numbered files in numbered
+/// directories under `root/prefix`, with contents numbered from `key`; some
+/// are fsync'd (file and directory), most are not. It stops at the first
+/// error (the daemon is gone) or after 200,000 files.
+fn create_files_until_error(root: &Path, prefix: &str, key: u64, rng: &mut SmallRng) -> FileRun {
+    let mut run = FileRun::default();
+    for i in 0..200_000u64 {
+        let dir = format!("{prefix}d{:03}", i / 50);
+        if i.is_multiple_of(50) && fs::create_dir(root.join(&dir)).is_err() {
+            break;
+        }
+        let rel = format!("{dir}/f{i:06}");
+        let len = *[10usize, 4096, 5000, 70_000]
+            .get(rng.gen_range(0..4))
+            .unwrap_or(&10);
+        let data = content(key + i, len);
+        let sync = rng.gen_bool(0.2);
+        let result = (|| -> std::io::Result<()> {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(root.join(&rel))?;
+            f.write_all(&data)?;
+            if sync {
+                f.sync_all()?;
+                fsync_dir(&root.join(&dir))?;
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            break; // the daemon is gone
+        }
+        run.created.push(rel.clone());
+        if sync {
+            run.durable.push((rel, key + i, len));
+        }
+    }
+    run
+}
+
+impl FileRun {
+    /// After a crash, on the remounted `root`: every fsync'd file is there
+    /// with its content, and what survived of the rest is a prefix (one
+    /// log orders all of a process's operations). How many files survived.
+    fn check_after_crash(&self, root: &Path, context: &str) -> usize {
+        for (rel, key, len) in &self.durable {
+            let got = fs::read(root.join(rel))
+                .unwrap_or_else(|e| panic!("{context}: fsync'd {rel} lost: {e}"));
+            assert!(
+                got == content(*key, *len),
+                "{context}: fsync'd {rel} has wrong content"
+            );
+        }
+        let survived: Vec<bool> = self
+            .created
+            .iter()
+            .map(|rel| root.join(rel).exists())
+            .collect();
+        if let Some(first_missing) = survived.iter().position(|&s| !s) {
+            assert!(
+                survived[first_missing..].iter().all(|&s| !s),
+                "{context}: {} missing but a later file survived",
+                self.created[first_missing]
+            );
+        }
+        survived.iter().filter(|&&s| s).count()
+    }
+
+    /// One line per file: `c <path>` created, `d <path> <key> <len>`
+    /// fsync'd too.
+    fn encode(&self) -> String {
+        let mut out = String::new();
+        for rel in &self.created {
+            out += &format!("c {rel}\n");
+        }
+        for (rel, key, len) in &self.durable {
+            out += &format!("d {rel} {key} {len}\n");
+        }
+        out
+    }
+
+    fn decode(text: &str) -> FileRun {
+        let mut run = FileRun::default();
+        for line in text.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            match fields[..] {
+                ["c", rel] => run.created.push(rel.to_string()),
+                ["d", rel, key, len] => {
+                    run.durable
+                        .push((rel.to_string(), key.parse().unwrap(), len.parse().unwrap()))
+                }
+                _ => panic!("a client's result has a bad line {line:?}"),
+            }
+        }
+        run
+    }
+}
+
+/// kill -9 of the daemon while several client processes create and fsync
+/// files at once, each in its own directory: every client's fsync'd files
+/// survive and its other files survive as a prefix. Seeds take turns with
+/// the transports; BETREEFS_KILL_SEEDS (default 4) rounds of
+/// BETREEFS_KILL_CLIENTS (default 3) clients.
+#[test]
+fn kill_minus_nine_with_several_clients_keeps_every_fsynced_byte() {
+    if is_client_process() {
+        let root = PathBuf::from(client_var("BETREEFS_CLIENT_ROOT"));
+        let key: u64 = client_var("BETREEFS_CLIENT_KEY").parse().unwrap();
+        let mut rng = SmallRng::seed_from_u64(key);
+        let run =
+            create_files_until_error(&root, &client_var("BETREEFS_CLIENT_PREFIX"), key, &mut rng);
+        assert_eq!(FileRun::decode(&run.encode()), run);
+        fs::write(client_var("BETREEFS_CLIENT_RESULT"), run.encode()).unwrap();
+        return;
+    }
+    if !fuse_available() {
+        return;
+    }
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (seeds, clients) = (
+        env("BETREEFS_KILL_SEEDS", 4),
+        env("BETREEFS_KILL_CLIENTS", 3),
+    );
+    let transports = transports();
+    for seed in 0..seeds {
+        let s = Scratch::new("kill-clients");
+        let image = s.0.join("img");
+        mkfs(&image, "512M");
+        let transport = transports[seed as usize % transports.len()];
+        let m = Mount::start(&image, &s.0.join("mnt"), &[transport]);
+        for k in 0..clients {
+            fs::create_dir(m.path(&format!("c{k}"))).unwrap();
+        }
+        fsync_dir(&m.dir).unwrap();
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let kill_after = Duration::from_millis(rng.gen_range(200..2000));
+        let results: Vec<PathBuf> = (0..clients)
+            .map(|k| s.0.join(format!("result-{k}")))
+            .collect();
+        let spawned = (0..clients)
+            .map(|k| {
+                let vars = [
+                    ("BETREEFS_CLIENT_ROOT", m.dir.display().to_string()),
+                    ("BETREEFS_CLIENT_PREFIX", format!("c{k}/")),
+                    // Contents differ between clients and seeds.
+                    (
+                        "BETREEFS_CLIENT_KEY",
+                        ((seed * clients + k) << 20).to_string(),
+                    ),
+                    (
+                        "BETREEFS_CLIENT_RESULT",
+                        results[k as usize].display().to_string(),
+                    ),
+                ];
+                let log = s.0.join(format!("client-{k}.log"));
+                spawn_client(
+                    "kill_minus_nine_with_several_clients_keeps_every_fsynced_byte",
+                    &vars,
+                    &log,
+                )
+            })
+            .collect();
+        std::thread::sleep(kill_after);
+        m.kill();
+        wait_for_clients(spawned, &format!("seed {seed}"));
+        let m = Mount::start(&image, &s.0.join("mnt"), &[]);
+        let mut summary = Vec::new();
+        for (k, result) in results.iter().enumerate() {
+            let run = FileRun::decode(&fs::read_to_string(result).unwrap());
+            assert!(
+                !run.created.is_empty(),
+                "seed {seed}: client {k} created nothing before the kill"
+            );
+            let survived = run.check_after_crash(&m.dir, &format!("seed {seed} client {k}"));
+            summary.push(format!(
+                "{} created, {} fsync'd, {survived} survived",
+                run.created.len(),
+                run.durable.len()
+            ));
+        }
+        let walked = tree_digest(&m.dir).len();
+        eprintln!(
+            "seed {seed} ({transport}): killed after {kill_after:?}: {summary:?}, {walked} entries"
+        );
+        m.unmount();
+        assert_fsck_clean(
+            &image,
+            &format!("seed {seed}, after kill -9 of several clients' mount"),
+        );
     }
 }
 

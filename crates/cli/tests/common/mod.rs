@@ -533,3 +533,52 @@ pub fn mount_options(dir: &Path) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// Set in the environment of a client process (see [`spawn_client`]).
+const CLIENT_ENV: &str = "BETREEFS_TEST_CLIENT";
+
+/// Whether this process is a client process that a multi-process test
+/// started (the test then acts as the client instead of orchestrating).
+pub fn is_client_process() -> bool {
+    std::env::var_os(CLIENT_ENV).is_some()
+}
+
+/// A variable a client process was given by [`spawn_client`].
+pub fn client_var(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("client process without {name}"))
+}
+
+/// Starts a client process for a multi-process test: this test binary
+/// again, running only `test` (which sees [`is_client_process`]) with
+/// `vars` in its environment; its output goes to `log`. Processes, not
+/// threads: each has its own file descriptors and credentials, and the
+/// daemon serves them as the kernel interleaves them.
+pub fn spawn_client(test: &str, vars: &[(&str, String)], log: &Path) -> (Child, PathBuf) {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::fs::File::create(log).expect("client log");
+    let err = out.try_clone().expect("client log");
+    let child = Command::new(exe)
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CLIENT_ENV, "1")
+        .envs(vars.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("start a client process");
+    (child, log.to_path_buf())
+}
+
+/// Waits for every client; a client that failed fails the test with its
+/// output.
+pub fn wait_for_clients(clients: Vec<(Child, PathBuf)>, context: &str) {
+    let mut failures = Vec::new();
+    for (mut child, log) in clients {
+        let status = child.wait().expect("wait for a client process");
+        if !status.success() {
+            let output = std::fs::read_to_string(&log).unwrap_or_default();
+            failures.push(format!("client {} ({status}):\n{output}", log.display()));
+        }
+    }
+    assert!(failures.is_empty(), "{context}: {}", failures.join("\n"));
+}
