@@ -460,7 +460,7 @@ fn batch(data: &[u8]) {
     for (_, m) in batch.messages() {
         if let Message::Upsert { func, arg, .. } = m {
             for old in [None, Some(&b"old value"[..])] {
-                let v = merges.apply(*func, old, arg).expect("a checked function");
+                let v = merges.apply(func, old, &arg).expect("a checked function");
                 assert!(v.len() <= betreefs_engine::MAX_VALUE_BYTES);
             }
         }

@@ -28,7 +28,8 @@ pub mod validate;
 
 pub use error::{EngineError, EngineResult};
 pub use message::{
-    KeySpace, Message, RangeRename, WriteBatch, KEY_SPACES, MAX_KEY_BYTES, MAX_VALUE_BYTES,
+    KeySpace, Message, Messages, RangeRename, WriteBatch, KEY_SPACES, MAX_KEY_BYTES,
+    MAX_VALUE_BYTES,
 };
 pub use tree::{TreeOptions, VerifyReport};
 mod store;

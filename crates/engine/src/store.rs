@@ -1052,7 +1052,10 @@ impl Inner {
             }
             return Ok(0);
         }
-        let payload = batch.encode();
+        // Worked out before the lock: each pass decodes the batch.
+        let needs_space = needs_space(batch);
+        let user_bytes: u64 = batch.messages().map(|(_, m)| m.user_bytes()).sum();
+        let (count, body) = batch.payload_parts();
         let mut tree = self.lock_tree();
         self.wait_for_flush_backlog(&mut tree);
         // Everything from here to the log append is decided under one hold
@@ -1067,7 +1070,7 @@ impl Inner {
             let promised_after = promised
                 .saturating_add(reservation.take)
                 .saturating_sub(reservation.release);
-            if reservation.take > 0 || needs_space(batch) {
+            if reservation.take > 0 || needs_space {
                 // A write drawing on a promise is checked with the promise
                 // already given back; one making a promise, with it taken.
                 let drawing = reservation.release > 0 && reservation.take == 0;
@@ -1090,7 +1093,7 @@ impl Inner {
             let seq = tree.next_seq;
             let mut attempts = 0;
             loop {
-                match self.log.append(seq, &payload) {
+                match self.log.append(seq, &[&count, body]) {
                     Ok(_) => break 'admit (seq, promised_after),
                     Err(StoreError::LogFull { .. }) if tree.checkpoint_in_flight() => {
                         self.wait_for_checkpoint_to_admit(&mut tree);
@@ -1128,7 +1131,6 @@ impl Inner {
             return Err(self.poison(e));
         }
         record_max(&self.stats.apply_micros_max, applying.elapsed());
-        let user_bytes: u64 = batch.messages().iter().map(|(_, m)| m.user_bytes()).sum();
         add(&self.stats.user_bytes_written, user_bytes);
         add(&self.stats.user_messages, batch.len() as u64);
         let evicting = Instant::now();

@@ -19,7 +19,7 @@ use crate::node::{Bounds, Interior, Leaf};
 /// range bounds in order, merge functions known and their arguments valid.
 pub fn check_batch(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<()> {
     for (_, m) in batch.messages() {
-        check_message(m, merges)?;
+        check_message(&m, merges)?;
     }
     Ok(())
 }

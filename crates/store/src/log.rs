@@ -50,6 +50,10 @@ pub const LOG_RECORD_TRAILER_BYTES: usize = 8;
 /// Bytes a record takes besides its payload.
 pub const LOG_RECORD_OVERHEAD_BYTES: usize = LOG_RECORD_HEADER_BYTES + LOG_RECORD_TRAILER_BYTES;
 const BLOCK: u64 = BLOCK_SIZE as u64;
+/// A flush writes the log through a buffer of at most this many bytes
+/// (a few blocks in the unit tests, whose regions are 64 KiB: every flush
+/// of theirs that spans blocks goes in pieces).
+const LOG_WRITE_PIECE_BYTES: u64 = if cfg!(test) { 2 * BLOCK } else { 1 << 20 };
 
 fn floor_block(pos: u64) -> u64 {
     pos / BLOCK * BLOCK
@@ -234,23 +238,30 @@ impl LogWriter {
         self.flush_count.load(Ordering::Relaxed)
     }
 
-    /// Appends one record; returns its end position. Fails with `LogFull`
-    /// when the record would overwrite the protected part of the log.
-    pub fn append(&self, seq: u64, payload: &[u8]) -> StoreResult<u64> {
-        if payload.len() as u64 > self.max_payload() {
+    /// Appends one record whose payload is `parts` one after the other
+    /// (a caller need not join them in a copy first); returns its end
+    /// position. Fails with `LogFull` when the record would overwrite the
+    /// protected part of the log.
+    pub fn append(&self, seq: u64, parts: &[&[u8]]) -> StoreResult<u64> {
+        let payload_len: usize = parts.iter().map(|p| p.len()).sum();
+        if payload_len as u64 > self.max_payload() {
             return Err(StoreError::RecordTooLarge {
-                bytes: payload.len() as u64,
+                bytes: payload_len as u64,
                 limit: self.max_payload(),
             });
         }
         let epoch = self.epoch.to_le_bytes();
         let seq_bytes = seq.to_le_bytes();
-        let partial_crc = crc32c_of(&[&epoch, &seq_bytes, payload]);
+        let mut crc = crc32c_of(&[&epoch, &seq_bytes]);
+        for part in parts {
+            crc = crc32c::crc32c_append(crc, part);
+        }
+        let partial_crc = crc;
         let mut s = self.lock();
         if let Some(failure) = &s.failure {
             return Err(StoreError::Failed(failure.clone()));
         }
-        let record_len = (LOG_RECORD_OVERHEAD_BYTES + payload.len()) as u64;
+        let record_len = (LOG_RECORD_OVERHEAD_BYTES + payload_len) as u64;
         let end = s.append_pos + record_len;
         // The block holding the protected head is partly live; never write
         // into it.
@@ -261,18 +272,19 @@ impl LogWriter {
             });
         }
         let at = s.append_pos;
-        s.buf
-            .extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        s.buf.extend_from_slice(&(payload_len as u32).to_le_bytes());
         // The checksum and the trailer are filled in by the flush.
         s.buf.extend_from_slice(&[0; 4]);
         s.buf.extend_from_slice(&epoch);
         s.buf.extend_from_slice(&seq_bytes);
-        s.buf.extend_from_slice(payload);
+        for part in parts {
+            s.buf.extend_from_slice(part);
+        }
         s.buf.extend_from_slice(&[0; LOG_RECORD_TRAILER_BYTES]);
         s.unstamped.push(Unstamped {
             at,
             seq,
-            payload_len: payload.len(),
+            payload_len,
             partial_crc,
         });
         s.append_pos = end;
@@ -306,10 +318,9 @@ impl LogWriter {
         s.stamp_for_flush();
         let start = s.buf_start;
         let end = s.append_pos;
-        let data = AlignedBuf::from_slice(&s.buf);
         drop(s);
 
-        let result = self.write_stream(start, &data);
+        let result = self.write_stream(start, end);
 
         let mut s = self.lock();
         s.flushing = false;
@@ -330,32 +341,68 @@ impl LogWriter {
         result
     }
 
-    /// Writes block-aligned stream bytes starting at `start`, wrapping at
-    /// the end of the region. A wrapped write is synced in order (end of the
-    /// region first) so a crash never keeps the later half without the first.
-    fn write_stream(&self, start: u64, data: &AlignedBuf) -> StoreResult<()> {
+    /// Writes the buffered stream bytes `[start, end)` (`start` at a block
+    /// boundary; the last block padded with zeros), wrapping at the end of
+    /// the region. A wrapped write is synced in order (end of the region
+    /// first) so a crash never keeps the later half without the first.
+    ///
+    /// The bytes go through one aligned piece of at most
+    /// [`LOG_WRITE_PIECE_BYTES`], copied from the buffer under the lock
+    /// piece by piece: a copy of the whole buffer would double the memory
+    /// a huge record takes (one batch of a tree clone is tens of MB). The
+    /// flush owns `[start, end)` meanwhile: appends only add after `end`,
+    /// and the head's move leaves the buffer alone while a flush runs.
+    fn write_stream(&self, start: u64, end: u64) -> StoreResult<()> {
+        let padded_end = end.div_ceil(BLOCK) * BLOCK;
         assert!(
-            data.len() as u64 <= self.region_bytes,
+            padded_end - start <= self.region_bytes,
             "log write of {} bytes exceeds the {} byte region",
-            data.len(),
+            padded_end - start,
             self.region_bytes
         );
-        let physical = start % self.region_bytes;
-        let first = ((self.region_bytes - physical) as usize).min(data.len());
         let io = |e| StoreError::io("writing log", e);
-        let (to_end, wrapped) = data.split_at(first);
-        self.device
-            .write_at(to_end, self.region_offset + physical)
-            .map_err(io)?;
-        if !wrapped.is_empty() {
-            self.device.sync().map_err(io)?;
+        let mut piece =
+            AlignedBuf::for_overwrite((padded_end - start).min(LOG_WRITE_PIECE_BYTES) as usize);
+        let mut pos = start;
+        while pos < padded_end {
+            let physical = pos % self.region_bytes;
+            let len = (padded_end - pos)
+                .min(LOG_WRITE_PIECE_BYTES)
+                .min(self.region_bytes - physical) as usize;
+            let filled = ((end.max(pos) - pos) as usize).min(len);
+            // `len` is at most the piece's size and `filled` at most `len`.
+            let Some((data, padding)) = piece
+                .get_mut(..len)
+                .and_then(|chunk| chunk.split_at_mut_checked(filled))
+            else {
+                unreachable!("a log piece of {len} bytes, {filled} of them data");
+            };
+            {
+                let s = self.lock();
+                let from = pos
+                    .checked_sub(s.buf_start)
+                    .and_then(|at| s.buf.get(at as usize..at as usize + filled));
+                let Some(from) = from else {
+                    return Err(StoreError::Failed(format!(
+                        "log flush lost its bytes: [{pos}, +{filled}) is not in the buffer at {}",
+                        s.buf_start
+                    )));
+                };
+                data.copy_from_slice(from);
+            }
+            padding.fill(0);
+            let chunk = piece.get(..len).unwrap_or_default();
             self.device
-                .write_at(wrapped, self.region_offset)
+                .write_at(chunk, self.region_offset + physical)
                 .map_err(io)?;
+            pos += len as u64;
+            if physical + len as u64 == self.region_bytes && pos < padded_end {
+                self.device.sync().map_err(io)?;
+            }
         }
         self.device.sync().map_err(io)?;
         self.bytes_written
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
+            .fetch_add(padded_end - start, Ordering::Relaxed);
         Ok(())
     }
 
@@ -370,8 +417,11 @@ impl LogWriter {
         s.head = pos;
         // Records before the head are in the checkpoint: no need to write them.
         s.durable_pos = s.durable_pos.max(pos);
-        // A flush in flight works on its own copy, so this is safe anyway.
-        s.advance_buf_start(floor_block(pos));
+        // A flush in flight still copies its bytes from the buffer; the
+        // next flush drops what lies before the head.
+        if !s.flushing {
+            s.advance_buf_start(floor_block(pos));
+        }
     }
 
     /// Marks the log failed: later appends and flushes return an error.
@@ -638,7 +688,7 @@ mod tests {
     use super::*;
     use crate::{CrashMode, MemDevice};
 
-    const REGION: u64 = 64 * 1024;
+    pub(super) const REGION: u64 = 64 * 1024;
 
     fn start(head: u64, epoch: u32, first_seq: u64) -> ReplayStart {
         ReplayStart {
@@ -649,7 +699,7 @@ mod tests {
         }
     }
 
-    fn replay(
+    pub(super) fn replay(
         dev: &MemDevice,
         head: u64,
         epoch: u32,
@@ -664,7 +714,12 @@ mod tests {
         (out, end)
     }
 
-    fn collect(dev: &MemDevice, head: u64, epoch: u32, first: u64) -> Vec<(u64, Vec<u8>)> {
+    pub(super) fn collect(
+        dev: &MemDevice,
+        head: u64,
+        epoch: u32,
+        first: u64,
+    ) -> Vec<(u64, Vec<u8>)> {
         let (out, end) = replay(dev, head, epoch, first);
         assert_eq!(end.hole, None);
         out
@@ -686,7 +741,7 @@ mod tests {
         let mut head_seq = 1;
         let mut head = 0;
         for seq in 1..400u64 {
-            match log.append(seq, &payload(seq)) {
+            match log.append(seq, &[&payload(seq)]) {
                 Ok(_) => {}
                 Err(StoreError::LogFull { .. }) => {
                     // Pretend two checkpoints took everything so far (the
@@ -696,11 +751,11 @@ mod tests {
                     head_seq = seq;
                     log.set_head(head);
                     assert!(matches!(
-                        log.append(seq, &payload(seq)),
+                        log.append(seq, &[&payload(seq)]),
                         Err(StoreError::LogFull { .. })
                     ));
                     log.set_head(head);
-                    log.append(seq, &payload(seq)).unwrap();
+                    log.append(seq, &[&payload(seq)]).unwrap();
                 }
                 Err(e) => panic!("{e}"),
             }
@@ -725,7 +780,7 @@ mod tests {
         let mut seq = 1;
         let mut append_some = |log: &LogWriter, n: u64| {
             for _ in 0..n {
-                log.append(seq, &[seq as u8; 500]).unwrap();
+                log.append(seq, &[&[seq as u8; 500]]).unwrap();
                 seq += 1;
             }
             log.flush().unwrap();
@@ -737,7 +792,7 @@ mod tests {
         log.set_head(log.append_pos());
         // Fill the log as far as the writer lets it: the records after the
         // first head must all survive.
-        while log.append(seq, &[seq as u8; 500]).is_ok() {
+        while log.append(seq, &[&[seq as u8; 500]]).is_ok() {
             seq += 1;
         }
         log.flush().unwrap();
@@ -750,16 +805,16 @@ mod tests {
         for sectors in 0..8 {
             let (dev, log) = fresh(1);
             for seq in 1..=5 {
-                log.append(seq, &[seq as u8; 1500]).unwrap();
+                log.append(seq, &[&[seq as u8; 1500]]).unwrap();
             }
             log.flush().unwrap();
             for seq in 6..=9 {
-                log.append(seq, &[seq as u8; 1500]).unwrap();
+                log.append(seq, &[&[seq as u8; 1500]]).unwrap();
             }
             dev.fail_after_writes(0);
             assert!(log.flush().is_err());
             assert!(
-                log.append(10, b"x").is_err(),
+                log.append(10, &[b"x"]).is_err(),
                 "a failed log refuses appends"
             );
             let crashed = MemDevice::from_image(dev.crash_image(CrashMode::TearLast {
@@ -780,7 +835,7 @@ mod tests {
     fn five_flushes() -> MemDevice {
         let (dev, log) = fresh(1);
         for seq in 1..=5 {
-            log.append(seq, &[seq as u8; 100]).unwrap();
+            log.append(seq, &[&[seq as u8; 100]]).unwrap();
             log.flush().unwrap();
         }
         dev
@@ -845,7 +900,7 @@ mod tests {
     fn damage_within_one_flush_is_a_hole_too() {
         let (dev, log) = fresh(1);
         for seq in 1..=5 {
-            log.append(seq, &[seq as u8; 100]).unwrap();
+            log.append(seq, &[&[seq as u8; 100]]).unwrap();
         }
         log.flush().unwrap();
         let at = BLOCK as usize + 128 + LOG_RECORD_HEADER_BYTES + 10;
@@ -861,12 +916,12 @@ mod tests {
     fn records_of_the_next_epoch_past_the_end_are_a_hole() {
         let (dev, log) = fresh(1);
         for seq in 1..=3 {
-            log.append(seq, &[seq as u8; 100]).unwrap();
+            log.append(seq, &[&[seq as u8; 100]]).unwrap();
         }
         log.flush().unwrap();
         // A later open (epoch 2) continued the log, and its superblock was lost.
         let next = LogWriter::new(Arc::new(dev.clone()), BLOCK, REGION, 2, 3 * 128).unwrap();
-        next.append(4, &[4; 100]).unwrap();
+        next.append(4, &[&[4; 100]]).unwrap();
         next.flush().unwrap();
         let (replayed, end) = replay(&dev, 0, 1, 1);
         assert_eq!(replayed.len(), 3);
@@ -902,7 +957,7 @@ mod tests {
                     for _ in 0..20 {
                         {
                             let mut s = seq.lock().unwrap();
-                            log.append(*s, &[1; 50]).unwrap();
+                            log.append(*s, &[&[1; 50]]).unwrap();
                             *s += 1;
                         }
                         log.flush().unwrap();
@@ -920,6 +975,7 @@ mod tests {
 
 #[cfg(test)]
 mod head_tests {
+    use super::tests::{collect, replay, REGION};
     use super::*;
     use crate::MemDevice;
     use std::sync::mpsc;
@@ -967,7 +1023,7 @@ mod head_tests {
             entered: Mutex::new(Some(entered_tx)),
         });
         let log = Arc::new(LogWriter::new(dev, BLOCK, region, 1, 0).unwrap());
-        log.append(1, &[1; 700]).unwrap();
+        log.append(1, &[&[1; 700]]).unwrap();
         let flusher = {
             let log = log.clone();
             std::thread::spawn(move || log.flush())
@@ -975,11 +1031,11 @@ mod head_tests {
         entered.recv().unwrap();
         // While that flush is held: fill, checkpoint, fill again.
         let mut seq = 2;
-        while log.append(seq, &[seq as u8; 700]).is_ok() {
+        while log.append(seq, &[&[seq as u8; 700]]).is_ok() {
             seq += 1;
         }
         log.set_head(log.append_pos());
-        while log.append(seq, &[seq as u8; 700]).is_ok() {
+        while log.append(seq, &[&[seq as u8; 700]]).is_ok() {
             seq += 1;
         }
         release.send(()).unwrap();
@@ -990,5 +1046,58 @@ mod head_tests {
             image[(BLOCK + region) as usize..].iter().all(|&b| b == 0),
             "wrote past the log region"
         );
+    }
+
+    /// A flush many pieces long that wraps the region, with records
+    /// appended while it writes: it writes exactly its own records (the
+    /// block after them zero-padded, not holding the newer record's
+    /// unchecksummed bytes), and the next flush the rest.
+    #[test]
+    fn a_flush_in_pieces_writes_its_records_and_only_them() {
+        let mem = MemDevice::new(BLOCK + REGION + BLOCK);
+        let (release, gate) = mpsc::channel();
+        let (entered_tx, entered) = mpsc::channel();
+        let dev = Arc::new(GatedDevice {
+            inner: mem.clone(),
+            gate: Mutex::new(Some(gate)),
+            entered: Mutex::new(Some(entered_tx)),
+        });
+        // Start near the end of the region so that the flush wraps.
+        let start = REGION - 3 * BLOCK;
+        let log = Arc::new(LogWriter::new(dev, BLOCK, REGION, 3, start).unwrap());
+        let big = |seq: u64| vec![seq as u8; 3 * BLOCK as usize + 100 * seq as usize];
+        for seq in 1..=4 {
+            log.append(seq, &[&big(seq)]).unwrap();
+        }
+        let first_end = log.append_pos();
+        assert!(first_end - start > 4 * LOG_WRITE_PIECE_BYTES);
+        let flusher = {
+            let log = log.clone();
+            std::thread::spawn(move || log.flush())
+        };
+        entered.recv().unwrap();
+        // Held at its first piece: a fifth record lands in the same block
+        // as the end of the fourth.
+        log.append(5, &[&big(5)]).unwrap();
+        release.send(()).unwrap();
+        flusher.join().unwrap().unwrap();
+        let (out, end) = replay(&mem, start, 3, 1);
+        let seqs: Vec<u64> = out.iter().map(|(seq, _)| *seq).collect();
+        assert_eq!(seqs, [1, 2, 3, 4], "{end:?}");
+        assert_eq!(end.hole, None);
+        for (seq, payload) in &out {
+            assert_eq!(*payload, big(*seq));
+        }
+        let image = mem.current_image();
+        let tail = (BLOCK + first_end % REGION) as usize;
+        let block_end = (BLOCK + first_end.div_ceil(BLOCK) * BLOCK % REGION) as usize;
+        assert!(
+            image[tail..block_end].iter().all(|&b| b == 0),
+            "the flush wrote bytes past its records"
+        );
+        log.flush().unwrap();
+        let out = collect(&mem, start, 3, 1);
+        assert_eq!(out.len(), 5);
+        assert_eq!(out[4].1, big(5));
     }
 }

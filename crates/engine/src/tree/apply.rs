@@ -33,14 +33,14 @@ impl Tree {
         };
         let mut must_settle = [false; KEY_SPACES];
         for (ks, msg) in batch.messages() {
-            let transplant = match msg {
+            let transplant = match &msg {
                 Message::RangeRename(r) => Some((r, Transplant::Move)),
                 Message::RangeClone(r) => Some((r, Transplant::Share)),
                 _ => None,
             };
             match transplant {
-                Some((r, how)) => self.apply_transplant(*ks, seq, r, how)?,
-                None => self.apply_message(*ks, seq, msg)?,
+                Some((r, how)) => self.apply_transplant(ks, seq, r, how)?,
+                None => self.apply_message(ks, seq, &msg)?,
             }
             must_settle[ks.index()] |= !background || transplant.is_some();
             if msg.is_removal() {
@@ -48,8 +48,8 @@ impl Tree {
             }
             // Messages flushed early stay below the later ones of the same
             // batch, so later still wins.
-            if self.root_buffer_bytes(*ks) > settle_above {
-                self.settle_root(*ks)?;
+            if self.root_buffer_bytes(ks) > settle_above {
+                self.settle_root(ks)?;
                 self.evict_within_write()?;
             }
         }

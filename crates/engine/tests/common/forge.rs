@@ -161,7 +161,7 @@ pub fn append_log_record(image: Vec<u8>, payload: &[u8]) -> Vec<u8> {
         end.end_pos,
     )
     .expect("log writer");
-    log.append(end.next_seq, payload).expect("append");
+    log.append(end.next_seq, &[payload]).expect("append");
     log.flush().expect("flush");
     dev.current_image()
 }

@@ -52,7 +52,7 @@ impl Model {
         let merges = MergeRegistry::default();
         for (ks, m) in batch.messages() {
             let map = &mut self.spaces[ks.index()];
-            match m {
+            match &m {
                 Message::Put { key, value } => {
                     map.insert(key.clone(), value.clone());
                 }
