@@ -1296,3 +1296,61 @@ fn clone_tree_of_too_many_records_is_refused_whole() {
     let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
 }
+
+/// Plan, then commit: an operation the store refuses (ENOSPC on a full
+/// device) leaves the inode table as it was — the attributes of every
+/// inode it would have changed, and the inode numbers. A refused create
+/// that carried the reservation of the next numbers must not keep that
+/// reservation in memory only: the next file would get a number no
+/// record reserves, and after a crash another file the same number.
+#[test]
+fn refused_operations_leave_the_inode_table_as_it_was() {
+    let (dev, fs) = fresh();
+    let d = fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
+    let f = write_file(&fs, d, b"f", b"data");
+    let (filler, fh) = fs.create(ROOT_INO, b"filler", 0o644, 0, ME).unwrap();
+    let (_, err) = fill(&fs, filler.ino, fh, 0, 1 << 30, 9);
+    assert_eq!(err, Some(Errno(libc::ENOSPC)));
+    fs.release(fh).unwrap();
+    // After a mount the first new inode reserves the next numbers.
+    let fs = remount(&dev, fs);
+    assert_eq!(fs.lookup(ROOT_INO, b"d").unwrap().ino, d);
+    assert_eq!(fs.lookup(d, b"f").unwrap().ino, f);
+    let table = |fs: &FileSystem| [ROOT_INO, d, f].map(|i| fs.getattr(i).unwrap());
+    let before = table(&fs);
+    let enospc = Some(Errno(libc::ENOSPC));
+    assert_eq!(fs.create(d, b"new", 0o644, 0, ME).err(), enospc);
+    assert_eq!(fs.mkdir(d, b"sub", 0o755, ME).err(), enospc);
+    assert_eq!(fs.symlink(ROOT_INO, b"s", b"target", ME).err(), enospc);
+    let grow = SetAttr {
+        size: Some(1 << 20),
+        mode: Some(0o600),
+        ..SetAttr::default()
+    };
+    assert_eq!(fs.setattr(f, &grow).err(), enospc);
+    assert_eq!(fs.setxattr(f, b"user.a", &[7; 3000], 0).err(), enospc);
+    let fh = fs.open(f, libc::O_WRONLY, None).unwrap();
+    assert_eq!(fs.write(f, fh, 0, &[1; 8192], None).err(), enospc);
+    fs.release(fh).unwrap();
+    assert_eq!(table(&fs), before, "a refused operation changed the table");
+
+    // Room again: the next file is numbered from the reservation on disk.
+    fs.unlink(ROOT_INO, b"filler").unwrap();
+    let made = fs.create(d, b"g", 0o644, 0, ME).unwrap();
+    fs.release(made.1).unwrap();
+    let g = made.0.ino;
+    fs.fsync().unwrap();
+    let crashed = MemDevice::from_image(dev.crash_image(betreefs_store::CrashMode::DropUnsynced));
+    drop(fs);
+    let store = Store::open_on(Arc::new(crashed), options()).unwrap();
+    let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
+    assert_eq!(fs.lookup(ROOT_INO, b"d").unwrap().ino, d);
+    assert_eq!(fs.lookup(d, b"g").unwrap().ino, g);
+    // More files than the refused operations could have skipped numbers.
+    for i in 0..16 {
+        let name = format!("h{i}");
+        let (attr, fh) = fs.create(d, name.as_bytes(), 0o644, 0, ME).unwrap();
+        fs.release(fh).unwrap();
+        assert_ne!(attr.ino, g, "{name} got the number of g after a crash");
+    }
+}

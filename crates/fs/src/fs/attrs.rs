@@ -2,6 +2,7 @@
 
 use betreefs_engine::{KeySpace, WriteBatch};
 
+use super::planned::Planned;
 use super::reservations::ReservedBlocks;
 use super::state::Home;
 use super::state::State;
@@ -63,10 +64,11 @@ impl FileSystem {
             _ => Some(st.file_key(ino)?),
         };
         let mut batch = WriteBatch::new();
+        let mut plan = Planned::new();
         let mut released = 0;
         let dropped = match (set.kill_privileges, &key) {
             (Some(caller), Some(key)) => {
-                self.drop_privileges(&mut st, &mut batch, ino, key, caller)?
+                self.drop_privileges(&mut st, &mut plan, &mut batch, ino, key, caller)?
             }
             _ => false,
         };
@@ -92,7 +94,7 @@ impl FileSystem {
                 released = self.carve_reservations(&mut batch, key, from, u64::MAX)?;
             }
             // Growing past the last stored block leaves a hole.
-            st.note_data_change(ino, blocks_to(size) > blocks_to(before.size))?;
+            plan.note_data_change(&st, ino, blocks_to(size) > blocks_to(before.size))?;
         }
         // chmod rewrites the access ACL's owner, mask and other entries
         // (`posix_acl_chmod`), so the two never disagree.
@@ -104,8 +106,7 @@ impl FileSystem {
                 batch.put(KeySpace::Data, &at, &access.encode());
             }
         }
-        let node = st.node_mut(ino)?;
-        let a = &mut node.attr;
+        let a = plan.attr_mut(&st, ino)?;
         if let Some(mode) = set.mode {
             a.mode = (a.mode & S_IFMT) | (mode & 0o7777);
         }
@@ -156,13 +157,11 @@ impl FileSystem {
             return Ok(after);
         }
         if let Some(key) = &key {
-            st.put_record_at(&mut batch, key, ino)?;
+            plan.put_record_at(&st, &mut batch, key, ino)?;
         }
         let reservation = ReservedBlocks::released(released).reservation();
-        if let Err(e) = self.store.write_reserving(&batch, reservation) {
-            st.node_mut(ino)?.attr = before;
-            return Err(e.into());
-        }
+        self.store.write_reserving(&batch, reservation)?;
+        st.commit(plan);
         Ok(after)
     }
 
@@ -182,35 +181,33 @@ impl FileSystem {
             Home::Gone => None,
             _ => Some(st.file_key(ino)?),
         };
-        let before = node.attr.clone();
-        let a = &mut st.node_mut(ino)?.attr;
+        let mut plan = Planned::new();
+        let a = plan.attr_mut(&st, ino)?;
         a.flags = flags | (a.flags & INTERNAL_FLAGS);
         a.ctime = Timespec::now();
-        let Some(key) = key else {
-            return Ok(());
-        };
-        let mut batch = WriteBatch::new();
-        st.put_record_at(&mut batch, &key, ino)?;
-        if let Err(e) = self.store.write(&batch) {
-            st.node_mut(ino)?.attr = before;
-            return Err(e.into());
+        if let Some(key) = key {
+            let mut batch = WriteBatch::new();
+            plan.put_record_at(&st, &mut batch, &key, ino)?;
+            self.store.write(&batch)?;
         }
+        st.commit(plan);
         Ok(())
     }
 
     /// Drops the set-ID bits and the capabilities of `ino` before a change
-    /// by `caller` ([`mode_without_privileges`]); the capability's delete
-    /// goes into `batch`. Says whether anything was dropped; the caller
-    /// restores the attributes if the batch fails.
+    /// by `caller` ([`mode_without_privileges`]): the mode goes into `plan`,
+    /// the capability's delete into `batch`. Says whether anything was
+    /// dropped.
     pub(super) fn drop_privileges(
         &self,
         st: &mut State,
+        plan: &mut Planned,
         batch: &mut WriteBatch,
         ino: Ino,
         file_key: &[u8],
         caller: Caller,
     ) -> FsResult<bool> {
-        let attr = &st.node(ino)?.attr;
+        let attr = plan.attr(st, ino)?;
         let mode = mode_without_privileges(attr.mode, attr.gid, caller);
         let mut dropped = mode != attr.mode;
         if mode & S_IFMT != S_IFDIR && self.has_capability(st, ino, file_key)? {
@@ -222,7 +219,7 @@ impl FileSystem {
             st.node_mut(ino)?.has_capability = None;
             dropped = true;
         }
-        st.node_mut(ino)?.attr.mode = mode;
+        plan.attr_mut(st, ino)?.mode = mode;
         Ok(dropped)
     }
 
@@ -256,15 +253,15 @@ impl FileSystem {
         if !due || st.node(ino)?.home == Home::Gone {
             return Ok(());
         }
-        let before = st.node(ino)?.attr.atime;
-        st.node_mut(ino)?.attr.atime = now;
+        let mut plan = Planned::new();
+        plan.attr_mut(st, ino)?.atime = now;
         let mut batch = WriteBatch::new();
-        st.put_record(&mut batch, ino)?;
+        plan.put_record(st, &mut batch, ino)?;
         // An access time that cannot be stored (a full device) must not
         // fail the read that caused it.
-        if let Err(e) = self.store.write(&batch) {
-            tracing::debug!("access time of {ino} not updated: {e}");
-            st.node_mut(ino)?.attr.atime = before;
+        match self.store.write(&batch) {
+            Ok(_) => st.commit(plan),
+            Err(e) => tracing::debug!("access time of {ino} not updated: {e}"),
         }
         Ok(())
     }

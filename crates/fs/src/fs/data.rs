@@ -4,6 +4,7 @@
 use betreefs_engine::merge::patch_arg;
 use betreefs_engine::{KeySpace, WriteBatch, MERGE_PATCH};
 
+use super::planned::Planned;
 use super::reservations::{self, ReservedBlocks};
 use super::state::{Home, OpenFile, State};
 use super::{
@@ -171,11 +172,12 @@ impl FileSystem {
         let preallocated = node.attr.flags & PREALLOC_FL != 0;
         // A write starting past the last stored block leaves a hole.
         let leaves_holes = offset / BLOCK_SIZE > blocks_to(size_before);
-        st.note_data_change(ino, leaves_holes)?;
         let mut written = 0usize;
         while written < data.len() {
             let old_size = st.node(ino)?.attr.size;
             let mut batch = WriteBatch::new();
+            let mut plan = Planned::new();
+            plan.note_data_change(&st, ino, leaves_holes)?;
             let chunk_start = written;
             let mut pos = offset + written as u64;
             let mut blocks = 0;
@@ -209,22 +211,20 @@ impl FileSystem {
                 0
             };
             let now = Timespec::now();
-            let before = st.node(ino)?.attr.clone();
             if let (0, Some(caller)) = (chunk_start, kill) {
-                self.drop_privileges(&mut st, &mut batch, ino, &key, caller)?;
+                self.drop_privileges(&mut st, &mut plan, &mut batch, ino, &key, caller)?;
             }
-            let node = st.node_mut(ino)?;
-            node.attr.size = node.attr.size.max(pos);
-            node.attr.mtime = now;
-            node.attr.ctime = now;
-            st.put_record_at(&mut batch, &key, ino)?;
+            let attr = plan.attr_mut(&st, ino)?;
+            attr.size = attr.size.max(pos);
+            attr.mtime = now;
+            attr.ctime = now;
+            plan.put_record_at(&st, &mut batch, &key, ino)?;
             let reservation = ReservedBlocks::released(released).reservation();
-            if let Err(e) = self.store.write_reserving(&batch, reservation) {
-                st.node_mut(ino)?.attr = before;
-                if chunk_start > 0 && e.is_no_space() {
-                    return Ok(chunk_start as u32);
-                }
-                return Err(e.into());
+            match self.store.write_reserving(&batch, reservation) {
+                Ok(_) => st.commit(plan),
+                // What went in before stays: a short write.
+                Err(e) if chunk_start > 0 && e.is_no_space() => return Ok(chunk_start as u32),
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(written as u32)
@@ -282,8 +282,9 @@ impl FileSystem {
         let now = Timespec::now();
         let key = st.file_key(ino)?;
         let mut batch = WriteBatch::new();
+        let mut plan = Planned::new();
         if let Some(caller) = kill {
-            self.drop_privileges(&mut st, &mut batch, ino, &key, caller)?;
+            self.drop_privileges(&mut st, &mut plan, &mut batch, ino, &key, caller)?;
         }
         let span = (offset / BLOCK_SIZE, blocks_to(end));
         let patched = if zeroes {
@@ -318,21 +319,19 @@ impl FileSystem {
         // Zeroed ranges become holes; so does growing past the last block;
         // reserved blocks are counted like holes' neighbours (st_blocks).
         let grows = !keep_size && blocks_to(end) > blocks_to(before.size);
-        st.note_data_change(ino, zeroes || grows || changed.taken > 0)?;
-        let node = st.node_mut(ino)?;
+        plan.note_data_change(&st, ino, zeroes || grows || changed.taken > 0)?;
+        let attr = plan.attr_mut(&st, ino)?;
         if changed.taken > 0 {
-            node.attr.flags |= PREALLOC_FL;
+            attr.flags |= PREALLOC_FL;
         }
         if !keep_size {
-            node.attr.size = node.attr.size.max(end);
+            attr.size = attr.size.max(end);
         }
-        node.attr.ctime = now;
-        node.attr.mtime = now;
-        st.put_record_at(&mut batch, &key, ino)?;
-        if let Err(e) = self.store.write_reserving(&batch, changed.reservation()) {
-            st.node_mut(ino)?.attr = before;
-            return Err(e.into());
-        }
+        attr.ctime = now;
+        attr.mtime = now;
+        plan.put_record_at(&st, &mut batch, &key, ino)?;
+        self.store.write_reserving(&batch, changed.reservation())?;
+        st.commit(plan);
         Ok(())
     }
 
@@ -465,8 +464,9 @@ impl FileSystem {
         }
         let (key_in, key_out) = (st.file_key(ino_in)?, st.file_key(ino_out)?);
         let mut batch = WriteBatch::new();
+        let mut plan = Planned::new();
         if let Some(caller) = kill {
-            self.drop_privileges(&mut st, &mut batch, ino_out, &key_out, caller)?;
+            self.drop_privileges(&mut st, &mut plan, &mut batch, ino_out, &key_out, caller)?;
         }
         let (first, past) = (off_in / BLOCK_SIZE, blocks_to(end));
         let from = schema::data_prefix(&key_in);
@@ -480,17 +480,15 @@ impl FileSystem {
         // The source's holes come along; so does one before `off_out`
         // when the destination was shorter.
         let leaves_holes = source.flags & SPARSE_FL != 0 || first > blocks_to(before.size);
-        st.note_data_change(ino_out, leaves_holes)?;
+        plan.note_data_change(&st, ino_out, leaves_holes)?;
         let now = Timespec::now();
-        let node = st.node_mut(ino_out)?;
-        node.attr.size = node.attr.size.max(end);
-        node.attr.mtime = now;
-        node.attr.ctime = now;
-        st.put_record_at(&mut batch, &key_out, ino_out)?;
-        if let Err(e) = self.store.write(&batch) {
-            st.node_mut(ino_out)?.attr = before;
-            return Err(e.into());
-        }
+        let attr = plan.attr_mut(&st, ino_out)?;
+        attr.size = attr.size.max(end);
+        attr.mtime = now;
+        attr.ctime = now;
+        plan.put_record_at(&st, &mut batch, &key_out, ino_out)?;
+        self.store.write(&batch)?;
+        st.commit(plan);
         Ok(true)
     }
 

@@ -38,6 +38,7 @@ mod attrs;
 mod data;
 mod listing;
 mod names;
+mod planned;
 mod reservations;
 mod state;
 mod tree_clone;

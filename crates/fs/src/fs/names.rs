@@ -3,6 +3,7 @@
 
 use betreefs_engine::{KeySpace, WriteBatch};
 
+use super::planned::Planned;
 use super::reservations::ReservedBlocks;
 use super::state::{Home, State};
 use super::{decode, name_check, Caller, FileSystem, Ino, RenameFlags, ENTRY_KEY_MAX, ROOT_INO};
@@ -131,7 +132,8 @@ impl FileSystem {
         let is_dir = mode & S_IFMT == S_IFDIR;
         let now = Timespec::now();
         let mut batch = WriteBatch::new();
-        let ino = st.allocate_ino(&mut batch);
+        let mut plan = Planned::new();
+        let ino = plan.allocate_ino(st, &mut batch);
         let (attr, inherited_acls) =
             self.new_inode(st, &mut batch, ino, &key, parent, mode, caller, now)?;
         let attr = Attr {
@@ -141,13 +143,11 @@ impl FileSystem {
         };
         batch.put(KeySpace::Meta, &key, &inode_record(&attr, target));
         put_back_pointer(&mut batch, attr.ino, parent, name);
-        st.touch_dir(parent, now, if is_dir { 1 } else { 0 })?;
-        st.put_record_at(&mut batch, &parent_key, parent)?;
+        plan.touch_dir(st, parent, now, if is_dir { 1 } else { 0 })?;
+        plan.put_record_at(st, &mut batch, &parent_key, parent)?;
         count_update(&mut batch, 1);
-        if let Err(e) = self.store.write(&batch) {
-            st.touch_dir(parent, now, if is_dir { -1 } else { 0 })?;
-            return Err(e.into());
-        }
+        self.store.write(&batch)?;
+        st.commit(plan);
         st.note_added(parent, name);
         st.add_lookup(parent, name, attr.clone(), target.to_vec(), Home::Path);
         if let Some(n) = st.nodes.get_mut(&attr.ino) {
@@ -228,7 +228,8 @@ impl FileSystem {
         st.check_dir_change(parent, false)?;
         let now = Timespec::now();
         let mut batch = WriteBatch::new();
-        let ino = st.allocate_ino(&mut batch);
+        let mut plan = Planned::new();
+        let ino = plan.allocate_ino(&st, &mut batch);
         let key = schema::inode_key(ino);
         let (mut attr, acls) = self.new_inode(
             &mut st,
@@ -245,6 +246,7 @@ impl FileSystem {
         batch.put(KeySpace::Meta, &schema::orphan_key(ino), &[]);
         count_update(&mut batch, 1);
         self.store.write(&batch)?;
+        st.commit(plan);
         st.add_lookup(parent, &[], attr.clone(), Vec::new(), Home::Inode);
         st.node_mut(ino)?.has_xattrs = Some(acls);
         let fh = Self::add_file_handle(&mut st, ino, flags)?;
@@ -254,9 +256,11 @@ impl FileSystem {
     /// Removes what an entry names, for unlink, rmdir and rename over it.
     /// `delete_entry` is false when the caller overwrites the entry key.
     /// `sub` is the directory key the entry would have as a directory.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn remove_entry(
         &self,
-        st: &mut State,
+        st: &State,
+        plan: &mut Planned,
         batch: &mut WriteBatch,
         found: &Found,
         sub: &[u8],
@@ -276,7 +280,7 @@ impl FileSystem {
             batch.range_delete(KeySpace::Data, &lo, &hi);
             count_update(batch, -1);
             delete_back_pointer(batch, ino);
-            st.mark_unlinked(ino, Home::Gone, now);
+            plan.mark_unlinked(st, ino, Home::Gone, now);
             return Ok(ReservedBlocks::default());
         }
         let open = st.nodes.get(&ino).is_some_and(|n| n.opens > 0);
@@ -293,13 +297,13 @@ impl FileSystem {
                     attr.ctime = now;
                     batch.put(KeySpace::Meta, &inode_key, &inode_record(&attr, target));
                     batch.put(KeySpace::Meta, &schema::orphan_key(ino), &[]);
-                    st.mark_unlinked(ino, Home::Inode, now);
+                    plan.mark_unlinked(st, ino, Home::Inode, now);
                 } else {
                     released = self.release_all_reservations(batch, Some(attr), &found.key)?;
                     let (lo, hi) = schema::file_range(&found.key);
                     batch.range_delete(KeySpace::Data, &lo, &hi);
                     count_update(batch, -1);
-                    st.mark_unlinked(ino, Home::Gone, now);
+                    plan.mark_unlinked(st, ino, Home::Gone, now);
                 }
             }
             Record::Link { .. } => {
@@ -316,10 +320,10 @@ impl FileSystem {
                     purge_file(batch, &inode_key);
                     count_update(batch, -1);
                 }
-                if let Some(n) = st.nodes.get_mut(&ino) {
-                    n.attr = attr.clone();
+                if st.nodes.contains_key(&ino) {
+                    *plan.attr_mut(st, ino)? = attr.clone();
                     if attr.nlink == 0 && !open {
-                        n.home = Home::Gone;
+                        plan.set_home(st, ino, Home::Gone)?;
                     }
                 }
             }
@@ -338,20 +342,14 @@ impl FileSystem {
         self.check_not_pinned(st, &found)?;
         let now = Timespec::now();
         let mut batch = WriteBatch::new();
+        let mut plan = Planned::new();
         let is_dir = found.is_dir();
-        let saved = st.nodes.get(&found.ino()).map(|n| (n.home, n.attr.clone()));
         let sub = schema::child_dir_key(&found.dir, name);
-        let released = self.remove_entry(st, &mut batch, &found, &sub, now, true)?;
-        st.touch_dir(parent, now, if is_dir { -1 } else { 0 })?;
-        st.put_record_at(&mut batch, &dir_record_key(&found.dir), parent)?;
-        if let Err(e) = self.store.write_reserving(&batch, released.reservation()) {
-            if let (Some((home, attr)), Some(n)) = (saved, st.nodes.get_mut(&found.ino())) {
-                n.home = home;
-                n.attr = attr;
-            }
-            st.touch_dir(parent, now, if is_dir { 1 } else { 0 })?;
-            return Err(e.into());
-        }
+        let released = self.remove_entry(st, &mut plan, &mut batch, &found, &sub, now, true)?;
+        plan.touch_dir(st, parent, now, if is_dir { -1 } else { 0 })?;
+        plan.put_record_at(st, &mut batch, &dir_record_key(&found.dir), parent)?;
+        self.store.write_reserving(&batch, released.reservation())?;
+        st.commit(plan);
         st.remember_absent(parent, name);
         Ok(())
     }
@@ -525,6 +523,7 @@ impl FileSystem {
         }
         let now = Timespec::now();
         let mut batch = WriteBatch::new();
+        let mut plan = Planned::new();
         let was_home = st.node(ino)?.home;
         let inode_key = schema::inode_key(ino);
         // An O_TMPFILE file gets its first name: no longer an orphan.
@@ -543,25 +542,21 @@ impl FileSystem {
                 &Record::Link { ino, mode }.encode(),
             );
         }
-        let node = st.node_mut(ino)?;
-        node.attr.nlink += 1;
-        node.attr.ctime = now;
-        node.home = Home::Inode;
-        let mode = node.attr.mode;
-        st.put_record_at(&mut batch, &inode_key, ino)?;
+        let attr = plan.attr_mut(&st, ino)?;
+        attr.nlink += 1;
+        attr.ctime = now;
+        let mode = attr.mode;
+        plan.set_home(&st, ino, Home::Inode)?;
+        plan.put_record_at(&st, &mut batch, &inode_key, ino)?;
         batch.put(
             KeySpace::Meta,
             &new_key,
             &Record::Link { ino, mode }.encode(),
         );
-        st.touch_dir(new_parent, now, 0)?;
-        st.put_record_at(&mut batch, &parent_key, new_parent)?;
-        if let Err(e) = self.store.write(&batch) {
-            let node = st.node_mut(ino)?;
-            node.attr.nlink -= 1;
-            node.home = was_home;
-            return Err(e.into());
-        }
+        plan.touch_dir(&st, new_parent, now, 0)?;
+        plan.put_record_at(&st, &mut batch, &parent_key, new_parent)?;
+        self.store.write(&batch)?;
+        st.commit(plan);
         st.note_added(new_parent, new_name);
         let node = st.node(ino)?;
         let (attr, target) = (node.attr.clone(), node.target.clone());
@@ -654,28 +649,15 @@ impl FileSystem {
 
         let now = Timespec::now();
         let mut batch = WriteBatch::new();
+        let mut plan = Planned::new();
         let mut released = ReservedBlocks::default();
         let src_ino = src.ino();
-        let mut restore: Vec<(Ino, Home, Attr)> = Vec::new();
-        for ino in [Some(src_ino), dst.as_ref().map(Found::ino)]
-            .into_iter()
-            .flatten()
-        {
-            if let Some(n) = st.nodes.get(&ino) {
-                restore.push((ino, n.home, n.attr.clone()));
-            }
-        }
-        let saved_parents: Vec<(Ino, Attr)> = [parent, new_parent]
-            .iter()
-            .filter_map(|&p| st.nodes.get(&p).map(|n| (p, n.attr.clone())))
-            .collect();
-
         let mut src_record = src.record.clone();
         if let Record::Inode { attr, .. } = &mut src_record {
             attr.ctime = now;
         }
-        if let Some(n) = st.nodes.get_mut(&src_ino) {
-            n.attr.ctime = now;
+        if st.nodes.contains_key(&src_ino) {
+            plan.attr_mut(&st, src_ino)?.ctime = now;
         }
         if flags.exchange {
             let Some(d) = &dst else {
@@ -685,8 +667,8 @@ impl FileSystem {
             if let Record::Inode { attr, .. } = &mut dst_record {
                 attr.ctime = now;
             }
-            if let Some(n) = st.nodes.get_mut(&d.ino()) {
-                n.attr.ctime = now;
+            if st.nodes.contains_key(&d.ino()) {
+                plan.attr_mut(&st, d.ino())?.ctime = now;
             }
             // Park both in scratch space, then move each into the other's place.
             let [a, b] = schema::SCRATCH_KEYS;
@@ -701,15 +683,16 @@ impl FileSystem {
             }
             if parent != new_parent && src.is_dir() != d.is_dir() {
                 let delta = if src.is_dir() { 1 } else { -1 };
-                st.touch_dir(parent, now, -delta)?;
-                st.touch_dir(new_parent, now, delta)?;
+                plan.touch_dir(&st, parent, now, -delta)?;
+                plan.touch_dir(&st, new_parent, now, delta)?;
             } else {
-                st.touch_dir(parent, now, 0)?;
-                st.touch_dir(new_parent, now, 0)?;
+                plan.touch_dir(&st, parent, now, 0)?;
+                plan.touch_dir(&st, new_parent, now, 0)?;
             }
         } else {
             if let Some(d) = &dst {
-                released = self.remove_entry(&mut st, &mut batch, d, &dst_sub, now, false)?;
+                released =
+                    self.remove_entry(&st, &mut plan, &mut batch, d, &dst_sub, now, false)?;
             }
             batch.delete(KeySpace::Meta, &src.key);
             batch.put(KeySpace::Meta, &dst_key, &src_record.encode());
@@ -724,7 +707,7 @@ impl FileSystem {
             // name in the same batch, after everything of the old name
             // moved (its inherited ACLs must not move with it).
             if let Some(caller) = flags.whiteout {
-                let ino = st.allocate_ino(&mut batch);
+                let ino = plan.allocate_ino(&st, &mut batch);
                 let (whiteout, _) = self.new_inode(
                     &mut st,
                     &mut batch,
@@ -741,31 +724,19 @@ impl FileSystem {
             }
             let replaced_dir = dst.as_ref().is_some_and(Found::is_dir);
             if src.is_dir() && parent != new_parent {
-                st.touch_dir(parent, now, -1)?;
-                st.touch_dir(new_parent, now, if replaced_dir { 0 } else { 1 })?;
+                plan.touch_dir(&st, parent, now, -1)?;
+                plan.touch_dir(&st, new_parent, now, if replaced_dir { 0 } else { 1 })?;
             } else {
-                st.touch_dir(parent, now, 0)?;
-                st.touch_dir(new_parent, now, if replaced_dir { -1 } else { 0 })?;
+                plan.touch_dir(&st, parent, now, 0)?;
+                plan.touch_dir(&st, new_parent, now, if replaced_dir { -1 } else { 0 })?;
             }
         }
-        st.put_record_at(&mut batch, &dir_record_key(&src_dir), parent)?;
+        plan.put_record_at(&st, &mut batch, &dir_record_key(&src_dir), parent)?;
         if new_parent != parent {
-            st.put_record_at(&mut batch, &dir_record_key(&dst_dir), new_parent)?;
+            plan.put_record_at(&st, &mut batch, &dir_record_key(&dst_dir), new_parent)?;
         }
-        if let Err(e) = self.store.write_reserving(&batch, released.reservation()) {
-            for (ino, home, attr) in restore {
-                if let Some(n) = st.nodes.get_mut(&ino) {
-                    n.home = home;
-                    n.attr = attr;
-                }
-            }
-            for (p, attr) in saved_parents {
-                if let Some(n) = st.nodes.get_mut(&p) {
-                    n.attr = attr;
-                }
-            }
-            return Err(e.into());
-        }
+        self.store.write_reserving(&batch, released.reservation())?;
+        st.commit(plan);
         // The table follows: names move, a replaced node is gone.
         let dst_ino = dst.as_ref().map(Found::ino);
         self.rename_in_table(&mut st, src_ino, new_parent, new_name);

@@ -4,18 +4,17 @@
 
 use std::collections::{HashMap, HashSet};
 
-use betreefs_engine::{KeySpace, MemoryBesideCache, WriteBatch};
+use betreefs_engine::MemoryBesideCache;
 
 use super::listing::dir_cookie as name_hash;
 use super::listing::CookieWindow;
-use super::{Ino, INO_BATCH, NEGATIVE_CACHE_MAX, ROOT_INO};
+use super::{Ino, NEGATIVE_CACHE_MAX, ROOT_INO};
 
 /// Names remembered per directory made during the mount; past this the
 /// directory's names are looked up in the store again.
 const CHILD_NAMES_MAX: usize = 1 << 16;
 use crate::error::{Errno, FsResult};
-use crate::plan::inode_record;
-use crate::record::{Attr, FsInfo, Timespec};
+use crate::record::Attr;
 use crate::schema;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,17 +182,6 @@ impl State {
         Ok(())
     }
 
-    /// Notes a change of `ino`'s data (its stored blocks must be counted
-    /// again); `leaves_holes` marks the file as one that may have holes.
-    pub(super) fn note_data_change(&mut self, ino: Ino, leaves_holes: bool) -> FsResult<()> {
-        let node = self.node_mut(ino)?;
-        node.data_version += 1;
-        if leaves_holes {
-            node.attr.flags |= crate::record::SPARSE_FL;
-        }
-        Ok(())
-    }
-
     /// The encoded path of a directory.
     pub(super) fn dir_key(&self, ino: Ino) -> FsResult<Vec<u8>> {
         let mut names: Vec<&[u8]> = Vec::new();
@@ -243,20 +231,6 @@ impl State {
             }
         }
         false
-    }
-
-    pub(super) fn allocate_ino(&mut self, batch: &mut WriteBatch) -> Ino {
-        let ino = self.next_ino;
-        self.next_ino += 1;
-        if self.next_ino > self.ino_reserved {
-            self.ino_reserved = self.next_ino + INO_BATCH;
-            let info = FsInfo {
-                ino_reserved: self.ino_reserved,
-                created: self.created,
-            };
-            batch.put(KeySpace::Meta, schema::INFO_KEY, &info.encode());
-        }
-        ino
     }
 
     /// Records that `name` now exists in `parent`.
@@ -378,42 +352,5 @@ impl State {
             }
             ino = parent;
         }
-    }
-
-    pub(super) fn touch_dir(&mut self, dir: Ino, now: Timespec, nlink_delta: i32) -> FsResult<()> {
-        let node = self.node_mut(dir)?;
-        node.attr.mtime = now;
-        node.attr.ctime = now;
-        node.attr.nlink = node.attr.nlink.saturating_add_signed(nlink_delta);
-        node.dir_version += 1;
-        Ok(())
-    }
-
-    /// The table's view of an inode whose last name went away: `home`
-    /// says whether it still lives under its inode key (open) or is gone.
-    pub(super) fn mark_unlinked(&mut self, ino: Ino, home: Home, now: Timespec) {
-        if let Some(n) = self.nodes.get_mut(&ino) {
-            n.home = home;
-            n.attr.nlink = 0;
-            n.attr.ctime = now;
-            n.dir_version += 1;
-        }
-    }
-
-    pub(super) fn put_record(&self, batch: &mut WriteBatch, ino: Ino) -> FsResult<()> {
-        self.put_record_at(batch, &self.file_key(ino)?, ino)
-    }
-
-    /// [`State::put_record`] when the caller already has the file key (a
-    /// key is a walk up the path to build).
-    pub(super) fn put_record_at(
-        &self,
-        batch: &mut WriteBatch,
-        key: &[u8],
-        ino: Ino,
-    ) -> FsResult<()> {
-        let node = self.node(ino)?;
-        batch.put(KeySpace::Meta, key, &inode_record(&node.attr, &node.target));
-        Ok(())
     }
 }

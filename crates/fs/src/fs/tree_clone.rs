@@ -15,6 +15,7 @@ use std::collections::HashMap;
 
 use betreefs_engine::{KeySpace, WriteBatch};
 
+use super::planned::Planned;
 use super::state::State;
 use super::{decode, Caller, FileSystem, Ino, ENTRY_KEY_MAX};
 use crate::error::{Errno, FsResult};
@@ -60,17 +61,15 @@ impl FileSystem {
         }
         let (src_key, dst_key) = (st.file_key(src)?, st.file_key(dst)?);
         let now = Timespec::now();
-        // Numbers handed out to a batch that is refused are taken back: a
-        // reservation of numbers the batch would have recorded must not
-        // stay in memory only (a crash would hand them out again).
-        let numbering = (st.next_ino, st.ino_reserved);
         let mut batch = WriteBatch::new();
+        // The new inodes' numbers, taken when the batch is in.
+        let mut plan = Planned::new();
         // The directory's own xattrs (the clone clears what dst had, such
         // as a default ACL inherited at its mkdir), then everything below.
         clone_file_data(&mut batch, &src_key, &dst_key);
         clone_subtree_data(&mut batch, &src_dir, &dst_dir);
-        let made = self.clone_records(&mut st, &mut batch, &src_dir, &dst_dir, dst, now);
-        let made = made.inspect_err(|_| (st.next_ino, st.ino_reserved) = numbering)?;
+        let made =
+            self.clone_records(&mut st, &mut plan, &mut batch, &src_dir, &dst_dir, dst, now)?;
         let attr = {
             let from = &st.node(src)?.attr;
             let to = &st.node(dst)?.attr;
@@ -86,10 +85,8 @@ impl FileSystem {
         count_update(&mut batch, made as i64);
         // A tree whose records exceed one log record is refused here
         // (EFBIG), before anything is written.
-        if let Err(e) = self.store.write(&batch) {
-            (st.next_ino, st.ino_reserved) = numbering;
-            return Err(e.into());
-        }
+        self.store.write(&batch)?;
+        st.commit(plan);
         let node = st.node_mut(dst)?;
         node.attr = attr.clone();
         node.dir_version += 1;
@@ -103,9 +100,11 @@ impl FileSystem {
     /// entry below `src_dir`, with back pointers, and the inode records
     /// of hard-linked files (whose data is cloned under their new inode
     /// key). Returns how many inodes it made.
+    #[allow(clippy::too_many_arguments)]
     fn clone_records(
         &self,
         st: &mut State,
+        plan: &mut Planned,
         batch: &mut WriteBatch,
         src_dir: &[u8],
         dst_dir: &[u8],
@@ -141,7 +140,7 @@ impl FileSystem {
                     // have counted its blocks since).
                     let current = st.nodes.get(&attr.ino).map(|n| n.attr.clone());
                     let attr = current.unwrap_or(attr);
-                    let ino = st.allocate_ino(batch);
+                    let ino = plan.allocate_ino(st, batch);
                     put_cloned_inode(batch, &new_key, &attr, ino, attr.nlink, &target, now);
                     put_back_pointer(batch, ino, parent, &name);
                     if attr.is_dir() {
@@ -153,7 +152,7 @@ impl FileSystem {
                     let link = linked.entry(ino).or_insert_with(|| {
                         made += 1;
                         LinkedInode {
-                            clone: st.allocate_ino(batch),
+                            clone: plan.allocate_ino(st, batch),
                             names: 0,
                             record,
                         }

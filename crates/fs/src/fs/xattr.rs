@@ -3,6 +3,7 @@
 
 use betreefs_engine::{KeySpace, WriteBatch};
 
+use super::planned::Planned;
 use super::{FileSystem, Ino, State, CAPABILITY_XATTR, XATTR_SIZE_MAX};
 use crate::acl::{self, Acl};
 use crate::error::{Errno, FsResult};
@@ -61,18 +62,11 @@ impl FileSystem {
                 return Err(Errno::ENODATA);
             }
         }
-        let now = Timespec::now();
-        let node = st.node_mut(ino)?;
-        let before = node.attr.clone();
-        node.attr.ctime = now;
+        let mut plan = Planned::new();
+        let attr = plan.attr_mut(&st, ino)?;
+        attr.ctime = Timespec::now();
         if let Some(mode) = new_mode {
-            node.attr.mode = mode;
-        }
-        if keep {
-            node.has_xattrs = Some(true);
-        }
-        if name == CAPABILITY_XATTR {
-            node.has_capability = None;
+            attr.mode = mode;
         }
         let mut batch = WriteBatch::new();
         if keep {
@@ -80,10 +74,15 @@ impl FileSystem {
         } else {
             batch.delete(KeySpace::Data, &key);
         }
-        st.put_record(&mut batch, ino)?;
-        if let Err(e) = self.store.write(&batch) {
-            st.node_mut(ino)?.attr = before;
-            return Err(e.into());
+        plan.put_record(&st, &mut batch, ino)?;
+        // Not known until the batch is in (or not).
+        if name == CAPABILITY_XATTR {
+            st.node_mut(ino)?.has_capability = None;
+        }
+        self.store.write(&batch)?;
+        st.commit(plan);
+        if keep {
+            st.node_mut(ino)?.has_xattrs = Some(true);
         }
         Ok(())
     }
@@ -146,15 +145,16 @@ impl FileSystem {
         if self.store.get(KeySpace::Data, &key)?.is_none() {
             return Err(Errno::ENODATA);
         }
-        let node = st.node_mut(ino)?;
-        node.attr.ctime = Timespec::now();
+        let mut plan = Planned::new();
+        plan.attr_mut(&st, ino)?.ctime = Timespec::now();
         if name == CAPABILITY_XATTR {
-            node.has_capability = None;
+            st.node_mut(ino)?.has_capability = None;
         }
         let mut batch = WriteBatch::new();
         batch.delete(KeySpace::Data, &key);
-        st.put_record(&mut batch, ino)?;
+        plan.put_record(&st, &mut batch, ino)?;
         self.store.write(&batch)?;
+        st.commit(plan);
         Ok(())
     }
 }
