@@ -63,6 +63,12 @@ pub struct Options {
     /// Called between a checkpoint's turns, without the tree lock (tests
     /// stop the checkpoint there to write and read in between).
     pub checkpoint_turn_hook: Option<TurnHook>,
+    /// A background checkpoint writes its node images in pieces of at most
+    /// this many bytes (a multiple of the block size), letting a log flush
+    /// in flight go first between them: an fsync waits behind one piece,
+    /// not the whole checkpoint (512 KiB: 0.3 ms at 1.8 GB/s). Tests make
+    /// it a block so that every image goes in several pieces.
+    pub checkpoint_piece_bytes: usize,
     /// Move messages down the trees on a thread of their own, in turns,
     /// rather than in the writer's thread (see docs/design.md, "Background
     /// flushing"; off by default: on this 2-core reference machine it
@@ -105,6 +111,7 @@ impl Default for Options {
             read_ahead: true,
             checkpoint_turn_bytes: 2 << 20,
             checkpoint_turn_hook: None,
+            checkpoint_piece_bytes: 512 << 10,
             background_flush: false,
             flush_turn_bytes: 1 << 20,
             flush_turn_hook: None,
@@ -134,6 +141,14 @@ impl Options {
             return bad(format!(
                 "cache_bytes {} must hold at least four nodes",
                 self.cache_bytes
+            ));
+        }
+        let block = betreefs_store::BLOCK_SIZE;
+        if self.checkpoint_piece_bytes < block || !self.checkpoint_piece_bytes.is_multiple_of(block)
+        {
+            return bad(format!(
+                "checkpoint_piece_bytes {} must be a positive multiple of {block}",
+                self.checkpoint_piece_bytes
             ));
         }
         Ok(())
@@ -1250,7 +1265,7 @@ impl Inner {
                 }
             };
             let writing = Instant::now();
-            let written = crate::tree::write_nodes(device.as_ref(), &images);
+            let written = self.write_checkpoint_turn(device.as_ref(), &images);
             io += writing.elapsed();
             if let Err(e) = written {
                 self.lock_tree().cancel_checkpoint();
@@ -1301,6 +1316,32 @@ impl Inner {
         self.checkpoint_ended.notify_all();
         self.record_checkpoint_times(locked, io);
         result.map_err(|e| self.poison(e))
+    }
+
+    /// Writes one turn of a background checkpoint's node images so that
+    /// an fsync meanwhile waits for little of it: in pieces of at most
+    /// [`Options::checkpoint_piece_bytes`], each after any log flush in
+    /// flight has finished. Written in one go, a checkpoint's hundreds of megabytes
+    /// queued in front of every log write: on the reference machine's loop
+    /// device an unlink + fsync took 5-15 ms while one ran, 1 ms now
+    /// (0.15 ms with no checkpoint running; docs/design.md, "Checkpoints
+    /// that do not stop the world").
+    fn write_checkpoint_turn(
+        &self,
+        device: &dyn Device,
+        images: &crate::tree::NodeWrites,
+    ) -> EngineResult<()> {
+        let piece_bytes = self.options.checkpoint_piece_bytes;
+        for (offset, image) in images {
+            for (i, piece) in image.chunks(piece_bytes).enumerate() {
+                self.log.wait_while_flushing();
+                let at = offset + (i * piece_bytes) as u64;
+                device
+                    .write_at(piece, at)
+                    .map_err(|e| EngineError::from(StoreError::io("writing node", e)))?;
+            }
+        }
+        Ok(())
     }
 
     /// A write's wait for the checkpoint in flight (counted: it is

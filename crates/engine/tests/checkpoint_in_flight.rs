@@ -51,11 +51,19 @@ struct SteppedDevice {
     inner: MemDevice,
     log: Range<u64>,
     gate: Mutex<Option<Gate>>,
+    /// When armed, the next log write says so and waits for a go: a log
+    /// flush held in flight.
+    log_hold: Mutex<Option<(Sender<()>, Receiver<()>)>>,
 }
 
 impl SteppedDevice {
     fn step(&self, what: impl FnOnce() -> String, offset: Option<u64>) {
         if offset.is_some_and(|o| self.log.contains(&o)) {
+            let hold = self.log_hold.lock().unwrap().take();
+            if let Some((held, go)) = hold {
+                held.send(()).unwrap();
+                go.recv().unwrap();
+            }
             return;
         }
         // Not held while waiting: the test's own IO passes through here.
@@ -98,11 +106,15 @@ impl Device for SteppedDevice {
 /// making, not the store's.
 const DEVICE_BYTES: u64 = 32 << 20;
 
-/// A store with enough history that a checkpoint has many dirty nodes to
-/// write; returns it with its device and the model of what it holds.
-fn prepared_store(seed: u64) -> (MemDevice, Arc<SteppedDevice>, Arc<Store>, Model, SmallRng) {
+/// A store (made with `options`) with enough history that a checkpoint
+/// has many dirty nodes to write; returns it with its device and the
+/// model of what it holds.
+fn prepared_store(
+    seed: u64,
+    options: Options,
+) -> (MemDevice, Arc<SteppedDevice>, Arc<Store>, Model, SmallRng) {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let (mem, device, store) = stepped_store(DEVICE_BYTES, small_options());
+    let (mem, device, store) = stepped_store(DEVICE_BYTES, options);
     let mut model = Model::default();
     for _ in 0..300 {
         let batch = random_batch(&mut rng);
@@ -129,6 +141,7 @@ fn stepped_store(bytes: u64, options: Options) -> (MemDevice, Arc<SteppedDevice>
         inner: mem.clone(),
         log: layout.log_offset..layout.log_offset + layout.log_bytes,
         gate: Mutex::new(None),
+        log_hold: Mutex::new(None),
     });
     let mut options = options;
     // One node per turn: writers get in between every two images.
@@ -181,7 +194,7 @@ fn next_step(arrived: &Receiver<Step>) -> Step {
 
 #[test]
 fn reads_and_writes_complete_while_a_checkpoint_is_in_flight() {
-    let (mem, device, store, mut model, mut rng) = prepared_store(7);
+    let (mem, device, store, mut model, mut rng) = prepared_store(7, small_options());
     let checkpoints_before = store.stats().checkpoints;
     let (arrived, go, handle) = stepped_checkpoint(&device, &store);
     let mut ios = Vec::new();
@@ -246,6 +259,48 @@ fn reads_and_writes_complete_while_a_checkpoint_is_in_flight() {
     assert_power_cut_keeps(mem, store, &model, "an overlapped checkpoint");
 }
 
+/// A log flush in flight goes first: a checkpoint issues no node write
+/// while one is being written, so an fsync waits behind one piece of a
+/// checkpoint rather than all of it.
+#[test]
+fn a_checkpoint_writes_no_node_while_a_log_flush_is_in_flight() {
+    let (_mem, device, store, mut model, _) = prepared_store(11, small_options());
+    let (held_tx, held) = channel();
+    let (release, release_rx) = channel();
+    *device.log_hold.lock().unwrap() = Some((held_tx, release_rx));
+    put(&store, &mut model, b"synced during", b"the checkpoint");
+    let syncer = {
+        let store = store.clone();
+        std::thread::spawn(move || store.sync())
+    };
+    held.recv_timeout(Duration::from_secs(60))
+        .expect("the sync reached the device");
+    let (arrived, go, handle) = stepped_checkpoint(&device, &store);
+    match arrived.recv_timeout(Duration::from_millis(300)) {
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        Ok(Step::Io(what)) => panic!("the checkpoint did {what} during a log flush"),
+        Ok(Step::Done(result)) => panic!("the checkpoint ended during a log flush: {result:?}"),
+        Err(e) => panic!("{e}"),
+    }
+    release.send(()).unwrap();
+    syncer.join().unwrap().unwrap();
+    let mut ios = 0;
+    let result = loop {
+        match next_step(&arrived) {
+            Step::Io(_) => {
+                ios += 1;
+                go.send(()).unwrap();
+            }
+            Step::Done(result) => break result,
+        }
+    };
+    handle.join().unwrap();
+    result.unwrap();
+    assert!(ios > 5, "the checkpoint wrote too little: {ios} IOs");
+    common::assert_matches(&store, &model);
+    store.verify().unwrap();
+}
+
 /// What was synced survives a power cut: recovery gives a valid tree
 /// holding exactly `model`.
 fn assert_power_cut_keeps(mem: MemDevice, store: Arc<Store>, model: &Model, after: &str) {
@@ -304,7 +359,13 @@ fn power_cut_at_every_io_of_a_checkpoint_overlapping_writes() {
     let mut crash_at = 0u64;
     let mut crashed_runs = 0;
     loop {
-        let (mem, device, store, model, mut rng) = prepared_store(11);
+        // Every node image goes in several pieces: a cut between two
+        // leaves a torn image.
+        let pieces = Options {
+            checkpoint_piece_bytes: 4096,
+            ..small_options()
+        };
+        let (mem, device, store, model, mut rng) = prepared_store(11, pieces);
         let mut run = History::new(model);
         mem.fail_after_writes(crash_at);
         let (arrived, go, handle) = stepped_checkpoint(&device, &store);
@@ -347,7 +408,7 @@ fn power_cut_at_every_io_of_a_checkpoint_overlapping_writes() {
 /// otherwise go on with the same one), and all of them survive recovery.
 #[test]
 fn writers_that_fill_the_log_during_a_checkpoint_wait_and_keep_their_order() {
-    let (mem, device, store, mut model, _rng) = prepared_store(13);
+    let (mem, device, store, mut model, _rng) = prepared_store(13, small_options());
     let waited_before = store.stats().writes_waited_for_checkpoint;
     let (arrived, go, handle) = stepped_checkpoint(&device, &store);
     let Step::Io(first) = next_step(&arrived) else {

@@ -341,6 +341,15 @@ impl LogWriter {
         result
     }
 
+    /// Returns once no flush is being written: lets background writes
+    /// (a checkpoint's nodes) leave the device to a waiting fsync.
+    pub fn wait_while_flushing(&self) {
+        let mut s = self.lock();
+        while s.flushing && s.failure.is_none() {
+            s = self.flushed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
     /// Writes the buffered stream bytes `[start, end)` (`start` at a block
     /// boundary; the last block padded with zeros), wrapping at the end of
     /// the region. A wrapped write is synced in order (end of the region

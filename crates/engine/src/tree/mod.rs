@@ -341,7 +341,7 @@ mod surgery;
 mod verify;
 mod writeback;
 pub(crate) use flush::Flushing;
-pub(crate) use writeback::write_nodes;
+pub(crate) use writeback::NodeWrites;
 
 #[cfg(test)]
 mod tests {
