@@ -710,7 +710,7 @@ impl Store {
         }
         self.inner
             .log
-            .flush()
+            .flush_urgent()
             .map_err(|e| self.inner.poison(e.into()))
     }
 
@@ -1320,8 +1320,8 @@ impl Inner {
 
     /// Writes one turn of a background checkpoint's node images so that
     /// an fsync meanwhile waits for little of it: in pieces of at most
-    /// [`Options::checkpoint_piece_bytes`], each after any log flush in
-    /// flight has finished. Written in one go, a checkpoint's hundreds of megabytes
+    /// [`Options::checkpoint_piece_bytes`], each after the log flushes that
+    /// syncs wait on have finished. Written in one go, a checkpoint's hundreds of megabytes
     /// queued in front of every log write: on the reference machine's loop
     /// device an unlink + fsync took 5-15 ms while one ran, 1 ms now
     /// (0.15 ms with no checkpoint running; docs/design.md, "Checkpoints
@@ -1334,7 +1334,7 @@ impl Inner {
         let piece_bytes = self.options.checkpoint_piece_bytes;
         for (offset, image) in images {
             for (i, piece) in image.chunks(piece_bytes).enumerate() {
-                self.log.wait_while_flushing();
+                self.log.wait_for_urgent_flushes();
                 let at = offset + (i * piece_bytes) as u64;
                 device
                     .write_at(piece, at)

@@ -87,6 +87,8 @@ struct LogState {
     buf: Vec<u8>,
     unstamped: Vec<Unstamped>,
     flushing: bool,
+    /// Callers inside [`LogWriter::flush_urgent`].
+    urgent_flushes: usize,
     failure: Option<String>,
 }
 
@@ -183,6 +185,7 @@ impl LogWriter {
                 buf,
                 unstamped: Vec::new(),
                 flushing: false,
+                urgent_flushes: 0,
                 failure: None,
             }),
             flushed: Condvar::new(),
@@ -341,11 +344,25 @@ impl LogWriter {
         result
     }
 
-    /// Returns once no flush is being written: lets background writes
-    /// (a checkpoint's nodes) leave the device to a waiting fsync.
-    pub fn wait_while_flushing(&self) {
+    /// [`LogWriter::flush`] for a caller that waits on it (an fsync):
+    /// background writes that check [`LogWriter::wait_for_urgent_flushes`]
+    /// leave the device to it meanwhile.
+    pub fn flush_urgent(&self) -> StoreResult<()> {
+        self.lock().urgent_flushes += 1;
+        let result = self.flush();
+        self.lock().urgent_flushes -= 1;
+        self.flushed.notify_all();
+        result
+    }
+
+    /// Returns once no [`LogWriter::flush_urgent`] is under way: lets
+    /// background writes (a checkpoint's nodes) leave the device to a
+    /// waiting fsync. Flushes nobody waits for (the background thread's,
+    /// a writer's past its buffer bound) do not hold them up: they would
+    /// slow a checkpoint during a burst of writes for no one's sake.
+    pub fn wait_for_urgent_flushes(&self) {
         let mut s = self.lock();
-        while s.flushing && s.failure.is_none() {
+        while s.urgent_flushes > 0 && s.failure.is_none() {
             s = self.flushed.wait(s).unwrap_or_else(|e| e.into_inner());
         }
     }
