@@ -89,6 +89,8 @@ struct LogState {
     flushing: bool,
     /// Callers inside [`LogWriter::flush_urgent`].
     urgent_flushes: usize,
+    /// When the last of them began.
+    last_urgent_flush: Option<std::time::Instant>,
     failure: Option<String>,
 }
 
@@ -186,6 +188,7 @@ impl LogWriter {
                 unstamped: Vec::new(),
                 flushing: false,
                 urgent_flushes: 0,
+                last_urgent_flush: None,
                 failure: None,
             }),
             flushed: Condvar::new(),
@@ -348,11 +351,23 @@ impl LogWriter {
     /// background writes that check [`LogWriter::wait_for_urgent_flushes`]
     /// leave the device to it meanwhile.
     pub fn flush_urgent(&self) -> StoreResult<()> {
-        self.lock().urgent_flushes += 1;
+        {
+            let mut s = self.lock();
+            s.urgent_flushes += 1;
+            s.last_urgent_flush = Some(std::time::Instant::now());
+        }
         let result = self.flush();
         self.lock().urgent_flushes -= 1;
         self.flushed.notify_all();
         result
+    }
+
+    /// Whether a [`LogWriter::flush_urgent`] began within `window`: syncs
+    /// are coming, and background writes should leave gaps for them.
+    pub fn urgent_flush_within(&self, window: std::time::Duration) -> bool {
+        self.lock()
+            .last_urgent_flush
+            .is_some_and(|t| t.elapsed() < window)
     }
 
     /// Returns once no [`LogWriter::flush_urgent`] is under way: lets
