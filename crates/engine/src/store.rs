@@ -63,11 +63,12 @@ pub struct Options {
     /// Called between a checkpoint's turns, without the tree lock (tests
     /// stop the checkpoint there to write and read in between).
     pub checkpoint_turn_hook: Option<TurnHook>,
-    /// A background checkpoint writes its node images in pieces of at most
-    /// this many bytes (a multiple of the block size), letting a log flush
-    /// in flight go first between them: an fsync waits behind one piece,
-    /// not the whole checkpoint (512 KiB: 0.3 ms at 1.8 GB/s). Tests make
-    /// it a block so that every image goes in several pieces.
+    /// While syncs are coming, a background checkpoint writes its node
+    /// images in pieces of at most this many bytes (a multiple of the
+    /// block size), letting a sync's log flush go first between them: an
+    /// fsync waits behind one piece, not the whole checkpoint (512 KiB:
+    /// 0.3 ms at 1.8 GB/s). Tests make it a block so that every image goes
+    /// in several pieces.
     pub checkpoint_piece_bytes: usize,
     /// Move messages down the trees on a thread of their own, in turns,
     /// rather than in the writer's thread (see docs/design.md, "Background
