@@ -1049,13 +1049,9 @@ mod head_tests {
         }
     }
 
-    /// A checkpoint that moves the head while a flush is in flight must not
-    /// leave stale bytes that make the next flush longer than the region
-    /// (it would write past the log into the node region).
-    #[test]
-    fn head_moving_during_a_flush_never_overruns_the_region() {
-        let region = 64 * 1024;
-        let mem = MemDevice::new(BLOCK + region + BLOCK);
+    /// A gated device over `mem`: its first write says so on the first
+    /// channel and waits for a go on the second.
+    fn gated(mem: &MemDevice) -> (Arc<GatedDevice>, mpsc::Receiver<()>, mpsc::Sender<()>) {
         let (release, gate) = mpsc::channel();
         let (entered_tx, entered) = mpsc::channel();
         let dev = Arc::new(GatedDevice {
@@ -1063,6 +1059,17 @@ mod head_tests {
             gate: Mutex::new(Some(gate)),
             entered: Mutex::new(Some(entered_tx)),
         });
+        (dev, entered, release)
+    }
+
+    /// A checkpoint that moves the head while a flush is in flight must not
+    /// leave stale bytes that make the next flush longer than the region
+    /// (it would write past the log into the node region).
+    #[test]
+    fn head_moving_during_a_flush_never_overruns_the_region() {
+        let region = 64 * 1024;
+        let mem = MemDevice::new(BLOCK + region + BLOCK);
+        let (dev, entered, release) = gated(&mem);
         let log = Arc::new(LogWriter::new(dev, BLOCK, region, 1, 0).unwrap());
         log.append(1, &[&[1; 700]]).unwrap();
         let flusher = {
@@ -1096,13 +1103,7 @@ mod head_tests {
     #[test]
     fn a_flush_in_pieces_writes_its_records_and_only_them() {
         let mem = MemDevice::new(BLOCK + REGION + BLOCK);
-        let (release, gate) = mpsc::channel();
-        let (entered_tx, entered) = mpsc::channel();
-        let dev = Arc::new(GatedDevice {
-            inner: mem.clone(),
-            gate: Mutex::new(Some(gate)),
-            entered: Mutex::new(Some(entered_tx)),
-        });
+        let (dev, entered, release) = gated(&mem);
         // Start near the end of the region so that the flush wraps.
         let start = REGION - 3 * BLOCK;
         let log = Arc::new(LogWriter::new(dev, BLOCK, REGION, 3, start).unwrap());
