@@ -144,6 +144,10 @@ pub struct StatsSnapshot {
     /// The most the cache has held since the store was opened.
     pub cache_peak_bytes: u64,
     pub cache_dirty_bytes: u64,
+    /// Images a checkpoint in flight holds, made by requests about to
+    /// change its nodes and not yet written; the cache's budget makes room
+    /// for them.
+    pub checkpoint_held_image_bytes: u64,
     /// The user's tables beside the cache (see `Store::memory_beside_cache`),
     /// and the node cache's budget after making room for them.
     pub memory_beside_cache_bytes: u64,

@@ -1428,6 +1428,7 @@ impl Inner {
             snap.cache_bytes = tree.cache_bytes() as u64;
             snap.cache_peak_bytes = tree.cache_bytes_peak() as u64;
             snap.cache_dirty_bytes = tree.dirty_bytes() as u64;
+            snap.checkpoint_held_image_bytes = tree.checkpoint_held_image_bytes() as u64;
             snap.cache_budget_bytes = tree.cache_budget() as u64;
             snap.tree_heights = tree.heights();
             snap.node_region_bytes = tree.layout.nodes_bytes;

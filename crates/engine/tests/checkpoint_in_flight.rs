@@ -301,6 +301,63 @@ fn a_checkpoint_writes_no_node_while_a_log_flush_is_in_flight() {
     store.verify().unwrap();
 }
 
+/// Images a checkpoint in flight holds for nodes that requests changed
+/// before it got to them count against the cache's budget: clean nodes
+/// make room for them, so the two together stay within it.
+#[test]
+fn images_a_checkpoint_holds_count_against_the_cache_budget() {
+    let options = Options {
+        cache_bytes: 1 << 20,
+        ..small_options()
+    };
+    let (_mem, device, store, mut model, _) = prepared_store(5, options.clone());
+    // A cache full of clean nodes...
+    let key = |i: u32| format!("full{:05}", (i * 7919) % 2000);
+    for i in 0..2000u32 {
+        put(&store, &mut model, key(i).as_bytes(), &[(i % 5) as u8; 400]);
+    }
+    store.checkpoint().unwrap();
+    // ...and a few dirty ones, spread over the keys, for the next one.
+    for i in (0..2000u32).step_by(40) {
+        put(&store, &mut model, key(i).as_bytes(), &[9; 400]);
+    }
+    let (arrived, go, handle) = stepped_checkpoint(&device, &store);
+    // Held at its first write: each pending node a put changes is imaged
+    // by that put.
+    let Step::Io(_) = next_step(&arrived) else {
+        panic!("the checkpoint ended before its first write");
+    };
+    let mut most_held = 0;
+    for (n, i) in (0..2000u32).step_by(40).enumerate() {
+        put(&store, &mut model, key(i).as_bytes(), &[(n % 7) as u8; 400]);
+        let stats = store.stats();
+        let held = stats.checkpoint_held_image_bytes;
+        most_held = most_held.max(held);
+        if held + 4 * options.node_size as u64 <= stats.cache_budget_bytes {
+            assert!(
+                stats.cache_bytes + held <= stats.cache_budget_bytes,
+                "after put {n}: cache {} + held images {held} > budget {}",
+                stats.cache_bytes,
+                stats.cache_budget_bytes
+            );
+        }
+    }
+    assert!(
+        most_held >= options.node_size as u64,
+        "the puts imaged no node: {most_held} bytes"
+    );
+    drop(go);
+    let result = loop {
+        if let Step::Done(result) = next_step(&arrived) {
+            break result;
+        }
+    };
+    handle.join().unwrap();
+    result.unwrap();
+    assert_eq!(store.stats().checkpoint_held_image_bytes, 0);
+    common::assert_matches(&store, &model);
+}
+
 /// What was synced survives a power cut: recovery gives a valid tree
 /// holding exactly `model`.
 fn assert_power_cut_keeps(mem: MemDevice, store: Arc<Store>, model: &Model, after: &str) {

@@ -100,12 +100,31 @@ impl Tree {
             .max(4 * self.opts.node_size)
     }
 
+    /// Bytes of checkpoint images made by requests and not yet written
+    /// (see [`CheckpointInProgress`]): the cache makes room for them.
+    pub fn checkpoint_held_image_bytes(&self) -> usize {
+        self.checkpoint.as_ref().map_or(0, |cp| cp.images_bytes)
+    }
+
+    /// Drops nodes, least recently used first, clean leaves before clean
+    /// interior nodes before dirty ones (written back first, when
+    /// `write_dirty`), once the cache is over its budget: down to 90% of it.
+    /// Images a checkpoint in flight holds count against the budget for
+    /// clean nodes only: a checkpoint that yields to syncs lasts longer,
+    /// and requests meanwhile image every pending node they change, so
+    /// clean nodes make room for those images. Dirty ones are not written
+    /// back for them: evicting a pending dirty node images it too, and the
+    /// cache would drain itself into images.
     pub(super) fn evict(&mut self, write_dirty: bool) -> EngineResult<()> {
         let budget = self.cache_budget();
-        if self.cache_bytes <= budget {
+        let with_images = budget
+            .saturating_sub(self.checkpoint_held_image_bytes())
+            .max(4 * self.opts.node_size);
+        if self.cache_bytes <= with_images {
             return Ok(());
         }
-        let target = budget / 10 * 9;
+        let (clean_target, dirty_target) = (with_images / 10 * 9, budget / 10 * 9);
+        let write_dirty = write_dirty && self.cache_bytes > budget;
         let mut order: Vec<(bool, bool, u64, u64)> = self
             .cache
             .iter()
@@ -116,8 +135,13 @@ impl Tree {
             .collect();
         order.sort_unstable();
         for (dirty, _, _, num) in order {
+            let target = if dirty { dirty_target } else { clean_target };
             if self.cache_bytes <= target {
-                break;
+                // Clean nodes come first: past them, only dirty ones.
+                if dirty {
+                    break;
+                }
+                continue;
             }
             if self.roots.contains(&num) {
                 continue;
@@ -169,6 +193,7 @@ impl Tree {
             pending: dirty.iter().map(|&(_, num)| num).collect(),
             order: dirty.into_iter().map(|(_, num)| num).collect(),
             images: Vec::new(),
+            images_bytes: 0,
             placed: Vec::new(),
             unchanged: HashSet::new(),
             btt: self.btt.clone(),
@@ -211,6 +236,7 @@ impl Tree {
         }
         let done = cp.order.is_empty();
         let mut writes = Vec::with_capacity(cp.images.len());
+        cp.images_bytes = 0;
         for (num, height, img) in std::mem::take(&mut cp.images) {
             let Some(extent) = self.alloc.allocate(img.len) else {
                 let e = self.no_extent(&format!("node {num}"), img.len);
@@ -238,8 +264,9 @@ impl Tree {
     pub(super) fn before_change(&mut self, num: u64, node: &Node) {
         if let Some(cp) = &mut self.checkpoint {
             if cp.pending.remove(&num) {
-                cp.images
-                    .push((num, node.height(), encode_image(node, num)));
+                let img = encode_image(node, num);
+                cp.images_bytes += img.buf.len();
+                cp.images.push((num, node.height(), img));
             }
             cp.unchanged.remove(&num);
         }
@@ -499,6 +526,10 @@ pub(super) struct CheckpointInProgress {
     order: Vec<u64>,
     /// Images not yet given an extent: node number, height, image.
     images: Vec<(u64, u32, NodeImage)>,
+    /// Their bytes: memory the cache's budget counts until they are
+    /// written (requests make them between the checkpoint's turns, as
+    /// many as the nodes they change).
+    images_bytes: usize,
     /// Images given an extent (their bytes written, or being written).
     placed: Vec<PlacedImage>,
     /// Imaged nodes not taken out to change since.
