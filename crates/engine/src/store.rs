@@ -26,7 +26,7 @@ use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, WriteBatch};
 use crate::stats::{add, Stats, StatsSnapshot};
 use crate::tree::{Flushing, Tree, TreeOptions, VerifyReport};
-use crate::validate::check_batch;
+use crate::validate::{check_batch, check_message};
 
 /// Tunables. The defaults were chosen by measurement on the reference
 /// machine (docs/benchmarks/engine-tuning.md).
@@ -873,11 +873,23 @@ impl LockTurns {
 /// space is low: deleting must stay possible on a full device.
 const REMOVAL_BATCH_ALLOWANCE: u64 = 64 << 10;
 
-/// Whether a batch must be refused when space is low.
-fn needs_space(batch: &WriteBatch) -> bool {
+/// What a write needs to know of its batch before it takes the tree lock.
+struct Admission {
+    /// The batch must be refused when space is low.
+    needs_space: bool,
+    /// Key and value bytes (write amplification's denominator).
+    user_bytes: u64,
+}
+
+/// Checks a caller's batch ([`check_message`]) and works out its
+/// [`Admission`] in the same pass: each pass decodes every message.
+fn admit(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<Admission> {
     let mut removes = false;
     let mut added = 0;
+    let mut user_bytes = 0;
     for (_, m) in batch.messages() {
+        check_message(&m, merges)?;
+        user_bytes += m.user_bytes();
         match m {
             // A range rename moves subtrees (surgery) or copies at most a
             // leaf of pairs, and deletes its source: admitted like a delete.
@@ -885,7 +897,10 @@ fn needs_space(batch: &WriteBatch) -> bool {
             m => added += m.user_bytes(),
         }
     }
-    added > 0 && !(removes && added <= REMOVAL_BATCH_ALLOWANCE)
+    Ok(Admission {
+        needs_space: added > 0 && !(removes && added <= REMOVAL_BATCH_ALLOWANCE),
+        user_bytes,
+    })
 }
 
 impl Inner {
@@ -1061,7 +1076,10 @@ impl Inner {
 
     fn write(&self, batch: &WriteBatch, reservation: Reservation) -> EngineResult<u64> {
         self.check_writable()?;
-        check_batch(batch, &self.merges)?;
+        let Admission {
+            needs_space,
+            user_bytes,
+        } = admit(batch, &self.merges)?;
         if batch.is_empty() {
             // A promise is kept by what the batch writes (see Reservation).
             if reservation != Reservation::default() {
@@ -1071,9 +1089,6 @@ impl Inner {
             }
             return Ok(0);
         }
-        // Worked out before the lock: each pass decodes the batch.
-        let needs_space = needs_space(batch);
-        let user_bytes: u64 = batch.messages().map(|(_, m)| m.user_bytes()).sum();
         let (count, body) = batch.payload_parts();
         let mut tree = self.lock_tree();
         self.wait_for_flush_backlog(&mut tree);

@@ -38,7 +38,7 @@ fn value_size(value: &[u8]) -> EngineResult<()> {
     Ok(())
 }
 
-fn check_message(m: &Message, merges: &MergeRegistry) -> EngineResult<()> {
+pub(crate) fn check_message(m: &Message, merges: &MergeRegistry) -> EngineResult<()> {
     match m {
         Message::Put { key, value } => {
             key_size(key)?;

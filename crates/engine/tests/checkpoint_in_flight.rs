@@ -186,6 +186,27 @@ fn stepped_checkpoint(
     (arrived, go, handle)
 }
 
+/// Lets a stepped checkpoint go on to its end; how many IOs it made, and
+/// its result (after its thread is joined).
+fn let_checkpoint_finish(
+    arrived: &Receiver<Step>,
+    go: &Sender<()>,
+    handle: std::thread::JoinHandle<()>,
+) -> (usize, Result<(), String>) {
+    let mut ios = 0;
+    let result = loop {
+        match next_step(arrived) {
+            Step::Io(_) => {
+                ios += 1;
+                go.send(()).unwrap();
+            }
+            Step::Done(result) => break result,
+        }
+    };
+    handle.join().unwrap();
+    (ios, result)
+}
+
 fn next_step(arrived: &Receiver<Step>) -> Step {
     arrived
         .recv_timeout(Duration::from_secs(60))
@@ -284,17 +305,7 @@ fn a_checkpoint_writes_no_node_while_a_log_flush_is_in_flight() {
     }
     release.send(()).unwrap();
     syncer.join().unwrap().unwrap();
-    let mut ios = 0;
-    let result = loop {
-        match next_step(&arrived) {
-            Step::Io(_) => {
-                ios += 1;
-                go.send(()).unwrap();
-            }
-            Step::Done(result) => break result,
-        }
-    };
-    handle.join().unwrap();
+    let (ios, result) = let_checkpoint_finish(&arrived, &go, handle);
     result.unwrap();
     assert!(ios > 5, "the checkpoint wrote too little: {ios} IOs");
     common::assert_matches(&store, &model);
@@ -346,13 +357,8 @@ fn images_a_checkpoint_holds_count_against_the_cache_budget() {
         most_held >= options.node_size as u64,
         "the puts imaged no node: {most_held} bytes"
     );
-    drop(go);
-    let result = loop {
-        if let Step::Done(result) = next_step(&arrived) {
-            break result;
-        }
-    };
-    handle.join().unwrap();
+    go.send(()).unwrap();
+    let (_, result) = let_checkpoint_finish(&arrived, &go, handle);
     result.unwrap();
     assert_eq!(store.stats().checkpoint_held_image_bytes, 0);
     common::assert_matches(&store, &model);
@@ -498,13 +504,7 @@ fn writers_that_fill_the_log_during_a_checkpoint_wait_and_keep_their_order() {
     }
     // Let the checkpoint go to its end.
     go.send(()).unwrap();
-    let result = loop {
-        match next_step(&arrived) {
-            Step::Io(_) => go.send(()).unwrap(),
-            Step::Done(result) => break result,
-        }
-    };
-    handle.join().unwrap();
+    let (_, result) = let_checkpoint_finish(&arrived, &go, handle);
     result.unwrap();
     let mut all = Vec::new();
     for (w, writer) in writers.into_iter().enumerate() {

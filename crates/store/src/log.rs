@@ -258,11 +258,11 @@ impl LogWriter {
         }
         let epoch = self.epoch.to_le_bytes();
         let seq_bytes = seq.to_le_bytes();
-        let mut crc = crc32c_of(&[&epoch, &seq_bytes]);
-        for part in parts {
-            crc = crc32c::crc32c_append(crc, part);
-        }
-        let partial_crc = crc;
+        let partial_crc = parts
+            .iter()
+            .fold(crc32c_of(&[&epoch, &seq_bytes]), |crc, part| {
+                crc32c::crc32c_append(crc, part)
+            });
         let mut s = self.lock();
         if let Some(failure) = &s.failure {
             return Err(StoreError::Failed(failure.clone()));

@@ -186,15 +186,17 @@ impl Tree {
 
     /// Flushes, splits and collapses at the root until it is within bounds.
     pub(super) fn settle_root(&mut self, ks: KeySpace) -> EngineResult<()> {
-        let root = self.roots[ks.index()];
-        let splits = self.settle(ks, root, &Bounds::full())?;
-        self.adopt_root_splits(ks, splits)
+        self.settle_root_within(ks, usize::MAX)
     }
 
-    /// Grows the tree by a level when its root split, and drops roots that
-    /// are only a detour (one interior child, nothing buffered).
-    pub(super) fn adopt_root_splits(&mut self, ks: KeySpace, splits: Splits) -> EngineResult<()> {
+    /// [`Tree::settle_root`] moving about `budget` bytes out of the root at
+    /// most (a turn of background flushing): the root may still hold more
+    /// than a node's worth after.
+    pub(super) fn settle_root_within(&mut self, ks: KeySpace, budget: usize) -> EngineResult<()> {
         let root = self.roots[ks.index()];
+        let full = Bounds::full();
+        self.flush_heaviest(ks, root, &full, budget)?;
+        let splits = self.split_if_needed(ks, root, &full)?;
         if !splits.is_empty() {
             let height = self.node(root).height() + 1;
             let mut int = Interior {

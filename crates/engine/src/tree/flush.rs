@@ -26,14 +26,36 @@ impl Tree {
         num: u64,
         bounds: &Bounds,
     ) -> EngineResult<Splits> {
-        while let NodeBody::Interior(int) = &self.node(num).body {
+        self.flush_heaviest(ks, num, bounds, usize::MAX)?;
+        self.split_if_needed(ks, num, bounds)
+    }
+
+    /// Flushes the heaviest buffer of node `num` down, again and again,
+    /// until its buffers hold no more than a node's worth or about
+    /// `budget` bytes have left it (a turn of background flushing takes
+    /// parts of a buffer; `usize::MAX` moves whole buffers).
+    pub(super) fn flush_heaviest(
+        &mut self,
+        ks: KeySpace,
+        num: u64,
+        bounds: &Bounds,
+        budget: usize,
+    ) -> EngineResult<()> {
+        let mut left = budget.max(1);
+        while left > 0 {
+            let NodeBody::Interior(int) = &self.node(num).body else {
+                break;
+            };
             if int.buffer_bytes() <= self.opts.node_size {
                 break;
             }
-            let heaviest = heaviest_buffer(int);
-            self.flush_child(ks, num, heaviest, bounds)?;
+            let heaviest = (0..int.buffers.len())
+                .max_by_key(|&i| int.buffers[i].bytes())
+                .unwrap_or(0);
+            let moved = self.flush_part(ks, num, heaviest, bounds, left)?;
+            left = left.saturating_sub(moved.max(1));
         }
-        self.split_if_needed(ks, num, bounds)
+        Ok(())
     }
 
     /// Moves the buffer for child `i` of `parent` into the child, settles
@@ -49,9 +71,10 @@ impl Tree {
             .map(|_| ())
     }
 
-    /// [`Tree::flush_child`] of only the first `limit` bytes or so of the
-    /// buffer (background flushing's step): the child, settled before,
-    /// passes on about what it took. Returns the bytes moved.
+    /// [`Tree::flush_child`] of only the messages of the lowest keys in
+    /// the buffer, about `limit` bytes of them (all if there are no more;
+    /// background flushing's step): the child, settled after, passes on
+    /// about what it took. Returns the bytes moved.
     fn flush_part(
         &mut self,
         ks: KeySpace,
@@ -60,26 +83,6 @@ impl Tree {
         parent_bounds: &Bounds,
         limit: usize,
     ) -> EngineResult<usize> {
-        let (child, child_bounds, moved) =
-            self.move_buffer_down(ks, parent, i, parent_bounds, limit)?;
-        let splits = self.settle(ks, child, &child_bounds)?;
-        self.adopt_splits(parent, i, splits);
-        self.maybe_merge(ks, parent, i, parent_bounds)?;
-        Ok(moved)
-    }
-
-    /// Moves the messages of the lowest keys in the buffer for child `i`
-    /// of `parent`, about `limit` bytes of them (all if there are no
-    /// more), into the private, loaded child. Returns the child, its
-    /// bounds and the bytes moved; the child may now be over-full.
-    fn move_buffer_down(
-        &mut self,
-        ks: KeySpace,
-        parent: u64,
-        i: usize,
-        parent_bounds: &Bounds,
-        limit: usize,
-    ) -> EngineResult<(u64, Bounds, usize)> {
         let int = self.interior(parent);
         let child_bounds = int.child_bounds(i, parent_bounds);
         let child_height = int.height - 1;
@@ -121,7 +124,10 @@ impl Tree {
         result?;
         add(&self.stats.flushes, 1);
         add(&self.stats.messages_flushed, count);
-        Ok((child, child_bounds, moved))
+        let splits = self.settle(ks, child, &child_bounds)?;
+        self.adopt_splits(parent, i, splits);
+        self.maybe_merge(ks, parent, i, parent_bounds)?;
+        Ok(moved)
     }
 
     /// The most bytes the buffers of any tree's root hold (what background
@@ -151,14 +157,13 @@ impl Tree {
         self.opts.node_size
     }
 
-    /// One turn of background flushing, with the tree lock held: in the
-    /// tree whose root's buffers hold the most past a node's worth, moves
-    /// the heaviest buffer's first part down ([`Tree::flush_part`]), part
-    /// after part, until the root holds a node's worth or about `budget`
-    /// bytes have left it; then grows or shrinks the root as a writer's
-    /// settling does. Returns whether a root still holds more than a
-    /// node's worth. Between two turns the tree is whole and every message
-    /// is where a query looks for it.
+    /// One turn of background flushing, with the tree lock held: the tree
+    /// whose root's buffers hold the most past a node's worth settles as a
+    /// writer's would, but moving about `budget` bytes out of its root at
+    /// most ([`Tree::settle_root_within`]: the heaviest buffer's first
+    /// part, part after part). Returns whether a root still holds more
+    /// than a node's worth. Between two turns the tree is whole and every
+    /// message is where a query looks for it.
     pub fn flush_turn(&mut self, budget: usize) -> EngineResult<bool> {
         let low_water = self.flush_low_water();
         let fullest = KeySpace::ALL
@@ -167,22 +172,7 @@ impl Tree {
             .filter(|&(bytes, _)| bytes > low_water)
             .max_by_key(|&(bytes, _)| bytes);
         if let Some((_, ks)) = fullest {
-            let root = self.roots[ks.index()];
-            let full = Bounds::full();
-            let mut left = budget.max(1);
-            while left > 0 {
-                let NodeBody::Interior(int) = &self.node(root).body else {
-                    break;
-                };
-                if int.buffer_bytes() <= low_water {
-                    break;
-                }
-                let heaviest = heaviest_buffer(int);
-                let moved = self.flush_part(ks, root, heaviest, &full, left)?;
-                left = left.saturating_sub(moved.max(1));
-            }
-            let splits = self.split_if_needed(ks, root, &full)?;
-            self.adopt_root_splits(ks, splits)?;
+            self.settle_root_within(ks, budget)?;
         }
         Ok(self.flush_backlog() > low_water)
     }
@@ -278,11 +268,4 @@ impl Tree {
             i = i_now + 1;
         }
     }
-}
-
-/// The child whose buffer holds the most bytes.
-fn heaviest_buffer(int: &Interior) -> usize {
-    (0..int.buffers.len())
-        .max_by_key(|&i| int.buffers[i].bytes())
-        .unwrap_or(0)
 }

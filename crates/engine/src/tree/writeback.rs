@@ -103,7 +103,9 @@ impl Tree {
     /// Bytes of checkpoint images made by requests and not yet written
     /// (see [`CheckpointInProgress`]): the cache makes room for them.
     pub fn checkpoint_held_image_bytes(&self) -> usize {
-        self.checkpoint.as_ref().map_or(0, |cp| cp.images_bytes)
+        self.checkpoint.as_ref().map_or(0, |cp| {
+            cp.images.iter().map(|(_, _, img)| img.buf.len()).sum()
+        })
     }
 
     /// Drops nodes, least recently used first, clean leaves before clean
@@ -193,7 +195,6 @@ impl Tree {
             pending: dirty.iter().map(|&(_, num)| num).collect(),
             order: dirty.into_iter().map(|(_, num)| num).collect(),
             images: Vec::new(),
-            images_bytes: 0,
             placed: Vec::new(),
             unchanged: HashSet::new(),
             btt: self.btt.clone(),
@@ -236,7 +237,6 @@ impl Tree {
         }
         let done = cp.order.is_empty();
         let mut writes = Vec::with_capacity(cp.images.len());
-        cp.images_bytes = 0;
         for (num, height, img) in std::mem::take(&mut cp.images) {
             let Some(extent) = self.alloc.allocate(img.len) else {
                 let e = self.no_extent(&format!("node {num}"), img.len);
@@ -264,9 +264,8 @@ impl Tree {
     pub(super) fn before_change(&mut self, num: u64, node: &Node) {
         if let Some(cp) = &mut self.checkpoint {
             if cp.pending.remove(&num) {
-                let img = encode_image(node, num);
-                cp.images_bytes += img.buf.len();
-                cp.images.push((num, node.height(), img));
+                cp.images
+                    .push((num, node.height(), encode_image(node, num)));
             }
             cp.unchanged.remove(&num);
         }
@@ -524,12 +523,11 @@ pub(super) struct CheckpointInProgress {
     pending: HashSet<u64>,
     /// The same, in the order the encoder takes them (popped from the end).
     order: Vec<u64>,
-    /// Images not yet given an extent: node number, height, image.
+    /// Images not yet given an extent: node number, height, image. Made
+    /// by requests between the checkpoint's turns (as many as the pending
+    /// nodes they change), they count against the cache's budget until
+    /// the next turn takes them.
     images: Vec<(u64, u32, NodeImage)>,
-    /// Their bytes: memory the cache's budget counts until they are
-    /// written (requests make them between the checkpoint's turns, as
-    /// many as the nodes they change).
-    images_bytes: usize,
     /// Images given an extent (their bytes written, or being written).
     placed: Vec<PlacedImage>,
     /// Imaged nodes not taken out to change since.
