@@ -74,6 +74,11 @@ pub struct Args {
     engine: Engine,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Client threads sharing the store in the measured phase (WS,
+    /// fill and readrandom workloads); each runs an equal share of the
+    /// operations with its own random stream.
+    #[arg(long, default_value_t = 1)]
+    threads: u32,
     /// Also print the engine's counters (JSON) to stderr at the end.
     #[arg(long)]
     stats: bool,
@@ -100,10 +105,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size '{s}' too large"))
 }
 
-/// The operations a benchmark needs from an engine.
-trait KvEngine {
-    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()>;
-    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>>;
+/// The operations a benchmark needs from an engine. Puts and gets take
+/// `&self`: the client threads of the measured phase share the engine.
+trait KvEngine: Sync {
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<()>;
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>>;
     /// Reads every key in order; returns how many.
     fn scan_all(&mut self) -> Result<u64>;
     /// Closes and reopens (cold cache).
@@ -136,11 +142,11 @@ impl BetreefsKv {
 }
 
 impl KvEngine for BetreefsKv {
-    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
         self.store()?.put(KeySpace::Data, key, value)?;
         Ok(())
     }
-    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         Ok(self.store()?.get(KeySpace::Data, key)?)
     }
     fn scan_all(&mut self) -> Result<u64> {
@@ -223,10 +229,10 @@ mod rocks {
     }
 
     impl KvEngine for RocksKv {
-        fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
             Ok(self.db()?.put(key, value)?)
         }
-        fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
             Ok(self.db()?.get(key)?)
         }
         fn scan_all(&mut self) -> Result<u64> {
@@ -280,6 +286,7 @@ struct Report {
     keys: u64,
     ops: u64,
     value_size: usize,
+    threads: u32,
     seconds: f64,
     ops_per_sec: f64,
     user_bytes_written: u64,
@@ -380,9 +387,77 @@ fn open_engine(args: &Args) -> Result<Box<dyn KvEngine>> {
     }
 }
 
+/// What one client thread of the measured phase did.
+#[derive(Default)]
+struct ClientTotals {
+    user_bytes: u64,
+    found: u64,
+}
+
+/// The operation numbers each of `threads` clients runs: equal shares of
+/// `0..ops`, in order (fillseq's keys stay sequential within a client).
+fn thread_shares(ops: u64, threads: u32) -> Vec<std::ops::Range<u64>> {
+    let threads = u64::from(threads);
+    (0..threads)
+        .map(|t| ops * t / threads..ops * (t + 1) / threads)
+        .collect()
+}
+
+/// One client of the measured phase: the operations numbered `share` of a
+/// fill, readrandom or WS workload, with a random stream of its own.
+fn run_client(
+    engine: &dyn KvEngine,
+    args: &Args,
+    thread: u64,
+    share: std::ops::Range<u64>,
+) -> Result<ClientTotals> {
+    // The stream differs from the pre-load's (seed + 0) and per thread.
+    let mut rng = SmallRng::seed_from_u64(args.seed.wrapping_add(1 + thread));
+    let mut value = vec![0u8; args.value_size];
+    let mut totals = ClientTotals::default();
+    let (hot_fraction, hot_share) = match args.workload {
+        Workload::Ws1 => (0.01, 0.99),
+        Workload::Ws2 => (0.20, 0.80),
+        _ => (1.0, 1.0),
+    };
+    let hot_keys = ((args.keys as f64 * hot_fraction) as u64).max(1);
+    for id in share {
+        match args.workload {
+            Workload::Fillseq | Workload::Fillrandom => {
+                rng.fill(&mut value[..]);
+                let spread = args.workload == Workload::Fillrandom;
+                engine.put(&key_of(id % args.keys, spread), &value)?;
+                totals.user_bytes += 8 + value.len() as u64;
+            }
+            Workload::Readrandom => {
+                let key = key_of(rng.gen_range(0..args.keys), true);
+                totals.found += engine.get(&key)?.is_some() as u64;
+            }
+            Workload::Ws1 | Workload::Ws2 | Workload::Ws3 => {
+                let id = if rng.gen_bool(hot_share) {
+                    rng.gen_range(0..hot_keys)
+                } else {
+                    rng.gen_range(hot_keys.min(args.keys - 1)..args.keys)
+                };
+                // Hot ids are spread over the key space by key_of.
+                let key = key_of(id, true);
+                if rng.gen_range(0..100) < args.reads {
+                    totals.found += engine.get(&key)?.is_some() as u64;
+                } else {
+                    rng.fill(&mut value[..]);
+                    engine.put(&key, &value)?;
+                    totals.user_bytes += 8 + value.len() as u64;
+                }
+            }
+            Workload::Scan => bail!("a scan runs as one client"),
+        }
+    }
+    Ok(totals)
+}
+
 pub fn run(args: Args) -> Result<()> {
-    if args.keys == 0 || args.reads > 100 {
-        bail!("--keys must be positive and --reads at most 100");
+    if args.keys == 0 || args.reads > 100 || args.threads == 0 {
+        bail!("--keys and --threads must be positive and --reads at most 100");
     }
     let ops = args.ops.unwrap_or(args.keys);
     let mut engine = open_engine(&args)?;
@@ -391,11 +466,6 @@ pub fn run(args: Args) -> Result<()> {
     // compresses (RocksDB does, by default) gains nothing it would not gain
     // on real data of unknown entropy.
     let mut value = vec![0u8; args.value_size];
-    let (hot_fraction, hot_share) = match args.workload {
-        Workload::Ws1 => (0.01, 0.99),
-        Workload::Ws2 => (0.20, 0.80),
-        _ => (1.0, 1.0),
-    };
 
     // Pre-load.
     let preload = match args.workload {
@@ -416,50 +486,33 @@ pub fn run(args: Args) -> Result<()> {
     let before = engine.device_bytes();
     let io_before = process_write_bytes();
     let start = Instant::now();
-    let mut user_bytes = 0u64;
-    let mut found = 0u64;
-    let done = match args.workload {
-        Workload::Fillseq | Workload::Fillrandom => {
-            let spread = args.workload == Workload::Fillrandom;
-            for id in 0..ops {
-                rng.fill(&mut value[..]);
-                engine.put(&key_of(id % args.keys, spread), &value)?;
-                user_bytes += 8 + value.len() as u64;
-            }
-            ops
-        }
-        Workload::Readrandom => {
-            for _ in 0..ops {
-                found += engine
-                    .get(&key_of(rng.gen_range(0..args.keys), true))?
-                    .is_some() as u64;
-            }
-            ops
-        }
-        Workload::Scan => {
-            found = engine.scan_all()?;
-            found
-        }
-        Workload::Ws1 | Workload::Ws2 | Workload::Ws3 => {
-            let hot_keys = ((args.keys as f64 * hot_fraction) as u64).max(1);
-            for _ in 0..ops {
-                let id = if rng.gen_bool(hot_share) {
-                    rng.gen_range(0..hot_keys)
-                } else {
-                    rng.gen_range(hot_keys.min(args.keys - 1)..args.keys)
-                };
-                // Hot ids are spread over the key space by key_of.
-                let key = key_of(id, true);
-                if rng.gen_range(0..100) < args.reads {
-                    found += engine.get(&key)?.is_some() as u64;
-                } else {
-                    rng.fill(&mut value[..]);
-                    engine.put(&key, &value)?;
-                    user_bytes += 8 + value.len() as u64;
-                }
-            }
-            ops
-        }
+    let (done, user_bytes, found) = if args.workload == Workload::Scan {
+        let found = engine.scan_all()?;
+        (found, 0, found)
+    } else {
+        let engine = &*engine;
+        let shares = thread_shares(ops, args.threads);
+        let totals = std::thread::scope(|scope| {
+            let clients: Vec<_> = shares
+                .iter()
+                .enumerate()
+                .map(|(thread, share)| {
+                    let args = &args;
+                    let share = share.clone();
+                    scope.spawn(move || run_client(engine, args, thread as u64, share))
+                })
+                .collect();
+            clients
+                .into_iter()
+                .map(|c| {
+                    c.join()
+                        .map_err(|_| anyhow::anyhow!("a client thread panicked"))?
+                })
+                .collect::<Result<Vec<_>>>()
+        })?;
+        totals.iter().fold((ops, 0, 0), |(n, u, f), t| {
+            (n, u + t.user_bytes, f + t.found)
+        })
     };
     let steady = engine.device_bytes();
     let after = engine.finish()?;
@@ -469,6 +522,7 @@ pub fn run(args: Args) -> Result<()> {
         engine: args.engine,
         workload: args.workload,
         reads_percent: args.reads,
+        threads: args.threads,
         keys: args.keys,
         ops: done,
         value_size: args.value_size,
@@ -504,6 +558,17 @@ mod tests {
         assert_eq!(parse_size("2GiB"), Ok(2 << 30));
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn client_shares_cover_every_operation_once() {
+        for (ops, threads) in [(10, 1), (10, 3), (2, 4), (1_000_001, 4)] {
+            let shares = thread_shares(ops, threads);
+            assert_eq!(shares.len(), threads as usize);
+            assert_eq!(shares.first().map(|r| r.start), Some(0));
+            assert_eq!(shares.last().map(|r| r.end), Some(ops));
+            assert!(shares.windows(2).all(|w| w[0].end == w[1].start));
+        }
     }
 
     #[test]

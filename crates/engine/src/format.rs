@@ -375,7 +375,7 @@ pub fn decode_meta(header: &NodeHeader, meta: &[u8], bounds: &Bounds) -> DecodeR
         bounds: bounds.clone(),
         tree: header.tree,
         dirty: false,
-        last_used: 0,
+        last_used: Default::default(),
     })
 }
 
@@ -513,7 +513,7 @@ mod tests {
             bounds,
             tree: 1,
             dirty: true,
-            last_used: 0,
+            last_used: Default::default(),
         }
     }
 
@@ -560,7 +560,7 @@ mod tests {
             bounds: Bounds::full(),
             tree: 0,
             dirty: true,
-            last_used: 0,
+            last_used: Default::default(),
         };
         let back = round_trip(&node, 3);
         let NodeBody::Interior(b) = back.body else {

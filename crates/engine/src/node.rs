@@ -6,6 +6,7 @@
 //! read.
 
 use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::buffer::{Base, MessageBuffer, PointMsg};
 use crate::entries::Entries;
@@ -580,7 +581,29 @@ pub struct Node {
     /// The key space (tree) the node belongs to.
     pub tree: u8,
     pub dirty: bool,
-    pub last_used: u64,
+    pub last_used: LastUse,
+}
+
+/// When a cached node was last used, on the tree's clock of uses: the
+/// node cache evicts the least recently used first. Atomic because queries
+/// stamp it holding the tree lock only shared (the store's read path).
+#[derive(Debug, Default)]
+pub struct LastUse(AtomicU64);
+
+impl LastUse {
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub fn set(&self, tick: u64) {
+        self.0.store(tick, Ordering::Relaxed);
+    }
+}
+
+impl Clone for LastUse {
+    fn clone(&self) -> Self {
+        LastUse(AtomicU64::new(self.get()))
+    }
 }
 
 impl Node {

@@ -17,6 +17,12 @@ pub struct Stats {
     pub nodes_read: AtomicU64,
     /// Leaves read ahead of a sequential scan and cached.
     pub nodes_read_ahead: AtomicU64,
+    /// Leaves point queries read holding no tree lock and cached.
+    pub leaves_read_unlocked: AtomicU64,
+    /// Leaves read holding no tree lock (by point queries or read-ahead)
+    /// and dropped: the tree changed them meanwhile, or the read failed
+    /// (a query then reads again under the lock, and reports).
+    pub unlocked_reads_dropped: AtomicU64,
     pub superblock_bytes_written: AtomicU64,
     pub block_table_bytes_written: AtomicU64,
     pub messages_inserted: AtomicU64,
@@ -100,6 +106,8 @@ pub struct StatsSnapshot {
     pub nodes_written: u64,
     pub nodes_read: u64,
     pub nodes_read_ahead: u64,
+    pub leaves_read_unlocked: u64,
+    pub unlocked_reads_dropped: u64,
     pub superblock_bytes_written: u64,
     pub block_table_bytes_written: u64,
     pub device_bytes_written: u64,
@@ -173,6 +181,8 @@ impl Stats {
             nodes_written: get(&self.nodes_written),
             nodes_read: get(&self.nodes_read),
             nodes_read_ahead: get(&self.nodes_read_ahead),
+            leaves_read_unlocked: get(&self.leaves_read_unlocked),
+            unlocked_reads_dropped: get(&self.unlocked_reads_dropped),
             superblock_bytes_written: get(&self.superblock_bytes_written),
             block_table_bytes_written: get(&self.block_table_bytes_written),
             messages_inserted: get(&self.messages_inserted),

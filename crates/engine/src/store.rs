@@ -1,13 +1,16 @@
 //! The public face of the engine: a durable key-value store over one
 //! device, safe to share between threads.
 //!
-//! Concurrency: one mutex guards the trees (cache, block table, allocator);
-//! the redo log has its own lock, so `sync` (a log flush with group commit)
-//! never waits for tree work, and writers only wait for a flush when the
-//! log region is full. A background thread flushes the log at least once a
-//! `log_flush_interval` and checkpoints every `checkpoint_interval` or when
-//! half the log is in use. Checkpoints are sharp: they hold the tree lock
-//! while dirty nodes are written (see docs/design.md for the cost).
+//! Concurrency: one reader-writer lock guards the trees (cache, block
+//! table, allocator). Point queries whose path is cached share it; one
+//! whose leaf is not cached reads it holding no lock; everything else
+//! holds it exclusively. The redo log has its own lock, so `sync` (a log
+//! flush with group commit) never waits for tree work, and writers only
+//! wait for a flush when the log region is full. A background thread
+//! flushes the log at least once a `log_flush_interval` and checkpoints
+//! every `checkpoint_interval` or when a third of the log is in use;
+//! checkpoints encode dirty nodes in turns under the lock and write them
+//! without it (docs/design.md, "Checkpoints that do not stop the world").
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -25,6 +28,7 @@ use crate::error::{EngineError, EngineResult};
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, WriteBatch};
 use crate::stats::{add, Stats, StatsSnapshot};
+use crate::tree::readahead::{read_leaf_for_key, read_whole_leaf};
 use crate::tree::{Flushing, Tree, TreeOptions, VerifyReport};
 use crate::validate::{check_batch, check_message};
 
@@ -197,11 +201,12 @@ pub struct RecoveryReport {
 }
 
 struct Inner {
-    /// A `parking_lot` mutex: the paths that must checkpoint while they
-    /// hold it wait for a checkpoint in flight through `checkpoint_ended`
-    /// without giving up their guard.
-    tree: parking_lot::Mutex<Tree>,
-    checkpoint_ended: parking_lot::Condvar,
+    /// Shared by point queries that find their whole path cached
+    /// ([`Store::get`]), exclusive for everything else. The paths that
+    /// must checkpoint while they hold it wait for a checkpoint in flight
+    /// through `checkpoint_ended` without giving up their guard.
+    tree: parking_lot::RwLock<Tree>,
+    checkpoint_ended: TreeEvent,
     log: LogWriter,
     stats: Arc<Stats>,
     merges: Arc<MergeRegistry>,
@@ -228,9 +233,9 @@ struct Inner {
     read_ahead_landed: Condvar,
     /// Wakes the tree flusher (with `background`).
     tree_flush_wake: Condvar,
-    /// Signalled after every turn of the tree flusher (with the tree
-    /// lock): writers past the backlog bound wait on it.
-    flush_progress: parking_lot::Condvar,
+    /// Signalled after every turn of the tree flusher: writers past the
+    /// backlog bound wait on it.
+    flush_progress: TreeEvent,
     /// The tree flusher runs: writers may leave messages in the roots and
     /// wait for it past the backlog bound.
     tree_flusher_running: std::sync::atomic::AtomicBool,
@@ -543,8 +548,8 @@ impl Store {
     ) -> Store {
         drop(device);
         let inner = Arc::new(Inner {
-            tree: parking_lot::Mutex::new(tree),
-            checkpoint_ended: parking_lot::Condvar::new(),
+            tree: parking_lot::RwLock::new(tree),
+            checkpoint_ended: TreeEvent::default(),
             log,
             stats,
             merges,
@@ -560,7 +565,7 @@ impl Store {
             reading_ahead: Mutex::new(HashSet::new()),
             read_ahead_landed: Condvar::new(),
             tree_flush_wake: Condvar::new(),
-            flush_progress: parking_lot::Condvar::new(),
+            flush_progress: TreeEvent::default(),
             tree_flusher_running: std::sync::atomic::AtomicBool::new(false),
         });
         let read_ahead_worker = if inner.options.read_ahead {
@@ -658,8 +663,37 @@ impl Store {
 
     /// A point query. Reads go on after a failure that refuses writes:
     /// they see what the store holds in memory and on the device.
+    ///
+    /// A query whose path is cached runs on the shared tree lock, beside
+    /// other such queries. One that finds only its leaf uncached reads
+    /// the part of it it needs holding no lock, then caches it under the
+    /// exclusive lock (if the tree still names that leaf there); anything
+    /// else — an interior node to read, a node to re-key, a read that
+    /// failed (read again, to report) — is done under the exclusive lock.
     pub fn get(&self, ks: KeySpace, key: &[u8]) -> EngineResult<Option<Vec<u8>>> {
+        let leaf_to_read = {
+            let tree = self.inner.tree.read();
+            if let Some(value) = tree.get_cached(ks, key) {
+                return value.map_err(|e| self.inner.read_failed(e));
+            }
+            tree.uncached_leaf_for(ks, key)
+                .map(|place| (place, tree.device()))
+        };
+        let read = leaf_to_read.and_then(|(place, device)| {
+            let leaf = read_leaf_for_key(&place, device.as_ref(), key, &self.inner.stats);
+            match leaf {
+                Ok(leaf) => Some((place, leaf)),
+                Err(e) => {
+                    tracing::debug!("point query's read of node {}: {e}", place.num);
+                    add(&self.inner.stats.unlocked_reads_dropped, 1);
+                    None
+                }
+            }
+        });
         let mut tree = self.inner.lock_tree();
+        if let Some((place, leaf)) = read {
+            tree.adopt_leaf_read(&place, leaf, false);
+        }
         let value = tree.get(ks, key);
         tree.evict_clean_if_needed();
         value.map_err(|e| self.inner.read_failed(e))
@@ -847,7 +881,51 @@ impl MemoryBesideCache {
     }
 }
 
-type TreeGuard<'a> = parking_lot::MutexGuard<'a, Tree>;
+type TreeGuard<'a> = parking_lot::RwLockWriteGuard<'a, Tree>;
+
+/// Something about the trees that a holder of the exclusive tree lock
+/// waits for, giving the lock up meanwhile (a condition variable for a
+/// reader-writer lock, which `parking_lot::Condvar` does not serve).
+/// The waiter checks its condition under the lock and reads the count of
+/// signals before letting go; whoever changes the condition does so under
+/// the lock and signals after, so a signal for a change the waiter did
+/// not see always finds the count moved on.
+#[derive(Default)]
+struct TreeEvent {
+    signals: parking_lot::Mutex<u64>,
+    signalled: parking_lot::Condvar,
+}
+
+impl TreeEvent {
+    fn notify_all(&self) {
+        *self.signals.lock() += 1;
+        self.signalled.notify_all();
+    }
+
+    /// Lets `tree` go until the next signal (or `timeout`), then takes it
+    /// back. The caller checks its condition again: signals are shared.
+    fn wait(&self, tree: &mut TreeGuard<'_>, timeout: Option<Duration>) {
+        let seen = *self.signals.lock();
+        parking_lot::RwLockWriteGuard::unlocked(tree, || {
+            let mut signals = self.signals.lock();
+            let deadline = timeout.map(|t| Instant::now() + t);
+            while *signals == seen {
+                match deadline {
+                    Some(deadline) => {
+                        if self
+                            .signalled
+                            .wait_until(&mut signals, deadline)
+                            .timed_out()
+                        {
+                            break;
+                        }
+                    }
+                    None => self.signalled.wait(&mut signals),
+                }
+            }
+        });
+    }
+}
 
 /// Raises a maximum kept in microseconds.
 fn record_max(max: &std::sync::atomic::AtomicU64, took: Duration) {
@@ -905,7 +983,7 @@ fn admit(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<Admission> 
 
 impl Inner {
     fn lock_tree(&self) -> TreeGuard<'_> {
-        self.tree.lock()
+        self.tree.write()
     }
 
     fn lock_background(&self) -> MutexGuard<'_, BackgroundState> {
@@ -977,7 +1055,7 @@ impl Inner {
         let mut key = key.to_vec();
         for _ in 0..READ_AHEAD_LEAVES {
             let (place, next, device) = {
-                let tree = self.lock_tree();
+                let tree = self.tree.read();
                 match tree.leaf_for(ks, &key) {
                     Some((place, next)) => {
                         // Marked under the tree lock: a scan that finds
@@ -1006,21 +1084,16 @@ impl Inner {
     /// caches it under it if still current. Failures are left for the
     /// reader to meet (and report) itself.
     fn read_ahead_leaf(&self, place: &crate::tree::readahead::LeafOnDisk, device: &dyn Device) {
-        let mut buf = AlignedBuf::for_overwrite(place.len);
-        if let Err(e) = device.read_at(&mut buf, place.offset) {
-            tracing::debug!("read-ahead of node {}: {e}", place.num);
-            return;
-        }
-        add(&self.stats.node_bytes_read[0], place.len as u64);
-        let node = match crate::tree::readahead::decode_whole_leaf(place, &buf) {
+        let node = match read_whole_leaf(place, device, &self.stats) {
             Ok(node) => node,
             Err(e) => {
-                tracing::debug!("read-ahead: {e}");
+                tracing::debug!("read-ahead of node {}: {e}", place.num);
+                add(&self.stats.unlocked_reads_dropped, 1);
                 return;
             }
         };
         let mut tree = self.lock_tree();
-        if tree.adopt_read_ahead(place, node) {
+        if tree.adopt_leaf_read(place, node, true) {
             tree.evict_clean_if_needed();
         }
     }
@@ -1037,7 +1110,7 @@ impl Inner {
         if self.lock_reading_ahead().is_empty() {
             return;
         }
-        let num = match self.lock_tree().leaf_for(ks, key) {
+        let num = match self.tree.read().leaf_for(ks, key) {
             Some((Some(place), _)) => place.num,
             _ => return,
         };
@@ -1381,7 +1454,7 @@ impl Inner {
     /// being written: one is in flight at a time.
     fn wait_for_checkpoint(&self, tree: &mut TreeGuard<'_>) {
         while tree.checkpoint_in_flight() {
-            self.checkpoint_ended.wait(tree);
+            self.checkpoint_ended.wait(tree, None);
         }
     }
 
@@ -1483,7 +1556,7 @@ impl Inner {
         while over(tree) && flushing(tree) && self.check_failed().is_ok() {
             // A timeout only as a safeguard: every turn signals.
             self.flush_progress
-                .wait_for(tree, Duration::from_millis(100));
+                .wait(tree, Some(Duration::from_millis(100)));
         }
         let waited = waiting.elapsed();
         record_max(&self.stats.flush_wait_micros_max, waited);
@@ -1565,7 +1638,7 @@ impl Inner {
             false
         });
         self.flush_progress.notify_all();
-        parking_lot::MutexGuard::unlock_fair(tree);
+        parking_lot::RwLockWriteGuard::unlock_fair(tree);
         more && !self.lock_background().shutdown
     }
 

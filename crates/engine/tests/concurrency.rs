@@ -1,14 +1,16 @@
 //! Several threads writing, reading, scanning and syncing at once, with the
-//! background flusher and checkpoints running.
+//! background flusher and checkpoints running; and a query reading a leaf
+//! from the device while other requests go on.
 
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use betreefs_engine::{KeySpace, Store};
-use betreefs_store::MemDevice;
+use betreefs_engine::{KeySpace, Options, Store};
+use betreefs_store::{Device, MemDevice};
 use common::small_options;
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
@@ -91,4 +93,175 @@ fn share_one_store(round: u64) {
         .into_iter()
         .collect();
     assert_eq!(all, expected);
+}
+
+/// The reads of one thread, each held (once made) until the test's go.
+#[derive(Clone)]
+struct Hold {
+    thread: std::thread::ThreadId,
+    arrived: Sender<u64>,
+    go: Arc<Mutex<Receiver<()>>>,
+}
+
+/// A device whose reads by the thread named in `hold` say so, once made,
+/// and wait for the test's go: a query with its leaf's bytes in hand,
+/// held before it caches them.
+struct HeldReads {
+    inner: MemDevice,
+    hold: Mutex<Option<Hold>>,
+}
+
+impl Device for HeldReads {
+    fn len_bytes(&self) -> u64 {
+        self.inner.len_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)?;
+        let hold = self.hold.lock().unwrap().clone();
+        if let Some(hold) = hold.filter(|h| h.thread == std::thread::current().id()) {
+            let _ = hold.arrived.send(offset);
+            // A go, or the test giving up: go on either way.
+            let _ = hold.go.lock().unwrap().recv();
+        }
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        self.inner.sync()
+    }
+}
+
+fn numbered(i: u32) -> Vec<u8> {
+    format!("key{i:05}").into_bytes()
+}
+
+fn value_of(i: u32, version: u8) -> Vec<u8> {
+    vec![version; 500 + i as usize % 7]
+}
+
+/// Runs `f` on another thread and gives its result, or fails the test if
+/// it has not returned within a generous bound (it would be waiting for
+/// the held read).
+fn completes<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (done, result) = channel();
+    std::thread::spawn(move || {
+        let _ = done.send(f());
+    });
+    result
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|_| panic!("{what} waited for a query's device read"))
+}
+
+/// A point query that must read its leaf from the device holds no lock
+/// while it reads: a cached query and writes complete meanwhile. And what
+/// it read is not cached when the tree changed the leaf in the meantime
+/// (here: writes flushed into it), so it answers with the new value.
+#[test]
+fn requests_go_on_while_a_query_reads_its_leaf() {
+    let options = Options {
+        cache_bytes: 8 << 20,
+        ..small_options()
+    };
+    let (dev, store) = common::mem_store(32 << 20, options.clone());
+    // A root over a few leaves: few enough keys that every node above a
+    // leaf is the root.
+    let keys = 60;
+    for i in 0..keys {
+        store
+            .put(KeySpace::Data, &numbered(i), &value_of(i, 1))
+            .unwrap();
+    }
+    store.compact().unwrap();
+    store.close().unwrap();
+    let device = Arc::new(HeldReads {
+        inner: dev,
+        hold: Mutex::new(None),
+    });
+    let (first, last) = (0, keys - 1);
+    // Opens the store again and caches the root and the first key's leaf
+    // only (the root is read under the lock: nothing above it is cached).
+    let cold_store = || {
+        let store = Store::open_on(device.clone(), options.clone()).unwrap();
+        assert_eq!(
+            store.get(KeySpace::Data, &numbered(first)).unwrap(),
+            Some(value_of(first, 1))
+        );
+        assert_eq!(store.stats().leaves_read_unlocked, 0);
+        store
+    };
+    // Nothing held: the last key's leaf is read outside the lock and cached.
+    let store = cold_store();
+    assert_eq!(
+        store.get(KeySpace::Data, &numbered(last)).unwrap(),
+        Some(value_of(last, 1))
+    );
+    let stats = store.stats();
+    assert_eq!(
+        (stats.leaves_read_unlocked, stats.unlocked_reads_dropped),
+        (1, 0)
+    );
+    store.close().unwrap();
+
+    let store = Arc::new(cold_store());
+
+    let (arrived, held) = channel();
+    let (go, wait) = channel();
+    let wait = Arc::new(Mutex::new(wait));
+    let cold = {
+        let (store, device) = (store.clone(), device.clone());
+        std::thread::spawn(move || {
+            *device.hold.lock().unwrap() = Some(Hold {
+                thread: std::thread::current().id(),
+                arrived,
+                go: wait,
+            });
+            store.get(KeySpace::Data, &numbered(last)).unwrap()
+        })
+    };
+    held.recv_timeout(Duration::from_secs(20))
+        .expect("the last key's leaf is read from the device");
+
+    let cached = {
+        let store = store.clone();
+        completes("a cached query", move || {
+            store.get(KeySpace::Data, &numbered(first)).unwrap()
+        })
+    };
+    assert_eq!(cached, Some(value_of(first, 1)));
+    // A new value for the held query's key and new keys after it, enough
+    // to be flushed into its leaf (read again by this thread, dirtied).
+    let after_last = move |j: u32| format!("key{last:05}+{j:03}").into_bytes();
+    {
+        let store = store.clone();
+        completes("writes", move || {
+            store
+                .put(KeySpace::Data, &numbered(last), &value_of(last, 3))
+                .unwrap();
+            for j in 0..60 {
+                store
+                    .put(KeySpace::Data, &after_last(j), &value_of(j, 3))
+                    .unwrap();
+            }
+        });
+    }
+    assert!(store.stats().messages_flushed > 0);
+    // Let the held query read on (each of its reads is held in turn).
+    drop(held);
+    drop(go);
+    assert_eq!(cold.join().unwrap(), Some(value_of(last, 3)));
+    for j in 0..60 {
+        assert_eq!(
+            store.get(KeySpace::Data, &after_last(j)).unwrap(),
+            Some(value_of(j, 3))
+        );
+    }
+    // What the held query read was dropped: the tree had the leaf by then.
+    let stats = store.stats();
+    assert_eq!(
+        (stats.leaves_read_unlocked, stats.unlocked_reads_dropped),
+        (0, 1)
+    );
+    store.verify().unwrap();
 }

@@ -17,9 +17,13 @@ impl Tree {
         node
     }
 
-    pub(super) fn put(&mut self, num: u64, mut node: Node) {
-        self.tick += 1;
-        node.last_used = self.tick;
+    /// The next tick of the clock of node uses.
+    pub(super) fn next_tick(&self) -> u64 {
+        self.tick.fetch_add(1, AtomicOrdering::Relaxed) + 1
+    }
+
+    pub(super) fn put(&mut self, num: u64, node: Node) {
+        node.last_used.set(self.next_tick());
         self.cache_bytes += node.mem_bytes();
         self.cache_bytes_peak = self.cache_bytes_peak.max(self.cache_bytes);
         self.dirty_bytes += dirty_estimate(&node);
@@ -36,7 +40,7 @@ impl Tree {
                 bounds,
                 tree: ks as u8,
                 dirty: true,
-                last_used: 0,
+                last_used: Default::default(),
             },
         );
         num

@@ -6,6 +6,23 @@
 
 use super::*;
 
+/// Reads `len` bytes of a node at height `height` from byte `at` of the
+/// device, counted in the stats.
+pub(super) fn read_node_bytes(
+    device: &dyn Device,
+    at: u64,
+    len: usize,
+    height: u32,
+    stats: &Stats,
+) -> EngineResult<AlignedBuf> {
+    let mut buf = AlignedBuf::for_overwrite(len);
+    device
+        .read_at(&mut buf, at)
+        .map_err(|e| betreefs_store::StoreError::io("reading node", e))?;
+    add(&stats.node_bytes_read[level(height)], buf.len() as u64);
+    Ok(buf)
+}
+
 impl Tree {
     pub(super) fn corrupt(ks: KeySpace, num: u64, reason: impl Into<String>) -> EngineError {
         EngineError::CorruptNode {
@@ -22,12 +39,34 @@ impl Tree {
         len: usize,
         height: u32,
     ) -> EngineResult<AlignedBuf> {
-        let mut buf = AlignedBuf::for_overwrite(len);
-        self.device
-            .read_at(&mut buf, self.layout.extent_offset(extent) + offset)
-            .map_err(|e| betreefs_store::StoreError::io("reading node", e))?;
-        add(&self.stats.node_bytes_read[level(height)], buf.len() as u64);
-        Ok(buf)
+        let at = self.layout.extent_offset(extent) + offset;
+        read_node_bytes(self.device.as_ref(), at, len, height, &self.stats)
+    }
+
+    /// Node `num` if it is cached with what `want` needs loaded, reached
+    /// under the bounds and at the height it was cached with: what
+    /// [`Tree::load`] finds without changing anything but the node's LRU
+    /// stamp (and counts as a hit). `None` when `load` would have work to
+    /// do — or an error to report.
+    pub(super) fn cached_for(
+        &self,
+        num: u64,
+        bounds: &Bounds,
+        want: Want<'_>,
+        height: Option<u32>,
+    ) -> Option<&Node> {
+        let node = self.cache.get(&num)?;
+        if node.bounds != *bounds || height.is_some_and(|h| h != node.height()) {
+            return None;
+        }
+        if let NodeBody::Leaf(leaf) = &node.body {
+            if Self::basement_span(leaf, want).any(|i| leaf.basements[i].entries.is_none()) {
+                return None;
+            }
+        }
+        node.last_used.set(self.next_tick());
+        add(&self.stats.cache_hits, 1);
+        Some(node)
     }
 
     /// Makes sure node `num` is cached with what `want` needs loaded, and
@@ -41,9 +80,11 @@ impl Tree {
         want: Want<'_>,
         height: Option<u32>,
     ) -> EngineResult<()> {
-        if let Some(node) = self.cache.get_mut(&num) {
-            self.tick += 1;
-            node.last_used = self.tick;
+        if self.cached_for(num, bounds, want, height).is_some() {
+            return Ok(());
+        }
+        if let Some(node) = self.cache.get(&num) {
+            node.last_used.set(self.next_tick());
             if node.bounds != *bounds {
                 // Reached where the node was not found before: its subtree
                 // was moved by a range rename, or it is shared (a range
@@ -74,16 +115,8 @@ impl Tree {
                     format!("at height {} where {h} was expected", node.height()),
                 ));
             }
-            let missing = match &node.body {
-                NodeBody::Leaf(leaf) => {
-                    Self::basement_span(leaf, want).any(|i| leaf.basements[i].entries.is_none())
-                }
-                NodeBody::Interior(_) => false,
-            };
-            if !missing {
-                add(&self.stats.cache_hits, 1);
-                return Ok(());
-            }
+            // Reached as cached but not a hit: basements `want` needs are
+            // still on the device.
             add(&self.stats.cache_misses, 1);
             let mut node = self.take(num);
             let result = self.read_basements(ks, num, &mut node, want);

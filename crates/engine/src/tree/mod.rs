@@ -28,6 +28,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
 use betreefs_store::{
@@ -164,7 +165,9 @@ pub(crate) struct Tree {
     /// write: this shows how far a write overshot the budget).
     cache_bytes_peak: usize,
     dirty_bytes: usize,
-    tick: u64,
+    /// The clock of node uses ([`crate::node::LastUse`]): atomic, as queries on the
+    /// shared lock advance it too.
+    tick: AtomicU64,
     /// The sequence number the next batch gets.
     pub next_seq: u64,
     /// Generation of the newest durable superblock.
@@ -216,7 +219,7 @@ impl Tree {
             cache_bytes: 0,
             cache_bytes_peak: 0,
             dirty_bytes: 0,
-            tick: 0,
+            tick: AtomicU64::new(0),
             next_seq: 1,
             generation: 0,
             btt_extent: None,

@@ -11,36 +11,29 @@ impl Tree {
     /// (the 0.6 apply-on-query policy taken to its end: flushes alone move
     /// messages down, so a read never dirties a node).
     pub fn get(&mut self, ks: KeySpace, key: &[u8]) -> EngineResult<Option<Vec<u8>>> {
-        let mut pending: Vec<PointMsg> = Vec::new();
-        let mut num = self.roots[ks.index()];
-        let mut bounds = Bounds::full();
-        let mut height = None;
+        let mut walk = PointWalk::new(self.roots[ks.index()]);
         let base = loop {
-            self.load(ks, num, &bounds, Want::Key(key), height)?;
-            match &self.node(num).body {
-                NodeBody::Interior(int) => {
-                    let i = int.child_index(key);
-                    let buf = &int.buffers[i];
-                    if let Some(m) = buf.points().get(key) {
-                        pending.push(m.clone());
-                        if m.hides_older() {
-                            break None;
-                        }
-                    }
-                    if buf.covering(key).is_some() {
-                        break None;
-                    }
-                    bounds = int.child_bounds(i, &bounds);
-                    height = Some(int.height - 1);
-                    num = int.children[i];
-                }
-                NodeBody::Leaf(leaf) => break leaf.get(key).flatten().map(|v| v.to_vec()),
+            self.load(ks, walk.num, &walk.bounds, Want::Key(key), walk.height)?;
+            if let Some(base) = walk.step(self.node(walk.num), key) {
+                break base;
             }
         };
-        pending.into_iter().rev().try_fold(base, |value, m| {
-            m.into_value(value, &self.merges)
-                .map_err(EngineError::UnknownMergeFunction)
-        })
+        walk.finish(base, &self.merges)
+    }
+
+    /// [`Tree::get`] on the shared lock: the answer if every node and
+    /// basement on the path is cached and reached as it was cached, `None`
+    /// if the query needs the exclusive lock (a read, a re-keying, or the
+    /// error a load reports). Nothing changes but the nodes' LRU stamps.
+    pub fn get_cached(&self, ks: KeySpace, key: &[u8]) -> Option<EngineResult<Option<Vec<u8>>>> {
+        let mut walk = PointWalk::new(self.roots[ks.index()]);
+        let base = loop {
+            let node = self.cached_for(walk.num, &walk.bounds, Want::Key(key), walk.height)?;
+            if let Some(base) = walk.step(node, key) {
+                break base;
+            }
+        };
+        Some(walk.finish(base, &self.merges))
     }
 
     /// Scans [start, end) within the leaf holding `start`: returns its pairs
@@ -152,5 +145,63 @@ impl Tree {
                 }
             }
         }
+    }
+}
+
+/// A point query's way down from a root: where it is, and the messages
+/// for its key pending above (newest first), which the base value found
+/// lower down is put through on the way back.
+struct PointWalk {
+    num: u64,
+    bounds: Bounds,
+    height: Option<u32>,
+    pending: Vec<PointMsg>,
+}
+
+impl PointWalk {
+    fn new(root: u64) -> PointWalk {
+        PointWalk {
+            num: root,
+            bounds: Bounds::full(),
+            height: None,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Looks at `node` (the walk's current one, loaded for the key):
+    /// `Some(base)` when the walk ends here with the value the pending
+    /// messages apply to, `None` after stepping to the child on the path.
+    fn step(&mut self, node: &Node, key: &[u8]) -> Option<Option<Vec<u8>>> {
+        match &node.body {
+            NodeBody::Interior(int) => {
+                let i = int.child_index(key);
+                let buf = &int.buffers[i];
+                if let Some(m) = buf.points().get(key) {
+                    self.pending.push(m.clone());
+                    if m.hides_older() {
+                        return Some(None);
+                    }
+                }
+                if buf.covering(key).is_some() {
+                    return Some(None);
+                }
+                self.bounds = int.child_bounds(i, &self.bounds);
+                self.height = Some(int.height - 1);
+                self.num = int.children[i];
+                None
+            }
+            NodeBody::Leaf(leaf) => Some(leaf.get(key).flatten().map(|v| v.to_vec())),
+        }
+    }
+
+    fn finish(
+        self,
+        base: Option<Vec<u8>>,
+        merges: &MergeRegistry,
+    ) -> EngineResult<Option<Vec<u8>>> {
+        self.pending.into_iter().rev().try_fold(base, |value, m| {
+            m.into_value(value, merges)
+                .map_err(EngineError::UnknownMergeFunction)
+        })
     }
 }

@@ -1,13 +1,15 @@
-//! Read-ahead of leaves (BetrFS 0.6 §3.2's cooperative read-ahead): when
-//! a scan reads a leaf sequentially, the next leaf is read from the device
-//! by another thread, outside the tree lock, and put in the cache if the
-//! tree still names it there. The reader then finds it cached instead of
-//! waiting for the device.
+//! Leaves read from the device outside the tree lock. Read-ahead (BetrFS
+//! 0.6 §3.2's cooperative read-ahead): when a scan reads a leaf
+//! sequentially, the next leaf is read by another thread and put in the
+//! cache if the tree still names it there; the reader then finds it cached
+//! instead of waiting for the device. And point queries: one that finds
+//! its leaf uncached reads the part it needs ([`read_leaf_for_key`])
+//! holding no lock, so that other requests go on meanwhile.
 //!
 //! The three steps and what keeps them safe: [`Tree::uncached_leaf_for`]
 //! (under the lock) walks cached nodes down to the leaf and notes its
 //! place on disk; the read and decode ([`decode_whole_leaf`]) need no
-//! lock; [`Tree::adopt_read_ahead`] (under the lock again) caches the
+//! lock; [`Tree::adopt_leaf_read`] (under the lock again) caches the
 //! leaf only if it is still uncached, the block table still maps it to
 //! the same extent and checksum (a leaf changed and written back
 //! meanwhile has a new one), and the walk still reaches it with the same
@@ -81,15 +83,24 @@ impl Tree {
         }
     }
 
-    /// Caches a leaf read ahead if the tree still names it where it was
-    /// found (see the module doc); whether it was taken.
-    pub fn adopt_read_ahead(&mut self, place: &LeafOnDisk, node: Node) -> bool {
+    /// Caches a leaf read outside the lock (`ahead`: by the read-ahead
+    /// thread) if the tree still names it where it was found (see the
+    /// module doc); whether it was taken.
+    pub fn adopt_leaf_read(&mut self, place: &LeafOnDisk, node: Node, ahead: bool) -> bool {
         let still = self.uncached_leaf_for(place.ks, &place.bounds.lo);
         if still.as_ref() != Some(place) {
+            add(&self.stats.unlocked_reads_dropped, 1);
             return false;
         }
         add(&self.stats.nodes_read, 1);
-        add(&self.stats.nodes_read_ahead, 1);
+        add(
+            if ahead {
+                &self.stats.nodes_read_ahead
+            } else {
+                &self.stats.leaves_read_unlocked
+            },
+            1,
+        );
         self.put(place.num, node);
         true
     }
@@ -105,18 +116,92 @@ impl Tree {
     }
 }
 
+/// Reads the whole leaf at `place` and decodes it ([`decode_whole_leaf`]).
+/// Needs no lock.
+pub fn read_whole_leaf(
+    place: &LeafOnDisk,
+    device: &dyn Device,
+    stats: &Stats,
+) -> EngineResult<Node> {
+    let buf = io::read_node_bytes(device, place.offset, place.len, 0, stats)?;
+    decode_whole_leaf(place, &buf)
+}
+
 /// Decodes a whole leaf from its extent's bytes, checked as a load checks
 /// it (header checksum against the block table's, tree, bounds, every
 /// basement). Needs no lock.
-pub fn decode_whole_leaf(place: &LeafOnDisk, bytes: &[u8]) -> EngineResult<Node> {
+fn decode_whole_leaf(place: &LeafOnDisk, bytes: &[u8]) -> EngineResult<Node> {
+    let mut node = decode_leaf_meta(place, bytes)?;
+    let (ks, num, bounds) = (place.ks, place.num, &place.bounds);
+    if let NodeBody::Leaf(leaf) = &mut node.body {
+        Tree::decode_all_basements(ks, num, leaf, bounds, bytes)?;
+    }
+    Ok(node)
+}
+
+/// The leaf at `place` with no basement loaded, from bytes of its extent
+/// that reach past its meta, checked as a load checks it.
+fn decode_leaf_meta(place: &LeafOnDisk, bytes: &[u8]) -> EngineResult<Node> {
     let (ks, num, bounds) = (place.ks, place.num, &place.bounds);
     let header =
         Tree::checked_header(ks, num, bytes, place.crc, bounds, place.extent.len, Some(0))?;
-    let mut node = Tree::decode_node_meta(ks, num, &header, bytes, bounds)?;
-    let NodeBody::Leaf(leaf) = &mut node.body else {
+    let node = Tree::decode_node_meta(ks, num, &header, bytes, bounds)?;
+    let NodeBody::Leaf(leaf) = &node.body else {
         return Err(Tree::corrupt(ks, num, "not the leaf its parent names"));
     };
     validate::check_leaf(leaf, bounds).map_err(|reason| Tree::corrupt(ks, num, reason))?;
-    Tree::decode_all_basements(ks, num, leaf, bounds, bytes)?;
+    Ok(node)
+}
+
+/// Reads what a point query for `key` needs of the uncached leaf at
+/// `place` — its header and meta, then the basement holding `key`, as
+/// [`Tree::load`] reads them — and decodes it, checked as a load checks
+/// it. Needs no lock: the caller adopts the leaf under it
+/// ([`Tree::adopt_leaf_read`]).
+pub fn read_leaf_for_key(
+    place: &LeafOnDisk,
+    device: &dyn Device,
+    key: &[u8],
+    stats: &Stats,
+) -> EngineResult<Node> {
+    let (ks, num) = (place.ks, place.num);
+    let first = place.len.min(BLOCK_SIZE);
+    let mut head = io::read_node_bytes(device, place.offset, first, 0, stats)?;
+    let header = Tree::checked_header(
+        ks,
+        num,
+        &head,
+        place.crc,
+        &place.bounds,
+        place.extent.len,
+        Some(0),
+    )?;
+    if meta_end(&header) > head.len() {
+        head = io::read_node_bytes(device, place.offset, meta_end(&header), 0, stats)?;
+    }
+    let mut node = decode_leaf_meta(place, &head)?;
+    let NodeBody::Leaf(leaf) = &mut node.body else {
+        return Err(Tree::corrupt(ks, num, "not the leaf its parent names"));
+    };
+    let i = leaf.basement_for(key);
+    let Some(loc) = leaf.basements.get(i).and_then(|b| b.loc) else {
+        return Err(Tree::corrupt(ks, num, "basement without location"));
+    };
+    if loc.offset as u64 + loc.len as u64 > place.len as u64 {
+        return Err(Tree::corrupt(ks, num, "basement beyond node"));
+    }
+    let buf = io::read_node_bytes(
+        device,
+        place.offset + loc.offset as u64,
+        loc.len as usize,
+        0,
+        stats,
+    )?;
+    // The buffer is whole blocks: the basement is its start.
+    let bytes = buf
+        .get(..loc.len as usize)
+        .ok_or_else(|| Tree::corrupt(ks, num, "basement beyond node"))?;
+    let entries = Tree::decode_checked_basement(ks, num, leaf, i, &place.bounds, bytes)?;
+    leaf.basements[i].entries = Some(entries);
     Ok(node)
 }

@@ -51,7 +51,7 @@ impl Tree {
             bounds,
             tree: original.tree,
             dirty: true,
-            last_used: 0,
+            last_used: Default::default(),
         };
         match &mut copy.body {
             NodeBody::Interior(int) => {

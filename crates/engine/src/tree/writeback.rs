@@ -133,7 +133,7 @@ impl Tree {
             .filter(|(num, n)| {
                 (write_dirty || !n.dirty) && (n.dirty || !self.unwritten.contains(num))
             })
-            .map(|(num, n)| (n.dirty, n.height() > 0, n.last_used, *num))
+            .map(|(num, n)| (n.dirty, n.height() > 0, n.last_used.get(), *num))
             .collect();
         order.sort_unstable();
         for (dirty, _, _, num) in order {
