@@ -28,7 +28,8 @@ use crate::error::{EngineError, EngineResult};
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, WriteBatch};
 use crate::stats::{add, Stats, StatsSnapshot};
-use crate::tree::readahead::{read_leaf_for_key, read_whole_leaf};
+use crate::tree::readahead::{read_leaf_part, read_whole_leaf};
+use crate::tree::Want;
 use crate::tree::{Flushing, Tree, TreeOptions, VerifyReport};
 use crate::validate::{check_batch, check_message};
 
@@ -671,29 +672,12 @@ impl Store {
     /// else — an interior node to read, a node to re-key, a read that
     /// failed (read again, to report) — is done under the exclusive lock.
     pub fn get(&self, ks: KeySpace, key: &[u8]) -> EngineResult<Option<Vec<u8>>> {
-        let leaf_to_read = {
-            let tree = self.inner.tree.read();
-            if let Some(value) = tree.get_cached(ks, key) {
-                return value.map_err(|e| self.inner.read_failed(e));
-            }
-            tree.uncached_leaf_for(ks, key)
-                .map(|place| (place, tree.device()))
-        };
-        let read = leaf_to_read.and_then(|(place, device)| {
-            let leaf = read_leaf_for_key(&place, device.as_ref(), key, &self.inner.stats);
-            match leaf {
-                Ok(leaf) => Some((place, leaf)),
-                Err(e) => {
-                    tracing::debug!("point query's read of node {}: {e}", place.num);
-                    add(&self.inner.stats.unlocked_reads_dropped, 1);
-                    None
-                }
-            }
-        });
-        let mut tree = self.inner.lock_tree();
-        if let Some((place, leaf)) = read {
-            tree.adopt_leaf_read(&place, leaf, false);
+        if let Some(value) = self.inner.tree.read().get_cached(ks, key) {
+            return value.map_err(|e| self.inner.read_failed(e));
         }
+        let mut tree = self
+            .inner
+            .lock_tree_after_leaf_read(ks, key, Want::Key(key));
         let value = tree.get(ks, key);
         tree.evict_clean_if_needed();
         value.map_err(|e| self.inner.read_failed(e))
@@ -715,8 +699,9 @@ impl Store {
     /// Calls `visit` on every pair of [start, end) in key order, borrowing
     /// keys and values from the tree (no copy of a pair when nothing is
     /// pending above its leaf). Each leaf's worth is visited under the tree
-    /// lock, atomically, like [`Store::range`]; `visit` must not call back
-    /// into the store.
+    /// lock, atomically, like [`Store::range`] — the shared lock when the
+    /// leaf and the path to it are cached, so that such visits and point
+    /// queries run side by side; `visit` must not call back into the store.
     pub fn visit_range(
         &self,
         ks: KeySpace,
@@ -729,13 +714,7 @@ impl Store {
             if from.as_slice() >= end {
                 break;
             }
-            self.inner.wait_for_read_ahead(ks, &from);
-            let mut tree = self.inner.lock_tree();
-            next = tree
-                .visit_leaf(ks, &from, Some(end), visit)
-                .map_err(|e| self.inner.read_failed(e))?;
-            tree.evict_clean_if_needed();
-            self.inner.pass_read_ahead_hint(&mut tree);
+            next = self.inner.visit_one_leaf(ks, &from, Some(end), visit)?;
         }
         Ok(())
     }
@@ -1037,14 +1016,75 @@ impl Inner {
         e
     }
 
-    /// Hands the read-ahead thread the leaf after one a scan just read
-    /// sequentially, if there is such a thread.
-    fn pass_read_ahead_hint(&self, tree: &mut Tree) {
-        let Some(hint) = tree.take_read_ahead_hint() else {
-            return;
+    /// Visits [from, end) within the leaf holding `from` (see
+    /// [`Store::visit_range`]): on the shared tree lock if it and the path
+    /// to it are cached, else on the exclusive one, loading what is
+    /// missing. Returns where the next leaf begins; tells the read-ahead
+    /// thread when the visit read on across basements.
+    fn visit_one_leaf(
+        &self,
+        ks: KeySpace,
+        from: &[u8],
+        end: Option<&[u8]>,
+        visit: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> EngineResult<Option<Vec<u8>>> {
+        self.wait_for_read_ahead(ks, from);
+        let cached = self.tree.read().visit_leaf_cached(ks, from, end, visit);
+        let (next, read_on) = match cached {
+            Some(visited) => {
+                let visited = visited.map_err(|e| self.read_failed(e))?;
+                (visited.next, visited.read_on)
+            }
+            None => {
+                let mut tree = self.lock_tree_after_leaf_read(ks, from, Want::Range(from, end));
+                let next = tree
+                    .visit_leaf(ks, from, end, visit)
+                    .map_err(|e| self.read_failed(e))?;
+                tree.evict_clean_if_needed();
+                (next, tree.take_read_ahead_hint().map(|(_, key)| key))
+            }
         };
+        if let Some(read_on) = read_on {
+            self.read_ahead_from(ks, read_on);
+        }
+        Ok(next)
+    }
+
+    /// The tree lock, exclusively — after reading, holding no lock, what
+    /// `want` needs of the leaf of `ks` holding `key` when that leaf is
+    /// all that is uncached on the way there, and caching it if the tree
+    /// still names it there (`Tree::adopt_leaf_read`). A query then finds
+    /// it cached; other requests went on while the device read. A read
+    /// that fails is dropped: the query reads again under the lock, where
+    /// failures are reported.
+    fn lock_tree_after_leaf_read(&self, ks: KeySpace, key: &[u8], want: Want<'_>) -> TreeGuard<'_> {
+        let leaf_to_read = {
+            let tree = self.tree.read();
+            tree.uncached_leaf_for(ks, key)
+                .map(|place| (place, tree.device()))
+        };
+        let read = leaf_to_read.and_then(|(place, device)| {
+            match read_leaf_part(&place, device.as_ref(), want, &self.stats) {
+                Ok(leaf) => Some((place, leaf)),
+                Err(e) => {
+                    tracing::debug!("unlocked read of node {}: {e}", place.num);
+                    add(&self.stats.unlocked_reads_dropped, 1);
+                    None
+                }
+            }
+        });
+        let mut tree = self.lock_tree();
+        if let Some((place, leaf)) = read {
+            tree.adopt_leaf_read(&place, leaf, false);
+        }
+        tree
+    }
+
+    /// Hands the read-ahead thread the leaf after one a scan just read
+    /// sequentially (it begins at `key`), if there is such a thread.
+    fn read_ahead_from(&self, ks: KeySpace, key: Vec<u8>) {
         if let Some(send) = &*self.read_ahead.lock().unwrap_or_else(|e| e.into_inner()) {
-            let _ = send.send(hint);
+            let _ = send.send((ks, key));
         }
     }
 
@@ -1715,16 +1755,15 @@ impl Iterator for RangeIter<'_> {
             if self.end.as_ref().is_some_and(|e| *e <= start) {
                 return None;
             }
-            self.store.inner.wait_for_read_ahead(self.ks, &start);
-            let scanned = {
-                let mut tree = self.store.inner.lock_tree();
-                let scanned = tree.scan_leaf(self.ks, &start, self.end.as_deref());
-                tree.evict_clean_if_needed();
-                self.store.inner.pass_read_ahead_hint(&mut tree);
-                scanned.map_err(|e| self.store.inner.read_failed(e))
-            };
+            let mut items = Vec::new();
+            let scanned = self.store.inner.visit_one_leaf(
+                self.ks,
+                &start,
+                self.end.as_deref(),
+                &mut |k, v| items.push((k.to_vec(), v.to_vec())),
+            );
             match scanned {
-                Ok((items, next)) => {
+                Ok(next) => {
                     self.chunk = items.into_iter();
                     self.next = next;
                 }

@@ -5,12 +5,12 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::channel;
+use std::sync::Arc;
 use std::time::Duration;
 
 use betreefs_engine::{KeySpace, Options, Store};
-use betreefs_store::{Device, MemDevice};
+use betreefs_store::{HeldReads, MemDevice};
 use common::small_options;
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
@@ -95,44 +95,6 @@ fn share_one_store(round: u64) {
     assert_eq!(all, expected);
 }
 
-/// The reads of one thread, each held (once made) until the test's go.
-#[derive(Clone)]
-struct Hold {
-    thread: std::thread::ThreadId,
-    arrived: Sender<u64>,
-    go: Arc<Mutex<Receiver<()>>>,
-}
-
-/// A device whose reads by the thread named in `hold` say so, once made,
-/// and wait for the test's go: a query with its leaf's bytes in hand,
-/// held before it caches them.
-struct HeldReads {
-    inner: MemDevice,
-    hold: Mutex<Option<Hold>>,
-}
-
-impl Device for HeldReads {
-    fn len_bytes(&self) -> u64 {
-        self.inner.len_bytes()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.inner.read_at(buf, offset)?;
-        let hold = self.hold.lock().unwrap().clone();
-        if let Some(hold) = hold.filter(|h| h.thread == std::thread::current().id()) {
-            let _ = hold.arrived.send(offset);
-            // A go, or the test giving up: go on either way.
-            let _ = hold.go.lock().unwrap().recv();
-        }
-        Ok(())
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.inner.write_at(buf, offset)
-    }
-    fn sync(&self) -> std::io::Result<()> {
-        self.inner.sync()
-    }
-}
-
 fn numbered(i: u32) -> Vec<u8> {
     format!("key{i:05}").into_bytes()
 }
@@ -175,10 +137,7 @@ fn requests_go_on_while_a_query_reads_its_leaf() {
     }
     store.compact().unwrap();
     store.close().unwrap();
-    let device = Arc::new(HeldReads {
-        inner: dev,
-        hold: Mutex::new(None),
-    });
+    let device = Arc::new(HeldReads::new(dev));
     let (first, last) = (0, keys - 1);
     // Opens the store again and caches the root and the first key's leaf
     // only (the root is read under the lock: nothing above it is cached).
@@ -208,15 +167,10 @@ fn requests_go_on_while_a_query_reads_its_leaf() {
 
     let (arrived, held) = channel();
     let (go, wait) = channel();
-    let wait = Arc::new(Mutex::new(wait));
     let cold = {
         let (store, device) = (store.clone(), device.clone());
         std::thread::spawn(move || {
-            *device.hold.lock().unwrap() = Some(Hold {
-                thread: std::thread::current().id(),
-                arrived,
-                go: wait,
-            });
+            device.hold_reads_of_this_thread(arrived, wait);
             store.get(KeySpace::Data, &numbered(last)).unwrap()
         })
     };

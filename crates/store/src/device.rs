@@ -363,6 +363,73 @@ impl MemDevice {
     }
 }
 
+/// A device for concurrency tests: a [`MemDevice`] whose reads by one
+/// chosen thread are each announced once made and then held until the
+/// test lets them go — a request with its bytes in hand, stopped before
+/// it uses them, while the test shows what other requests can do.
+pub struct HeldReads {
+    inner: MemDevice,
+    hold: Mutex<Option<ReadHold>>,
+}
+
+#[derive(Clone)]
+struct ReadHold {
+    thread: std::thread::ThreadId,
+    arrived: std::sync::mpsc::Sender<u64>,
+    go: Arc<Mutex<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl HeldReads {
+    pub fn new(inner: MemDevice) -> HeldReads {
+        HeldReads {
+            inner,
+            hold: Mutex::new(None),
+        }
+    }
+
+    /// Holds every read the calling thread makes from now on: each, once
+    /// made, sends its offset on `arrived` and waits for a message on
+    /// `go` — or for `go`'s sender to be dropped, after which the thread's
+    /// reads go on freely.
+    pub fn hold_reads_of_this_thread(
+        &self,
+        arrived: std::sync::mpsc::Sender<u64>,
+        go: std::sync::mpsc::Receiver<()>,
+    ) {
+        *self.hold.lock().unwrap_or_else(|e| e.into_inner()) = Some(ReadHold {
+            thread: std::thread::current().id(),
+            arrived,
+            go: Arc::new(Mutex::new(go)),
+        });
+    }
+}
+
+impl Device for HeldReads {
+    fn len_bytes(&self) -> u64 {
+        self.inner.len_bytes()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_at(buf, offset)?;
+        let hold = self.hold.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(hold) = hold.filter(|h| h.thread == std::thread::current().id()) {
+            // The test may have stopped listening: then go on.
+            if hold.arrived.send(offset).is_ok() {
+                let _ = hold.go.lock().unwrap_or_else(|e| e.into_inner()).recv();
+            }
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.inner.sync()
+    }
+}
+
 fn power_lost() -> io::Error {
     io::Error::from_raw_os_error(libc::EIO)
 }

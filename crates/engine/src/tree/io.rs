@@ -285,48 +285,64 @@ impl Tree {
         node: &mut Node,
         want: Want<'_>,
     ) -> EngineResult<()> {
-        let NodeBody::Leaf(leaf) = &mut node.body else {
+        let Node { body, bounds, .. } = node;
+        let NodeBody::Leaf(leaf) = body else {
             return Ok(());
         };
         let Slot::OnDisk { extent, .. } = self.btt.get(num) else {
             return Err(Self::corrupt(ks, num, "partly loaded leaf has no extent"));
         };
-        // The missing basements of the span, read with one IO: basements
-        // lie in key order at increasing offsets of the node's extent.
-        let span = Self::basement_span(leaf, want);
-        let missing: Vec<usize> = span
-            .filter(|&i| leaf.basements[i].entries.is_none())
-            .collect();
-        let mut locs = Vec::with_capacity(missing.len());
-        for &i in &missing {
-            let Some(loc) = leaf.basements[i].loc else {
-                return Err(Self::corrupt(ks, num, "basement without location"));
-            };
-            locs.push(loc);
-        }
-        let (Some(first), Some(last)) = (locs.first(), locs.last()) else {
-            return Ok(());
-        };
-        let lo = first.offset as u64;
-        let hi = last.offset as u64 + last.len as u64;
-        let in_order = locs
-            .iter()
-            .zip(locs.iter().skip(1))
-            .all(|(a, b)| a.offset <= b.offset);
-        if !in_order || hi < lo {
-            return Err(Self::corrupt(ks, num, "basements out of order"));
-        }
-        let buf = self.read_extent_bytes(extent, lo, (hi - lo) as usize, 0)?;
-        for (&i, loc) in missing.iter().zip(&locs) {
-            let at = (loc.offset as u64 - lo) as usize;
-            // Offsets are in order, but a damaged length could still run
-            // past what was read.
-            let bytes = buf
-                .get(at..at + loc.len as usize)
-                .ok_or_else(|| Self::corrupt(ks, num, "basement runs past the next one"))?;
-            let entries = Self::decode_checked_basement(ks, num, leaf, i, &node.bounds, bytes)?;
-            leaf.basements[i].entries = Some(entries);
-        }
-        Ok(())
+        let at = self.layout.extent_offset(extent);
+        let place = (ks, num, at, &*bounds);
+        read_missing_basements(self.device.as_ref(), place, leaf, want, &self.stats)
     }
+}
+
+/// Reads the basements of `leaf` that `want` covers and are not loaded,
+/// with one IO (basements lie in key order at increasing offsets of the
+/// node's extent), and decodes them. `place` is the leaf's tree, number,
+/// the byte offset of its extent, and its bounds. Needs no lock.
+pub(super) fn read_missing_basements(
+    device: &dyn Device,
+    place: (KeySpace, u64, u64, &Bounds),
+    leaf: &mut Leaf,
+    want: Want<'_>,
+    stats: &Stats,
+) -> EngineResult<()> {
+    let (ks, num, at, bounds) = place;
+    let span = Tree::basement_span(leaf, want);
+    let missing: Vec<usize> = span
+        .filter(|&i| leaf.basements[i].entries.is_none())
+        .collect();
+    let mut locs = Vec::with_capacity(missing.len());
+    for &i in &missing {
+        let Some(loc) = leaf.basements[i].loc else {
+            return Err(Tree::corrupt(ks, num, "basement without location"));
+        };
+        locs.push(loc);
+    }
+    let (Some(first), Some(last)) = (locs.first(), locs.last()) else {
+        return Ok(());
+    };
+    let lo = first.offset as u64;
+    let hi = last.offset as u64 + last.len as u64;
+    let in_order = locs
+        .iter()
+        .zip(locs.iter().skip(1))
+        .all(|(a, b)| a.offset <= b.offset);
+    if !in_order || hi < lo {
+        return Err(Tree::corrupt(ks, num, "basements out of order"));
+    }
+    let buf = read_node_bytes(device, at + lo, (hi - lo) as usize, 0, stats)?;
+    for (&i, loc) in missing.iter().zip(&locs) {
+        let at = (loc.offset as u64 - lo) as usize;
+        // Offsets are in order, but a damaged length could still run
+        // past what was read.
+        let bytes = buf
+            .get(at..at + loc.len as usize)
+            .ok_or_else(|| Tree::corrupt(ks, num, "basement runs past the next one"))?;
+        let entries = Tree::decode_checked_basement(ks, num, leaf, i, bounds, bytes)?;
+        leaf.basements[i].entries = Some(entries);
+    }
+    Ok(())
 }

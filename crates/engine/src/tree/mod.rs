@@ -67,7 +67,7 @@ pub struct TreeOptions {
 
 /// What part of a leaf a reader needs.
 #[derive(Clone, Copy)]
-enum Want<'a> {
+pub(crate) enum Want<'a> {
     Whole,
     Key(&'a [u8]),
     Range(&'a [u8], Option<&'a [u8]>),

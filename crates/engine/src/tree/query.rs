@@ -61,90 +61,122 @@ impl Tree {
         end: Option<&[u8]>,
         visit: &mut dyn FnMut(&[u8], &[u8]),
     ) -> EngineResult<Option<Vec<u8>>> {
-        let mut levels: Vec<MessageBuffer> = Vec::new();
-        let mut num = self.roots[ks.index()];
-        let mut bounds = Bounds::full();
-        let mut height = None;
+        let mut walk = RangeWalk::new(self.roots[ks.index()]);
         loop {
-            let hi = min_end(end, bounds.hi.as_deref()).map(|h| h.to_vec());
-            self.load(ks, num, &bounds, Want::Range(start, hi.as_deref()), height)?;
-            match &self.node(num).body {
-                NodeBody::Interior(int) => {
-                    let i = int.child_index(start);
-                    let child_bounds = int.child_bounds(i, &bounds);
-                    let hi = min_end(end, child_bounds.hi.as_deref());
-                    levels.push(restricted(&int.buffers[i], start, hi));
-                    height = Some(int.height - 1);
-                    num = int.children[i];
-                    bounds = child_bounds;
-                }
-                NodeBody::Leaf(leaf) => {
-                    let hi = min_end(end, bounds.hi.as_deref());
-                    let first = leaf.basement_for(start);
-                    let last = hi.map_or(leaf.basements.len() - 1, |h| {
-                        leaf.last_basement_before(h, first)
-                    });
-                    // A scan across basements reads on sequentially (the
-                    // rest of this leaf was read with it): the next leaf
-                    // is worth reading ahead.
-                    let read_on = (last > first).then(|| bounds.hi.clone()).flatten();
-                    let entries = leaf.basements[first..=last].iter().flat_map(|b| {
-                        let Some(entries) = &b.entries else {
-                            unreachable!("loaded above")
-                        };
-                        (entries.lower_bound(start)..entries.len())
-                            .map(move |i| (entries.key(i), entries.value(i)))
-                    });
-                    let entries = entries.take_while(|(k, _)| hi.is_none_or(|h| *k < h));
-                    // Upper levels were restricted to their child's range, which
-                    // is wider than this leaf's: cut them to the leaf's.
-                    let levels: Vec<MessageBuffer> = levels
-                        .iter()
-                        .map(|l| restricted(l, start, hi))
-                        .filter(|l| !l.is_empty())
-                        .collect();
-                    if levels.is_empty() {
-                        // The common case: nothing pending here.
-                        for (k, v) in entries {
-                            visit(k, v);
-                        }
-                    } else {
-                        let mut merged: BTreeMap<Vec<u8>, Vec<u8>> =
-                            entries.map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
-                        for level in levels.iter().rev() {
-                            for (s, r) in level.ranges() {
-                                let mut doomed = merged.split_off(s);
-                                let mut kept = doomed.split_off(&r.end);
-                                merged.append(&mut kept);
-                            }
-                            for (k, m) in level.points() {
-                                match m.apply(merged.get(k).map(|v| v.as_slice()), &self.merges) {
-                                    Ok(Some(v)) => {
-                                        merged.insert(k.clone(), v);
-                                    }
-                                    Ok(None) => {
-                                        merged.remove(k);
-                                    }
-                                    Err(id) => return Err(EngineError::UnknownMergeFunction(id)),
-                                }
-                            }
-                        }
-                        for (k, v) in &merged {
-                            visit(k, v);
-                        }
-                    }
-                    let next = match (&bounds.hi, end) {
-                        (Some(h), Some(e)) if h.as_slice() < e => Some(h.clone()),
-                        (Some(h), None) => Some(h.clone()),
-                        _ => None,
-                    };
-                    if let Some(next_leaf) = read_on {
-                        self.read_ahead_hint = Some((ks, next_leaf));
-                    }
-                    return Ok(next);
-                }
+            let hi = walk.hi(end);
+            self.load(
+                ks,
+                walk.num,
+                &walk.bounds,
+                Want::Range(start, hi.as_deref()),
+                walk.height,
+            )?;
+            if walk.step(self.node(walk.num), start, end) {
+                break;
             }
         }
+        let visited = self.visit_reached_leaf(&walk, start, end, visit)?;
+        if let Some(next_leaf) = visited.read_on {
+            self.read_ahead_hint = Some((ks, next_leaf));
+        }
+        Ok(visited.next)
+    }
+
+    /// [`Tree::visit_leaf`] on the shared lock: `None` (having visited
+    /// nothing) unless every node on the way and every basement the range
+    /// needs of the leaf is cached, reached as it was cached.
+    pub fn visit_leaf_cached(
+        &self,
+        ks: KeySpace,
+        start: &[u8],
+        end: Option<&[u8]>,
+        visit: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> Option<EngineResult<LeafVisited>> {
+        let mut walk = RangeWalk::new(self.roots[ks.index()]);
+        loop {
+            let hi = walk.hi(end);
+            let want = Want::Range(start, hi.as_deref());
+            let node = self.cached_for(walk.num, &walk.bounds, want, walk.height)?;
+            if walk.step(node, start, end) {
+                break;
+            }
+        }
+        Some(self.visit_reached_leaf(&walk, start, end, visit))
+    }
+
+    /// Visits [start, end) within the leaf `walk` reached (its basements
+    /// for the range loaded), the messages pending above applied.
+    fn visit_reached_leaf(
+        &self,
+        walk: &RangeWalk,
+        start: &[u8],
+        end: Option<&[u8]>,
+        visit: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> EngineResult<LeafVisited> {
+        let NodeBody::Leaf(leaf) = &self.node(walk.num).body else {
+            unreachable!("a range walk ends at a leaf")
+        };
+        let bounds = &walk.bounds;
+        let hi = min_end(end, bounds.hi.as_deref());
+        let first = leaf.basement_for(start);
+        let last = hi.map_or(leaf.basements.len() - 1, |h| {
+            leaf.last_basement_before(h, first)
+        });
+        // A scan across basements reads on sequentially (the rest of this
+        // leaf was read with it): the next leaf is worth reading ahead.
+        let read_on = (last > first).then(|| bounds.hi.clone()).flatten();
+        let entries = leaf.basements[first..=last].iter().flat_map(|b| {
+            let Some(entries) = &b.entries else {
+                unreachable!("loaded above")
+            };
+            (entries.lower_bound(start)..entries.len())
+                .map(move |i| (entries.key(i), entries.value(i)))
+        });
+        let entries = entries.take_while(|(k, _)| hi.is_none_or(|h| *k < h));
+        // Upper levels were restricted to their child's range, which is
+        // wider than this leaf's: cut them to the leaf's.
+        let levels: Vec<MessageBuffer> = walk
+            .levels
+            .iter()
+            .map(|l| restricted(l, start, hi))
+            .filter(|l| !l.is_empty())
+            .collect();
+        if levels.is_empty() {
+            // The common case: nothing pending here.
+            for (k, v) in entries {
+                visit(k, v);
+            }
+        } else {
+            let mut merged: BTreeMap<Vec<u8>, Vec<u8>> =
+                entries.map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
+            for level in levels.iter().rev() {
+                for (s, r) in level.ranges() {
+                    let mut doomed = merged.split_off(s);
+                    let mut kept = doomed.split_off(&r.end);
+                    merged.append(&mut kept);
+                }
+                for (k, m) in level.points() {
+                    match m.apply(merged.get(k).map(|v| v.as_slice()), &self.merges) {
+                        Ok(Some(v)) => {
+                            merged.insert(k.clone(), v);
+                        }
+                        Ok(None) => {
+                            merged.remove(k);
+                        }
+                        Err(id) => return Err(EngineError::UnknownMergeFunction(id)),
+                    }
+                }
+            }
+            for (k, v) in &merged {
+                visit(k, v);
+            }
+        }
+        let next = match (&bounds.hi, end) {
+            (Some(h), Some(e)) if h.as_slice() < e => Some(h.clone()),
+            (Some(h), None) => Some(h.clone()),
+            _ => None,
+        };
+        Ok(LeafVisited { next, read_on })
     }
 }
 
@@ -203,5 +235,56 @@ impl PointWalk {
             m.into_value(value, merges)
                 .map_err(EngineError::UnknownMergeFunction)
         })
+    }
+}
+
+/// What a range visit of one leaf tells its caller.
+pub struct LeafVisited {
+    /// Where the next leaf begins, if the range goes on there.
+    pub next: Option<Vec<u8>>,
+    /// The same key, when the visit read on across basements: a
+    /// sequential reader, whose next leaf is worth reading ahead.
+    pub read_on: Option<Vec<u8>>,
+}
+
+/// A range query's way down from a root to the leaf holding its start:
+/// where it is, and the buffers on the way restricted to the range.
+struct RangeWalk {
+    num: u64,
+    bounds: Bounds,
+    height: Option<u32>,
+    levels: Vec<MessageBuffer>,
+}
+
+impl RangeWalk {
+    fn new(root: u64) -> RangeWalk {
+        RangeWalk {
+            num: root,
+            bounds: Bounds::full(),
+            height: None,
+            levels: Vec::new(),
+        }
+    }
+
+    /// Where the range ends within the current node's bounds.
+    fn hi(&self, end: Option<&[u8]>) -> Option<Vec<u8>> {
+        min_end(end, self.bounds.hi.as_deref()).map(|h| h.to_vec())
+    }
+
+    /// Looks at `node` (the walk's current one, loaded for the range):
+    /// whether it is the leaf; otherwise steps to the child holding
+    /// `start`, keeping the part of its buffer the range needs.
+    fn step(&mut self, node: &Node, start: &[u8], end: Option<&[u8]>) -> bool {
+        let NodeBody::Interior(int) = &node.body else {
+            return true;
+        };
+        let i = int.child_index(start);
+        let child_bounds = int.child_bounds(i, &self.bounds);
+        let hi = min_end(end, child_bounds.hi.as_deref());
+        self.levels.push(restricted(&int.buffers[i], start, hi));
+        self.height = Some(int.height - 1);
+        self.num = int.children[i];
+        self.bounds = child_bounds;
+        false
     }
 }

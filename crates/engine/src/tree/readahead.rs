@@ -2,9 +2,10 @@
 //! 0.6 §3.2's cooperative read-ahead): when a scan reads a leaf
 //! sequentially, the next leaf is read by another thread and put in the
 //! cache if the tree still names it there; the reader then finds it cached
-//! instead of waiting for the device. And point queries: one that finds
-//! its leaf uncached reads the part it needs ([`read_leaf_for_key`])
-//! holding no lock, so that other requests go on meanwhile.
+//! instead of waiting for the device. And queries: one that finds its leaf
+//! uncached (and nothing else on the way) reads the part it needs
+//! ([`read_leaf_part`]) holding no lock, so that other requests go on
+//! meanwhile.
 //!
 //! The three steps and what keeps them safe: [`Tree::uncached_leaf_for`]
 //! (under the lock) walks cached nodes down to the leaf and notes its
@@ -153,15 +154,14 @@ fn decode_leaf_meta(place: &LeafOnDisk, bytes: &[u8]) -> EngineResult<Node> {
     Ok(node)
 }
 
-/// Reads what a point query for `key` needs of the uncached leaf at
-/// `place` — its header and meta, then the basement holding `key`, as
-/// [`Tree::load`] reads them — and decodes it, checked as a load checks
-/// it. Needs no lock: the caller adopts the leaf under it
-/// ([`Tree::adopt_leaf_read`]).
-pub fn read_leaf_for_key(
+/// Reads what a query needs of the uncached leaf at `place` — its header
+/// and meta, then the basements `want` covers, as [`Tree::load`] reads
+/// them — and decodes it, checked as a load checks it. Needs no lock: the
+/// caller adopts the leaf under it ([`Tree::adopt_leaf_read`]).
+pub(crate) fn read_leaf_part(
     place: &LeafOnDisk,
     device: &dyn Device,
-    key: &[u8],
+    want: Want<'_>,
     stats: &Stats,
 ) -> EngineResult<Node> {
     let (ks, num) = (place.ks, place.num);
@@ -180,28 +180,9 @@ pub fn read_leaf_for_key(
         head = io::read_node_bytes(device, place.offset, meta_end(&header), 0, stats)?;
     }
     let mut node = decode_leaf_meta(place, &head)?;
-    let NodeBody::Leaf(leaf) = &mut node.body else {
-        return Err(Tree::corrupt(ks, num, "not the leaf its parent names"));
-    };
-    let i = leaf.basement_for(key);
-    let Some(loc) = leaf.basements.get(i).and_then(|b| b.loc) else {
-        return Err(Tree::corrupt(ks, num, "basement without location"));
-    };
-    if loc.offset as u64 + loc.len as u64 > place.len as u64 {
-        return Err(Tree::corrupt(ks, num, "basement beyond node"));
+    if let NodeBody::Leaf(leaf) = &mut node.body {
+        let at = (ks, num, place.offset, &place.bounds);
+        io::read_missing_basements(device, at, leaf, want, stats)?;
     }
-    let buf = io::read_node_bytes(
-        device,
-        place.offset + loc.offset as u64,
-        loc.len as usize,
-        0,
-        stats,
-    )?;
-    // The buffer is whole blocks: the basement is its start.
-    let bytes = buf
-        .get(..loc.len as usize)
-        .ok_or_else(|| Tree::corrupt(ks, num, "basement beyond node"))?;
-    let entries = Tree::decode_checked_basement(ks, num, leaf, i, &place.bounds, bytes)?;
-    leaf.basements[i].entries = Some(entries);
     Ok(node)
 }

@@ -83,57 +83,86 @@ impl FileSystem {
             count_update(&mut batch, -1);
             self.store.write_reserving(&batch, released.reservation())?;
             st.node_mut(ino)?.home = Home::Gone;
+            st.key_moves += 1;
         }
         st.drop_if_unused(ino);
         Ok(())
     }
 
+    /// Reads into `out` from `offset`; returns the bytes read (fewer at the
+    /// end of the file).
+    ///
+    /// The table's lock is not held while the store reads: the file's
+    /// size, key and `data_version` and the table's `key_moves` are taken
+    /// under it, the blocks read without it, and the read stands if
+    /// neither count moved meanwhile — the key was the file's and its data
+    /// unchanged throughout. Otherwise (a write, truncate or rename raced
+    /// with it) it is made again with the lock held, as every read was
+    /// before: a cached `getattr` or a read of another file no longer
+    /// waits for this one's device reads.
     pub(super) fn read_data(&self, ino: Ino, offset: u64, out: &mut [u8]) -> FsResult<usize> {
+        let (span, seen) = {
+            let st = self.lock();
+            let span = ReadSpan::of(&st, ino, offset, out.len())?;
+            (span, (st.node(ino)?.data_version, st.key_moves))
+        };
+        self.copy_span(&span, offset, out)?;
         let mut st = self.lock();
-        let node = st.node(ino)?;
-        if node.attr.is_dir() {
-            return Err(Errno::EISDIR);
-        }
-        let file_size = node.attr.size;
-        let end = file_size.min(offset.saturating_add(out.len() as u64));
-        let len = end.saturating_sub(offset) as usize;
-        if offset < end {
-            let key = st.file_key(ino)?;
-            let (first, last) = (offset / BLOCK_SIZE, (end - 1) / BLOCK_SIZE);
-            let lo = schema::data_key(&key, first);
-            let hi = schema::data_key(&key, last + 1);
-            // Blocks are copied straight from the leaves into the reply;
-            // what lies between them (holes) is zeroed as it is passed.
-            let mut filled = 0usize;
-            self.store
-                .visit_range(KeySpace::Data, &lo, &hi, &mut |k, v| {
-                    let Some(block) = schema::data_block(&key, k) else {
-                        return;
-                    };
-                    let block_start = block * BLOCK_SIZE;
-                    // The overlap of [block_start, block_start + v.len()) and [offset, end).
-                    let from = block_start.max(offset);
-                    let to = (block_start + v.len() as u64).min(end);
-                    if from >= to {
-                        return;
-                    }
-                    let (at, until) = ((from - offset) as usize, (to - offset) as usize);
-                    if let Some(gap) = out.get_mut(filled..at) {
-                        gap.fill(0);
-                    }
-                    let dst = out.get_mut(at..until);
-                    let src = v.get((from - block_start) as usize..(to - block_start) as usize);
-                    if let (Some(dst), Some(src)) = (dst, src) {
-                        dst.copy_from_slice(src);
-                    }
-                    filled = filled.max(until);
-                })?;
-            if let Some(rest) = out.get_mut(filled..len) {
-                rest.fill(0);
-            }
-        }
+        let now = st.nodes.get(&ino).map(|n| (n.data_version, st.key_moves));
+        let len = if now == Some(seen) {
+            span.len
+        } else {
+            let span = ReadSpan::of(&st, ino, offset, out.len())?;
+            self.copy_span(&span, offset, out)?;
+            span.len
+        };
         self.note_access(&mut st, ino)?;
         Ok(len)
+    }
+
+    fn copy_span(&self, span: &ReadSpan, offset: u64, out: &mut [u8]) -> FsResult<()> {
+        match &span.blocks {
+            Some((key, end)) => self.copy_blocks(key, offset, *end, out),
+            None => Ok(()),
+        }
+    }
+
+    /// Copies the file's bytes [offset, end) into the start of `out`:
+    /// blocks straight from the leaves into the reply, what lies between
+    /// them (holes) zeroed as it is passed.
+    fn copy_blocks(&self, key: &[u8], offset: u64, end: u64, out: &mut [u8]) -> FsResult<()> {
+        let len = (end - offset) as usize;
+        let (first, last) = (offset / BLOCK_SIZE, (end - 1) / BLOCK_SIZE);
+        let lo = schema::data_key(key, first);
+        let hi = schema::data_key(key, last + 1);
+        let mut filled = 0usize;
+        self.store
+            .visit_range(KeySpace::Data, &lo, &hi, &mut |k, v| {
+                let Some(block) = schema::data_block(key, k) else {
+                    return;
+                };
+                let block_start = block * BLOCK_SIZE;
+                // The overlap of [block_start, block_start + v.len()) and [offset, end).
+                let from = block_start.max(offset);
+                let to = (block_start + v.len() as u64).min(end);
+                if from >= to {
+                    return;
+                }
+                let (at, until) = ((from - offset) as usize, (to - offset) as usize);
+                if let Some(gap) = out.get_mut(filled..at) {
+                    gap.fill(0);
+                }
+                let dst = out.get_mut(at..until);
+                let src = v.get((from - block_start) as usize..(to - block_start) as usize);
+                if let (Some(dst), Some(src)) = (dst, src) {
+                    dst.copy_from_slice(src);
+                }
+                filled = filled.max(until);
+            })?;
+        if let Some(rest) = out.get_mut(filled..len) {
+            rest.fill(0);
+        }
+        Ok(())
     }
 
     /// Writes `data` at `offset` (at the end for O_APPEND handles); returns
@@ -631,4 +660,30 @@ fn zero_blocks(batch: &mut WriteBatch, file: &[u8], start: u64, end: u64) -> Vec
         patch(tail, 0, end % BLOCK_SIZE);
     }
     patched
+}
+
+/// What a read covers, as the inode table says when it begins.
+struct ReadSpan {
+    /// The bytes it returns (fewer than asked at the end of the file).
+    len: usize,
+    /// The file's key and where its bytes end, unless it returns none.
+    blocks: Option<(Vec<u8>, u64)>,
+}
+
+impl ReadSpan {
+    /// The span of a read of `want` bytes of `ino` at `offset`.
+    fn of(st: &State, ino: Ino, offset: u64, want: usize) -> FsResult<ReadSpan> {
+        let node = st.node(ino)?;
+        if node.attr.is_dir() {
+            return Err(Errno::EISDIR);
+        }
+        let end = node.attr.size.min(offset.saturating_add(want as u64));
+        let len = end.saturating_sub(offset) as usize;
+        let blocks = if offset < end {
+            Some((st.file_key(ino)?, end))
+        } else {
+            None
+        };
+        Ok(ReadSpan { len, blocks })
+    }
 }

@@ -192,6 +192,7 @@ impl FileSystem {
                 handles: HashMap::new(),
                 cookies: Default::default(),
                 next_handle: 1,
+                key_moves: 0,
                 next_ino: info.ino_reserved,
                 ino_reserved: info.ino_reserved,
                 created: info.created,

@@ -389,6 +389,7 @@ impl FileSystem {
         let old_parent = n.parent;
         n.parent = new_parent;
         n.name = new_name.to_vec();
+        st.key_moves += 1;
         st.move_pin(old_parent, new_parent);
     }
 

@@ -185,6 +185,9 @@ impl State {
     pub(super) fn commit(&mut self, plan: Planned) {
         for planned in plan.nodes {
             if let Some(node) = self.nodes.get_mut(&planned.ino) {
+                if node.home != planned.home {
+                    self.key_moves += 1;
+                }
                 node.attr = planned.attr;
                 node.home = planned.home;
                 node.dir_version += u64::from(planned.listing_changed);

@@ -98,6 +98,12 @@ pub(super) struct State {
     /// Names behind the readdir cookies returned lately.
     pub(super) cookies: CookieWindow,
     pub(super) next_handle: u64,
+    /// Bumped whenever an inode's key may change: a rename (of it or of a
+    /// directory above it), a new home, a new place found for it. A read
+    /// made without the table's lock held across the store's read checks
+    /// this (and the file's `data_version`) afterwards to know that the
+    /// key it read was the file's, and its data unchanged, throughout.
+    pub(super) key_moves: u64,
     pub(super) next_ino: Ino,
     pub(super) ino_reserved: Ino,
     pub(super) created: i64,
@@ -284,6 +290,9 @@ impl State {
         if let Some(node) = self.nodes.get_mut(&ino) {
             node.lookups += 1;
             if home == Home::Path || node.parent == parent {
+                if node.parent != parent || node.name != name {
+                    self.key_moves += 1;
+                }
                 let old_parent = node.parent;
                 node.parent = parent;
                 node.name = name.to_vec();
