@@ -202,8 +202,9 @@ pub struct RecoveryReport {
 }
 
 struct Inner {
-    /// Shared by point queries that find their whole path cached
-    /// ([`Store::get`]), exclusive for everything else. The paths that
+    /// Shared by queries that find their whole path cached ([`Store::get`],
+    /// [`Store::visit_range`], [`Store::range`]) and by the read-ahead
+    /// thread's walks; exclusive for everything else. The paths that
     /// must checkpoint while they hold it wait for a checkpoint in flight
     /// through `checkpoint_ended` without giving up their guard.
     tree: parking_lot::RwLock<Tree>,
@@ -1552,7 +1553,7 @@ impl Inner {
         snap.log_flushes = self.log.flush_count();
         snap.log_unflushed_bytes = self.log.unflushed_bytes();
         {
-            let tree = self.lock_tree();
+            let tree = self.tree.read();
             snap.cache_bytes = tree.cache_bytes() as u64;
             snap.cache_peak_bytes = tree.cache_bytes_peak() as u64;
             snap.cache_dirty_bytes = tree.dirty_bytes() as u64;

@@ -233,7 +233,7 @@ impl<F: Operations> Dispatcher<F> {
         let h = &req.header;
         let reply = match &req.op {
             Op::Forget { nlookup } => {
-                self.guarded(h.nodeid, "forget", |fs| {
+                self.guarded(h.nodeid, opcode::FORGET, |fs| {
                     fs.forget(h.nodeid, *nlookup);
                     Ok(())
                 })
@@ -242,7 +242,7 @@ impl<F: Operations> Dispatcher<F> {
             }
             Op::BatchForget { forgets } => {
                 for &(ino, nlookup) in forgets {
-                    self.guarded(ino, "forget", |fs| {
+                    self.guarded(ino, opcode::BATCH_FORGET, |fs| {
                         fs.forget(ino, nlookup);
                         Ok(())
                     })
@@ -259,7 +259,7 @@ impl<F: Operations> Dispatcher<F> {
                 self.destroyed.store(true, Ordering::Relaxed);
                 Reply::Ok(Vec::new())
             }
-            op => Reply::from_result(self.guarded(h.nodeid, opcode::name(h.opcode), |fs| {
+            op => Reply::from_result(self.guarded(h.nodeid, h.opcode, |fs| {
                 let body = self.serve(fs, h, op)?;
                 if self.synchronous(h.opcode) {
                     fs.fsync()?;
@@ -281,7 +281,7 @@ impl<F: Operations> Dispatcher<F> {
         };
         let len = (size as usize).min(buf.len());
         let buf = buf.get_mut(..len).ok_or(libc::EINVAL)?;
-        let result = self.guarded(h.nodeid, "read", |fs| {
+        let result = self.guarded(h.nodeid, h.opcode, |fs| {
             crate::guard::injected_delay(h.opcode);
             fs.read(h.nodeid, offset, buf)
         });
@@ -289,15 +289,11 @@ impl<F: Operations> Dispatcher<F> {
         result.map_err(|e| e.0)
     }
 
-    /// Runs `body` through the panic guard (see [`crate::guard`]).
-    fn guarded<T>(
-        &self,
-        ino: u64,
-        what: &str,
-        body: impl FnOnce(&F) -> FsResult<T>,
-    ) -> FsResult<T> {
-        self.guard
-            .run(|| format!("{what} (inode {ino})"), || body(&self.fs))
+    /// Runs `body`, a request of `op` on `ino`, through the panic guard
+    /// (see [`crate::guard`]); the request is named only if it panics.
+    fn guarded<T>(&self, ino: u64, op: u32, body: impl FnOnce(&F) -> FsResult<T>) -> FsResult<T> {
+        let describe = || format!("{} (inode {ino})", opcode::name(op));
+        self.guard.run(describe, || body(&self.fs))
     }
 
     fn serve(&self, fs: &F, h: &abi::InHeader, op: &Op<'_>) -> FsResult<Vec<u8>> {

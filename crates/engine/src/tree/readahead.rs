@@ -132,7 +132,8 @@ pub fn read_whole_leaf(
 /// it (header checksum against the block table's, tree, bounds, every
 /// basement). Needs no lock.
 fn decode_whole_leaf(place: &LeafOnDisk, bytes: &[u8]) -> EngineResult<Node> {
-    let mut node = decode_leaf_meta(place, bytes)?;
+    let header = checked_leaf_header(place, bytes)?;
+    let mut node = decode_leaf_meta(place, &header, bytes)?;
     let (ks, num, bounds) = (place.ks, place.num, &place.bounds);
     if let NodeBody::Leaf(leaf) = &mut node.body {
         Tree::decode_all_basements(ks, num, leaf, bounds, bytes)?;
@@ -140,13 +141,19 @@ fn decode_whole_leaf(place: &LeafOnDisk, bytes: &[u8]) -> EngineResult<Node> {
     Ok(node)
 }
 
-/// The leaf at `place` with no basement loaded, from bytes of its extent
-/// that reach past its meta, checked as a load checks it.
-fn decode_leaf_meta(place: &LeafOnDisk, bytes: &[u8]) -> EngineResult<Node> {
+/// The header of the leaf at `place`, from the start of its extent,
+/// checked against what its parent and the block table say.
+fn checked_leaf_header(place: &LeafOnDisk, bytes: &[u8]) -> EngineResult<NodeHeader> {
+    let (ks, num, bounds, crc) = (place.ks, place.num, &place.bounds, place.crc);
+    Tree::checked_header(ks, num, bytes, crc, bounds, place.extent.len, Some(0))
+}
+
+/// The leaf at `place` with no basement loaded, from its checked header
+/// and bytes of its extent that reach past its meta, checked as a load
+/// checks it.
+fn decode_leaf_meta(place: &LeafOnDisk, header: &NodeHeader, bytes: &[u8]) -> EngineResult<Node> {
     let (ks, num, bounds) = (place.ks, place.num, &place.bounds);
-    let header =
-        Tree::checked_header(ks, num, bytes, place.crc, bounds, place.extent.len, Some(0))?;
-    let node = Tree::decode_node_meta(ks, num, &header, bytes, bounds)?;
+    let node = Tree::decode_node_meta(ks, num, header, bytes, bounds)?;
     let NodeBody::Leaf(leaf) = &node.body else {
         return Err(Tree::corrupt(ks, num, "not the leaf its parent names"));
     };
@@ -164,24 +171,15 @@ pub(crate) fn read_leaf_part(
     want: Want<'_>,
     stats: &Stats,
 ) -> EngineResult<Node> {
-    let (ks, num) = (place.ks, place.num);
     let first = place.len.min(BLOCK_SIZE);
     let mut head = io::read_node_bytes(device, place.offset, first, 0, stats)?;
-    let header = Tree::checked_header(
-        ks,
-        num,
-        &head,
-        place.crc,
-        &place.bounds,
-        place.extent.len,
-        Some(0),
-    )?;
+    let header = checked_leaf_header(place, &head)?;
     if meta_end(&header) > head.len() {
         head = io::read_node_bytes(device, place.offset, meta_end(&header), 0, stats)?;
     }
-    let mut node = decode_leaf_meta(place, &head)?;
+    let mut node = decode_leaf_meta(place, &header, &head)?;
     if let NodeBody::Leaf(leaf) = &mut node.body {
-        let at = (ks, num, place.offset, &place.bounds);
+        let at = (place.ks, place.num, place.offset, &place.bounds);
         io::read_missing_basements(device, at, leaf, want, stats)?;
     }
     Ok(node)
