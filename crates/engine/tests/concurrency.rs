@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use betreefs_engine::{KeySpace, Options, Store};
-use betreefs_store::{HeldReads, MemDevice};
+use betreefs_store::{finishes_within, HeldReads, MemDevice};
 use common::small_options;
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
@@ -107,13 +107,8 @@ fn value_of(i: u32, version: u8) -> Vec<u8> {
 /// it has not returned within a generous bound (it would be waiting for
 /// the held read).
 fn completes<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (done, result) = channel();
-    std::thread::spawn(move || {
-        let _ = done.send(f());
-    });
-    result
-        .recv_timeout(Duration::from_secs(20))
-        .unwrap_or_else(|_| panic!("{what} waited for a query's device read"))
+    finishes_within(Duration::from_secs(20), f)
+        .unwrap_or_else(|| panic!("{what} waited for a query's device read"))
 }
 
 /// A point query that must read its leaf from the device holds no lock

@@ -2,28 +2,24 @@
 //! up and afterwards: while one waits for the device, other requests go
 //! on, and a read that a write or a rename raced with is made again.
 
+mod common;
+
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::Duration;
 
 use betreefs_engine::{Options, Store};
-use betreefs_fs::{AtimePolicy, Caller, FileSystem, Operations, RenameFlags, ROOT_INO};
-use betreefs_store::{HeldReads, MemDevice};
+use betreefs_fs::{AtimePolicy, FileSystem, Operations, RenameFlags, ROOT_INO};
+use betreefs_store::{finishes_within, HeldReads, MemDevice};
+use common::ME;
 
-const ME: Caller = Caller::new(1000, 1000);
-
-/// Small nodes, and a file of a few leaves: the data tree is a root over
-/// leaves, so a read of a file finds everything above its leaf cached once
-/// another file was read. No read-ahead: the tests choose what is cached.
+/// A file of a few leaves: the data tree is a root over leaves, so a read
+/// of a file finds everything above its leaf cached once another file was
+/// read. No read-ahead: the tests choose what is cached.
 fn options() -> Options {
     Options {
-        node_size: 64 << 10,
-        basement_size: 8 << 10,
-        cache_bytes: 4 << 20,
-        log_flush_interval: None,
-        checkpoint_interval: None,
         read_ahead: false,
-        ..Options::default()
+        ..common::options()
     }
 }
 
@@ -34,13 +30,7 @@ fn big_contents(version: u8) -> Vec<u8> {
 }
 
 fn write_file(fs: &FileSystem, name: &[u8], data: &[u8]) -> u64 {
-    let (attr, fh) = fs.create(ROOT_INO, name, 0o644, 0, ME).unwrap();
-    assert_eq!(
-        fs.write(attr.ino, fh, 0, data, None).unwrap() as usize,
-        data.len()
-    );
-    fs.release(fh).unwrap();
-    attr.ino
+    common::write_file(fs, ROOT_INO, name, data)
 }
 
 /// A file system holding `small` (4 KiB) and `big`, mounted again on a
@@ -92,13 +82,8 @@ fn held_read(
 /// it has not returned within a generous bound (it would be waiting for
 /// the held read).
 fn completes<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (done, result) = channel();
-    std::thread::spawn(move || {
-        let _ = done.send(f());
-    });
-    result
-        .recv_timeout(Duration::from_secs(20))
-        .unwrap_or_else(|_| panic!("{what} waited for another read's device read"))
+    finishes_within(Duration::from_secs(20), f)
+        .unwrap_or_else(|| panic!("{what} waited for another read's device read"))
 }
 
 #[test]

@@ -2,6 +2,8 @@
 //! each test drives `FileSystem` as the kernel would and reopens the store
 //! to check what is durable.
 
+mod common;
+
 use std::sync::Arc;
 
 use betreefs_engine::{Options, Store};
@@ -9,19 +11,7 @@ use betreefs_fs::{
     AtimePolicy, Caller, Errno, FileSystem, Operations, RenameFlags, SetAttr, ROOT_INO,
 };
 use betreefs_store::MemDevice;
-
-const ME: Caller = Caller::new(1000, 1000);
-
-fn options() -> Options {
-    Options {
-        node_size: 64 << 10,
-        basement_size: 8 << 10,
-        cache_bytes: 4 << 20,
-        log_flush_interval: None,
-        checkpoint_interval: None,
-        ..Options::default()
-    }
-}
+use common::{options, write_file, ME};
 
 fn fresh() -> (MemDevice, FileSystem) {
     let dev = MemDevice::new(64 << 20);
@@ -54,16 +44,6 @@ fn list(fs: &FileSystem, dir: u64, offset: u64, limit: usize) -> Vec<(Vec<u8>, u
 fn names(fs: &FileSystem, dir: u64) -> Vec<Vec<u8>> {
     let out = list(fs, dir, 0, usize::MAX);
     out.into_iter().map(|(n, _)| n).collect()
-}
-
-fn write_file(fs: &FileSystem, dir: u64, name: &[u8], data: &[u8]) -> u64 {
-    let (attr, fh) = fs.create(dir, name, 0o644, 0, ME).unwrap();
-    assert_eq!(
-        fs.write(attr.ino, fh, 0, data, None).unwrap() as usize,
-        data.len()
-    );
-    fs.release(fh).unwrap();
-    attr.ino
 }
 
 fn set_size(fs: &FileSystem, ino: u64, size: u64) {

@@ -430,6 +430,21 @@ impl Device for HeldReads {
     }
 }
 
+/// Runs `f` on a thread of its own and gives its result if it returns
+/// within `limit` — for concurrency tests that show a request does not
+/// wait for another one held somewhere (the thread is left behind if it
+/// does not return).
+pub fn finishes_within<T: Send + 'static>(
+    limit: std::time::Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(f());
+    });
+    result.recv_timeout(limit).ok()
+}
+
 fn power_lost() -> io::Error {
     io::Error::from_raw_os_error(libc::EIO)
 }

@@ -35,7 +35,7 @@ mod superblock;
 
 pub use aligned::{buffer_pool_bytes, set_buffer_pool_limit, AlignedBuf};
 pub use allocator::BlockAllocator;
-pub use device::{CrashMode, Device, FileDevice, HeldReads, MemDevice};
+pub use device::{finishes_within, CrashMode, Device, FileDevice, HeldReads, MemDevice};
 pub use error::{StoreError, StoreResult};
 pub use layout::{Extent, Layout, BLOCK_SIZE};
 pub use log::{
