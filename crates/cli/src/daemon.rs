@@ -604,6 +604,7 @@ fn start(
     let fs = FileSystem::mount(store, settings.atime)
         .map_err(|e| anyhow!("{}: {e}", args.image.display()))?;
     let fs = Arc::new(fs);
+    watch_allocator(fs.store().allocator_overhead(), budget / 4)?;
     watch_device_faults(&fs, settings, &args.mountpoint, guard.clone());
     let socket = control_socket(&args.mountpoint)?;
     // The control socket is up before the mount answers: whoever waits
@@ -655,6 +656,35 @@ fn start(
 /// into it (refusing writes checkpoints) or into the kernel (the remount
 /// flushes the kernel's caches through this daemon) runs on a thread of
 /// its own, once.
+/// How often the daemon measures what its allocator holds beyond the
+/// bytes allocated.
+const ALLOCATOR_MEASURE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Reports to the engine, every [`ALLOCATOR_MEASURE_INTERVAL`], what
+/// jemalloc keeps resident beyond the bytes allocated (at most `cap`): the
+/// node cache makes room for it, so that the daemon's resident size, not
+/// only what it allocates, stays within its budget. The micro suite's
+/// first-link phase showed why: 253 MiB allocated, 325 MiB resident in
+/// the allocator — pages of freed node images and basements waiting for
+/// their decay (docs/design.md, "One memory budget for the mount daemon").
+fn watch_allocator(gauge: betreefs_engine::MemoryBesideCache, cap: usize) -> Result<()> {
+    use tikv_jemalloc_ctl::{epoch, stats};
+    std::thread::Builder::new()
+        .name("betreefs-memory".into())
+        .spawn(move || loop {
+            if epoch::advance().is_ok() {
+                if let (Ok(resident), Ok(allocated)) =
+                    (stats::resident::read(), stats::allocated::read())
+                {
+                    gauge.set(resident.saturating_sub(allocated).min(cap) as u64);
+                }
+            }
+            std::thread::sleep(ALLOCATOR_MEASURE_INTERVAL);
+        })
+        .context("starting the allocator's watch")?;
+    Ok(())
+}
+
 fn watch_device_faults(
     fs: &Arc<FileSystem>,
     settings: &Settings,

@@ -81,6 +81,10 @@ pub struct Stats {
     /// What the store's user reports holding in its own tables (not a
     /// counter: a gauge the node cache's budget makes room for).
     pub memory_beside_cache: AtomicU64,
+    /// What the process's allocator holds beyond the bytes allocated
+    /// (freed pages not yet given back, size-class slack), as the store's
+    /// user last measured it: a gauge the cache's budget makes room for.
+    pub allocator_overhead: AtomicU64,
 }
 
 pub(crate) fn add(counter: &AtomicU64, n: u64) {
@@ -159,6 +163,9 @@ pub struct StatsSnapshot {
     /// The user's tables beside the cache (see `Store::memory_beside_cache`),
     /// and the node cache's budget after making room for them.
     pub memory_beside_cache_bytes: u64,
+    /// The allocator's overhead last reported (see
+    /// `Store::allocator_overhead`), which the budget makes room for too.
+    pub allocator_overhead_bytes: u64,
     pub cache_budget_bytes: u64,
     pub tree_heights: Vec<u32>,
     pub node_region_bytes: u64,
@@ -216,6 +223,7 @@ impl Stats {
             flush_wait_micros_max: get(&self.flush_wait_micros_max),
             flush_wait_micros_total: get(&self.flush_wait_micros_total),
             memory_beside_cache_bytes: get(&self.memory_beside_cache),
+            allocator_overhead_bytes: get(&self.allocator_overhead),
             log_replayed_records: get(&self.log_replayed_records),
             ..StatsSnapshot::default()
         }

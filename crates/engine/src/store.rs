@@ -753,7 +753,18 @@ impl Store {
     /// own tables hold: the node cache makes room for it, so that one
     /// budget (`Options::cache_bytes`) covers both.
     pub fn memory_beside_cache(&self) -> MemoryBesideCache {
-        MemoryBesideCache(self.inner.stats.clone())
+        MemoryBesideCache(self.inner.stats.clone(), Beside::Tables)
+    }
+
+    /// A handle through which the store's user reports what the process's
+    /// allocator holds beyond the bytes allocated — pages freed and not
+    /// yet given back, size-class slack — which the node cache makes room
+    /// for as well: the budget is the process's resident size, and a
+    /// cache that churns through megabyte images leaves tens of megabytes
+    /// of such pages behind it (docs/design.md, "One memory budget for
+    /// the mount daemon").
+    pub fn allocator_overhead(&self) -> MemoryBesideCache {
+        MemoryBesideCache(self.inner.stats.clone(), Beside::Allocator)
     }
 
     /// The counters, with derived totals.
@@ -850,14 +861,26 @@ impl Drop for Store {
     }
 }
 
-/// See [`Store::memory_beside_cache`].
+/// A gauge of memory held beside the node cache: see
+/// [`Store::memory_beside_cache`] and [`Store::allocator_overhead`].
 #[derive(Clone)]
-pub struct MemoryBesideCache(Arc<Stats>);
+pub struct MemoryBesideCache(Arc<Stats>, Beside);
+
+/// Which memory a [`MemoryBesideCache`] reports.
+#[derive(Clone, Copy)]
+enum Beside {
+    Tables,
+    Allocator,
+}
 
 impl MemoryBesideCache {
     /// The bytes held beside the cache now (replaces the last report).
     pub fn set(&self, bytes: u64) {
-        self.0.memory_beside_cache.store(bytes, Ordering::Relaxed);
+        let gauge = match self.1 {
+            Beside::Tables => &self.0.memory_beside_cache,
+            Beside::Allocator => &self.0.allocator_overhead,
+        };
+        gauge.store(bytes, Ordering::Relaxed);
     }
 }
 

@@ -114,6 +114,37 @@ fn the_cache_makes_room_for_memory_reported_beside_it() {
     assert!(store.stats().cache_bytes <= floor);
 }
 
+/// The allocator's overhead, as the store's user reports it, comes out of
+/// the cache's budget beside the user's tables.
+#[test]
+fn the_cache_makes_room_for_the_allocators_overhead() {
+    let options = small_options();
+    let budget = options.cache_bytes as u64;
+    let (_dev, store) = mem_store(64 << 20, small_options());
+    let (tables, allocator) = (budget / 16, budget / 8);
+    store.memory_beside_cache().set(tables);
+    store.allocator_overhead().set(allocator);
+    for chunk in (0..4_000u32).collect::<Vec<_>>().chunks(100) {
+        let mut batch = WriteBatch::new();
+        for &i in chunk {
+            batch.put(KeySpace::Data, &i.to_be_bytes(), &[i as u8; 300]);
+        }
+        store.write(&batch).unwrap();
+    }
+    let stats = store.stats();
+    assert_eq!(stats.allocator_overhead_bytes, allocator);
+    assert_eq!(stats.cache_budget_bytes, budget - tables - allocator);
+    assert!(
+        stats.cache_bytes <= budget - tables - allocator,
+        "{} bytes cached, {} left to the cache",
+        stats.cache_bytes,
+        budget - tables - allocator
+    );
+    // Reported smaller again: the budget grows back.
+    store.allocator_overhead().set(0);
+    assert_eq!(store.stats().cache_budget_bytes, budget - tables);
+}
+
 /// One batch of many times a node's worth of messages (the file system's
 /// clone of a tree writes one) is applied in steps: the cache never holds
 /// all of it, and messages later in the batch still win over earlier ones

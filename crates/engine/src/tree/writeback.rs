@@ -93,7 +93,9 @@ impl Tree {
     /// store's user holds beside it (`Store::memory_beside_cache`), and
     /// never under four nodes.
     pub fn cache_budget(&self) -> usize {
-        let beside = self.stats.memory_beside_cache.load(Ordering::Relaxed) as usize;
+        let beside = (self.stats.memory_beside_cache.load(Ordering::Relaxed))
+            .saturating_add(self.stats.allocator_overhead.load(Ordering::Relaxed))
+            as usize;
         self.opts
             .cache_bytes
             .saturating_sub(beside)
