@@ -661,9 +661,9 @@ fn start(
 const ALLOCATOR_MEASURE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Reports to the engine, every [`ALLOCATOR_MEASURE_INTERVAL`], what
-/// jemalloc keeps resident beyond the bytes allocated (at most `cap`): the
-/// node cache makes room for it, so that the daemon's resident size, not
-/// only what it allocates, stays within its budget. The micro suite's
+/// jemalloc keeps resident beyond the bytes allocated (at most `cap`):
+/// clean nodes of the cache make room for it, so that the daemon's
+/// resident size, not only what it allocates, stays within its budget. The micro suite's
 /// first-link phase showed why: 253 MiB allocated, 325 MiB resident in
 /// the allocator — pages of freed node images and basements waiting for
 /// their decay (docs/design.md, "One memory budget for the mount daemon").

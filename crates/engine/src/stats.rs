@@ -167,6 +167,9 @@ pub struct StatsSnapshot {
     /// `Store::allocator_overhead`), which the budget makes room for too.
     pub allocator_overhead_bytes: u64,
     pub cache_budget_bytes: u64,
+    /// The part of the budget clean nodes may fill: less the images a
+    /// checkpoint in flight holds and the allocator's overhead.
+    pub cache_clean_budget_bytes: u64,
     pub tree_heights: Vec<u32>,
     pub node_region_bytes: u64,
     pub node_region_used_bytes: u64,

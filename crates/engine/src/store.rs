@@ -1582,6 +1582,7 @@ impl Inner {
             snap.cache_dirty_bytes = tree.dirty_bytes() as u64;
             snap.checkpoint_held_image_bytes = tree.checkpoint_held_image_bytes() as u64;
             snap.cache_budget_bytes = tree.cache_budget() as u64;
+            snap.cache_clean_budget_bytes = tree.clean_budget() as u64;
             snap.tree_heights = tree.heights();
             snap.node_region_bytes = tree.layout.nodes_bytes;
             snap.node_region_used_bytes = tree.alloc.live_blocks() * BLOCK_SIZE as u64;

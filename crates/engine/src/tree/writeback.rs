@@ -93,12 +93,23 @@ impl Tree {
     /// store's user holds beside it (`Store::memory_beside_cache`), and
     /// never under four nodes.
     pub fn cache_budget(&self) -> usize {
-        let beside = (self.stats.memory_beside_cache.load(Ordering::Relaxed))
-            .saturating_add(self.stats.allocator_overhead.load(Ordering::Relaxed))
-            as usize;
+        let beside = self.stats.memory_beside_cache.load(Ordering::Relaxed) as usize;
         self.opts
             .cache_bytes
             .saturating_sub(beside)
+            .max(4 * self.opts.node_size)
+    }
+
+    /// The budget for clean nodes: the cache's, less what a checkpoint in
+    /// flight holds in images and what the allocator holds beyond the
+    /// bytes allocated (`Store::allocator_overhead`), never under four
+    /// nodes. Clean nodes make room for both; dirty ones are not written
+    /// back for them — see [`Tree::evict`].
+    pub fn clean_budget(&self) -> usize {
+        let allocator = self.stats.allocator_overhead.load(Ordering::Relaxed) as usize;
+        self.cache_budget()
+            .saturating_sub(self.checkpoint_held_image_bytes())
+            .saturating_sub(allocator)
             .max(4 * self.opts.node_size)
     }
 
@@ -113,21 +124,24 @@ impl Tree {
     /// Drops nodes, least recently used first, clean leaves before clean
     /// interior nodes before dirty ones (written back first, when
     /// `write_dirty`), once the cache is over its budget: down to 90% of it.
-    /// Images a checkpoint in flight holds count against the budget for
-    /// clean nodes only: a checkpoint that yields to syncs lasts longer,
-    /// and requests meanwhile image every pending node they change, so
-    /// clean nodes make room for those images. Dirty ones are not written
-    /// back for them: evicting a pending dirty node images it too, and the
-    /// cache would drain itself into images.
+    /// Images a checkpoint in flight holds and the allocator's overhead
+    /// count against the budget for clean nodes only
+    /// ([`Tree::clean_budget`]). A checkpoint that yields to syncs lasts
+    /// longer, and requests meanwhile image every pending node they
+    /// change: evicting a pending dirty node images it too, so writing
+    /// dirty nodes back for the images' sake would drain the cache into
+    /// images. And the allocator's overhead is mostly freed pages that
+    /// decay within a quarter second: written back for them, dirty nodes
+    /// put device writes in front of every fsync (copy_file_range of
+    /// small files + fsync went from 0.2-0.8 to 1.3-3 ms in an A/B,
+    /// docs/benchmarks/shared-reads.md).
     pub(super) fn evict(&mut self, write_dirty: bool) -> EngineResult<()> {
         let budget = self.cache_budget();
-        let with_images = budget
-            .saturating_sub(self.checkpoint_held_image_bytes())
-            .max(4 * self.opts.node_size);
-        if self.cache_bytes <= with_images {
+        let clean_budget = self.clean_budget();
+        if self.cache_bytes <= clean_budget {
             return Ok(());
         }
-        let (clean_target, dirty_target) = (with_images / 10 * 9, budget / 10 * 9);
+        let (clean_target, dirty_target) = (clean_budget / 10 * 9, budget / 10 * 9);
         let write_dirty = write_dirty && self.cache_bytes > budget;
         let mut order: Vec<(bool, bool, u64, u64)> = self
             .cache
