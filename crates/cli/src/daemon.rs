@@ -651,11 +651,6 @@ fn start(
     Ok((fs, session, socket))
 }
 
-/// Acts on device faults as `errors=` says (see [`OnDeviceError`]). The
-/// store calls the observer with its locks held: the work that calls back
-/// into it (refusing writes checkpoints) or into the kernel (the remount
-/// flushes the kernel's caches through this daemon) runs on a thread of
-/// its own, once.
 /// How often the daemon measures what its allocator holds beyond the
 /// bytes allocated.
 const ALLOCATOR_MEASURE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
@@ -663,10 +658,11 @@ const ALLOCATOR_MEASURE_INTERVAL: std::time::Duration = std::time::Duration::fro
 /// Reports to the engine, every [`ALLOCATOR_MEASURE_INTERVAL`], what
 /// jemalloc keeps resident beyond the bytes allocated (at most `cap`):
 /// clean nodes of the cache make room for it, so that the daemon's
-/// resident size, not only what it allocates, stays within its budget. The micro suite's
-/// first-link phase showed why: 253 MiB allocated, 325 MiB resident in
-/// the allocator — pages of freed node images and basements waiting for
-/// their decay (docs/design.md, "One memory budget for the mount daemon").
+/// resident size, not only what it allocates, stays within its budget.
+/// The micro suite's first-link phase showed why: 253 MiB allocated,
+/// 325 MiB resident in the allocator — pages of freed node images and
+/// basements waiting for their decay (docs/design.md, "One memory budget
+/// for the mount daemon").
 fn watch_allocator(gauge: betreefs_engine::MemoryBesideCache, cap: usize) -> Result<()> {
     use tikv_jemalloc_ctl::{epoch, stats};
     std::thread::Builder::new()
@@ -685,6 +681,11 @@ fn watch_allocator(gauge: betreefs_engine::MemoryBesideCache, cap: usize) -> Res
     Ok(())
 }
 
+/// Acts on device faults as `errors=` says (see [`OnDeviceError`]). The
+/// store calls the observer with its locks held: the work that calls back
+/// into it (refusing writes checkpoints) or into the kernel (the remount
+/// flushes the kernel's caches through this daemon) runs on a thread of
+/// its own, once.
 fn watch_device_faults(
     fs: &Arc<FileSystem>,
     settings: &Settings,
