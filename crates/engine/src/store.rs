@@ -673,7 +673,10 @@ impl Store {
     /// else — an interior node to read, a node to re-key, a read that
     /// failed (read again, to report) — is done under the exclusive lock.
     pub fn get(&self, ks: KeySpace, key: &[u8]) -> EngineResult<Option<Vec<u8>>> {
-        if let Some(value) = self.inner.tree.read().get_cached(ks, key) {
+        // The shared guard ends with this statement: errors are reported
+        // (to the fault observer, which may call back) holding no lock.
+        let cached = self.inner.tree.read().get_cached(ks, key);
+        if let Some(value) = cached {
             return value.map_err(|e| self.inner.read_failed(e));
         }
         let mut tree = self
