@@ -28,9 +28,8 @@ use crate::error::{EngineError, EngineResult};
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, WriteBatch};
 use crate::stats::{add, Stats, StatsSnapshot};
-use crate::tree::readahead::{read_leaf_part, read_whole_leaf};
-use crate::tree::Want;
-use crate::tree::{Flushing, Tree, TreeOptions, VerifyReport};
+use crate::tree::readahead::{read_leaf, LeafOnDisk};
+use crate::tree::{Flushing, Shared, Tree, TreeOptions, VerifyReport, Want};
 use crate::validate::{check_batch, check_message};
 
 /// Tunables. The defaults were chosen by measurement on the reference
@@ -202,6 +201,9 @@ pub struct RecoveryReport {
 }
 
 struct Inner {
+    /// The device the trees live on, for reads and writes made without
+    /// the tree lock (leaves read outside it, a checkpoint's images).
+    device: Arc<dyn Device>,
     /// Shared by queries that find their whole path cached ([`Store::get`],
     /// [`Store::visit_range`], [`Store::range`]) and by the read-ahead
     /// thread's walks; exclusive for everything else. The paths that
@@ -548,8 +550,8 @@ impl Store {
         options: Options,
         recovery: RecoveryReport,
     ) -> Store {
-        drop(device);
         let inner = Arc::new(Inner {
+            device,
             tree: parking_lot::RwLock::new(tree),
             checkpoint_ended: TreeEvent::default(),
             log,
@@ -675,13 +677,12 @@ impl Store {
     pub fn get(&self, ks: KeySpace, key: &[u8]) -> EngineResult<Option<Vec<u8>>> {
         // The shared guard ends with this statement: errors are reported
         // (to the fault observer, which may call back) holding no lock.
-        let cached = self.inner.tree.read().get_cached(ks, key);
-        if let Some(value) = cached {
-            return value.map_err(|e| self.inner.read_failed(e));
-        }
-        let mut tree = self
-            .inner
-            .lock_tree_after_leaf_read(ks, key, Want::Key(key));
+        let shared = self.inner.tree.read().get_cached(ks, key);
+        let mut tree = match shared {
+            Shared::Answer(value) => return value.map_err(|e| self.inner.read_failed(e)),
+            Shared::ReadLeaf(place) => self.inner.read_leaf_unlocked(&place, Want::Key(key), false),
+            Shared::Exclusive => self.inner.lock_tree(),
+        };
         let value = tree.get(ks, key);
         tree.evict_clean_if_needed();
         value.map_err(|e| self.inner.read_failed(e))
@@ -1056,53 +1057,46 @@ impl Inner {
         visit: &mut dyn FnMut(&[u8], &[u8]),
     ) -> EngineResult<Option<Vec<u8>>> {
         self.wait_for_read_ahead(ks, from);
-        let cached = self.tree.read().visit_leaf_cached(ks, from, end, visit);
-        let (next, read_on) = match cached {
-            Some(visited) => {
-                let visited = visited.map_err(|e| self.read_failed(e))?;
-                (visited.next, visited.read_on)
-            }
-            None => {
-                let mut tree = self.lock_tree_after_leaf_read(ks, from, Want::Range(from, end));
-                let next = tree
-                    .visit_leaf(ks, from, end, visit)
-                    .map_err(|e| self.read_failed(e))?;
+        let shared = self.tree.read().visit_leaf_cached(ks, from, end, visit);
+        let visited = match shared {
+            Shared::Answer(visited) => visited,
+            Shared::ReadLeaf(place) => {
+                let mut tree = self.read_leaf_unlocked(&place, Want::Range(from, end), false);
+                let visited = tree.visit_leaf(ks, from, end, visit);
                 tree.evict_clean_if_needed();
-                (next, tree.take_read_ahead_hint().map(|(_, key)| key))
+                visited
+            }
+            Shared::Exclusive => {
+                let mut tree = self.lock_tree();
+                let visited = tree.visit_leaf(ks, from, end, visit);
+                tree.evict_clean_if_needed();
+                visited
             }
         };
-        if let Some(read_on) = read_on {
+        let visited = visited.map_err(|e| self.read_failed(e))?;
+        if let Some(read_on) = visited.read_on {
             self.read_ahead_from(ks, read_on);
         }
-        Ok(next)
+        Ok(visited.next)
     }
 
     /// The tree lock, exclusively — after reading, holding no lock, what
-    /// `want` needs of the leaf of `ks` holding `key` when that leaf is
-    /// all that is uncached on the way there, and caching it if the tree
-    /// still names it there (`Tree::adopt_leaf_read`). A query then finds
-    /// it cached; other requests went on while the device read. A read
-    /// that fails is dropped: the query reads again under the lock, where
-    /// failures are reported.
-    fn lock_tree_after_leaf_read(&self, ks: KeySpace, key: &[u8], want: Want<'_>) -> TreeGuard<'_> {
-        let leaf_to_read = {
-            let tree = self.tree.read();
-            tree.uncached_leaf_for(ks, key)
-                .map(|place| (place, tree.device()))
-        };
-        let read = leaf_to_read.and_then(|(place, device)| {
-            match read_leaf_part(&place, device.as_ref(), want, &self.stats) {
-                Ok(leaf) => Some((place, leaf)),
-                Err(e) => {
-                    tracing::debug!("unlocked read of node {}: {e}", place.num);
-                    add(&self.stats.unlocked_reads_dropped, 1);
-                    None
-                }
-            }
-        });
+    /// `want` needs of the uncached leaf at `place` (`ahead`: for the
+    /// read-ahead thread) and caching it if the tree still names it there
+    /// (`Tree::adopt_leaf_read`). Other requests go on while the device
+    /// reads. A read that fails is dropped: a query reads again under the
+    /// lock, where failures are reported.
+    fn read_leaf_unlocked(&self, place: &LeafOnDisk, want: Want<'_>, ahead: bool) -> TreeGuard<'_> {
+        let read = read_leaf(place, self.device.as_ref(), want, &self.stats);
         let mut tree = self.lock_tree();
-        if let Some((place, leaf)) = read {
-            tree.adopt_leaf_read(&place, leaf, false);
+        match read {
+            Ok(leaf) => {
+                tree.adopt_leaf_read(place, leaf, ahead);
+            }
+            Err(e) => {
+                tracing::debug!("read of node {} outside the lock: {e}", place.num);
+                add(&self.stats.unlocked_reads_dropped, 1);
+            }
         }
         tree
     }
@@ -1121,7 +1115,7 @@ impl Inner {
     fn read_ahead_leaves(&self, ks: KeySpace, key: &[u8]) {
         let mut key = key.to_vec();
         for _ in 0..READ_AHEAD_LEAVES {
-            let (place, next, device) = {
+            let (place, next) = {
                 let tree = self.tree.read();
                 match tree.leaf_for(ks, &key) {
                     Some((place, next)) => {
@@ -1130,13 +1124,14 @@ impl Inner {
                         if let Some(place) = &place {
                             self.lock_reading_ahead().insert(place.num);
                         }
-                        (place, next, tree.device())
+                        (place, next)
                     }
                     None => return,
                 }
             };
             if let Some(place) = place {
-                self.read_ahead_leaf(&place, device.as_ref());
+                self.read_leaf_unlocked(&place, Want::Whole, true)
+                    .evict_clean_if_needed();
                 self.lock_reading_ahead().remove(&place.num);
                 self.read_ahead_landed.notify_all();
             }
@@ -1144,24 +1139,6 @@ impl Inner {
                 Some(next) => key = next,
                 None => return,
             }
-        }
-    }
-
-    /// Reads one leaf found under the lock, decodes it without it, and
-    /// caches it under it if still current. Failures are left for the
-    /// reader to meet (and report) itself.
-    fn read_ahead_leaf(&self, place: &crate::tree::readahead::LeafOnDisk, device: &dyn Device) {
-        let node = match read_whole_leaf(place, device, &self.stats) {
-            Ok(node) => node,
-            Err(e) => {
-                tracing::debug!("read-ahead of node {}: {e}", place.num);
-                add(&self.stats.unlocked_reads_dropped, 1);
-                return;
-            }
-        };
-        let mut tree = self.lock_tree();
-        if tree.adopt_leaf_read(place, node, true) {
-            tree.evict_clean_if_needed();
         }
     }
 
@@ -1409,7 +1386,6 @@ impl Inner {
         let head = self.log.append_pos();
         tree.begin_checkpoint(head, self.log.epoch(), false)
             .map_err(|e| self.poison(e))?;
-        let device = tree.device();
         let mut io = Duration::ZERO;
         // Turns: encode a bounded part under the lock, write it without.
         loop {
@@ -1424,7 +1400,7 @@ impl Inner {
                 }
             };
             let writing = Instant::now();
-            let written = self.write_checkpoint_turn(device.as_ref(), &images);
+            let written = self.write_checkpoint_turn(&images);
             io += writing.elapsed();
             if let Err(e) = written {
                 self.lock_tree().cancel_checkpoint();
@@ -1453,7 +1429,7 @@ impl Inner {
             }
         };
         let io_started = Instant::now();
-        let written = writes.write(device.as_ref(), &self.stats, || {
+        let written = writes.write(self.device.as_ref(), &self.stats, || {
             self.log.flush().map_err(EngineError::from)
         });
         io += io_started.elapsed();
@@ -1488,11 +1464,7 @@ impl Inner {
     /// running). Otherwise whole: the device takes big writes faster, and
     /// a burst of writes with no sync waits for checkpoints to free the
     /// log (docs/design.md, "Checkpoints that do not stop the world").
-    fn write_checkpoint_turn(
-        &self,
-        device: &dyn Device,
-        images: &crate::tree::NodeWrites,
-    ) -> EngineResult<()> {
+    fn write_checkpoint_turn(&self, images: &crate::tree::NodeWrites) -> EngineResult<()> {
         for (offset, image) in images {
             let piece_bytes = if self.log.urgent_flush_within(URGENT_FLUSH_WINDOW) {
                 self.options.checkpoint_piece_bytes
@@ -1502,7 +1474,7 @@ impl Inner {
             for (i, piece) in image.chunks(piece_bytes).enumerate() {
                 self.log.wait_for_urgent_flushes();
                 let at = offset + (i * piece_bytes) as u64;
-                device
+                self.device
                     .write_at(piece, at)
                     .map_err(|e| EngineError::from(StoreError::io("writing node", e)))?;
             }

@@ -9,19 +9,24 @@ use std::sync::Arc;
 use betreefs_engine::{KeySpace, Store, WriteBatch};
 use common::{mem_store, small_options};
 
-#[test]
-fn reads_keep_the_cache_within_its_budget() {
-    let options = small_options();
-    let budget = options.cache_bytes as u64;
-    let (dev, store) = mem_store(64 << 20, small_options());
-    let keys = 4_000u32;
-    for chunk in (0..keys).collect::<Vec<_>>().chunks(100) {
+/// Puts keys `numbers` (big-endian), 300-byte values, a hundred to a batch.
+fn write_numbered(store: &Store, numbers: std::ops::Range<u32>) {
+    for chunk in numbers.collect::<Vec<_>>().chunks(100) {
         let mut batch = WriteBatch::new();
         for &i in chunk {
             batch.put(KeySpace::Data, &i.to_be_bytes(), &[i as u8; 300]);
         }
         store.write(&batch).unwrap();
     }
+}
+
+#[test]
+fn reads_keep_the_cache_within_its_budget() {
+    let options = small_options();
+    let budget = options.cache_bytes as u64;
+    let (dev, store) = mem_store(64 << 20, small_options());
+    let keys = 4_000u32;
+    write_numbered(&store, 0..keys);
     store.close().unwrap();
     // About 1.2 MB of values behind a 96 KiB cache.
     let store = Store::open_on(Arc::new(dev.clone()), small_options()).unwrap();
@@ -70,15 +75,7 @@ fn the_cache_makes_room_for_memory_reported_beside_it() {
     let floor = 4 * options.node_size as u64;
     let (_dev, store) = mem_store(64 << 20, small_options());
     let beside = store.memory_beside_cache();
-    let write = |from: u32| {
-        for chunk in (from..from + 2_000).collect::<Vec<_>>().chunks(100) {
-            let mut batch = WriteBatch::new();
-            for &i in chunk {
-                batch.put(KeySpace::Data, &i.to_be_bytes(), &[i as u8; 300]);
-            }
-            store.write(&batch).unwrap();
-        }
-    };
+    let write = |from: u32| write_numbered(&store, from..from + 2_000);
     write(0);
     assert_eq!(store.stats().cache_budget_bytes, budget);
     let reported = budget / 4;
@@ -125,13 +122,7 @@ fn clean_nodes_make_room_for_the_allocators_overhead() {
     let (tables, allocator) = (budget / 16, budget / 8);
     store.memory_beside_cache().set(tables);
     let keys = 4_000u32;
-    for chunk in (0..keys).collect::<Vec<_>>().chunks(100) {
-        let mut batch = WriteBatch::new();
-        for &i in chunk {
-            batch.put(KeySpace::Data, &i.to_be_bytes(), &[i as u8; 300]);
-        }
-        store.write(&batch).unwrap();
-    }
+    write_numbered(&store, 0..keys);
     store.checkpoint().unwrap();
     store.allocator_overhead().set(allocator);
     let written = store.stats().nodes_written;

@@ -184,9 +184,6 @@ pub(crate) struct Tree {
     /// Opened read-only: nothing is ever written (dirty nodes made by log
     /// replay stay in memory).
     pub read_only: bool,
-    /// Where the leaf after one a scan read sequentially begins: set by
-    /// queries, taken by the store for its read-ahead ([`readahead`]).
-    read_ahead_hint: Option<(KeySpace, Vec<u8>)>,
     /// Nodes a checkpoint in flight has given extents that it has not yet
     /// written ([`writeback`]): clean in the cache, but not on the device,
     /// so eviction must keep them until the checkpoint is durable.
@@ -228,7 +225,6 @@ impl Tree {
             node_sized_free_blocks: u64::MAX,
             used_blocks_at_checkpoint: 0,
             read_only: false,
-            read_ahead_hint: None,
             unwritten: HashSet::new(),
             checkpoint: None,
         }
@@ -344,6 +340,7 @@ mod surgery;
 mod verify;
 mod writeback;
 pub(crate) use flush::Flushing;
+pub(crate) use query::Shared;
 pub(crate) use writeback::NodeWrites;
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 #![allow(clippy::indexing_slicing)] // see tree/mod.rs
 
+use super::readahead::LeafOnDisk;
 use super::*;
 
 impl Tree {
@@ -22,18 +23,37 @@ impl Tree {
     }
 
     /// [`Tree::get`] on the shared lock: the answer if every node and
-    /// basement on the path is cached and reached as it was cached, `None`
-    /// if the query needs the exclusive lock (a read, a re-keying, or the
-    /// error a load reports). Nothing changes but the nodes' LRU stamps.
-    pub fn get_cached(&self, ks: KeySpace, key: &[u8]) -> Option<EngineResult<Option<Vec<u8>>>> {
+    /// basement on the path is cached and reached as it was cached.
+    /// Nothing changes but the nodes' LRU stamps.
+    pub fn get_cached(&self, ks: KeySpace, key: &[u8]) -> Shared<EngineResult<Option<Vec<u8>>>> {
         let mut walk = PointWalk::new(self.roots[ks.index()]);
         let base = loop {
-            let node = self.cached_for(walk.num, &walk.bounds, Want::Key(key), walk.height)?;
+            let want = Want::Key(key);
+            let Some(node) = self.cached_for(walk.num, &walk.bounds, want, walk.height) else {
+                return self.shared_miss(ks, walk.num, &walk.bounds, walk.height);
+            };
             if let Some(base) = walk.step(node, key) {
                 break base;
             }
         };
-        Some(walk.finish(base, &self.merges))
+        Shared::Answer(walk.finish(base, &self.merges))
+    }
+
+    /// What a walk on the shared lock that found node `num` (reached
+    /// under `bounds` at `height`) not as it needs it should do: read it
+    /// outside the lock if it is a leaf the cache does not hold, else take
+    /// the exclusive lock.
+    fn shared_miss<T>(
+        &self,
+        ks: KeySpace,
+        num: u64,
+        bounds: &Bounds,
+        height: Option<u32>,
+    ) -> Shared<T> {
+        let leaf = (height == Some(0) && !self.cache.contains_key(&num))
+            .then(|| self.leaf_on_disk(ks, num, bounds.clone()))
+            .flatten();
+        leaf.map_or(Shared::Exclusive, Shared::ReadLeaf)
     }
 
     /// Scans [start, end) within the leaf holding `start`: returns its pairs
@@ -45,22 +65,22 @@ impl Tree {
         end: Option<&[u8]>,
     ) -> EngineResult<ScanChunk> {
         let mut result = Vec::new();
-        let next = self.visit_leaf(ks, start, end, &mut |k, v| {
+        let visited = self.visit_leaf(ks, start, end, &mut |k, v| {
             result.push((k.to_vec(), v.to_vec()))
         })?;
-        Ok((result, next))
+        Ok((result, visited.next))
     }
 
     /// Like [`Tree::scan_leaf`], but hands each pair to `visit` as borrowed
     /// slices: with nothing pending above the leaf (the common case) no
-    /// pair is copied or allocated. Returns where the next leaf begins.
+    /// pair is copied or allocated.
     pub fn visit_leaf(
         &mut self,
         ks: KeySpace,
         start: &[u8],
         end: Option<&[u8]>,
         visit: &mut dyn FnMut(&[u8], &[u8]),
-    ) -> EngineResult<Option<Vec<u8>>> {
+    ) -> EngineResult<LeafVisited> {
         let mut walk = RangeWalk::new(self.roots[ks.index()]);
         loop {
             let hi = walk.hi(end);
@@ -75,33 +95,31 @@ impl Tree {
                 break;
             }
         }
-        let visited = self.visit_reached_leaf(&walk, start, end, visit)?;
-        if let Some(next_leaf) = visited.read_on {
-            self.read_ahead_hint = Some((ks, next_leaf));
-        }
-        Ok(visited.next)
+        self.visit_reached_leaf(&walk, start, end, visit)
     }
 
-    /// [`Tree::visit_leaf`] on the shared lock: `None` (having visited
-    /// nothing) unless every node on the way and every basement the range
-    /// needs of the leaf is cached, reached as it was cached.
+    /// [`Tree::visit_leaf`] on the shared lock, when every node on the way
+    /// and every basement the range needs of the leaf is cached, reached
+    /// as it was cached; otherwise nothing is visited.
     pub fn visit_leaf_cached(
         &self,
         ks: KeySpace,
         start: &[u8],
         end: Option<&[u8]>,
         visit: &mut dyn FnMut(&[u8], &[u8]),
-    ) -> Option<EngineResult<LeafVisited>> {
+    ) -> Shared<EngineResult<LeafVisited>> {
         let mut walk = RangeWalk::new(self.roots[ks.index()]);
         loop {
             let hi = walk.hi(end);
             let want = Want::Range(start, hi.as_deref());
-            let node = self.cached_for(walk.num, &walk.bounds, want, walk.height)?;
+            let Some(node) = self.cached_for(walk.num, &walk.bounds, want, walk.height) else {
+                return self.shared_miss(ks, walk.num, &walk.bounds, walk.height);
+            };
             if walk.step(node, start, end) {
                 break;
             }
         }
-        Some(self.visit_reached_leaf(&walk, start, end, visit))
+        Shared::Answer(self.visit_reached_leaf(&walk, start, end, visit))
     }
 
     /// Visits [start, end) within the leaf `walk` reached (its basements
@@ -236,6 +254,18 @@ impl PointWalk {
                 .map_err(EngineError::UnknownMergeFunction)
         })
     }
+}
+
+/// What a query on the shared tree lock came to.
+pub enum Shared<T> {
+    /// Its answer.
+    Answer(T),
+    /// Everything on its way is cached but this leaf: read it holding no
+    /// lock, then query under the exclusive lock.
+    ReadLeaf(LeafOnDisk),
+    /// Something else needs the exclusive lock: an interior node or
+    /// basements of a cached leaf to read, a re-keying, an error to report.
+    Exclusive,
 }
 
 /// What a range visit of one leaf tells its caller.

@@ -3,19 +3,18 @@
 //! sequentially, the next leaf is read by another thread and put in the
 //! cache if the tree still names it there; the reader then finds it cached
 //! instead of waiting for the device. And queries: one that finds its leaf
-//! uncached (and nothing else on the way) reads the part it needs
-//! ([`read_leaf_part`]) holding no lock, so that other requests go on
-//! meanwhile.
+//! uncached (and nothing else on the way) reads the part it needs holding
+//! no lock, so that other requests go on meanwhile.
 //!
-//! The three steps and what keeps them safe: [`Tree::uncached_leaf_for`]
-//! (under the lock) walks cached nodes down to the leaf and notes its
-//! place on disk; the read and decode ([`decode_whole_leaf`]) need no
-//! lock; [`Tree::adopt_leaf_read`] (under the lock again) caches the
-//! leaf only if it is still uncached, the block table still maps it to
-//! the same extent and checksum (a leaf changed and written back
-//! meanwhile has a new one), and the walk still reaches it with the same
-//! bounds. Otherwise the bytes are dropped: read-ahead never decides what
-//! a reader sees.
+//! The three steps and what keeps them safe: a walk under the lock
+//! through cached nodes notes the leaf's place on disk ([`LeafOnDisk`]:
+//! [`Tree::leaf_for`], or a query's walk on the shared lock); the read
+//! and decode ([`read_leaf`]) need no lock; [`Tree::adopt_leaf_read`]
+//! (under the lock again) caches the leaf only if it is still uncached,
+//! the block table still maps it to the same extent and checksum (a leaf
+//! changed and written back meanwhile has a new one), and the walk still
+//! reaches it with the same bounds. Otherwise the bytes are dropped: a
+//! read outside the lock never decides what a reader sees.
 
 #![allow(clippy::indexing_slicing)] // see tree/mod.rs
 
@@ -68,20 +67,31 @@ impl Tree {
             if self.cache.contains_key(&child) {
                 return Some((None, next));
             }
-            let Slot::OnDisk { extent, crc } = self.btt.get(child) else {
-                return None;
-            };
-            let place = LeafOnDisk {
-                ks,
-                num: child,
-                bounds: child_bounds,
-                extent,
-                crc,
-                offset: self.layout.extent_offset(extent),
-                len: extent.len as usize,
-            };
+            let place = self.leaf_on_disk(ks, child, child_bounds)?;
             return Some((Some(place), next));
         }
+    }
+
+    /// Where leaf `num` (not cached), reached under `bounds`, lies on
+    /// disk; None if the block table has it nowhere.
+    pub(super) fn leaf_on_disk(
+        &self,
+        ks: KeySpace,
+        num: u64,
+        bounds: Bounds,
+    ) -> Option<LeafOnDisk> {
+        let Slot::OnDisk { extent, crc } = self.btt.get(num) else {
+            return None;
+        };
+        Some(LeafOnDisk {
+            ks,
+            num,
+            bounds,
+            extent,
+            crc,
+            offset: self.layout.extent_offset(extent),
+            len: extent.len as usize,
+        })
     }
 
     /// Caches a leaf read outside the lock (`ahead`: by the read-ahead
@@ -105,40 +115,6 @@ impl Tree {
         self.put(place.num, node);
         true
     }
-
-    /// Where a scan read on sequentially since this was last asked.
-    pub fn take_read_ahead_hint(&mut self) -> Option<(KeySpace, Vec<u8>)> {
-        self.read_ahead_hint.take()
-    }
-
-    /// The device, for reads made outside the lock.
-    pub fn device(&self) -> Arc<dyn Device> {
-        self.device.clone()
-    }
-}
-
-/// Reads the whole leaf at `place` and decodes it ([`decode_whole_leaf`]).
-/// Needs no lock.
-pub fn read_whole_leaf(
-    place: &LeafOnDisk,
-    device: &dyn Device,
-    stats: &Stats,
-) -> EngineResult<Node> {
-    let buf = io::read_node_bytes(device, place.offset, place.len, 0, stats)?;
-    decode_whole_leaf(place, &buf)
-}
-
-/// Decodes a whole leaf from its extent's bytes, checked as a load checks
-/// it (header checksum against the block table's, tree, bounds, every
-/// basement). Needs no lock.
-fn decode_whole_leaf(place: &LeafOnDisk, bytes: &[u8]) -> EngineResult<Node> {
-    let header = checked_leaf_header(place, bytes)?;
-    let mut node = decode_leaf_meta(place, &header, bytes)?;
-    let (ks, num, bounds) = (place.ks, place.num, &place.bounds);
-    if let NodeBody::Leaf(leaf) = &mut node.body {
-        Tree::decode_all_basements(ks, num, leaf, bounds, bytes)?;
-    }
-    Ok(node)
 }
 
 /// The header of the leaf at `place`, from the start of its extent,
@@ -161,26 +137,38 @@ fn decode_leaf_meta(place: &LeafOnDisk, header: &NodeHeader, bytes: &[u8]) -> En
     Ok(node)
 }
 
-/// Reads what a query needs of the uncached leaf at `place` — its header
-/// and meta, then the basements `want` covers, as [`Tree::load`] reads
-/// them — and decodes it, checked as a load checks it. Needs no lock: the
-/// caller adopts the leaf under it ([`Tree::adopt_leaf_read`]).
-pub(crate) fn read_leaf_part(
+/// Reads what `want` needs of the uncached leaf at `place` as
+/// [`Tree::load`] reads it — the whole extent in one IO for
+/// [`Want::Whole`] (read-ahead), else its header and meta, then the
+/// basements `want` covers — and decodes it, checked as a load checks it.
+/// Needs no lock: the caller caches the leaf under it
+/// ([`Tree::adopt_leaf_read`]).
+pub(crate) fn read_leaf(
     place: &LeafOnDisk,
     device: &dyn Device,
     want: Want<'_>,
     stats: &Stats,
 ) -> EngineResult<Node> {
-    let first = place.len.min(BLOCK_SIZE);
+    let whole = matches!(want, Want::Whole);
+    let first = if whole {
+        place.len
+    } else {
+        place.len.min(BLOCK_SIZE)
+    };
     let mut head = io::read_node_bytes(device, place.offset, first, 0, stats)?;
     let header = checked_leaf_header(place, &head)?;
     if meta_end(&header) > head.len() {
         head = io::read_node_bytes(device, place.offset, meta_end(&header), 0, stats)?;
     }
     let mut node = decode_leaf_meta(place, &header, &head)?;
+    let (ks, num, bounds) = (place.ks, place.num, &place.bounds);
     if let NodeBody::Leaf(leaf) = &mut node.body {
-        let at = (place.ks, place.num, place.offset, &place.bounds);
-        io::read_missing_basements(device, at, leaf, want, stats)?;
+        if whole {
+            Tree::decode_all_basements(ks, num, leaf, bounds, &head)?;
+        } else {
+            let at = (ks, num, place.offset, bounds);
+            io::read_missing_basements(device, at, leaf, want, stats)?;
+        }
     }
     Ok(node)
 }
