@@ -13,7 +13,7 @@
 //! message in a range delete's range is newer than that range delete: the
 //! buffer applies its range deletes first, then its point messages.
 
-use std::collections::BTreeMap;
+use std::collections::{btree_map, BTreeMap};
 use std::ops::Bound;
 
 use crate::merge::MergeRegistry;
@@ -34,7 +34,7 @@ pub struct Upsert {
 
 /// All pending messages for one key: an optional base, then upserts in
 /// sequence order.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PointMsg {
     pub base: Option<Base>,
     pub upserts: Vec<Upsert>,
@@ -266,45 +266,46 @@ impl MessageBuffer {
     /// many older messages it made obsolete.
     pub fn insert_point(&mut self, key: Vec<u8>, msg: PointMsg, merges: &MergeRegistry) -> usize {
         let key_len = key.len();
-        if let Some(old) = self.points.get_mut(&key) {
-            if !msg.hides_older() && old.base.is_none() {
-                // Upserts piling up on a key with nothing below them in
-                // this buffer (a hot counter): append, and account only for
-                // what was added, so that each insert stays O(1) however
-                // long the chain grows.
-                self.bytes += msg.upserts.iter().map(|u| u.arg.len() + 10).sum::<usize>();
-                old.upserts.extend(msg.upserts);
-                return 1;
-            }
-        }
         let covering_seq = self.covering(&key).map(|(_, r)| r.seq);
-        let mut eaten = 0;
-        let entry = match self.points.remove(&key) {
-            Some(old) => {
+        // One search of the map, whatever the case: this runs for every
+        // message a write or a flush puts in a buffer.
+        match self.points.entry(key) {
+            btree_map::Entry::Occupied(mut slot) => {
+                let old = slot.get_mut();
+                if !msg.hides_older() && old.base.is_none() {
+                    // Upserts piling up on a key with nothing below them in
+                    // this buffer (a hot counter): append, and account only
+                    // for what was added, so that each insert stays O(1)
+                    // however long the chain grows.
+                    self.bytes += msg.upserts.iter().map(|u| u.arg.len() + 10).sum::<usize>();
+                    old.upserts.extend(msg.upserts);
+                    return 1;
+                }
                 self.bytes -= old.bytes(key_len);
-                eaten = 1;
-                if msg.hides_older() {
+                let mut entry = if msg.hides_older() {
                     msg
                 } else {
-                    let mut merged = old;
+                    let mut merged = std::mem::take(old);
                     merged.upserts.extend(msg.upserts);
                     merged
-                }
+                };
+                entry.collapse(merges);
+                self.bytes += entry.bytes(key_len);
+                *old = entry;
+                1
             }
-            None => {
+            btree_map::Entry::Vacant(slot) => {
                 let mut fresh = msg;
                 if let (None, Some(seq)) = (&fresh.base, covering_seq) {
                     // Everything below is deleted: the upserts start from nothing.
                     fresh.base = Some(Base::Delete { seq });
                 }
-                fresh
+                fresh.collapse(merges);
+                self.bytes += fresh.bytes(key_len);
+                slot.insert(fresh);
+                0
             }
-        };
-        let mut entry = entry;
-        entry.collapse(merges);
-        self.bytes += entry.bytes(key_len);
-        self.points.insert(key, entry);
-        eaten
+        }
     }
 
     /// Adds the messages of a buffer over a disjoint key range (a sibling's).

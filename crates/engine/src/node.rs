@@ -94,6 +94,16 @@ pub struct Basement {
 }
 
 impl Basement {
+    /// This basement's place and size, without its entries.
+    fn clone_place(&self) -> Basement {
+        Basement {
+            entries: None,
+            loc: self.loc,
+            bytes: self.bytes,
+            count: self.count,
+        }
+    }
+
     pub fn from_entries(entries: Entries) -> Basement {
         Basement {
             count: entries.len(),
@@ -375,6 +385,15 @@ impl Leaf {
         };
         right.forget_locations();
         right
+    }
+
+    /// The leaf's pivots and its basements' places and counts, with no
+    /// entries: what reading its missing basements needs.
+    pub fn skeleton(&self) -> Leaf {
+        Leaf {
+            pivots: self.pivots.clone(),
+            basements: self.basements.iter().map(Basement::clone_place).collect(),
+        }
     }
 
     /// Drops the basements' locations in the image the leaf was read

@@ -19,6 +19,9 @@ pub struct Stats {
     pub nodes_read_ahead: AtomicU64,
     /// Leaves point queries read holding no tree lock and cached.
     pub leaves_read_unlocked: AtomicU64,
+    /// Basements of cached leaves read by queries holding no lock and
+    /// taken into the cache.
+    pub basement_reads_unlocked: AtomicU64,
     /// Leaves read holding no tree lock (by point queries or read-ahead)
     /// and dropped: the tree changed them meanwhile, or the read failed
     /// (a query then reads again under the lock, and reports).
@@ -111,6 +114,7 @@ pub struct StatsSnapshot {
     pub nodes_read: u64,
     pub nodes_read_ahead: u64,
     pub leaves_read_unlocked: u64,
+    pub basement_reads_unlocked: u64,
     pub unlocked_reads_dropped: u64,
     pub superblock_bytes_written: u64,
     pub block_table_bytes_written: u64,
@@ -192,6 +196,7 @@ impl Stats {
             nodes_read: get(&self.nodes_read),
             nodes_read_ahead: get(&self.nodes_read_ahead),
             leaves_read_unlocked: get(&self.leaves_read_unlocked),
+            basement_reads_unlocked: get(&self.basement_reads_unlocked),
             unlocked_reads_dropped: get(&self.unlocked_reads_dropped),
             superblock_bytes_written: get(&self.superblock_bytes_written),
             block_table_bytes_written: get(&self.block_table_bytes_written),

@@ -669,9 +669,10 @@ impl Store {
     /// they see what the store holds in memory and on the device.
     ///
     /// A query whose path is cached runs on the shared tree lock, beside
-    /// other such queries. One that finds only its leaf uncached reads
-    /// the part of it it needs holding no lock, then caches it under the
-    /// exclusive lock (if the tree still names that leaf there); anything
+    /// other such queries. One that finds only its leaf uncached (or
+    /// cached without the basement it needs) reads what it needs holding
+    /// no lock, then caches it under the exclusive lock (if the tree still
+    /// names that leaf there, as it was); anything
     /// else — an interior node to read, a node to re-key, a read that
     /// failed (read again, to report) — is done under the exclusive lock.
     pub fn get(&self, ks: KeySpace, key: &[u8]) -> EngineResult<Option<Vec<u8>>> {
@@ -1081,7 +1082,7 @@ impl Inner {
     }
 
     /// The tree lock, exclusively — after reading, holding no lock, what
-    /// `want` needs of the uncached leaf at `place` (`ahead`: for the
+    /// `want` needs of the leaf at `place` (`ahead`: for the
     /// read-ahead thread) and caching it if the tree still names it there
     /// (`Tree::adopt_leaf_read`). Other requests go on while the device
     /// reads. A read that fails is dropped: a query reads again under the

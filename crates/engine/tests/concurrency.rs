@@ -111,20 +111,15 @@ fn completes<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'stat
         .unwrap_or_else(|| panic!("{what} waited for a query's device read"))
 }
 
-/// A point query that must read its leaf from the device holds no lock
-/// while it reads: a cached query and writes complete meanwhile. And what
-/// it read is not cached when the tree changed the leaf in the meantime
-/// (here: writes flushed into it), so it answers with the new value.
-#[test]
-fn requests_go_on_while_a_query_reads_its_leaf() {
+/// A store of `keys` numbered keys with a root over a few leaves (few
+/// enough keys that every node above a leaf is the root), closed, on a
+/// device that can hold a thread's reads; and its options.
+fn root_over_leaves(keys: u32) -> (Arc<HeldReads>, Options) {
     let options = Options {
         cache_bytes: 8 << 20,
         ..small_options()
     };
     let (dev, store) = common::mem_store(32 << 20, options.clone());
-    // A root over a few leaves: few enough keys that every node above a
-    // leaf is the root.
-    let keys = 60;
     for i in 0..keys {
         store
             .put(KeySpace::Data, &numbered(i), &value_of(i, 1))
@@ -132,7 +127,17 @@ fn requests_go_on_while_a_query_reads_its_leaf() {
     }
     store.compact().unwrap();
     store.close().unwrap();
-    let device = Arc::new(HeldReads::new(dev));
+    (Arc::new(HeldReads::new(dev)), options)
+}
+
+/// A point query that must read its leaf from the device holds no lock
+/// while it reads: a cached query and writes complete meanwhile. And what
+/// it read is not cached when the tree changed the leaf in the meantime
+/// (here: writes flushed into it), so it answers with the new value.
+#[test]
+fn requests_go_on_while_a_query_reads_its_leaf() {
+    let keys = 60;
+    let (device, options) = root_over_leaves(keys);
     let (first, last) = (0, keys - 1);
     // Opens the store again and caches the root and the first key's leaf
     // only (the root is read under the lock: nothing above it is cached).
@@ -210,6 +215,111 @@ fn requests_go_on_while_a_query_reads_its_leaf() {
     let stats = store.stats();
     assert_eq!(
         (stats.leaves_read_unlocked, stats.unlocked_reads_dropped),
+        (0, 1)
+    );
+    store.verify().unwrap();
+}
+
+/// A point query whose leaf is cached without the basement it needs reads
+/// that basement holding no lock: a cached query and a write complete
+/// meanwhile, and the basement is cached after. When writes flush into
+/// the leaf meanwhile (it is read whole and dirtied), what was read is
+/// dropped and the query answers with the new value.
+#[test]
+fn requests_go_on_while_a_query_reads_a_basement() {
+    let keys = 60;
+    let (device, options) = root_over_leaves(keys);
+    // Two keys of the first leaf, basements apart (a basement holds about
+    // four of these values).
+    let (first, later) = (0, 9);
+    // Opens the store again and caches the root and the first leaf with
+    // the first key's basement only (all read under the lock: the root
+    // was not cached).
+    let cold_store = || {
+        let store = Store::open_on(device.clone(), options.clone()).unwrap();
+        assert_eq!(
+            store.get(KeySpace::Data, &numbered(first)).unwrap(),
+            Some(value_of(first, 1))
+        );
+        Arc::new(store)
+    };
+    let held_query = |store: &Arc<Store>| {
+        let (arrived, held) = channel();
+        let (go, wait) = channel();
+        let query = {
+            let (store, device) = (store.clone(), device.clone());
+            std::thread::spawn(move || {
+                device.hold_reads_of_this_thread(arrived, wait);
+                store.get(KeySpace::Data, &numbered(later)).unwrap()
+            })
+        };
+        held.recv_timeout(Duration::from_secs(20))
+            .expect("the later key's basement is read from the device");
+        (query, (held, go))
+    };
+    let cached_query = |store: &Arc<Store>| {
+        let store = store.clone();
+        let got = completes("a cached query", move || {
+            store.get(KeySpace::Data, &numbered(first)).unwrap()
+        });
+        assert_eq!(got, Some(value_of(first, 1)));
+    };
+
+    // Other requests go on while the basement is read; it is cached after.
+    let store = cold_store();
+    let (query, release) = held_query(&store);
+    cached_query(&store);
+    let new_key = format!("key{:05}+", keys + 1).into_bytes();
+    {
+        let store = store.clone();
+        let key = new_key.clone();
+        completes("a write", move || {
+            store.put(KeySpace::Data, &key, b"new").unwrap()
+        });
+    }
+    drop(release);
+    assert_eq!(query.join().unwrap(), Some(value_of(later, 1)));
+    let stats = store.stats();
+    assert_eq!(
+        (stats.basement_reads_unlocked, stats.unlocked_reads_dropped),
+        (1, 0)
+    );
+    // Cached now: no read at all.
+    let read_before = store.stats().device_bytes_read;
+    assert_eq!(
+        store.get(KeySpace::Data, &numbered(later)).unwrap(),
+        Some(value_of(later, 1))
+    );
+    assert_eq!(store.stats().device_bytes_read, read_before);
+    Arc::into_inner(store).unwrap().close().unwrap();
+
+    // Writes flushed into the leaf while the basement is read: the read is
+    // dropped, and the query sees the new value.
+    let store = cold_store();
+    let (query, release) = held_query(&store);
+    cached_query(&store);
+    {
+        let store = store.clone();
+        completes("writes", move || {
+            store
+                .put(KeySpace::Data, &numbered(later), &value_of(later, 3))
+                .unwrap();
+            // Deletes of keys the leaf does not hold, enough to be flushed
+            // into it: the leaf keeps its size and its bounds (no split),
+            // and is loaded whole.
+            for j in 0..1000 {
+                let key = format!("key{first:05}+{j:04}").into_bytes();
+                store.delete(KeySpace::Data, &key).unwrap();
+            }
+        });
+    }
+    assert!(store.stats().messages_flushed > 0);
+    assert_eq!(store.stats().splits, 0);
+    drop(release);
+    assert_eq!(query.join().unwrap(), Some(value_of(later, 3)));
+    let stats = store.stats();
+    assert_eq!(
+        (stats.basement_reads_unlocked, stats.unlocked_reads_dropped),
         (0, 1)
     );
     store.verify().unwrap();

@@ -41,8 +41,9 @@ impl Tree {
 
     /// What a walk on the shared lock that found node `num` (reached
     /// under `bounds` at `height`) not as it needs it should do: read it
-    /// outside the lock if it is a leaf the cache does not hold, else take
-    /// the exclusive lock.
+    /// outside the lock if it is a leaf the cache does not hold, or one it
+    /// holds without the basements the walk needs, else take the
+    /// exclusive lock.
     fn shared_miss<T>(
         &self,
         ks: KeySpace,
@@ -50,9 +51,11 @@ impl Tree {
         bounds: &Bounds,
         height: Option<u32>,
     ) -> Shared<T> {
-        let leaf = (height == Some(0) && !self.cache.contains_key(&num))
-            .then(|| self.leaf_on_disk(ks, num, bounds.clone()))
-            .flatten();
+        let leaf = match (height, self.cache.contains_key(&num)) {
+            (Some(0), false) => self.leaf_on_disk(ks, num, bounds.clone()),
+            (Some(0), true) => self.basements_on_disk(ks, num, bounds),
+            _ => None,
+        };
         leaf.map_or(Shared::Exclusive, Shared::ReadLeaf)
     }
 
@@ -260,11 +263,11 @@ impl PointWalk {
 pub enum Shared<T> {
     /// Its answer.
     Answer(T),
-    /// Everything on its way is cached but this leaf: read it holding no
-    /// lock, then query under the exclusive lock.
+    /// Everything on its way is cached but this leaf, or basements of it:
+    /// read them holding no lock, then query under the exclusive lock.
     ReadLeaf(LeafOnDisk),
-    /// Something else needs the exclusive lock: an interior node or
-    /// basements of a cached leaf to read, a re-keying, an error to report.
+    /// Something else needs the exclusive lock: an interior node to read,
+    /// a re-keying, an error to report.
     Exclusive,
 }
 

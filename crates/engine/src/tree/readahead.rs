@@ -3,25 +3,31 @@
 //! sequentially, the next leaf is read by another thread and put in the
 //! cache if the tree still names it there; the reader then finds it cached
 //! instead of waiting for the device. And queries: one that finds its leaf
-//! uncached (and nothing else on the way) reads the part it needs holding
-//! no lock, so that other requests go on meanwhile.
+//! uncached, or cached without the basements it needs (and nothing else
+//! missing on the way), reads what it needs holding no lock, so that other
+//! requests go on meanwhile.
 //!
 //! The three steps and what keeps them safe: a walk under the lock
 //! through cached nodes notes the leaf's place on disk ([`LeafOnDisk`]:
-//! [`Tree::leaf_for`], or a query's walk on the shared lock); the read
-//! and decode ([`read_leaf`]) need no lock; [`Tree::adopt_leaf_read`]
-//! (under the lock again) caches the leaf only if it is still uncached,
-//! the block table still maps it to the same extent and checksum (a leaf
-//! changed and written back meanwhile has a new one), and the walk still
-//! reaches it with the same bounds. Otherwise the bytes are dropped: a
-//! read outside the lock never decides what a reader sees.
+//! [`Tree::leaf_for`], or a query's walk on the shared lock), and for a
+//! cached leaf its pivots and basements' places; the read and decode
+//! ([`read_leaf`]) need no lock; [`Tree::adopt_leaf_read`] (under the lock
+//! again) caches what was read only if the block table still maps the leaf
+//! to the same extent and checksum (a leaf changed and written back
+//! meanwhile has a new one) and — for an uncached leaf — the walk still
+//! reaches it, uncached, with the same bounds, or — for basements of a
+//! cached leaf — the cached leaf still has those bounds and pivots, and
+//! each basement is still missing with the same place in the extent (a
+//! partly loaded leaf is always clean: dirty leaves are whole). Otherwise
+//! the bytes are dropped: a read outside the lock never decides what a
+//! reader sees.
 
 #![allow(clippy::indexing_slicing)] // see tree/mod.rs
 
 use super::*;
 
-/// Where an uncached leaf lies on disk, as found under the lock.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where a leaf lies on disk, as found under the lock.
+#[derive(Clone, Debug)]
 pub struct LeafOnDisk {
     pub ks: KeySpace,
     pub num: u64,
@@ -31,6 +37,18 @@ pub struct LeafOnDisk {
     /// Byte offset of the extent on the device.
     pub offset: u64,
     pub len: usize,
+    /// For a leaf the cache holds with basements still on the device: its
+    /// pivots and its basements' places ([`Leaf::skeleton`]). None for a
+    /// leaf the cache does not hold.
+    cached: Option<Leaf>,
+}
+
+impl LeafOnDisk {
+    /// Whether `other` names the same leaf at the same place on disk.
+    fn same_place(&self, other: &LeafOnDisk) -> bool {
+        (self.ks, self.num, &self.bounds, self.extent, self.crc)
+            == (other.ks, other.num, &other.bounds, other.extent, other.crc)
+    }
 }
 
 impl Tree {
@@ -91,27 +109,107 @@ impl Tree {
             crc,
             offset: self.layout.extent_offset(extent),
             len: extent.len as usize,
+            cached: None,
         })
     }
 
-    /// Caches a leaf read outside the lock (`ahead`: by the read-ahead
-    /// thread) if the tree still names it where it was found (see the
-    /// module doc); whether it was taken.
+    /// Where the basements leaf `num` (cached, reached under `bounds`)
+    /// still has on the device lie; None if it is not such a leaf.
+    pub(super) fn basements_on_disk(
+        &self,
+        ks: KeySpace,
+        num: u64,
+        bounds: &Bounds,
+    ) -> Option<LeafOnDisk> {
+        let node = self.cache.get(&num)?;
+        let NodeBody::Leaf(leaf) = &node.body else {
+            return None;
+        };
+        if node.bounds != *bounds {
+            return None;
+        }
+        let mut place = self.leaf_on_disk(ks, num, bounds.clone())?;
+        place.cached = Some(leaf.skeleton());
+        Some(place)
+    }
+
+    /// Caches a leaf, or basements of a cached leaf, read outside the lock
+    /// (`ahead`: by the read-ahead thread) if the tree still names them
+    /// where they were found (see the module doc); whether they were taken.
     pub fn adopt_leaf_read(&mut self, place: &LeafOnDisk, node: Node, ahead: bool) -> bool {
+        let taken = match &place.cached {
+            None => self.adopt_uncached_leaf(place, node),
+            Some(_) => self.adopt_basements(place, node),
+        };
+        let counter = match (taken, ahead, &place.cached) {
+            (false, ..) => &self.stats.unlocked_reads_dropped,
+            (true, true, _) => &self.stats.nodes_read_ahead,
+            (true, false, None) => &self.stats.leaves_read_unlocked,
+            (true, false, Some(_)) => &self.stats.basement_reads_unlocked,
+        };
+        add(counter, 1);
+        taken
+    }
+
+    fn adopt_uncached_leaf(&mut self, place: &LeafOnDisk, node: Node) -> bool {
         let still = self.uncached_leaf_for(place.ks, &place.bounds.lo);
-        if still.as_ref() != Some(place) {
-            add(&self.stats.unlocked_reads_dropped, 1);
+        if !still.is_some_and(|still| still.same_place(place)) {
             return false;
         }
         add(&self.stats.nodes_read, 1);
-        add(
-            if ahead {
-                &self.stats.nodes_read_ahead
-            } else {
-                &self.stats.leaves_read_unlocked
-            },
-            1,
-        );
+        self.put(place.num, node);
+        true
+    }
+
+    /// Moves the basements in `read` (a skeleton of the cached leaf
+    /// `place` names, with the basements read) into that leaf, each if it
+    /// is still missing there with the same place in the same extent.
+    fn adopt_basements(&mut self, place: &LeafOnDisk, read: Node) -> bool {
+        let NodeBody::Leaf(read) = read.body else {
+            return false;
+        };
+        let at = self.leaf_on_disk(place.ks, place.num, place.bounds.clone());
+        if !at.is_some_and(|at| at.same_place(place)) {
+            return false;
+        }
+        let Some(node) = self.cache.get(&place.num) else {
+            return false;
+        };
+        let NodeBody::Leaf(leaf) = &node.body else {
+            return false;
+        };
+        if node.bounds != place.bounds
+            || leaf.pivots != read.pivots
+            || leaf.basements.len() != read.basements.len()
+        {
+            return false;
+        }
+        // Each basement read is taken if the cached leaf still misses it,
+        // at the same place.
+        let keep: Vec<bool> = leaf
+            .basements
+            .iter()
+            .zip(&read.basements)
+            .map(|(cached, read)| {
+                cached.entries.is_none()
+                    && read.entries.is_some()
+                    && (cached.loc, cached.count, cached.bytes)
+                        == (read.loc, read.count, read.bytes)
+            })
+            .collect();
+        if !keep.contains(&true) {
+            return false;
+        }
+        // Taken out and put back, as a load does: the cache counts the
+        // node's bytes as it goes in.
+        let mut node = self.take(place.num);
+        if let NodeBody::Leaf(leaf) = &mut node.body {
+            for ((cached, read), keep) in leaf.basements.iter_mut().zip(read.basements).zip(keep) {
+                if keep {
+                    cached.entries = read.entries;
+                }
+            }
+        }
         self.put(place.num, node);
         true
     }
@@ -149,6 +247,9 @@ pub(crate) fn read_leaf(
     want: Want<'_>,
     stats: &Stats,
 ) -> EngineResult<Node> {
+    if let Some(skeleton) = &place.cached {
+        return read_cached_leafs_basements(place, skeleton.clone(), device, want, stats);
+    }
     let whole = matches!(want, Want::Whole);
     let first = if whole {
         place.len
@@ -171,4 +272,24 @@ pub(crate) fn read_leaf(
         }
     }
     Ok(node)
+}
+
+/// The basements `want` covers that the cached leaf at `place` (whose
+/// `skeleton` it is) does not hold, read and decoded into the skeleton.
+fn read_cached_leafs_basements(
+    place: &LeafOnDisk,
+    mut skeleton: Leaf,
+    device: &dyn Device,
+    want: Want<'_>,
+    stats: &Stats,
+) -> EngineResult<Node> {
+    let at = (place.ks, place.num, place.offset, &place.bounds);
+    io::read_missing_basements(device, at, &mut skeleton, want, stats)?;
+    Ok(Node {
+        body: NodeBody::Leaf(skeleton),
+        bounds: place.bounds.clone(),
+        tree: place.ks as u8,
+        dirty: false,
+        last_used: Default::default(),
+    })
 }
