@@ -61,9 +61,14 @@ pub struct Stats {
     pub checkpoint_io_micros_total: AtomicU64,
     pub checkpoint_io_micros_max: AtomicU64,
     /// The longest a write spent, with the tree lock held, applying its
-    /// batch (flushes, splits and merges it set off included) and then
-    /// evicting (writing back dirty nodes when the cache is over budget).
+    /// batch (the flushes, splits and merges it set off included when it
+    /// settles inline; settling in steps is `settle_step_micros_max`).
     pub apply_micros_max: AtomicU64,
+    /// A writer's settling in steps (`Flushing::Stepwise`): the steps
+    /// after which it let waiting requests take the lock, and the longest
+    /// step (the longest anyone waited for a writer's flushes).
+    pub settle_steps: AtomicU64,
+    pub settle_step_micros_max: AtomicU64,
     pub evict_micros_max: AtomicU64,
     /// Writes that needed a checkpoint (a full log, space low) while one
     /// was in flight, and waited for it.
@@ -143,6 +148,8 @@ pub struct StatsSnapshot {
     pub checkpoint_io_micros_total: u64,
     pub checkpoint_io_micros_max: u64,
     pub apply_micros_max: u64,
+    pub settle_steps: u64,
+    pub settle_step_micros_max: u64,
     pub evict_micros_max: u64,
     pub writes_waited_for_checkpoint: u64,
     pub writes_flushed_log: u64,
@@ -222,6 +229,8 @@ impl Stats {
             checkpoint_io_micros_total: get(&self.checkpoint_io_micros_total),
             checkpoint_io_micros_max: get(&self.checkpoint_io_micros_max),
             apply_micros_max: get(&self.apply_micros_max),
+            settle_steps: get(&self.settle_steps),
+            settle_step_micros_max: get(&self.settle_step_micros_max),
             evict_micros_max: get(&self.evict_micros_max),
             writes_waited_for_checkpoint: get(&self.writes_waited_for_checkpoint),
             writes_flushed_log: get(&self.writes_flushed_log),

@@ -88,6 +88,9 @@ pub struct Options {
     /// Called before each turn of background flushing, without the tree
     /// lock (tests hold the flusher there to fill the backlog).
     pub flush_turn_hook: Option<TurnHook>,
+    /// Called between two steps of a writer's settling, without the tree
+    /// lock (tests run other requests there).
+    pub settle_step_hook: Option<TurnHook>,
 }
 
 /// See [`Options::checkpoint_turn_hook`].
@@ -120,6 +123,7 @@ impl Default for Options {
             background_flush: false,
             flush_turn_bytes: 1 << 20,
             flush_turn_hook: None,
+            settle_step_hook: None,
         }
     }
 }
@@ -1273,16 +1277,15 @@ impl Inner {
         };
         tree.next_seq = seq + 1;
         self.promised_bytes.store(promised_after, Ordering::Relaxed);
-        let flushing = if self.background_flush_now(&tree) {
-            Flushing::Background
-        } else {
-            Flushing::Inline
-        };
+        let flushing = self.flushing_now(&tree);
         let applying = Instant::now();
         if let Err(e) = tree.apply_batch(seq, batch, flushing) {
             return Err(self.poison(e));
         }
         record_max(&self.stats.apply_micros_max, applying.elapsed());
+        if flushing == Flushing::Stepwise {
+            self.settle_in_steps(&mut tree)?;
+        }
         add(&self.stats.user_bytes_written, user_bytes);
         add(&self.stats.user_messages, batch.len() as u64);
         let evicting = Instant::now();
@@ -1581,6 +1584,29 @@ impl Inner {
         }
     }
 
+    /// A writer's settling ([`Flushing::Stepwise`]): what its batch left
+    /// over a node's worth in the roots' buffers is flushed down a step
+    /// at a time (`Tree::settle_step`: one flush, or one split), and
+    /// between steps the lock goes fairly to whoever waits for it, so that
+    /// no request waits for more than one step of someone else's cascade.
+    /// Each step leaves the tree whole. Counted: the steps that let others
+    /// in, and the longest step.
+    fn settle_in_steps(&self, tree: &mut TreeGuard<'_>) -> EngineResult<()> {
+        loop {
+            let stepping = Instant::now();
+            let stepped = tree.settle_step().map_err(|e| self.poison(e))?;
+            record_max(&self.stats.settle_step_micros_max, stepping.elapsed());
+            if !stepped {
+                return Ok(());
+            }
+            add(&self.stats.settle_steps, 1);
+            match &self.options.settle_step_hook {
+                Some(hook) => parking_lot::RwLockWriteGuard::unlocked_fair(tree, || (hook.0)()),
+                None => parking_lot::RwLockWriteGuard::bump(tree),
+            }
+        }
+    }
+
     /// Back-pressure: while a root's buffers hold more than the backlog
     /// bound, a writer waits (giving up the tree lock) for the tree
     /// flusher's turns to bring them down. Counted: how many writes
@@ -1639,14 +1665,27 @@ impl Inner {
         self.flush_progress.notify_all();
     }
 
-    /// Whether messages are left to the tree flusher now: it runs, and the
-    /// device has room to spare (`Tree::room_for_background_flush`). Past
-    /// that, writers settle the roots themselves, as before: a write's
-    /// admission checks that the space its own settling dirties will fit,
-    /// and the flusher's later work would escape that check.
+    /// Who settles what a write leaves in the roots: the flusher thread
+    /// if it runs, else the writer in steps — both only with room to
+    /// spare (`Tree::room_to_defer_settling`): a write's admission checks
+    /// that the space its own settling dirties will fit, which the
+    /// flusher's later work would escape, and either lets a checkpoint or
+    /// an eviction write an interior node fuller than a node (an image
+    /// past the allocator's node-sized runs). Short of room, the writer
+    /// settles inline, as before.
+    fn flushing_now(&self, tree: &Tree) -> Flushing {
+        if !tree.room_to_defer_settling(self.promised_bytes.load(Ordering::Relaxed)) {
+            Flushing::Inline
+        } else if self.tree_flusher_running.load(Ordering::SeqCst) {
+            Flushing::Background
+        } else {
+            Flushing::Stepwise
+        }
+    }
+
+    /// Whether messages are left to the tree flusher now.
     fn background_flush_now(&self, tree: &Tree) -> bool {
-        self.tree_flusher_running.load(Ordering::SeqCst)
-            && tree.room_for_background_flush(self.promised_bytes.load(Ordering::Relaxed))
+        self.flushing_now(tree) == Flushing::Background
     }
 
     /// One turn of the tree flusher; whether there is more to do (and no

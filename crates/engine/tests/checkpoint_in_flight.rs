@@ -215,7 +215,13 @@ fn next_step(arrived: &Receiver<Step>) -> Step {
 
 #[test]
 fn reads_and_writes_complete_while_a_checkpoint_is_in_flight() {
-    let (mem, device, store, mut model, mut rng) = prepared_store(7, small_options());
+    // A cache that keeps the prepared store's dirty nodes for the
+    // checkpoint to write, rather than eviction.
+    let options = Options {
+        cache_bytes: 256 << 10,
+        ..small_options()
+    };
+    let (mem, device, store, mut model, mut rng) = prepared_store(7, options);
     let checkpoints_before = store.stats().checkpoints;
     let (arrived, go, handle) = stepped_checkpoint(&device, &store);
     let mut ios = Vec::new();

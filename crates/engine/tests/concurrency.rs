@@ -5,11 +5,12 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::channel;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use betreefs_engine::{KeySpace, Options, Store};
+use betreefs_engine::{KeySpace, Options, Store, TurnHook};
 use betreefs_store::{finishes_within, HeldReads, MemDevice};
 use common::small_options;
 use rand::{rngs::SmallRng, Rng, SeedableRng};
@@ -322,5 +323,88 @@ fn requests_go_on_while_a_query_reads_a_basement() {
         (stats.basement_reads_unlocked, stats.unlocked_reads_dropped),
         (0, 1)
     );
+    store.verify().unwrap();
+}
+
+/// A write whose batch overflows a root settles in steps (one flush or one
+/// split each, the tree whole in between), and other requests take the
+/// lock between two steps: here a query and a write complete while a
+/// writer is held after its first step, and everything reads back as
+/// written.
+#[test]
+fn requests_go_on_between_the_steps_of_a_writers_flushes() {
+    let (arrived, held) = channel();
+    let (go, wait) = channel::<()>();
+    let armed = Arc::new(AtomicBool::new(false));
+    let hold = {
+        let armed = armed.clone();
+        let (arrived, wait) = (Mutex::new(arrived), Mutex::new(wait));
+        move || {
+            if armed.swap(false, Ordering::SeqCst) {
+                let _ = arrived.lock().unwrap().send(());
+                let _ = wait.lock().unwrap().recv();
+            }
+        }
+    };
+    let options = Options {
+        cache_bytes: 8 << 20,
+        settle_step_hook: Some(TurnHook(Arc::new(hold))),
+        ..small_options()
+    };
+    let (_dev, store) = common::mem_store(32 << 20, options);
+    let store = Arc::new(store);
+    // Enough for a root over interior nodes over leaves.
+    let mut model = BTreeMap::new();
+    for i in 0..400 {
+        store
+            .put(KeySpace::Data, &numbered(i), &value_of(i, 1))
+            .unwrap();
+        model.insert(numbered(i), value_of(i, 1));
+    }
+    assert!(store.stats().tree_heights[KeySpace::Data as usize] >= 2);
+    let steps_before = store.stats().settle_steps;
+
+    armed.store(true, Ordering::SeqCst);
+    let writer = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            // Overwrites until one of them sets off a cascade; the hook
+            // holds this thread after its first step.
+            for round in 2..=20u8 {
+                for i in 0..400 {
+                    store
+                        .put(KeySpace::Data, &numbered(i), &value_of(i, round))
+                        .unwrap();
+                }
+            }
+        })
+    };
+    held.recv_timeout(Duration::from_secs(20))
+        .expect("a write settles in steps");
+    let key = b"between steps".to_vec();
+    {
+        let store = store.clone();
+        let key = key.clone();
+        completes("a write", move || {
+            store.put(KeySpace::Data, &key, b"written").unwrap()
+        });
+    }
+    let got = {
+        let store = store.clone();
+        let key = key.clone();
+        completes("a query", move || store.get(KeySpace::Data, &key).unwrap())
+    };
+    assert_eq!(got, Some(b"written".to_vec()));
+    drop(go);
+    writer.join().unwrap();
+    for i in 0..400 {
+        model.insert(numbered(i), value_of(i, 20));
+    }
+    model.insert(key, b"written".to_vec());
+    assert!(store.stats().settle_steps > steps_before);
+    let all: BTreeMap<_, _> = common::scan_all(&store, KeySpace::Data)
+        .into_iter()
+        .collect();
+    assert_eq!(all, model);
     store.verify().unwrap();
 }

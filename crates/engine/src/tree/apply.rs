@@ -10,26 +10,28 @@ impl Tree {
     /// Applies one batch (already logged) with sequence number `seq`.
     /// With [`Flushing::Background`] the roots' buffers take the batch and
     /// the flusher thread moves it down (the store makes writers wait for
-    /// it past the backlog bound); a range rename or clone settles here
-    /// all the same, as surgery leaves nodes with more children than a
-    /// node may keep.
+    /// it past the backlog bound); with [`Flushing::Stepwise`] the writer
+    /// moves it down after, in steps ([`Tree::settle_step`]). A range
+    /// rename or clone settles here all the same, as surgery leaves nodes
+    /// with more children than a node may keep.
     pub fn apply_batch(
         &mut self,
         seq: u64,
         batch: &WriteBatch,
         flushing: Flushing,
     ) -> EngineResult<()> {
-        let background = flushing == Flushing::Background;
         // A batch of many messages (a tree's clone writes a record for
         // every inode in it) settles as it goes past this: the root's
         // buffers would otherwise take all of it before the first flush,
         // far past the cache's budget. With background flushing, twice the
         // backlog bound — the store lets a write in at the bound, so only
-        // a batch that alone could fill the backlog gets there.
-        let settle_above = if background {
-            2 * self.flush_backlog_bound()
-        } else {
-            self.opts.node_size
+        // a batch that alone could fill the backlog gets there; settling
+        // in steps, twice a node — a root holds no more than a node
+        // between writes, so only a batch of about a node gets there.
+        let settle_above = match flushing {
+            Flushing::Inline => self.opts.node_size,
+            Flushing::Stepwise => 2 * self.opts.node_size,
+            Flushing::Background => 2 * self.flush_backlog_bound(),
         };
         let mut must_settle = [false; KEY_SPACES];
         for (ks, msg) in batch.messages() {
@@ -42,7 +44,7 @@ impl Tree {
                 Some((r, how)) => self.apply_transplant(ks, seq, r, how)?,
                 None => self.apply_message(ks, seq, &msg)?,
             }
-            must_settle[ks.index()] |= !background || transplant.is_some();
+            must_settle[ks.index()] |= flushing == Flushing::Inline || transplant.is_some();
             if msg.is_removal() {
                 self.removals_since_reclaim += 1;
             }
@@ -194,8 +196,16 @@ impl Tree {
     /// than a node's worth after.
     pub(super) fn settle_root_within(&mut self, ks: KeySpace, budget: usize) -> EngineResult<()> {
         let root = self.roots[ks.index()];
+        self.flush_heaviest(ks, root, &Bounds::full(), budget)?;
+        self.settle_root_shape(ks)
+    }
+
+    /// After flushing out of the root of `ks`: splits it if it has too
+    /// many children (the tree grows a level), and drops a root left
+    /// with one interior child.
+    pub(super) fn settle_root_shape(&mut self, ks: KeySpace) -> EngineResult<()> {
+        let root = self.roots[ks.index()];
         let full = Bounds::full();
-        self.flush_heaviest(ks, root, &full, budget)?;
         let splits = self.split_if_needed(ks, root, &full)?;
         if !splits.is_empty() {
             let height = self.node(root).height() + 1;

@@ -10,11 +10,27 @@ use super::*;
 /// ([`Tree::apply_batch`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flushing {
-    /// The writer, before its write returns (log replay, a store without
-    /// the flusher thread, a device short of room).
+    /// The writer, all of it within the batch's application: log replay,
+    /// and a device short of room.
     Inline,
+    /// The writer, before its write returns, in steps
+    /// ([`Tree::settle_step`]) between which the store lets other
+    /// requests take the lock (a store without the flusher thread).
+    Stepwise,
     /// The store's flusher thread, in turns ([`Tree::flush_turn`]).
     Background,
+}
+
+/// Whether a flush into a child goes on down from there
+/// ([`Tree::flush_part`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Cascade {
+    /// The child is settled at once: its own buffers flushed down until
+    /// they fit, all the way to the leaves.
+    Down,
+    /// An interior child keeps what it took, even past a node's worth, for
+    /// a later step (a leaf child always splits at once).
+    OneLevel,
 }
 
 impl Tree {
@@ -49,10 +65,8 @@ impl Tree {
             if int.buffer_bytes() <= self.opts.node_size {
                 break;
             }
-            let heaviest = (0..int.buffers.len())
-                .max_by_key(|&i| int.buffers[i].bytes())
-                .unwrap_or(0);
-            let moved = self.flush_part(ks, num, heaviest, bounds, left)?;
+            let heaviest = self.heaviest_buffer(num);
+            let moved = self.flush_part(ks, num, heaviest, bounds, left, Cascade::Down)?;
             left = left.saturating_sub(moved.max(1));
         }
         Ok(())
@@ -67,14 +81,16 @@ impl Tree {
         i: usize,
         parent_bounds: &Bounds,
     ) -> EngineResult<()> {
-        self.flush_part(ks, parent, i, parent_bounds, usize::MAX)
+        self.flush_part(ks, parent, i, parent_bounds, usize::MAX, Cascade::Down)
             .map(|_| ())
     }
 
     /// [`Tree::flush_child`] of only the messages of the lowest keys in
     /// the buffer, about `limit` bytes of them (all if there are no more;
     /// background flushing's step): the child, settled after, passes on
-    /// about what it took. Returns the bytes moved.
+    /// about what it took. Returns the bytes moved. With
+    /// [`Cascade::OneLevel`] an interior child is not settled (only split,
+    /// if it has too many children).
     fn flush_part(
         &mut self,
         ks: KeySpace,
@@ -82,6 +98,7 @@ impl Tree {
         i: usize,
         parent_bounds: &Bounds,
         limit: usize,
+        cascade: Cascade,
     ) -> EngineResult<usize> {
         let int = self.interior(parent);
         let child_bounds = int.child_bounds(i, parent_bounds);
@@ -124,10 +141,122 @@ impl Tree {
         result?;
         add(&self.stats.flushes, 1);
         add(&self.stats.messages_flushed, count);
-        let splits = self.settle(ks, child, &child_bounds)?;
+        let splits = match cascade {
+            Cascade::Down => self.settle(ks, child, &child_bounds)?,
+            Cascade::OneLevel => {
+                if child_height > 0 {
+                    self.unsettled_below_roots = true;
+                }
+                self.split_if_needed(ks, child, &child_bounds)?
+            }
+        };
         self.adopt_splits(parent, i, splits);
         self.maybe_merge(ks, parent, i, parent_bounds)?;
         Ok(moved)
+    }
+
+    /// Whether interior node `num` holds more than it may: buffers past a
+    /// node's worth, or more children than the fanout.
+    fn unsettled(&self, num: u64) -> bool {
+        match &self.node(num).body {
+            NodeBody::Interior(int) => {
+                int.buffer_bytes() > self.opts.node_size || int.children.len() > self.opts.fanout
+            }
+            NodeBody::Leaf(_) => false,
+        }
+    }
+
+    /// One step of a writer's settling ([`Flushing::Stepwise`]), with the
+    /// tree whole before and after it: the first node, top down, that
+    /// holds more than it may — a root, then interior nodes reached
+    /// through cached ones — flushes the first quarter-node of its
+    /// heaviest buffer into that child and no further
+    /// ([`Cascade::OneLevel`]; a leaf child splits), or splits. Returns
+    /// whether there was anything to do. A cascade that held the lock for
+    /// tens of milliseconds (a root's buffer down to an interior node, its
+    /// buffers down to leaves, the leaves and then the node split) is
+    /// thus steps of a bounded part each, and the store lets waiting
+    /// requests in between them (docs/design.md, "Settling in steps").
+    pub fn settle_step(&mut self) -> EngineResult<bool> {
+        // The lowest keys' messages first, as the flusher's turns move
+        // them: the buffer invariant holds between steps.
+        let step = self.opts.node_size / 4;
+        for ks in KeySpace::ALL {
+            let root = self.roots[ks.index()];
+            if self.cache.contains_key(&root) && self.unsettled(root) {
+                let full = Bounds::full();
+                if self.interior(root).buffer_bytes() > self.opts.node_size {
+                    let heaviest = self.heaviest_buffer(root);
+                    self.flush_part(ks, root, heaviest, &full, step, Cascade::OneLevel)?;
+                }
+                self.settle_root_shape(ks)?;
+                return Ok(true);
+            }
+        }
+        if !self.unsettled_below_roots {
+            return Ok(false);
+        }
+        for ks in KeySpace::ALL {
+            if let Some((parent, i, parent_bounds)) = self.first_unsettled_below_root(ks) {
+                let child = self.private_child(ks, parent, i, &parent_bounds)?;
+                let bounds = self.interior(parent).child_bounds(i, &parent_bounds);
+                if self.interior(child).buffer_bytes() > self.opts.node_size {
+                    let heaviest = self.heaviest_buffer(child);
+                    self.flush_part(ks, child, heaviest, &bounds, step, Cascade::OneLevel)?;
+                }
+                let splits = self.split_if_needed(ks, child, &bounds)?;
+                self.adopt_splits(parent, i, splits);
+                self.maybe_merge(ks, parent, i, &parent_bounds)?;
+                return Ok(true);
+            }
+        }
+        self.unsettled_below_roots = false;
+        Ok(false)
+    }
+
+    /// The index of the buffer of interior node `num` holding the most.
+    fn heaviest_buffer(&self, num: u64) -> usize {
+        let int = self.interior(num);
+        (0..int.buffers.len())
+            .max_by_key(|&i| int.buffers[i].bytes())
+            .unwrap_or(0)
+    }
+
+    /// The topmost interior node below the root of `ks` that holds more
+    /// than it may, among those reached through cached interior nodes, as
+    /// its parent, its index there and the parent's bounds (breadth
+    /// first: a parent is worked on before its children).
+    fn first_unsettled_below_root(&self, ks: KeySpace) -> Option<(u64, usize, Bounds)> {
+        let mut level = vec![(self.roots[ks.index()], Bounds::full())];
+        while !level.is_empty() {
+            let mut next = Vec::new();
+            for (num, bounds) in level {
+                let Some(Node {
+                    body: NodeBody::Interior(int),
+                    ..
+                }) = self.cache.get(&num)
+                else {
+                    continue;
+                };
+                if int.height < 2 {
+                    continue;
+                }
+                for (i, &child) in int.children.iter().enumerate() {
+                    // A shared child is changed only through a flush that
+                    // makes it private: nothing is left unsettled below it.
+                    if !self.cache.contains_key(&child) || !self.is_private(child) {
+                        continue;
+                    }
+                    let child_bounds = int.child_bounds(i, &bounds);
+                    if self.unsettled(child) {
+                        return Some((num, i, bounds));
+                    }
+                    next.push((child, child_bounds));
+                }
+            }
+            level = next;
+        }
+        None
     }
 
     /// The most bytes the buffers of any tree's root hold (what background
@@ -144,7 +273,7 @@ impl Tree {
     /// background flushing (back-pressure): a node and a half, enough to
     /// take a burst while a turn runs, or an eighth of the cache's budget
     /// if that is less (the roots are cached nodes), never under a node.
-    /// Only the roots are ever fuller than a node: what a turn moves into
+    /// Only the roots are fuller than a node between turns: what a turn moves into
     /// a child is settled at once.
     pub fn flush_backlog_bound(&self) -> usize {
         let node = self.opts.node_size;

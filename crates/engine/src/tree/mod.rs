@@ -190,6 +190,10 @@ pub(crate) struct Tree {
     unwritten: HashSet<u64>,
     /// A checkpoint still making its images ([`writeback`]).
     checkpoint: Option<writeback::CheckpointInProgress>,
+    /// A writer's step of settling ([`Tree::settle_step`]) may have left
+    /// an interior node below a root holding more than it may: the next
+    /// step looks for it.
+    unsettled_below_roots: bool,
 }
 
 impl Tree {
@@ -227,6 +231,7 @@ impl Tree {
             read_only: false,
             unwritten: HashSet::new(),
             checkpoint: None,
+            unsettled_below_roots: false,
         }
     }
 

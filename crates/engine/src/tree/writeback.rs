@@ -430,13 +430,16 @@ impl Tree {
         }
     }
 
-    /// Whether the device has room enough for background flushing: a
-    /// quarter of the node region free after what is used, dirty and
-    /// promised, and as much in node-sized runs. The flusher's work is
-    /// not admitted as a write is ([`Tree::space_low`]): the dirty nodes
-    /// it makes, and the copies they leave until two checkpoints free
-    /// them, must find room without that check.
-    pub fn room_for_background_flush(&self, promised: u64) -> bool {
+    /// Whether the device has room enough to let settling wait
+    /// (background flushing, or a writer's settling in steps): a quarter
+    /// of the node region free after what is used, dirty and promised,
+    /// and as much in node-sized runs. The flusher's work is not admitted
+    /// as a write is ([`Tree::space_low`]): the dirty nodes it makes, and
+    /// the copies they leave until two checkpoints free them, must find
+    /// room without that check; and a node left fuller than a node
+    /// between two steps may be written (a checkpoint, an eviction) as an
+    /// image past a node-sized run.
+    pub fn room_to_defer_settling(&self, promised: u64) -> bool {
         let capacity = self.layout.nodes_bytes;
         self.claimed_bytes(promised).saturating_mul(4) <= capacity.saturating_mul(3)
             && self.node_sized_run_bytes() >= capacity / 4
