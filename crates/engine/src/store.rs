@@ -229,6 +229,8 @@ struct Inner {
     /// Bytes promised to writes not yet made ([`Reservation`]); changed
     /// only under the tree lock, with the write that changes it.
     promised_bytes: AtomicU64,
+    /// How many batches were applied ([`Store::batches_applied`]).
+    batches_applied: AtomicU64,
     /// Told of every device fault ([`Store::set_fault_observer`]).
     fault_observer: Mutex<Option<FaultObserver>>,
     /// Where sequential scans hand the read-ahead thread the next leaf to
@@ -568,6 +570,7 @@ impl Store {
             recovery,
             writes_refused: std::sync::atomic::AtomicBool::new(false),
             promised_bytes: AtomicU64::new(0),
+            batches_applied: AtomicU64::new(0),
             fault_observer: Mutex::new(None),
             read_ahead: Mutex::new(None),
             reading_ahead: Mutex::new(HashSet::new()),
@@ -691,6 +694,16 @@ impl Store {
         let value = tree.get(ks, key);
         tree.evict_clean_if_needed();
         value.map_err(|e| self.inner.read_failed(e))
+    }
+
+    /// How many batches were written since the store was opened. A
+    /// caller whose writes all hold one lock of its own can read this,
+    /// let its lock go, query, take the lock and read this again: the
+    /// same count says none of its writes came between, so what the query
+    /// found is what the store holds (the file system's lookups query
+    /// without its table's lock on that condition).
+    pub fn batches_applied(&self) -> u64 {
+        self.inner.batches_applied.load(Ordering::Acquire)
     }
 
     /// Iterates [start, end) in key order (`end == None`: to the last key).
@@ -1283,6 +1296,10 @@ impl Inner {
             return Err(self.poison(e));
         }
         record_max(&self.stats.apply_micros_max, applying.elapsed());
+        // Counted before the locks go: whoever is ordered after this write
+        // (through the tree lock, or a lock the caller held across it)
+        // reads the count moved.
+        self.batches_applied.fetch_add(1, Ordering::Release);
         if flushing == Flushing::Stepwise {
             self.settle_in_steps(&mut tree)?;
         }

@@ -73,21 +73,30 @@ impl FileSystem {
 
     /// The attributes behind a record (following a hard link).
     pub(super) fn resolve(&self, st: &State, record: Record) -> FsResult<(Attr, Vec<u8>, Home)> {
+        let ino = record.ino();
+        if let Record::Link { .. } = record {
+            if let Some(n) = st.nodes.get(&ino) {
+                return Ok((n.attr.clone(), n.target.clone(), Home::Inode));
+            }
+        }
+        self.resolve_from_store(record)?
+            .ok_or_else(|| missing_inode(ino))
+    }
+
+    /// [`FileSystem::resolve`] from the stored records alone, as a lookup
+    /// reads them without the table (where the table has the inode,
+    /// `State::add_lookup` keeps the table's copy). None: a hard link to
+    /// an inode that is not stored.
+    fn resolve_from_store(&self, record: Record) -> FsResult<Option<(Attr, Vec<u8>, Home)>> {
         match record {
-            Record::Inode { attr, target } => Ok((attr, target, Home::Path)),
+            Record::Inode { attr, target } => Ok(Some((attr, target, Home::Path))),
             Record::Link { ino, .. } => {
-                if let Some(n) = st.nodes.get(&ino) {
-                    return Ok((n.attr.clone(), n.target.clone(), Home::Inode));
-                }
                 match self.store.get(KeySpace::Meta, &schema::inode_key(ino))? {
                     Some(v) => match decode(&v)? {
-                        Record::Inode { attr, target } => Ok((attr, target, Home::Inode)),
+                        Record::Inode { attr, target } => Ok(Some((attr, target, Home::Inode))),
                         Record::Link { .. } => Err(Errno::EIO),
                     },
-                    None => {
-                        tracing::error!("hard link to missing inode {ino}");
-                        Err(Errno::EIO)
-                    }
+                    None => Ok(None),
                 }
             }
         }
@@ -393,14 +402,46 @@ impl FileSystem {
         st.move_pin(old_parent, new_parent);
     }
 
+    /// lookup(2)'s half in the daemon. The entry (and the inode a hard
+    /// link names) is read without the table's lock, so that a lookup
+    /// waiting for the device holds up no other request; what it found
+    /// stands if no batch was written meanwhile (every write holds the
+    /// table's lock: `Store::batches_applied`), else it is read again
+    /// with the lock held — from the cache by then.
     pub(super) fn lookup_entry(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+        name_check(name)?;
+        let (dir, seen) = {
+            let mut st = self.lock();
+            if st.known_absent(parent, name) {
+                st.remember_absent(parent, name);
+                return Err(Errno::ENOENT);
+            }
+            (st.dir_key(parent)?, self.store.batches_applied())
+        };
+        let unlocked = self.query_entry(dir, name).and_then(|found| match found {
+            Some(found) => {
+                let ino = found.ino();
+                Ok(Some((ino, self.resolve_from_store(found.record)?)))
+            }
+            None => Ok(None),
+        });
         let mut st = self.lock();
-        let Some(found) = self.find(&st, parent, name)? else {
+        let found = if self.store.batches_applied() == seen {
+            match unlocked? {
+                Some((ino, Some(resolved))) => Some((ino, resolved)),
+                Some((ino, None)) => return Err(missing_inode(ino)),
+                None => None,
+            }
+        } else {
+            match self.find(&st, parent, name)? {
+                Some(found) => Some((found.ino(), self.resolve(&st, found.record)?)),
+                None => None,
+            }
+        };
+        let Some((ino, (attr, target, home))) = found else {
             st.remember_absent(parent, name);
             return Err(Errno::ENOENT);
         };
-        let ino = found.ino();
-        let (attr, target, home) = self.resolve(&st, found.record)?;
         st.add_lookup(parent, name, attr, target, home);
         self.attr_for_kernel(&mut st, ino)
     }
@@ -783,4 +824,10 @@ fn finish_move(
     if f.is_dir() {
         move_subtree(batch, scratch[1], sub);
     }
+}
+
+/// A hard link whose inode is not stored: the image is damaged.
+fn missing_inode(ino: Ino) -> Errno {
+    tracing::error!("hard link to missing inode {ino}");
+    Errno::EIO
 }
