@@ -1,0 +1,34 @@
+#!/bin/bash
+# The hand-runs of settle-steps.md, as root, from the repository's root:
+# OLD= the betreefs binary before (f692d43), NEW= after (default: this checkout's).
+# 1. stall.sh (untar + 4 KiB write/fsync loop, then the engine's counters), old and new interleaved;
+# 2. kv-bench WS3 at 50% reads, 1 and 2 client threads, old and new interleaved
+#    (one JSON line per run in /var/tmp/kvscale/settle-steps.jsonl, kept as kv.jsonl;
+#    the stall lines kept as stall.txt).
+set -u
+NEW=${NEW:-$(pwd)/target/release/betreefs}
+OLD=${OLD:?the binary before}
+here=$(dirname "$0")
+for r in 1 2; do
+  for v in new old; do
+    B=$NEW; [ $v = old ] && B=$OLD
+    echo "== stall $v round $r"
+    B=$B SECS=30 bash "$here/stall.sh" 2>&1 | grep -E "fsync loop|apply_micros_max|settle|evict_micros_max|checkpoint_micros_max"
+  done
+done
+mkdir -p /var/tmp/kvscale
+out=/var/tmp/kvscale/settle-steps.jsonl
+: > $out
+for r in 1 2; do
+  for v in new old; do
+    B=$NEW; [ $v = old ] && B=$OLD
+    for t in 1 2; do
+      rm -f /var/tmp/kvscale/s.img
+      line=$($B kv-bench --path /var/tmp/kvscale/s.img --workload ws3 --reads 50 --keys 1000000 \
+          --ops 2000000 --threads $t --stats 2>/var/tmp/kvscale/stats.json)
+      stats=$(tail -1 /var/tmp/kvscale/stats.json)
+      echo "{\"build\":\"$v\",\"round\":$r,\"result\":$line,\"stats\":$stats}" >> $out
+    done
+  done
+done
+rm -f /var/tmp/kvscale/s.img
