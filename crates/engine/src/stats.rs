@@ -69,6 +69,10 @@ pub struct Stats {
     /// step (the longest anyone waited for a writer's flushes).
     pub settle_steps: AtomicU64,
     pub settle_step_micros_max: AtomicU64,
+    /// A writer's eviction in steps: the write-backs after which it let
+    /// waiting requests take the lock; `evict_micros_max` is the longest
+    /// step.
+    pub eviction_steps: AtomicU64,
     pub evict_micros_max: AtomicU64,
     /// Writes that needed a checkpoint (a full log, space low) while one
     /// was in flight, and waited for it.
@@ -150,6 +154,7 @@ pub struct StatsSnapshot {
     pub apply_micros_max: u64,
     pub settle_steps: u64,
     pub settle_step_micros_max: u64,
+    pub eviction_steps: u64,
     pub evict_micros_max: u64,
     pub writes_waited_for_checkpoint: u64,
     pub writes_flushed_log: u64,
@@ -231,6 +236,7 @@ impl Stats {
             apply_micros_max: get(&self.apply_micros_max),
             settle_steps: get(&self.settle_steps),
             settle_step_micros_max: get(&self.settle_step_micros_max),
+            eviction_steps: get(&self.eviction_steps),
             evict_micros_max: get(&self.evict_micros_max),
             writes_waited_for_checkpoint: get(&self.writes_waited_for_checkpoint),
             writes_flushed_log: get(&self.writes_flushed_log),

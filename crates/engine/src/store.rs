@@ -91,6 +91,9 @@ pub struct Options {
     /// Called between two steps of a writer's settling, without the tree
     /// lock (tests run other requests there).
     pub settle_step_hook: Option<TurnHook>,
+    /// Called between two write-backs of a writer's eviction, without the
+    /// tree lock (tests run other requests there).
+    pub evict_step_hook: Option<TurnHook>,
 }
 
 /// See [`Options::checkpoint_turn_hook`].
@@ -124,6 +127,7 @@ impl Default for Options {
             flush_turn_bytes: 1 << 20,
             flush_turn_hook: None,
             settle_step_hook: None,
+            evict_step_hook: None,
         }
     }
 }
@@ -1305,15 +1309,7 @@ impl Inner {
         }
         add(&self.stats.user_bytes_written, user_bytes);
         add(&self.stats.user_messages, batch.len() as u64);
-        let evicting = Instant::now();
-        match tree.evict_if_needed() {
-            Ok(()) => {}
-            Err(e) if e.is_no_space() => {
-                tracing::warn!("cache over budget: no space to write back dirty nodes")
-            }
-            Err(e) => return Err(self.poison(e)),
-        }
-        record_max(&self.stats.evict_micros_max, evicting.elapsed());
+        self.evict_in_steps(&mut tree)?;
         // A third of the log: the writer keeps the records of the previous
         // checkpoint's head on as well, so two of these fit in the region
         // with room to spare while the checkpoint runs.
@@ -1617,10 +1613,40 @@ impl Inner {
                 return Ok(());
             }
             add(&self.stats.settle_steps, 1);
-            match &self.options.settle_step_hook {
-                Some(hook) => parking_lot::RwLockWriteGuard::unlocked_fair(tree, || (hook.0)()),
-                None => parking_lot::RwLockWriteGuard::bump(tree),
+            self.hand_on(tree, &self.options.settle_step_hook);
+        }
+    }
+
+    /// A writer's eviction when its batch took the cache over budget: a
+    /// dirty node written back per step ([`Tree::evict_step`]), the lock
+    /// handed on fairly between steps. Counted: the steps that let others
+    /// in, and the longest step (`evict_micros_max`).
+    fn evict_in_steps(&self, tree: &mut TreeGuard<'_>) -> EngineResult<()> {
+        loop {
+            let evicting = Instant::now();
+            let more = match tree.evict_step() {
+                Ok(more) => more,
+                Err(e) if e.is_no_space() => {
+                    tracing::warn!("cache over budget: no space to write back dirty nodes");
+                    false
+                }
+                Err(e) => return Err(self.poison(e)),
+            };
+            record_max(&self.stats.evict_micros_max, evicting.elapsed());
+            if !more {
+                return Ok(());
             }
+            add(&self.stats.eviction_steps, 1);
+            self.hand_on(tree, &self.options.evict_step_hook);
+        }
+    }
+
+    /// Between two steps of a writer's work: the lock goes fairly to
+    /// whoever waits for it (or, in tests, to the hook's requests).
+    fn hand_on(&self, tree: &mut TreeGuard<'_>, hook: &Option<TurnHook>) {
+        match hook {
+            Some(hook) => parking_lot::RwLockWriteGuard::unlocked_fair(tree, || (hook.0)()),
+            None => parking_lot::RwLockWriteGuard::bump(tree),
         }
     }
 

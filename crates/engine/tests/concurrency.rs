@@ -6,7 +6,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::channel;
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -326,13 +326,9 @@ fn requests_go_on_while_a_query_reads_a_basement() {
     store.verify().unwrap();
 }
 
-/// A write whose batch overflows a root settles in steps (one flush or one
-/// split each, the tree whole in between), and other requests take the
-/// lock between two steps: here a query and a write complete while a
-/// writer is held after its first step, and everything reads back as
-/// written.
-#[test]
-fn requests_go_on_between_the_steps_of_a_writers_flushes() {
+/// A hook that, once armed, holds the thread that calls it (announcing
+/// it on the receiver) until the sender is dropped; it disarms itself.
+fn hook_that_holds_once() -> (TurnHook, Arc<AtomicBool>, Receiver<()>, Sender<()>) {
     let (arrived, held) = channel();
     let (go, wait) = channel::<()>();
     let armed = Arc::new(AtomicBool::new(false));
@@ -346,9 +342,36 @@ fn requests_go_on_between_the_steps_of_a_writers_flushes() {
             }
         }
     };
+    (TurnHook(Arc::new(hold)), armed, held, go)
+}
+
+/// A put of `key` and a query of it, each on a thread of its own, complete
+/// (while a writer is held somewhere) and agree.
+fn a_write_and_a_query_complete(store: &Arc<Store>, key: &[u8]) {
+    {
+        let (store, key) = (store.clone(), key.to_vec());
+        completes("a write", move || {
+            store.put(KeySpace::Data, &key, b"written").unwrap()
+        });
+    }
+    let got = {
+        let (store, key) = (store.clone(), key.to_vec());
+        completes("a query", move || store.get(KeySpace::Data, &key).unwrap())
+    };
+    assert_eq!(got, Some(b"written".to_vec()));
+}
+
+/// A write whose batch overflows a root settles in steps (one flush or one
+/// split each, the tree whole in between), and other requests take the
+/// lock between two steps: here a query and a write complete while a
+/// writer is held after its first step, and everything reads back as
+/// written.
+#[test]
+fn requests_go_on_between_the_steps_of_a_writers_flushes() {
+    let (hold, armed, held, go) = hook_that_holds_once();
     let options = Options {
         cache_bytes: 8 << 20,
-        settle_step_hook: Some(TurnHook(Arc::new(hold))),
+        settle_step_hook: Some(hold),
         ..small_options()
     };
     let (_dev, store) = common::mem_store(32 << 20, options);
@@ -382,19 +405,7 @@ fn requests_go_on_between_the_steps_of_a_writers_flushes() {
     held.recv_timeout(Duration::from_secs(20))
         .expect("a write settles in steps");
     let key = b"between steps".to_vec();
-    {
-        let store = store.clone();
-        let key = key.clone();
-        completes("a write", move || {
-            store.put(KeySpace::Data, &key, b"written").unwrap()
-        });
-    }
-    let got = {
-        let store = store.clone();
-        let key = key.clone();
-        completes("a query", move || store.get(KeySpace::Data, &key).unwrap())
-    };
-    assert_eq!(got, Some(b"written".to_vec()));
+    a_write_and_a_query_complete(&store, &key);
     drop(go);
     writer.join().unwrap();
     for i in 0..400 {
@@ -402,6 +413,62 @@ fn requests_go_on_between_the_steps_of_a_writers_flushes() {
     }
     model.insert(key, b"written".to_vec());
     assert!(store.stats().settle_steps > steps_before);
+    let all: BTreeMap<_, _> = common::scan_all(&store, KeySpace::Data)
+        .into_iter()
+        .collect();
+    assert_eq!(all, model);
+    store.verify().unwrap();
+}
+
+/// A write that takes the cache over budget writes dirty nodes back one
+/// per step, and other requests take the lock between two write-backs:
+/// here a query and a write complete while a writer is held after its
+/// first, and everything reads back as written.
+#[test]
+fn requests_go_on_between_the_write_backs_of_a_writers_eviction() {
+    let (hold, armed, held, go) = hook_that_holds_once();
+    let options = Options {
+        evict_step_hook: Some(hold),
+        ..small_options()
+    };
+    let (_dev, store) = common::mem_store(32 << 20, options);
+    let store = Arc::new(store);
+    let mut model = BTreeMap::new();
+    for i in 0..2000 {
+        store
+            .put(KeySpace::Data, &numbered(i), &value_of(i, 1))
+            .unwrap();
+        model.insert(numbered(i), value_of(i, 1));
+    }
+    let steps_before = store.stats().eviction_steps;
+
+    armed.store(true, Ordering::SeqCst);
+    let writer = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            // Overwrites spread over every leaf, until the dirty ones
+            // take the cache over budget; the hook holds this thread
+            // after its first write-back.
+            let mut rng = SmallRng::seed_from_u64(11);
+            let mut written = BTreeMap::new();
+            for _ in 0..20_000 {
+                let i = rng.gen_range(0..2000);
+                store
+                    .put(KeySpace::Data, &numbered(i), &value_of(i, 2))
+                    .unwrap();
+                written.insert(numbered(i), value_of(i, 2));
+            }
+            written
+        })
+    };
+    held.recv_timeout(Duration::from_secs(20))
+        .expect("a write evicts in steps");
+    let key = b"between write-backs".to_vec();
+    a_write_and_a_query_complete(&store, &key);
+    drop(go);
+    model.extend(writer.join().unwrap());
+    model.insert(key, b"written".to_vec());
+    assert!(store.stats().eviction_steps > steps_before);
     let all: BTreeMap<_, _> = common::scan_all(&store, KeySpace::Data)
         .into_iter()
         .collect();

@@ -136,10 +136,25 @@ impl Tree {
     /// small files + fsync went from 0.2-0.8 to 1.3-3 ms in an A/B,
     /// docs/benchmarks/shared-reads.md).
     pub(super) fn evict(&mut self, write_dirty: bool) -> EngineResult<()> {
+        self.evict_within(write_dirty, usize::MAX).map(|_| ())
+    }
+
+    /// One step of a writer's eviction: [`Tree::evict`], writing back one
+    /// dirty node at most. Returns whether it stopped with more dirty
+    /// nodes to write back (the store hands the lock on between steps:
+    /// each write-back is an encode and a device write of up to a node,
+    /// and an eviction may need several).
+    pub fn evict_step(&mut self) -> EngineResult<bool> {
+        self.evict_within(!self.read_only, 1)
+    }
+
+    /// [`Tree::evict`] writing back at most `dirty_writes` dirty nodes;
+    /// whether it stopped there with more to do.
+    fn evict_within(&mut self, write_dirty: bool, dirty_writes: usize) -> EngineResult<bool> {
         let budget = self.cache_budget();
         let clean_budget = self.clean_budget();
         if self.cache_bytes <= clean_budget {
-            return Ok(());
+            return Ok(false);
         }
         let (clean_target, dirty_target) = (clean_budget / 10 * 9, budget / 10 * 9);
         let write_dirty = write_dirty && self.cache_bytes > budget;
@@ -152,6 +167,7 @@ impl Tree {
             .map(|(num, n)| (n.dirty, n.height() > 0, n.last_used.get(), *num))
             .collect();
         order.sort_unstable();
+        let mut written = 0;
         for (dirty, _, _, num) in order {
             let target = if dirty { dirty_target } else { clean_target };
             if self.cache_bytes <= target {
@@ -165,12 +181,16 @@ impl Tree {
                 continue;
             }
             if dirty {
+                if written == dirty_writes {
+                    return Ok(true);
+                }
                 self.write_node(num)?;
+                written += 1;
             }
             drop(self.take(num));
             add(&self.stats.evictions, 1);
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Begins a checkpoint of the tree as it is now, under the tree lock:
