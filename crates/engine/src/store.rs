@@ -1622,9 +1622,10 @@ impl Inner {
     /// handed on fairly between steps. Counted: the steps that let others
     /// in, and the longest step (`evict_micros_max`).
     fn evict_in_steps(&self, tree: &mut TreeGuard<'_>) -> EngineResult<()> {
+        let mut continuing = false;
         loop {
             let evicting = Instant::now();
-            let more = match tree.evict_step() {
+            let more = match tree.evict_step(continuing) {
                 Ok(more) => more,
                 Err(e) if e.is_no_space() => {
                     tracing::warn!("cache over budget: no space to write back dirty nodes");
@@ -1638,6 +1639,7 @@ impl Inner {
             }
             add(&self.stats.eviction_steps, 1);
             self.hand_on(tree, &self.options.evict_step_hook);
+            continuing = true;
         }
     }
 

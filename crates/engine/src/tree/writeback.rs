@@ -136,28 +136,37 @@ impl Tree {
     /// small files + fsync went from 0.2-0.8 to 1.3-3 ms in an A/B,
     /// docs/benchmarks/shared-reads.md).
     pub(super) fn evict(&mut self, write_dirty: bool) -> EngineResult<()> {
-        self.evict_within(write_dirty, usize::MAX).map(|_| ())
+        self.evict_within(write_dirty, usize::MAX, false)
+            .map(|_| ())
     }
 
     /// One step of a writer's eviction: [`Tree::evict`], writing back one
     /// dirty node at most. Returns whether it stopped with more dirty
     /// nodes to write back (the store hands the lock on between steps:
     /// each write-back is an encode and a device write of up to a node,
-    /// and an eviction may need several).
-    pub fn evict_step(&mut self) -> EngineResult<bool> {
-        self.evict_within(!self.read_only, 1)
+    /// and an eviction may need several). A step `continuing` an eviction
+    /// writes back down to the target the first step aimed at, as one
+    /// eviction would, though the cache is under budget by then.
+    pub fn evict_step(&mut self, continuing: bool) -> EngineResult<bool> {
+        self.evict_within(!self.read_only, 1, continuing)
     }
 
     /// [`Tree::evict`] writing back at most `dirty_writes` dirty nodes;
     /// whether it stopped there with more to do.
-    fn evict_within(&mut self, write_dirty: bool, dirty_writes: usize) -> EngineResult<bool> {
+    fn evict_within(
+        &mut self,
+        write_dirty: bool,
+        dirty_writes: usize,
+        continuing: bool,
+    ) -> EngineResult<bool> {
         let budget = self.cache_budget();
         let clean_budget = self.clean_budget();
-        if self.cache_bytes <= clean_budget {
+        let (clean_target, dirty_target) = (clean_budget / 10 * 9, budget / 10 * 9);
+        let over = if continuing { dirty_target } else { budget };
+        if self.cache_bytes <= clean_budget.min(over) {
             return Ok(false);
         }
-        let (clean_target, dirty_target) = (clean_budget / 10 * 9, budget / 10 * 9);
-        let write_dirty = write_dirty && self.cache_bytes > budget;
+        let write_dirty = write_dirty && self.cache_bytes > over;
         let mut order: Vec<(bool, bool, u64, u64)> = self
             .cache
             .iter()
