@@ -361,6 +361,26 @@ fn a_write_and_a_query_complete(store: &Arc<Store>, key: &[u8]) {
     assert_eq!(got, Some(b"written".to_vec()));
 }
 
+/// Puts keys `0..n` (numbered, version 1) into the store and the model.
+fn put_numbered(store: &Store, model: &mut BTreeMap<Vec<u8>, Vec<u8>>, n: u32) {
+    for i in 0..n {
+        store
+            .put(KeySpace::Data, &numbered(i), &value_of(i, 1))
+            .unwrap();
+        model.insert(numbered(i), value_of(i, 1));
+    }
+}
+
+/// The store's data key space holds the model exactly, and the tree
+/// verifies.
+fn assert_store_holds(store: &Store, model: &BTreeMap<Vec<u8>, Vec<u8>>) {
+    let all: BTreeMap<_, _> = common::scan_all(store, KeySpace::Data)
+        .into_iter()
+        .collect();
+    assert_eq!(&all, model);
+    store.verify().unwrap();
+}
+
 /// A write whose batch overflows a root settles in steps (one flush or one
 /// split each, the tree whole in between), and other requests take the
 /// lock between two steps: here a query and a write complete while a
@@ -378,12 +398,7 @@ fn requests_go_on_between_the_steps_of_a_writers_flushes() {
     let store = Arc::new(store);
     // Enough for a root over interior nodes over leaves.
     let mut model = BTreeMap::new();
-    for i in 0..400 {
-        store
-            .put(KeySpace::Data, &numbered(i), &value_of(i, 1))
-            .unwrap();
-        model.insert(numbered(i), value_of(i, 1));
-    }
+    put_numbered(&store, &mut model, 400);
     assert!(store.stats().tree_heights[KeySpace::Data as usize] >= 2);
     let steps_before = store.stats().settle_steps;
 
@@ -413,11 +428,7 @@ fn requests_go_on_between_the_steps_of_a_writers_flushes() {
     }
     model.insert(key, b"written".to_vec());
     assert!(store.stats().settle_steps > steps_before);
-    let all: BTreeMap<_, _> = common::scan_all(&store, KeySpace::Data)
-        .into_iter()
-        .collect();
-    assert_eq!(all, model);
-    store.verify().unwrap();
+    assert_store_holds(&store, &model);
 }
 
 /// A write that takes the cache over budget writes dirty nodes back one
@@ -434,12 +445,7 @@ fn requests_go_on_between_the_write_backs_of_a_writers_eviction() {
     let (_dev, store) = common::mem_store(32 << 20, options);
     let store = Arc::new(store);
     let mut model = BTreeMap::new();
-    for i in 0..2000 {
-        store
-            .put(KeySpace::Data, &numbered(i), &value_of(i, 1))
-            .unwrap();
-        model.insert(numbered(i), value_of(i, 1));
-    }
+    put_numbered(&store, &mut model, 2000);
     let steps_before = store.stats().eviction_steps;
 
     armed.store(true, Ordering::SeqCst);
@@ -469,9 +475,5 @@ fn requests_go_on_between_the_write_backs_of_a_writers_eviction() {
     model.extend(writer.join().unwrap());
     model.insert(key, b"written".to_vec());
     assert!(store.stats().eviction_steps > steps_before);
-    let all: BTreeMap<_, _> = common::scan_all(&store, KeySpace::Data)
-        .into_iter()
-        .collect();
-    assert_eq!(all, model);
-    store.verify().unwrap();
+    assert_store_holds(&store, &model);
 }
