@@ -17,7 +17,7 @@ use betreefs_engine::KeySpace;
 use super::state::{Home, State};
 use super::{decode, DirEntry, FileSystem, Ino};
 use crate::error::FsResult;
-use crate::record::{S_IFDIR, S_IFMT};
+use crate::record::{Attr, Record, S_IFDIR, S_IFMT};
 use crate::schema;
 
 /// Cookies remembered per directory, and directories remembered.
@@ -80,11 +80,44 @@ impl CookieWindow {
     }
 }
 
+/// Entries a listing reads ahead of the table's lock (a readdir reply
+/// holds some hundreds of plain entries, a readdirplus one fewer): the
+/// first leaf's reads are made with the lock free, the rest of a long
+/// listing from the cache under it.
+const ENTRIES_AHEAD: usize = 256;
+const ENTRIES_AHEAD_PLUS: usize = 96;
+
+/// An entry as the store holds it, with what readdirplus needs from the
+/// store besides (read without the table's lock when read ahead).
+struct Listed {
+    key: Vec<u8>,
+    name: Vec<u8>,
+    record: Record,
+    /// readdirplus only.
+    stored: Option<StoredAttrs>,
+}
+
+/// What readdirplus needs of an entry from the store.
+struct StoredAttrs {
+    /// The attributes, symlink target and home the records give (None: a
+    /// hard link to an inode that is not stored).
+    resolved: Option<(Attr, Vec<u8>, Home)>,
+    /// The blocks stored, for a file that may have holes.
+    blocks: Option<u64>,
+}
+
 impl FileSystem {
     /// Lists directory `ino` from `offset`, calling `add` for each entry
     /// until it returns `true` (buffer full). With `plus`, entries carry
     /// their attributes and count as lookups (readdirplus fills the
     /// kernel's caches from the same scan).
+    ///
+    /// The first entries are read without the table's lock (a cold
+    /// directory waits for the device with the lock free) and given to
+    /// `add` only if no batch was written meanwhile (every write holds
+    /// the table's lock: `Store::batches_applied`, as lookups do); else,
+    /// and for what lies past them, the entries are read with the lock
+    /// held, as they all were before.
     pub(super) fn list_dir(
         &self,
         ino: Ino,
@@ -92,9 +125,13 @@ impl FileSystem {
         plus: bool,
         add: &mut dyn FnMut(DirEntry<'_>) -> bool,
     ) -> FsResult<()> {
-        let mut st = self.lock();
-        let dir = st.dir_key(ino)?;
-        let parent = st.node(ino)?.parent;
+        let (dir, parent, from, seen) = {
+            let st = self.lock();
+            let dir = st.dir_key(ino)?;
+            let parent = st.node(ino)?.parent;
+            let from = self.listing_start(&st, ino, &dir, offset)?;
+            (dir, parent, from, self.store.batches_applied())
+        };
         let dots = [(1, ino, &b"."[..]), (2, parent, &b".."[..])];
         for (cookie, dot_ino, name) in dots {
             if offset < cookie {
@@ -110,23 +147,48 @@ impl FileSystem {
                 }
             }
         }
-        let (lo, hi) = schema::children_range(&dir);
-        let from = if offset <= 2 {
-            lo.clone()
+        let (_, hi) = schema::children_range(&dir);
+        let limit = if plus {
+            ENTRIES_AHEAD_PLUS
         } else {
-            match self.name_of_cookie(&st, ino, &dir, offset)? {
-                Some(esc) => [lo.as_slice(), &esc, &[0]].concat(),
-                None => {
-                    // The entry is gone and its cookie forgotten: list from
-                    // the start again rather than lose entries (a later
-                    // entry may repeat; none is skipped).
-                    tracing::debug!("readdir of {ino}: unknown offset {offset}, restarting");
-                    lo.clone()
-                }
-            }
+            ENTRIES_AHEAD
         };
-        self.fill_from(&mut st, ino, &dir, &from, &hi, plus, add)?;
+        let ahead = self.read_entries(&dir, &from, &hi, plus, limit);
+        let mut st = self.lock();
+        let rest = match ahead {
+            Ok((entries, rest)) if self.store.batches_applied() == seen => {
+                for listed in entries {
+                    if self.give_entry(&mut st, ino, &dir, listed, plus, add)? {
+                        return self.note_access(&mut st, ino);
+                    }
+                }
+                rest
+            }
+            // Changed meanwhile, or failed: read again, with the lock.
+            _ => Some(from),
+        };
+        if let Some(from) = rest {
+            self.fill_from(&mut st, ino, &dir, &from, &hi, plus, add)?;
+        }
         self.note_access(&mut st, ino)
+    }
+
+    /// The key a listing from `offset` starts at (past "." and "..").
+    fn listing_start(&self, st: &State, ino: Ino, dir: &[u8], offset: u64) -> FsResult<Vec<u8>> {
+        let (lo, _) = schema::children_range(dir);
+        if offset <= 2 {
+            return Ok(lo);
+        }
+        Ok(match self.name_of_cookie(st, ino, dir, offset)? {
+            Some(esc) => [lo.as_slice(), &esc, &[0]].concat(),
+            None => {
+                // The entry is gone and its cookie forgotten: list from
+                // the start again rather than lose entries (a later
+                // entry may repeat; none is skipped).
+                tracing::debug!("readdir of {ino}: unknown offset {offset}, restarting");
+                lo
+            }
+        })
     }
 
     /// The escaped name a cookie stands for: from the window, else by
@@ -152,36 +214,97 @@ impl FileSystem {
         Ok(None)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn fill_from(
+    /// Up to `limit` entries of `dir` from key `from`, and the key to go
+    /// on from if there may be more.
+    fn read_entries(
         &self,
-        st: &mut State,
-        ino: Ino,
         dir: &[u8],
         from: &[u8],
         hi: &[u8],
         plus: bool,
-        add: &mut dyn FnMut(DirEntry<'_>) -> bool,
-    ) -> FsResult<()> {
+        limit: usize,
+    ) -> FsResult<(Vec<Listed>, Option<Vec<u8>>)> {
+        let mut entries = Vec::new();
         for item in self.store.range(KeySpace::Meta, from, Some(hi)) {
             let (key, value) = item?;
-            let esc = key.get(dir.len() + 1..).unwrap_or_default();
-            let Some(name) = schema::child_name(dir, &key) else {
-                continue;
-            };
-            let record = decode(&value)?;
-            let cookie = dir_cookie(esc);
-            let full = if plus {
-                let (mut attr, target, home) = self.resolve(st, record)?;
-                // The table's view when it has the inode (it may be newer).
-                if st.nodes.contains_key(&attr.ino) {
-                    attr = self.attr_for_kernel(st, attr.ino)?;
-                } else {
+            if entries.len() == limit {
+                return Ok((entries, Some(key)));
+            }
+            if let Some(listed) = self.read_listed(dir, key, &value, plus)? {
+                entries.push(listed);
+            }
+        }
+        Ok((entries, None))
+    }
+
+    /// The entry behind `key` (None if it is not a child's), with what
+    /// readdirplus needs from the store.
+    fn read_listed(
+        &self,
+        dir: &[u8],
+        key: Vec<u8>,
+        value: &[u8],
+        plus: bool,
+    ) -> FsResult<Option<Listed>> {
+        let Some(name) = schema::child_name(dir, &key) else {
+            return Ok(None);
+        };
+        let record = decode(value)?;
+        let stored = if plus {
+            let resolved = self.resolve_from_store(record.clone())?;
+            let blocks = match &resolved {
+                Some((attr, _, home)) => {
                     let file_key = match home {
                         Home::Inode => schema::inode_key(attr.ino),
                         _ => key.clone(),
                     };
-                    attr.stored_blocks = self.count_stored_blocks(&attr, &file_key)?;
+                    self.count_stored_blocks(attr, &file_key)?
+                }
+                None => None,
+            };
+            Some(StoredAttrs { resolved, blocks })
+        } else {
+            None
+        };
+        Ok(Some(Listed {
+            key,
+            name,
+            record,
+            stored,
+        }))
+    }
+
+    /// Gives one entry to `add`, with the lock held: readdirplus takes
+    /// the table's view of an inode it has (it may be newer), and counts
+    /// the entry as a lookup if it went in. Whether the buffer is full.
+    fn give_entry(
+        &self,
+        st: &mut State,
+        ino: Ino,
+        dir: &[u8],
+        listed: Listed,
+        plus: bool,
+        add: &mut dyn FnMut(DirEntry<'_>) -> bool,
+    ) -> FsResult<bool> {
+        let Listed {
+            key,
+            name,
+            record,
+            stored,
+        } = listed;
+        let esc = key.get(dir.len() + 1..).unwrap_or_default();
+        let cookie = dir_cookie(esc);
+        let full = match stored {
+            Some(StoredAttrs { resolved, blocks }) if plus => {
+                let child = record.ino();
+                let (mut attr, target, home) = match resolved {
+                    Some(resolved) => resolved,
+                    None => self.resolve(st, record)?,
+                };
+                if st.nodes.contains_key(&child) {
+                    attr = self.attr_for_kernel(st, child)?;
+                } else {
+                    attr.stored_blocks = blocks;
                 }
                 let full = add(DirEntry {
                     ino: attr.ino,
@@ -196,19 +319,40 @@ impl FileSystem {
                     st.add_lookup(ino, &name, attr, target, home);
                 }
                 full
-            } else {
-                add(DirEntry {
-                    ino: record.ino(),
-                    offset: cookie,
-                    file_type: record.mode() & S_IFMT,
-                    name: &name,
-                    attr: None,
-                })
+            }
+            _ => add(DirEntry {
+                ino: record.ino(),
+                offset: cookie,
+                file_type: record.mode() & S_IFMT,
+                name: &name,
+                attr: None,
+            }),
+        };
+        if !full {
+            st.cookies.remember(ino, cookie, esc);
+        }
+        Ok(full)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn fill_from(
+        &self,
+        st: &mut State,
+        ino: Ino,
+        dir: &[u8],
+        from: &[u8],
+        hi: &[u8],
+        plus: bool,
+        add: &mut dyn FnMut(DirEntry<'_>) -> bool,
+    ) -> FsResult<()> {
+        for item in self.store.range(KeySpace::Meta, from, Some(hi)) {
+            let (key, value) = item?;
+            let Some(listed) = self.read_listed(dir, key, &value, plus)? else {
+                continue;
             };
-            if full {
+            if self.give_entry(st, ino, dir, listed, plus, add)? {
                 return Ok(());
             }
-            st.cookies.remember(ino, cookie, esc);
         }
         Ok(())
     }

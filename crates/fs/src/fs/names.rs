@@ -87,7 +87,10 @@ impl FileSystem {
     /// reads them without the table (where the table has the inode,
     /// `State::add_lookup` keeps the table's copy). None: a hard link to
     /// an inode that is not stored.
-    fn resolve_from_store(&self, record: Record) -> FsResult<Option<(Attr, Vec<u8>, Home)>> {
+    pub(super) fn resolve_from_store(
+        &self,
+        record: Record,
+    ) -> FsResult<Option<(Attr, Vec<u8>, Home)>> {
         match record {
             Record::Inode { attr, target } => Ok(Some((attr, target, Home::Path))),
             Record::Link { ino, .. } => {
