@@ -128,6 +128,29 @@ fn completes<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'stat
         .unwrap_or_else(|| panic!("{what} waited for a lookup's device read"))
 }
 
+/// Lets a held request's first `reads - 1` reads go; at its last (the
+/// inode's record, read after the entries) removes both names of
+/// `target` in `dir` — the inode with them — then lets it go on.
+fn remove_at_the_last_read(
+    fs: &Arc<FileSystem>,
+    dir: u64,
+    reads: usize,
+    held: &Receiver<u64>,
+    go: Sender<()>,
+) {
+    for _ in 1..reads {
+        held.recv_timeout(Duration::from_secs(20)).unwrap();
+        go.send(()).unwrap();
+    }
+    held.recv_timeout(Duration::from_secs(20)).unwrap();
+    let fs = fs.clone();
+    completes("the unlinks", move || {
+        fs.unlink(dir, b"victim").unwrap();
+        fs.unlink(dir, b"target").unwrap();
+    });
+    drop(go);
+}
+
 #[test]
 fn requests_go_on_while_a_lookup_waits_for_the_device() {
     let image = image();
@@ -170,20 +193,7 @@ fn a_lookup_raced_by_the_removal_of_its_file_finds_it_gone() {
     assert!(reads >= 1, "the lookup reads the inode's record");
     let (device, fs, _) = cold_mount(&image);
     let (lookup, held, go) = held_lookup(&device, &fs);
-    for _ in 1..reads {
-        held.recv_timeout(Duration::from_secs(20)).unwrap();
-        go.send(()).unwrap();
-    }
-    // The last read: the inode's record, the entry found before it.
-    held.recv_timeout(Duration::from_secs(20)).unwrap();
-    {
-        let fs = fs.clone();
-        completes("the unlinks", move || {
-            fs.unlink(ROOT_INO, b"victim").unwrap();
-            fs.unlink(ROOT_INO, b"target").unwrap();
-        });
-    }
-    drop(go);
+    remove_at_the_last_read(&fs, ROOT_INO, reads, &held, go);
     assert_eq!(lookup.join().unwrap(), Err(Errno::ENOENT));
     assert!(matches!(fs.lookup(ROOT_INO, b"victim"), Err(Errno::ENOENT)));
 }
@@ -270,20 +280,7 @@ fn a_listing_raced_by_the_removal_of_a_file_does_not_show_it() {
     assert!(reads >= 1, "the listing reads the inode");
     let (device, fs, d) = mount_with_d(&image);
     let (listing, held, go) = held_listing(&device, &fs, d, true);
-    for _ in 1..reads {
-        held.recv_timeout(Duration::from_secs(20)).unwrap();
-        go.send(()).unwrap();
-    }
-    // The last read: the inode's record, the entries read before it.
-    held.recv_timeout(Duration::from_secs(20)).unwrap();
-    {
-        let fs = fs.clone();
-        completes("the unlinks", move || {
-            fs.unlink(d, b"victim").unwrap();
-            fs.unlink(d, b"target").unwrap();
-        });
-    }
-    drop(go);
+    remove_at_the_last_read(&fs, d, reads, &held, go);
     let names = listing.join().unwrap().unwrap();
     assert!(names.iter().any(|n| n == b"small"));
     assert!(
