@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use betreefs_engine::{Options, Store};
-use betreefs_fs::{AtimePolicy, Errno, FileSystem, FsResult, Operations, ROOT_INO};
+use betreefs_fs::{AtimePolicy, Errno, FileSystem, FsResult, Operations, RenameFlags, ROOT_INO};
 use betreefs_store::{finishes_within, HeldReads, MemDevice};
 use common::ME;
 
@@ -288,4 +288,29 @@ fn a_listing_raced_by_the_removal_of_a_file_does_not_show_it() {
         "a removed file listed"
     );
     assert!(matches!(fs.lookup(d, b"victim"), Err(Errno::ENOENT)));
+}
+
+/// A listing of `d` waits for the device when `d` is renamed and a new
+/// directory takes its old name: what it lists must be `d`'s entries,
+/// under its new name, not the newcomer's.
+#[test]
+fn a_listing_raced_by_the_rename_of_its_directory_lists_that_directory() {
+    let image = linked_image();
+    let (device, fs, d) = mount_with_d(&image);
+    let (listing, held, go) = held_listing(&device, &fs, d, false);
+    held.recv_timeout(Duration::from_secs(20))
+        .expect("the listing reads the entries");
+    {
+        let fs = fs.clone();
+        completes("the rename and the newcomer", move || {
+            fs.rename(ROOT_INO, b"d", ROOT_INO, b"d2", RenameFlags::default())
+                .unwrap();
+            let newcomer = fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
+            fs.mknod(newcomer, b"imposter", 0o100644, 0, ME).unwrap();
+        });
+    }
+    drop(go);
+    let names = listing.join().unwrap().unwrap();
+    assert!(names.iter().any(|n| n == b"small"), "{names:?}");
+    assert!(!names.iter().any(|n| n == b"imposter"), "{names:?}");
 }

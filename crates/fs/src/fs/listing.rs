@@ -155,20 +155,26 @@ impl FileSystem {
         };
         let ahead = self.read_entries(&dir, &from, &hi, plus, limit);
         let mut st = self.lock();
-        let rest = match ahead {
+        match ahead {
             Ok((entries, rest)) if self.store.batches_applied() == seen => {
                 for listed in entries {
                     if self.give_entry(&mut st, ino, &dir, listed, plus, add)? {
                         return self.note_access(&mut st, ino);
                     }
                 }
-                rest
+                if let Some(from) = rest {
+                    self.fill_from(&mut st, ino, &dir, &from, &hi, plus, add)?;
+                }
             }
-            // Changed meanwhile, or failed: read again, with the lock.
-            _ => Some(from),
-        };
-        if let Some(from) = rest {
-            self.fill_from(&mut st, ino, &dir, &from, &hi, plus, add)?;
+            _ => {
+                // Changed meanwhile (the directory itself may have moved,
+                // or a cookie's entry gone), or failed: all again, with
+                // the lock.
+                let dir = st.dir_key(ino)?;
+                let from = self.listing_start(&st, ino, &dir, offset)?;
+                let (_, hi) = schema::children_range(&dir);
+                self.fill_from(&mut st, ino, &dir, &from, &hi, plus, add)?;
+            }
         }
         self.note_access(&mut st, ino)
     }
