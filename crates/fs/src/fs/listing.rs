@@ -259,13 +259,10 @@ impl FileSystem {
         let stored = if plus {
             let resolved = self.resolve_from_store(record.clone())?;
             let blocks = match &resolved {
-                Some((attr, _, home)) => {
-                    let file_key = match home {
-                        Home::Inode => schema::inode_key(attr.ino),
-                        _ => key.clone(),
-                    };
-                    self.count_stored_blocks(attr, &file_key)?
+                Some((attr, _, Home::Inode)) => {
+                    self.count_stored_blocks(attr, &schema::inode_key(attr.ino))?
                 }
+                Some((attr, _, _)) => self.count_stored_blocks(attr, &key)?,
                 None => None,
             };
             Some(StoredAttrs { resolved, blocks })
