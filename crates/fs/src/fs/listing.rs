@@ -81,7 +81,7 @@ impl CookieWindow {
 }
 
 /// Entries a listing reads ahead of the table's lock (a readdir reply
-/// holds some hundreds of plain entries, a readdirplus one fewer): the
+/// holds some hundreds of plain entries, a readdirplus reply fewer): the
 /// first leaf's reads are made with the lock free, the rest of a long
 /// listing from the cache under it.
 const ENTRIES_AHEAD: usize = 256;
