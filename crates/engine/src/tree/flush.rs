@@ -178,17 +178,10 @@ impl Tree {
     /// thus steps of a bounded part each, and the store lets waiting
     /// requests in between them (docs/design.md, "Settling in steps").
     pub fn settle_step(&mut self) -> EngineResult<bool> {
-        // The lowest keys' messages first, as the flusher's turns move
-        // them: the buffer invariant holds between steps.
-        let step = self.opts.node_size / 4;
         for ks in KeySpace::ALL {
             let root = self.roots[ks.index()];
             if self.cache.contains_key(&root) && self.unsettled(root) {
-                let full = Bounds::full();
-                if self.interior(root).buffer_bytes() > self.opts.node_size {
-                    let heaviest = self.heaviest_buffer(root);
-                    self.flush_part(ks, root, heaviest, &full, step, Cascade::OneLevel)?;
-                }
+                self.flush_step(ks, root, &Bounds::full())?;
                 self.settle_root_shape(ks)?;
                 return Ok(true);
             }
@@ -200,10 +193,7 @@ impl Tree {
             if let Some((parent, i, parent_bounds)) = self.first_unsettled_below_root(ks) {
                 let child = self.private_child(ks, parent, i, &parent_bounds)?;
                 let bounds = self.interior(parent).child_bounds(i, &parent_bounds);
-                if self.interior(child).buffer_bytes() > self.opts.node_size {
-                    let heaviest = self.heaviest_buffer(child);
-                    self.flush_part(ks, child, heaviest, &bounds, step, Cascade::OneLevel)?;
-                }
+                self.flush_step(ks, child, &bounds)?;
                 let splits = self.split_if_needed(ks, child, &bounds)?;
                 self.adopt_splits(parent, i, splits);
                 self.maybe_merge(ks, parent, i, &parent_bounds)?;
@@ -212,6 +202,20 @@ impl Tree {
         }
         self.unsettled_below_roots = false;
         Ok(false)
+    }
+
+    /// A step's flush: if interior node `num` (reached under `bounds`)
+    /// holds more than a node, the first quarter-node of its heaviest
+    /// buffer goes one level down. The lowest keys' messages first, as the
+    /// flusher's turns move them: the buffer invariant holds between
+    /// steps.
+    fn flush_step(&mut self, ks: KeySpace, num: u64, bounds: &Bounds) -> EngineResult<()> {
+        if self.interior(num).buffer_bytes() > self.opts.node_size {
+            let heaviest = self.heaviest_buffer(num);
+            let part = self.opts.node_size / 4;
+            self.flush_part(ks, num, heaviest, bounds, part, Cascade::OneLevel)?;
+        }
+        Ok(())
     }
 
     /// The index of the buffer of interior node `num` holding the most.
