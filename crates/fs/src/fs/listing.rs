@@ -97,12 +97,14 @@ struct Listed {
     stored: Option<StoredAttrs>,
 }
 
-/// What readdirplus needs of an entry from the store.
+/// What readdirplus needs of an entry from the store besides the entry.
 struct StoredAttrs {
-    /// The attributes, symlink target and home the records give (None: a
-    /// hard link to an inode that is not stored).
-    resolved: Option<(Attr, Vec<u8>, Home)>,
-    /// The blocks stored, for a file that may have holes.
+    /// A hard link's inode as stored: its attributes, symlink target and
+    /// home. None when the entry's own record serves, or the table's copy
+    /// of the inode (`FileSystem::resolve` then, under the lock).
+    linked: Option<(Attr, Vec<u8>, Home)>,
+    /// The blocks stored, for a file that may have holes and that the
+    /// table does not have.
     blocks: Option<u64>,
 }
 
@@ -236,7 +238,7 @@ impl FileSystem {
             if entries.len() == limit {
                 return Ok((entries, Some(key)));
             }
-            if let Some(listed) = self.read_listed(dir, key, &value, plus)? {
+            if let Some(listed) = self.read_listed(None, dir, key, &value, plus)? {
                 entries.push(listed);
             }
         }
@@ -244,9 +246,12 @@ impl FileSystem {
     }
 
     /// The entry behind `key` (None if it is not a child's), with what
-    /// readdirplus needs from the store.
+    /// readdirplus needs from the store. With the lock held (`table`),
+    /// nothing is read for an inode the table has: its copy is what the
+    /// entry will show.
     fn read_listed(
         &self,
+        table: Option<&State>,
         dir: &[u8],
         key: Vec<u8>,
         value: &[u8],
@@ -257,15 +262,20 @@ impl FileSystem {
         };
         let record = decode(value)?;
         let stored = if plus {
-            let resolved = self.resolve_from_store(record.clone())?;
-            let blocks = match &resolved {
-                Some((attr, _, Home::Inode)) => {
+            let in_table = table.is_some_and(|st| st.nodes.contains_key(&record.ino()));
+            let linked = match record {
+                Record::Link { .. } if !in_table => self.resolve_from_store(record.clone())?,
+                _ => None,
+            };
+            let blocks = match (&record, &linked) {
+                _ if in_table => None,
+                (Record::Inode { attr, .. }, _) => self.count_stored_blocks(attr, &key)?,
+                (_, Some((attr, ..))) => {
                     self.count_stored_blocks(attr, &schema::inode_key(attr.ino))?
                 }
-                Some((attr, _, _)) => self.count_stored_blocks(attr, &key)?,
-                None => None,
+                _ => None,
             };
-            Some(StoredAttrs { resolved, blocks })
+            Some(StoredAttrs { linked, blocks })
         } else {
             None
         };
@@ -298,10 +308,10 @@ impl FileSystem {
         let esc = key.get(dir.len() + 1..).unwrap_or_default();
         let cookie = dir_cookie(esc);
         let full = match stored {
-            Some(StoredAttrs { resolved, blocks }) if plus => {
+            Some(StoredAttrs { linked, blocks }) if plus => {
                 let child = record.ino();
-                let (mut attr, target, home) = match resolved {
-                    Some(resolved) => resolved,
+                let (mut attr, target, home) = match linked {
+                    Some(linked) => linked,
                     None => self.resolve(st, record)?,
                 };
                 if st.nodes.contains_key(&child) {
@@ -350,7 +360,7 @@ impl FileSystem {
     ) -> FsResult<()> {
         for item in self.store.range(KeySpace::Meta, from, Some(hi)) {
             let (key, value) = item?;
-            let Some(listed) = self.read_listed(dir, key, &value, plus)? else {
+            let Some(listed) = self.read_listed(Some(st), dir, key, &value, plus)? else {
                 continue;
             };
             if self.give_entry(st, ino, dir, listed, plus, add)? {
