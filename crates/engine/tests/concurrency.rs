@@ -112,6 +112,34 @@ fn completes<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'stat
         .unwrap_or_else(|| panic!("{what} waited for a query's device read"))
 }
 
+/// What lets a held thread's reads go on, once dropped: the
+/// announcements of its reads and their go.
+type HeldRelease = (Receiver<u64>, Sender<()>);
+
+/// A get of `key` on a thread of its own whose device reads are held,
+/// once its first read (of `what`) has arrived: the thread, and the
+/// announcements of its reads with their go — dropping them lets it read
+/// on.
+fn held_get(
+    store: &Arc<Store>,
+    device: &Arc<HeldReads>,
+    key: Vec<u8>,
+    what: &str,
+) -> (std::thread::JoinHandle<Option<Vec<u8>>>, HeldRelease) {
+    let (arrived, held) = channel();
+    let (go, wait) = channel();
+    let query = {
+        let (store, device) = (store.clone(), device.clone());
+        std::thread::spawn(move || {
+            device.hold_reads_of_this_thread(arrived, wait);
+            store.get(KeySpace::Data, &key).unwrap()
+        })
+    };
+    held.recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{what} is read from the device: {e}"));
+    (query, (held, go))
+}
+
 /// A store of `keys` numbered keys with a root over a few leaves (few
 /// enough keys that every node above a leaf is the root), closed, on a
 /// device that can hold a thread's reads; and its options.
@@ -166,17 +194,7 @@ fn requests_go_on_while_a_query_reads_its_leaf() {
 
     let store = Arc::new(cold_store());
 
-    let (arrived, held) = channel();
-    let (go, wait) = channel();
-    let cold = {
-        let (store, device) = (store.clone(), device.clone());
-        std::thread::spawn(move || {
-            device.hold_reads_of_this_thread(arrived, wait);
-            store.get(KeySpace::Data, &numbered(last)).unwrap()
-        })
-    };
-    held.recv_timeout(Duration::from_secs(20))
-        .expect("the last key's leaf is read from the device");
+    let (cold, release) = held_get(&store, &device, numbered(last), "the last key's leaf");
 
     let cached = {
         let store = store.clone();
@@ -202,9 +220,8 @@ fn requests_go_on_while_a_query_reads_its_leaf() {
         });
     }
     assert!(store.stats().messages_flushed > 0);
-    // Let the held query read on (each of its reads is held in turn).
-    drop(held);
-    drop(go);
+    // Let the held query read on.
+    drop(release);
     assert_eq!(cold.join().unwrap(), Some(value_of(last, 3)));
     for j in 0..60 {
         assert_eq!(
@@ -244,20 +261,8 @@ fn requests_go_on_while_a_query_reads_a_basement() {
         );
         Arc::new(store)
     };
-    let held_query = |store: &Arc<Store>| {
-        let (arrived, held) = channel();
-        let (go, wait) = channel();
-        let query = {
-            let (store, device) = (store.clone(), device.clone());
-            std::thread::spawn(move || {
-                device.hold_reads_of_this_thread(arrived, wait);
-                store.get(KeySpace::Data, &numbered(later)).unwrap()
-            })
-        };
-        held.recv_timeout(Duration::from_secs(20))
-            .expect("the later key's basement is read from the device");
-        (query, (held, go))
-    };
+    let held_query =
+        |store: &Arc<Store>| held_get(store, &device, numbered(later), "the later key's basement");
     let cached_query = |store: &Arc<Store>| {
         let store = store.clone();
         let got = completes("a cached query", move || {

@@ -27,31 +27,44 @@ fn options() -> Options {
 /// (a hard link) of `target`: its inode is kept by number, away from
 /// the entries.
 fn image() -> Vec<u8> {
+    build_image(|fs| {
+        for i in 0..1500 {
+            // After `victim` in key order, before the inode's record.
+            let name = format!("z-filler-{i:05}-{}", "x".repeat(40));
+            fs.mknod(ROOT_INO, name.as_bytes(), 0o100644, 0, ME)
+                .unwrap();
+        }
+        common::write_file(fs, ROOT_INO, b"small", b"small");
+        let target = common::write_file(fs, ROOT_INO, b"target", b"target");
+        fs.link(target, ROOT_INO, b"victim").unwrap();
+    })
+}
+
+/// A fresh file system made by `fill`, everything pushed down to the
+/// leaves (a query reads its leaf), as an image.
+fn build_image(fill: impl FnOnce(&FileSystem)) -> Vec<u8> {
     let dev = MemDevice::new(64 << 20);
     let store = Store::create_on(Arc::new(dev.clone()), options()).unwrap();
     FileSystem::format(&store, ME).unwrap();
     let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
-    for i in 0..1500 {
-        // After `victim` in key order, before the inode's record.
-        let name = format!("z-filler-{i:05}-{}", "x".repeat(40));
-        fs.mknod(ROOT_INO, name.as_bytes(), 0o100644, 0, ME)
-            .unwrap();
-    }
-    common::write_file(&fs, ROOT_INO, b"small", b"small");
-    let target = common::write_file(&fs, ROOT_INO, b"target", b"target");
-    fs.link(target, ROOT_INO, b"victim").unwrap();
-    // Everything down in the leaves: a lookup reads its leaf.
+    fill(&fs);
     fs.store().compact().unwrap();
     fs.close().unwrap();
     dev.current_image()
 }
 
+/// `image` mounted on a device whose reads one thread can hold.
+fn mount_held(image: &[u8], atime: AtimePolicy) -> (Arc<HeldReads>, Arc<FileSystem>) {
+    let device = Arc::new(HeldReads::new(MemDevice::from_image(image.to_vec())));
+    let store = Store::open_on(device.clone(), options()).unwrap();
+    let fs = Arc::new(FileSystem::mount(store, atime).unwrap());
+    (device, fs)
+}
+
 /// The image mounted on a device whose reads one thread can hold, with
 /// `small` looked up (in the table, its entry's leaf cached).
 fn cold_mount(image: &[u8]) -> (Arc<HeldReads>, Arc<FileSystem>, u64) {
-    let device = Arc::new(HeldReads::new(MemDevice::from_image(image.to_vec())));
-    let store = Store::open_on(device.clone(), options()).unwrap();
-    let fs = Arc::new(FileSystem::mount(store, AtimePolicy::Relatime).unwrap());
+    let (device, fs) = mount_held(image, AtimePolicy::Relatime);
     let small = fs.lookup(ROOT_INO, b"small").unwrap().ino;
     (device, fs, small)
 }
@@ -64,14 +77,26 @@ type Held<T> = (std::thread::JoinHandle<T>, Receiver<u64>, Sender<()>);
 /// held once made: the thread, the announcements of its reads and their
 /// go (one message lets one read go; dropping it lets them all).
 fn held_lookup(device: &Arc<HeldReads>, fs: &Arc<FileSystem>) -> Held<FsResult<u64>> {
+    let fs = fs.clone();
+    spawn_held(device, move || {
+        fs.lookup(ROOT_INO, b"victim").map(|attr| attr.ino)
+    })
+}
+
+/// `f` on a thread of its own, every device read of which is held once
+/// made.
+fn spawn_held<T: Send + 'static>(
+    device: &Arc<HeldReads>,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Held<T> {
     let (arrived, held) = channel();
     let (go, wait) = channel();
-    let (device, fs) = (device.clone(), fs.clone());
-    let lookup = std::thread::spawn(move || {
+    let device = device.clone();
+    let thread = std::thread::spawn(move || {
         device.hold_reads_of_this_thread(arrived, wait);
-        fs.lookup(ROOT_INO, b"victim").map(|attr| attr.ino)
+        f()
     });
-    (lookup, held, go)
+    (thread, held, go)
 }
 
 /// A listing of `dir` (readdirplus with `plus`) on another thread, as
@@ -82,19 +107,15 @@ fn held_listing(
     dir: u64,
     plus: bool,
 ) -> Held<FsResult<Vec<Vec<u8>>>> {
-    let (arrived, held) = channel();
-    let (go, wait) = channel();
-    let (device, fs) = (device.clone(), fs.clone());
-    let listing = std::thread::spawn(move || {
-        device.hold_reads_of_this_thread(arrived, wait);
+    let fs = fs.clone();
+    spawn_held(device, move || {
         let mut names = Vec::new();
         fs.readdir(dir, 0, plus, &mut |entry| {
             names.push(entry.name.to_vec());
             false
         })
         .map(|()| names)
-    });
-    (listing, held, go)
+    })
 }
 
 /// How many device reads a lookup of `victim` makes on a fresh mount.
@@ -229,35 +250,28 @@ fn requests_go_on_while_a_listing_waits_for_the_device() {
 /// lie on either side of the inode's (in the root and in `c`): its
 /// record is in a leaf of its own, not cached after mounting.
 fn linked_image() -> Vec<u8> {
-    let dev = MemDevice::new(64 << 20);
-    let store = Store::create_on(Arc::new(dev.clone()), options()).unwrap();
-    FileSystem::format(&store, ME).unwrap();
-    let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
-    let d = fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
-    common::write_file(&fs, d, b"small", b"small");
-    let target = common::write_file(&fs, d, b"target", b"target");
-    fs.link(target, d, b"victim").unwrap();
-    // In key order: the root's entries (`d`'s, then fillers), inodes by
-    // number, the file system's own records, `c`'s entries (fillers),
-    // `d`'s.
-    let c = fs.mkdir(ROOT_INO, b"c", 0o755, ME).unwrap().ino;
-    for dir in [ROOT_INO, c] {
-        for i in 0..1500 {
-            let name = format!("z-filler-{i:05}-{}", "x".repeat(40));
-            fs.mknod(dir, name.as_bytes(), 0o100644, 0, ME).unwrap();
+    build_image(|fs| {
+        let d = fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
+        common::write_file(fs, d, b"small", b"small");
+        let target = common::write_file(fs, d, b"target", b"target");
+        fs.link(target, d, b"victim").unwrap();
+        // In key order: the root's entries (`d`'s, then fillers), inodes
+        // by number, the file system's own records, `c`'s entries
+        // (fillers), `d`'s.
+        let c = fs.mkdir(ROOT_INO, b"c", 0o755, ME).unwrap().ino;
+        for dir in [ROOT_INO, c] {
+            for i in 0..1500 {
+                let name = format!("z-filler-{i:05}-{}", "x".repeat(40));
+                fs.mknod(dir, name.as_bytes(), 0o100644, 0, ME).unwrap();
+            }
         }
-    }
-    fs.store().compact().unwrap();
-    fs.close().unwrap();
-    dev.current_image()
+    })
 }
 
 /// `linked_image` mounted with `d` looked up; `d`'s number. No access
 /// times: a listing's own write (of `d`'s atime) would read nodes too.
 fn mount_with_d(image: &[u8]) -> (Arc<HeldReads>, Arc<FileSystem>, u64) {
-    let device = Arc::new(HeldReads::new(MemDevice::from_image(image.to_vec())));
-    let store = Store::open_on(device.clone(), options()).unwrap();
-    let fs = Arc::new(FileSystem::mount(store, AtimePolicy::Noatime).unwrap());
+    let (device, fs) = mount_held(image, AtimePolicy::Noatime);
     let d = fs.lookup(ROOT_INO, b"d").unwrap().ino;
     (device, fs, d)
 }
