@@ -15,6 +15,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -237,12 +238,12 @@ struct Inner {
     batches_applied: AtomicU64,
     /// Told of every device fault ([`Store::set_fault_observer`]).
     fault_observer: Mutex<Option<FaultObserver>>,
-    /// Where sequential scans hand the read-ahead thread the next leaf to
+    /// Where sequential scans hand the read-ahead planner the next leaf to
     /// read (None without one, or once it is stopped).
     read_ahead: Mutex<Option<ReadAheadSender>>,
-    /// Leaves the read-ahead thread is reading now: a scan that reaches
-    /// one waits for it ([`Inner::wait_for_read_ahead`]) rather than read
-    /// it a second time.
+    /// Leaves the read-ahead readers are reading or about to read: a scan
+    /// that reaches one waits for it ([`Inner::wait_for_read_ahead`])
+    /// rather than read it a second time.
     reading_ahead: Mutex<HashSet<u64>>,
     read_ahead_landed: Condvar,
     /// Wakes the tree flusher (with `background`).
@@ -255,8 +256,13 @@ struct Inner {
     tree_flusher_running: std::sync::atomic::AtomicBool,
 }
 
-/// Leaves read ahead of a sequential scan, the next one included.
-const READ_AHEAD_LEAVES: usize = 3;
+/// Leaves kept read ahead of a sequential scan, the next one included.
+const READ_AHEAD_LEAVES: usize = 4;
+/// Threads reading them: this many leaves are read from the device at
+/// once. One read at a time leaves a scan bound by the device's
+/// single-request latency (about half its bandwidth on the machines
+/// measured, `docs/benchmarks/readahead-depth.md`).
+const READ_AHEAD_READERS: usize = 3;
 /// A checkpoint writes its nodes in pieces while a sync began within this
 /// long (see `Inner::write_checkpoint_turn`).
 const URGENT_FLUSH_WINDOW: Duration = Duration::from_secs(1);
@@ -291,36 +297,64 @@ pub struct Store {
     inner: Arc<Inner>,
     worker: Option<JoinHandle<()>>,
     tree_flusher: Option<JoinHandle<()>>,
-    read_ahead_worker: Option<JoinHandle<()>>,
+    read_ahead_threads: Vec<JoinHandle<()>>,
     closed: bool,
 }
 
-/// Starts the thread that reads leaves ahead of sequential scans
-/// (`tree::readahead`). It holds the store weakly and ends when the
-/// channel closes.
-fn start_read_ahead(inner: &Arc<Inner>) -> Option<JoinHandle<()>> {
+/// Starts the threads that read leaves ahead of sequential scans
+/// (`tree::readahead`): a planner that finds, for each leaf a scan
+/// reaches, the leaves after it to read, and [`READ_AHEAD_READERS`]
+/// readers that read them, several at once. They hold the store weakly:
+/// closing the scans' channel ends the planner, which closes the readers'.
+fn start_read_ahead(inner: &Arc<Inner>) -> Vec<JoinHandle<()>> {
     let (send, receive) = std::sync::mpsc::channel::<(KeySpace, Vec<u8>)>();
+    let (send_leaf, receive_leaf) = std::sync::mpsc::channel::<LeafOnDisk>();
+    let receive_leaf = Arc::new(Mutex::new(receive_leaf));
+    let mut threads = Vec::new();
     let weak = Arc::downgrade(inner);
-    let spawned = std::thread::Builder::new()
+    let planner = std::thread::Builder::new()
         .name("betreefs-readahead".into())
         .spawn(move || {
             while let Ok((ks, key)) = receive.recv() {
                 let Some(inner) = weak.upgrade() else {
                     return;
                 };
-                inner.read_ahead_leaves(ks, &key);
+                inner.plan_read_ahead(ks, &key, &send_leaf);
             }
         });
-    match spawned {
-        Ok(handle) => {
-            *inner.read_ahead.lock().unwrap_or_else(|e| e.into_inner()) = Some(send);
-            Some(handle)
-        }
+    match planner {
+        Ok(handle) => threads.push(handle),
         Err(e) => {
             tracing::warn!("could not start the read-ahead thread: {e}; reading on demand");
-            None
+            return threads;
         }
     }
+    for i in 0..READ_AHEAD_READERS {
+        let (weak, receive_leaf) = (Arc::downgrade(inner), receive_leaf.clone());
+        let reader = std::thread::Builder::new()
+            .name(format!("betreefs-readahead-{i}"))
+            .spawn(move || loop {
+                let next = receive_leaf
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .recv();
+                let Ok(place) = next else {
+                    return;
+                };
+                match weak.upgrade() {
+                    Some(inner) => inner.read_leaf_ahead(&place),
+                    None => return,
+                }
+            });
+        match reader {
+            Ok(handle) => threads.push(handle),
+            // The planner's sends then wait for the readers there are;
+            // with none, they fail and the scans read on demand.
+            Err(e) => tracing::warn!("could not start a read-ahead reader: {e}"),
+        }
+    }
+    *inner.read_ahead.lock().unwrap_or_else(|e| e.into_inner()) = Some(send);
+    threads
 }
 
 /// Starts the thread that moves messages down the trees in turns and
@@ -583,10 +617,10 @@ impl Store {
             flush_progress: TreeEvent::default(),
             tree_flusher_running: std::sync::atomic::AtomicBool::new(false),
         });
-        let read_ahead_worker = if inner.options.read_ahead {
+        let read_ahead_threads = if inner.options.read_ahead {
             start_read_ahead(&inner)
         } else {
-            None
+            Vec::new()
         };
         let needs_worker = !inner.options.read_only
             && (inner.options.log_flush_interval.is_some()
@@ -616,7 +650,7 @@ impl Store {
             inner,
             worker,
             tree_flusher,
-            read_ahead_worker,
+            read_ahead_threads,
             closed: false,
         }
     }
@@ -836,7 +870,7 @@ impl Store {
     }
 
     fn stop_worker(&mut self) {
-        // Closing the channel ends the read-ahead thread.
+        // Closing the channel ends the read-ahead threads.
         drop(
             self.inner
                 .read_ahead
@@ -844,8 +878,8 @@ impl Store {
                 .unwrap_or_else(|e| e.into_inner())
                 .take(),
         );
-        if let Some(worker) = self.read_ahead_worker.take() {
-            if worker.join().is_err() {
+        for thread in self.read_ahead_threads.drain(..) {
+            if thread.join().is_err() {
                 tracing::error!("read-ahead thread panicked");
             }
         }
@@ -1104,7 +1138,7 @@ impl Inner {
 
     /// The tree lock, exclusively — after reading, holding no lock, what
     /// `want` needs of the leaf at `place` (`ahead`: for the
-    /// read-ahead thread) and caching it if the tree still names it there
+    /// read-ahead readers) and caching it if the tree still names it there
     /// (`Tree::adopt_leaf_read`). Other requests go on while the device
     /// reads. A read that fails is dropped: a query reads again under the
     /// lock, where failures are reported.
@@ -1123,7 +1157,7 @@ impl Inner {
         tree
     }
 
-    /// Hands the read-ahead thread the leaf after one a scan just read
+    /// Hands the read-ahead planner the leaf after one a scan just read
     /// sequentially (it begins at `key`), if there is such a thread.
     fn read_ahead_from(&self, ks: KeySpace, key: Vec<u8>) {
         if let Some(send) = &*self.read_ahead.lock().unwrap_or_else(|e| e.into_inner()) {
@@ -1131,37 +1165,44 @@ impl Inner {
         }
     }
 
-    /// Reads ahead of a scan the leaf holding `key` and the ones after it,
-    /// [`READ_AHEAD_LEAVES`] in all: a reader that has just asked for the
-    /// next leaf would otherwise often reach it first and read it itself.
-    fn read_ahead_leaves(&self, ks: KeySpace, key: &[u8]) {
+    /// Hands the read-ahead readers the leaf holding `key` and the ones
+    /// after it, [`READ_AHEAD_LEAVES`] in all, that are neither cached nor
+    /// being read: a reader that has just asked for the next leaf would
+    /// otherwise often reach it first and read it itself.
+    fn plan_read_ahead(&self, ks: KeySpace, key: &[u8], readers: &Sender<LeafOnDisk>) {
         let mut key = key.to_vec();
         for _ in 0..READ_AHEAD_LEAVES {
-            let (place, next) = {
+            let next = {
                 let tree = self.tree.read();
-                match tree.leaf_for(ks, &key) {
-                    Some((place, next)) => {
-                        // Marked under the tree lock: a scan that finds
-                        // the leaf uncached after this waits for it.
-                        if let Some(place) = &place {
-                            self.lock_reading_ahead().insert(place.num);
+                let Some((place, next)) = tree.leaf_for(ks, &key) else {
+                    return;
+                };
+                // Marked under the tree lock: a scan that finds the leaf
+                // uncached after this waits for it.
+                if let Some(place) = place {
+                    if self.lock_reading_ahead().insert(place.num) {
+                        if let Err(unsent) = readers.send(place) {
+                            self.lock_reading_ahead().remove(&unsent.0.num);
+                            return;
                         }
-                        (place, next)
                     }
-                    None => return,
                 }
+                next
             };
-            if let Some(place) = place {
-                self.read_leaf_unlocked(&place, Want::Whole, true)
-                    .evict_clean_if_needed();
-                self.lock_reading_ahead().remove(&place.num);
-                self.read_ahead_landed.notify_all();
-            }
             match next {
                 Some(next) => key = next,
                 None => return,
             }
         }
+    }
+
+    /// Reads a leaf the planner handed over, caches it if the tree still
+    /// names it there, and wakes scans waiting for it.
+    fn read_leaf_ahead(&self, place: &LeafOnDisk) {
+        self.read_leaf_unlocked(place, Want::Whole, true)
+            .evict_clean_if_needed();
+        self.lock_reading_ahead().remove(&place.num);
+        self.read_ahead_landed.notify_all();
     }
 
     fn lock_reading_ahead(&self) -> MutexGuard<'_, HashSet<u64>> {

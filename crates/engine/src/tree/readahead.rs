@@ -1,8 +1,8 @@
 //! Leaves read from the device outside the tree lock. Read-ahead (BetrFS
 //! 0.6 §3.2's cooperative read-ahead): when a scan reads a leaf
-//! sequentially, the next leaf is read by another thread and put in the
-//! cache if the tree still names it there; the reader then finds it cached
-//! instead of waiting for the device. And queries: one that finds its leaf
+//! sequentially, the next leaves are read by other threads, several at
+//! once, and put in the cache if the tree still names them there; the
+//! reader then finds them cached instead of waiting for the device. And queries: one that finds its leaf
 //! uncached, or cached without the basements it needs (and nothing else
 //! missing on the way), reads what it needs holding no lock, so that other
 //! requests go on meanwhile.
@@ -134,7 +134,7 @@ impl Tree {
     }
 
     /// Caches a leaf, or basements of a cached leaf, read outside the lock
-    /// (`ahead`: by the read-ahead thread) if the tree still names them
+    /// (`ahead`: by a read-ahead reader) if the tree still names them
     /// where they were found (see the module doc); whether they were taken.
     pub fn adopt_leaf_read(&mut self, place: &LeafOnDisk, node: Node, ahead: bool) -> bool {
         let taken = match &place.cached {
