@@ -22,7 +22,11 @@ pub struct Stats {
     /// Basements of cached leaves read by queries holding no lock and
     /// taken into the cache.
     pub basement_reads_unlocked: AtomicU64,
-    /// Leaves read holding no tree lock (by point queries or read-ahead)
+    /// Leaves (or the missing basements of cached ones) a writer's next
+    /// settle step flushes into, read holding no tree lock before the
+    /// step and cached.
+    pub leaves_read_for_flushes: AtomicU64,
+    /// Leaves read holding no tree lock (by queries, read-ahead or writers)
     /// and dropped: the tree changed them meanwhile, or the read failed
     /// (a query then reads again under the lock, and reports).
     pub unlocked_reads_dropped: AtomicU64,
@@ -124,6 +128,7 @@ pub struct StatsSnapshot {
     pub nodes_read_ahead: u64,
     pub leaves_read_unlocked: u64,
     pub basement_reads_unlocked: u64,
+    pub leaves_read_for_flushes: u64,
     pub unlocked_reads_dropped: u64,
     pub superblock_bytes_written: u64,
     pub block_table_bytes_written: u64,
@@ -209,6 +214,7 @@ impl Stats {
             nodes_read_ahead: get(&self.nodes_read_ahead),
             leaves_read_unlocked: get(&self.leaves_read_unlocked),
             basement_reads_unlocked: get(&self.basement_reads_unlocked),
+            leaves_read_for_flushes: get(&self.leaves_read_for_flushes),
             unlocked_reads_dropped: get(&self.unlocked_reads_dropped),
             superblock_bytes_written: get(&self.superblock_bytes_written),
             block_table_bytes_written: get(&self.block_table_bytes_written),

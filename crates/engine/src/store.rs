@@ -28,8 +28,9 @@ use betreefs_store::{
 use crate::error::{EngineError, EngineResult};
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, WriteBatch};
+use crate::node::Node;
 use crate::stats::{add, Stats, StatsSnapshot};
-use crate::tree::readahead::{read_leaf, LeafOnDisk};
+use crate::tree::readahead::{read_leaf, LeafOnDisk, ReadFor};
 use crate::tree::{Flushing, Shared, Tree, TreeOptions, VerifyReport, Want};
 use crate::validate::{check_batch, check_message};
 
@@ -726,7 +727,10 @@ impl Store {
         let shared = self.inner.tree.read().get_cached(ks, key);
         let mut tree = match shared {
             Shared::Answer(value) => return value.map_err(|e| self.inner.read_failed(e)),
-            Shared::ReadLeaf(place) => self.inner.read_leaf_unlocked(&place, Want::Key(key), false),
+            Shared::ReadLeaf(place) => {
+                self.inner
+                    .read_leaf_unlocked(&place, Want::Key(key), ReadFor::Query)
+            }
             Shared::Exclusive => self.inner.lock_tree(),
         };
         let value = tree.get(ks, key);
@@ -1117,7 +1121,8 @@ impl Inner {
         let visited = match shared {
             Shared::Answer(visited) => visited,
             Shared::ReadLeaf(place) => {
-                let mut tree = self.read_leaf_unlocked(&place, Want::Range(from, end), false);
+                let want = Want::Range(from, end);
+                let mut tree = self.read_leaf_unlocked(&place, want, ReadFor::Query);
                 let visited = tree.visit_leaf(ks, from, end, visit);
                 tree.evict_clean_if_needed();
                 visited
@@ -1137,24 +1142,37 @@ impl Inner {
     }
 
     /// The tree lock, exclusively — after reading, holding no lock, what
-    /// `want` needs of the leaf at `place` (`ahead`: for the
-    /// read-ahead readers) and caching it if the tree still names it there
-    /// (`Tree::adopt_leaf_read`). Other requests go on while the device
-    /// reads. A read that fails is dropped: a query reads again under the
-    /// lock, where failures are reported.
-    fn read_leaf_unlocked(&self, place: &LeafOnDisk, want: Want<'_>, ahead: bool) -> TreeGuard<'_> {
+    /// `want` needs of the leaf at `place` (`by` whom: a query or a
+    /// read-ahead reader) and caching it if the tree still names it there
+    /// ([`Inner::adopt_read`]). Other requests go on while the device
+    /// reads.
+    fn read_leaf_unlocked(&self, place: &LeafOnDisk, want: Want<'_>, by: ReadFor) -> TreeGuard<'_> {
         let read = read_leaf(place, self.device.as_ref(), want, &self.stats);
         let mut tree = self.lock_tree();
+        self.adopt_read(&mut tree, place, read, by);
+        tree
+    }
+
+    /// Caches what was read of the leaf at `place` holding no lock if the
+    /// tree still names it there (`Tree::adopt_leaf_read`). A read that
+    /// failed is dropped: whoever needs the leaf reads it again under the
+    /// lock, where failures are reported.
+    fn adopt_read(
+        &self,
+        tree: &mut Tree,
+        place: &LeafOnDisk,
+        read: EngineResult<Node>,
+        by: ReadFor,
+    ) {
         match read {
             Ok(leaf) => {
-                tree.adopt_leaf_read(place, leaf, ahead);
+                tree.adopt_leaf_read(place, leaf, by);
             }
             Err(e) => {
                 tracing::debug!("read of node {} outside the lock: {e}", place.num);
                 add(&self.stats.unlocked_reads_dropped, 1);
             }
         }
-        tree
     }
 
     /// Hands the read-ahead planner the leaf after one a scan just read
@@ -1199,7 +1217,7 @@ impl Inner {
     /// Reads a leaf the planner handed over, caches it if the tree still
     /// names it there, and wakes scans waiting for it.
     fn read_leaf_ahead(&self, place: &LeafOnDisk) {
-        self.read_leaf_unlocked(place, Want::Whole, true)
+        self.read_leaf_unlocked(place, Want::Whole, ReadFor::ReadAhead)
             .evict_clean_if_needed();
         self.lock_reading_ahead().remove(&place.num);
         self.read_ahead_landed.notify_all();
@@ -1643,10 +1661,21 @@ impl Inner {
     /// at a time (`Tree::settle_step`: one flush, or one split), and
     /// between steps the lock goes fairly to whoever waits for it, so that
     /// no request waits for more than one step of someone else's cascade.
-    /// Each step leaves the tree whole. Counted: the steps that let others
-    /// in, and the longest step.
+    /// The leaf a step flushes into is read beforehand with the lock let
+    /// go. Each step leaves the tree whole. Counted: the steps that let
+    /// others in, the longest step, and the leaves read for steps.
     fn settle_in_steps(&self, tree: &mut TreeGuard<'_>) -> EngineResult<()> {
         loop {
+            if let Some(place) = tree.settle_step_leaf() {
+                // The leaf the step flushes into is read with the lock
+                // let go (fairly): a device read under it would shut out
+                // every request for its whole length. If the tree changed
+                // meanwhile, the step reads what it needs under the lock.
+                let read = parking_lot::RwLockWriteGuard::unlocked_fair(tree, || {
+                    read_leaf(&place, self.device.as_ref(), Want::Whole, &self.stats)
+                });
+                self.adopt_read(tree, &place, read, ReadFor::Flush);
+            }
             let stepping = Instant::now();
             let stepped = tree.settle_step().map_err(|e| self.poison(e))?;
             record_max(&self.stats.settle_step_micros_max, stepping.elapsed());

@@ -10,7 +10,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use betreefs_engine::{KeySpace, Options, Store, TurnHook};
+use betreefs_engine::{KeySpace, Options, Store, TurnHook, WriteBatch};
 use betreefs_store::{finishes_within, HeldReads, MemDevice};
 use common::small_options;
 use rand::{rngs::SmallRng, Rng, SeedableRng};
@@ -109,7 +109,7 @@ fn value_of(i: u32, version: u8) -> Vec<u8> {
 /// the held read).
 fn completes<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     finishes_within(Duration::from_secs(20), f)
-        .unwrap_or_else(|| panic!("{what} waited for a query's device read"))
+        .unwrap_or_else(|| panic!("{what} waited for a held device read"))
 }
 
 /// What lets a held thread's reads go on, once dropped: the
@@ -384,6 +384,57 @@ fn assert_store_holds(store: &Store, model: &BTreeMap<Vec<u8>, Vec<u8>>) {
         .collect();
     assert_eq!(&all, model);
     store.verify().unwrap();
+}
+
+/// A writer whose settle step flushes into a leaf the cache does not hold
+/// reads that leaf holding no lock: a cached query and a write complete
+/// while its read is held at the device, and afterwards every key reads
+/// back as written.
+#[test]
+fn requests_go_on_while_a_writer_reads_the_leaf_it_flushes_into() {
+    let keys = 60;
+    let (device, options) = root_over_leaves(keys);
+    let last = keys - 1;
+    let store = Arc::new(Store::open_on(device.clone(), options).unwrap());
+    let mut model: BTreeMap<_, _> = (0..keys).map(|i| (numbered(i), value_of(i, 1))).collect();
+    // The root is cached; so is the first key's leaf, now.
+    assert_eq!(
+        store.get(KeySpace::Data, &numbered(0)).unwrap(),
+        Some(value_of(0, 1))
+    );
+    // One batch of keys after the last one, enough to take the root past
+    // a node's worth: its settling flushes them into the last leaf.
+    let after_last = move |j: u32| format!("key{last:05}+{j:03}").into_bytes();
+    let (arrived, held) = channel();
+    let (go, wait) = channel();
+    let writer = {
+        let (store, device) = (store.clone(), device.clone());
+        std::thread::spawn(move || {
+            device.hold_reads_of_this_thread(arrived, wait);
+            let mut batch = WriteBatch::new();
+            for j in 0..40 {
+                batch.put(KeySpace::Data, &after_last(j), &value_of(j, 2));
+            }
+            store.write(&batch).unwrap();
+        })
+    };
+    held.recv_timeout(Duration::from_secs(20))
+        .expect("the writer reads the leaf it flushes into");
+    let cached = {
+        let store = store.clone();
+        completes("a cached query", move || {
+            store.get(KeySpace::Data, &numbered(0)).unwrap()
+        })
+    };
+    assert_eq!(cached, Some(value_of(0, 1)));
+    let key = b"key00000+written".to_vec();
+    a_write_and_a_query_complete(&store, &key);
+    drop((held, go));
+    writer.join().unwrap();
+    model.extend((0..40).map(|j| (after_last(j), value_of(j, 2))));
+    model.insert(key, b"written".to_vec());
+    assert!(store.stats().leaves_read_for_flushes >= 1);
+    assert_store_holds(&store, &model);
 }
 
 /// A write whose batch overflows a root settles in steps (one flush or one

@@ -5,6 +5,7 @@
 #![allow(clippy::indexing_slicing)] // see tree/mod.rs
 
 use super::*;
+use crate::tree::readahead::LeafOnDisk;
 
 /// Who moves a batch's messages down from the roots
 /// ([`Tree::apply_batch`]).
@@ -216,6 +217,58 @@ impl Tree {
             self.flush_part(ks, num, heaviest, bounds, part, Cascade::OneLevel)?;
         }
         Ok(())
+    }
+
+    /// The leaf the next [`Tree::settle_step`] flushes into, when the
+    /// cache does not hold it whole: where it, or its missing basements,
+    /// lie on disk — for the writer to read holding no lock before the
+    /// step, which would otherwise read it with every other request shut
+    /// out. None when the step reads no leaf.
+    pub fn settle_step_leaf(&self) -> Option<LeafOnDisk> {
+        for ks in KeySpace::ALL {
+            let root = self.roots[ks.index()];
+            if self.cache.contains_key(&root) && self.unsettled(root) {
+                return self.flush_step_leaf(ks, root, &Bounds::full());
+            }
+        }
+        if !self.unsettled_below_roots {
+            return None;
+        }
+        KeySpace::ALL.into_iter().find_map(|ks| {
+            let (parent, i, parent_bounds) = self.first_unsettled_below_root(ks)?;
+            let int = self.interior(parent);
+            let child = int.children[i];
+            self.flush_step_leaf(ks, child, &int.child_bounds(i, &parent_bounds))
+        })
+    }
+
+    /// The leaf [`Tree::flush_step`] on interior node `num` (cached,
+    /// reached under `bounds`) loads, if it is a leaf the cache does not
+    /// hold whole: see [`Tree::settle_step_leaf`].
+    fn flush_step_leaf(&self, ks: KeySpace, num: u64, bounds: &Bounds) -> Option<LeafOnDisk> {
+        let int = self.interior(num);
+        if int.height != 1 || int.buffer_bytes() <= self.opts.node_size {
+            return None;
+        }
+        let i = self.heaviest_buffer(num);
+        let child_bounds = int.child_bounds(i, bounds);
+        let buffer = &int.buffers[i];
+        let whole = buffer.bytes() <= self.opts.node_size / 4;
+        if whole && buffer.covers_whole(&child_bounds.lo, child_bounds.hi.as_deref()) {
+            // Dropped unread (see `flush_part`).
+            return None;
+        }
+        let child = int.children[i];
+        match self.cache.get(&child) {
+            None => self.leaf_on_disk(ks, child, child_bounds),
+            Some(Node {
+                body: NodeBody::Leaf(leaf),
+                ..
+            }) if leaf.basements.iter().any(|b| b.entries.is_none()) => {
+                self.basements_on_disk(ks, child, &child_bounds)
+            }
+            Some(_) => None,
+        }
     }
 
     /// The index of the buffer of interior node `num` holding the most.

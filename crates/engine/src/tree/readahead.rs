@@ -26,6 +26,18 @@
 
 use super::*;
 
+/// Who read a leaf outside the lock ([`Tree::adopt_leaf_read`]): what the
+/// stats count it as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadFor {
+    /// A query, for the leaf or basements it answers from.
+    Query,
+    /// A read-ahead reader, ahead of a sequential scan.
+    ReadAhead,
+    /// A writer, for the leaf its next settle step flushes into.
+    Flush,
+}
+
 /// Where a leaf lies on disk, as found under the lock.
 #[derive(Clone, Debug)]
 pub struct LeafOnDisk {
@@ -114,7 +126,9 @@ impl Tree {
     }
 
     /// Where the basements leaf `num` (cached, reached under `bounds`)
-    /// still has on the device lie; None if it is not such a leaf.
+    /// still has on the device lie; None if it is not such a leaf. (The
+    /// place names all its basements; what is read of them is kept only
+    /// where the cached leaf misses it.)
     pub(super) fn basements_on_disk(
         &self,
         ks: KeySpace,
@@ -134,18 +148,19 @@ impl Tree {
     }
 
     /// Caches a leaf, or basements of a cached leaf, read outside the lock
-    /// (`ahead`: by a read-ahead reader) if the tree still names them
-    /// where they were found (see the module doc); whether they were taken.
-    pub fn adopt_leaf_read(&mut self, place: &LeafOnDisk, node: Node, ahead: bool) -> bool {
+    /// (`by` whom) if the tree still names them where they were found (see
+    /// the module doc); whether they were taken.
+    pub fn adopt_leaf_read(&mut self, place: &LeafOnDisk, node: Node, by: ReadFor) -> bool {
         let taken = match &place.cached {
             None => self.adopt_uncached_leaf(place, node),
             Some(_) => self.adopt_basements(place, node),
         };
-        let counter = match (taken, ahead, &place.cached) {
+        let counter = match (taken, by, &place.cached) {
             (false, ..) => &self.stats.unlocked_reads_dropped,
-            (true, true, _) => &self.stats.nodes_read_ahead,
-            (true, false, None) => &self.stats.leaves_read_unlocked,
-            (true, false, Some(_)) => &self.stats.basement_reads_unlocked,
+            (true, ReadFor::ReadAhead, _) => &self.stats.nodes_read_ahead,
+            (true, ReadFor::Flush, _) => &self.stats.leaves_read_for_flushes,
+            (true, ReadFor::Query, None) => &self.stats.leaves_read_unlocked,
+            (true, ReadFor::Query, Some(_)) => &self.stats.basement_reads_unlocked,
         };
         add(counter, 1);
         taken
