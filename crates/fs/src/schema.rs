@@ -108,11 +108,26 @@ fn join(prefix: &[u8], sep: Option<u8>, name: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The encoding of a directory given its path components (root: none).
+/// The encoding of a directory given its path components (root: none):
+/// what [`child_dir_key`] gives component by component, built in one
+/// buffer (every write to a file computes its key).
 pub fn dir_key<'a>(components: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
-    components
-        .into_iter()
-        .fold(Vec::new(), |dir, c| child_dir_key(&dir, c))
+    let mut out = Vec::new();
+    for name in components {
+        if !out.is_empty() {
+            out.push(SEP_DIR);
+        }
+        escape_into(&mut out, name);
+    }
+    out
+}
+
+/// [`entry_key`] of `name` in the directory whose key `dir` is, built on
+/// `dir` itself.
+pub fn into_entry_key(mut dir: Vec<u8>, name: &[u8]) -> Vec<u8> {
+    dir.push(SEP_ENTRY);
+    escape_into(&mut dir, name);
+    dir
 }
 
 /// The encoding of the directory that is entry `name` of directory `dir`.
@@ -561,6 +576,17 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn keys_built_in_one_buffer_are_the_keys_built_a_level_at_a_time(
+            path in proptest::collection::vec(name(), 0..6),
+            last in name(),
+        ) {
+            let levels = path.iter().fold(Vec::new(), |d, c| child_dir_key(&d, c));
+            let whole = dir_key(path.iter().map(Vec::as_slice));
+            prop_assert_eq!(&whole, &levels);
+            prop_assert_eq!(into_entry_key(whole, &last), entry_key(&levels, &last));
+        }
+
         #[test]
         fn escaping_round_trips_and_preserves_order(a in name(), b in name()) {
             let d = dir(&[b"p"]);

@@ -40,12 +40,15 @@ impl Tree {
                 Message::RangeClone(r) => Some((r, Transplant::Share)),
                 _ => None,
             };
+            let (transplanted, removal) = (transplant.is_some(), msg.is_removal());
             match transplant {
                 Some((r, how)) => self.apply_transplant(ks, seq, r, how)?,
-                None => self.apply_message(ks, seq, &msg)?,
+                // The decoded message is moved into the root's buffer: a
+                // data block is not copied once more on its way there.
+                None => self.apply_message(ks, seq, msg)?,
             }
-            must_settle[ks.index()] |= flushing == Flushing::Inline || transplant.is_some();
-            if msg.is_removal() {
+            must_settle[ks.index()] |= flushing == Flushing::Inline || transplanted;
+            if removal {
                 self.removals_since_reclaim += 1;
             }
             // Messages flushed early stay below the later ones of the same
@@ -81,7 +84,7 @@ impl Tree {
             self.copy_range(ks, seq, r)?;
             if how == Transplant::Move {
                 let (start, end) = (r.start.clone(), r.end.clone());
-                self.apply_message(ks, seq, &Message::RangeDelete { start, end })?;
+                self.apply_message(ks, seq, Message::RangeDelete { start, end })?;
             }
         }
         let stats = &self.stats;
@@ -106,13 +109,13 @@ impl Tree {
     /// after).
     fn copy_range(&mut self, ks: KeySpace, seq: u64, r: &RangeRename) -> EngineResult<()> {
         let (start, end) = r.destination_range();
-        self.apply_message(ks, seq, &Message::RangeDelete { start, end })?;
+        self.apply_message(ks, seq, Message::RangeDelete { start, end })?;
         let mut next: Option<Vec<u8>> = Some(r.start.clone());
         while let Some(from) = next {
             let (items, after) = self.scan_leaf(ks, &from, Some(&r.end))?;
             for (key, value) in items {
                 let key = r.destination(&key);
-                self.apply_message(ks, seq, &Message::Put { key, value })?;
+                self.apply_message(ks, seq, Message::Put { key, value })?;
             }
             self.settle_root(ks)?;
             self.evict_within_write()?;
@@ -165,19 +168,21 @@ impl Tree {
         &mut self,
         ks: KeySpace,
         seq: u64,
-        msg: &Message,
+        msg: Message,
     ) -> EngineResult<()> {
         let root = self.interior_root(ks)?;
         let mut node = self.take(root);
         let NodeBody::Interior(int) = &mut node.body else {
             unreachable!("interior_root returns an interior node")
         };
-        let eaten = match (msg, point_msg(seq, msg)) {
-            (Message::RangeDelete { start, end }, _) => {
-                int.insert_range_delete(start, end, seq, &Bounds::full())
+        let eaten = match msg {
+            Message::RangeDelete { start, end } => {
+                int.insert_range_delete(&start, &end, seq, &Bounds::full())
             }
-            (_, Some((key, m))) => int.insert_point(key, m, &self.merges),
-            (_, None) => 0,
+            msg => match point_msg(seq, msg) {
+                Some((key, m)) => int.insert_point(key, m, &self.merges),
+                None => 0,
+            },
         };
         add(&self.stats.messages_obviated, eaten as u64);
         node.dirty = true;

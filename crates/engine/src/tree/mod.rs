@@ -31,6 +31,8 @@ use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
+
 use betreefs_store::{
     crc32c_of, AlignedBuf, BlockAllocator, Device, Extent, Layout, Superblock, BLOCK_SIZE,
 };
@@ -97,13 +99,11 @@ fn dirty_estimate(node: &Node) -> usize {
     }
 }
 
-fn point_msg(seq: u64, msg: &Message) -> Option<(Vec<u8>, PointMsg)> {
+fn point_msg(seq: u64, msg: Message) -> Option<(Vec<u8>, PointMsg)> {
     match msg {
-        Message::Put { key, value } => Some((key.clone(), PointMsg::put(seq, value.clone()))),
-        Message::Delete { key } => Some((key.clone(), PointMsg::delete(seq))),
-        Message::Upsert { key, func, arg } => {
-            Some((key.clone(), PointMsg::upsert(seq, *func, arg.clone())))
-        }
+        Message::Put { key, value } => Some((key, PointMsg::put(seq, value))),
+        Message::Delete { key } => Some((key, PointMsg::delete(seq))),
+        Message::Upsert { key, func, arg } => Some((key, PointMsg::upsert(seq, func, arg))),
         Message::RangeDelete { .. } | Message::RangeRename(_) | Message::RangeClone(_) => None,
     }
 }
@@ -159,7 +159,10 @@ pub(crate) struct Tree {
     btt: BlockTable,
     pub alloc: BlockAllocator,
     pub roots: [u64; KEY_SPACES],
-    cache: HashMap<u64, Node>,
+    /// By node number, hashed with FxHash: the numbers are the engine's
+    /// own (no one can choose them to collide), and every request looks
+    /// nodes up here several times.
+    cache: FxHashMap<u64, Node>,
     cache_bytes: usize,
     /// The most `cache_bytes` has been (eviction runs between steps of a
     /// write: this shows how far a write overshot the budget).
@@ -216,7 +219,7 @@ impl Tree {
             btt,
             alloc,
             roots: [0; KEY_SPACES],
-            cache: HashMap::new(),
+            cache: FxHashMap::default(),
             cache_bytes: 0,
             cache_bytes_peak: 0,
             dirty_bytes: 0,

@@ -171,7 +171,7 @@ impl FileSystem {
             Ok(None) => return Err("the root directory's record is missing".into()),
             Err(e) => return Err(format!("reading the root directory: {e}")),
         };
-        let mut nodes = HashMap::new();
+        let mut nodes = rustc_hash::FxHashMap::default();
         nodes.insert(
             ROOT_INO,
             Box::new(Node::new(

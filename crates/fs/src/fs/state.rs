@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 
 use betreefs_engine::MemoryBesideCache;
+use rustc_hash::FxHashMap;
 
 use super::listing::dir_cookie as name_hash;
 use super::listing::CookieWindow;
@@ -88,7 +89,9 @@ pub(super) struct OpenFile {
 pub(super) struct State {
     /// Boxed: the map's slots stay small (a table of a million inodes
     /// grows, and rehashes, 16-byte slots rather than whole nodes).
-    pub(super) nodes: HashMap<Ino, Box<Node>>,
+    /// Hashed with FxHash: inode numbers are the file system's own, and
+    /// a request walks a path's worth of them.
+    pub(super) nodes: FxHashMap<Ino, Box<Node>>,
     /// Names a lookup found absent and nothing created since, by parent
     /// (looked up by borrowed name: no allocation per lookup).
     pub(super) absent: HashMap<Ino, HashSet<Vec<u8>>>,
@@ -218,7 +221,10 @@ impl State {
             Home::Inode => Ok(schema::inode_key(ino)),
             Home::Gone => Err(Errno::ENOENT),
             Home::Path if ino == ROOT_INO => Ok(schema::ROOT_KEY.to_vec()),
-            Home::Path => Ok(schema::entry_key(&self.dir_key(node.parent)?, &node.name)),
+            Home::Path => Ok(schema::into_entry_key(
+                self.dir_key(node.parent)?,
+                &node.name,
+            )),
         }
     }
 
