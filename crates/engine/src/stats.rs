@@ -55,6 +55,9 @@ pub struct Stats {
     pub cache_hits: AtomicU64,
     pub cache_misses: AtomicU64,
     pub evictions: AtomicU64,
+    /// Write-backs of an eviction step (made with the tree lock let go)
+    /// whose node changed before they finished: the image was dropped.
+    pub write_backs_dropped: AtomicU64,
     pub checkpoints: AtomicU64,
     /// Time checkpoints held the tree lock: the total, and the longest
     /// single turn (a request may have waited that long).
@@ -151,6 +154,7 @@ pub struct StatsSnapshot {
     pub cache_hits: u64,
     pub cache_misses: u64,
     pub evictions: u64,
+    pub write_backs_dropped: u64,
     pub checkpoints: u64,
     pub checkpoint_micros_total: u64,
     pub checkpoint_micros_max: u64,
@@ -234,6 +238,7 @@ impl Stats {
             cache_hits: get(&self.cache_hits),
             cache_misses: get(&self.cache_misses),
             evictions: get(&self.evictions),
+            write_backs_dropped: get(&self.write_backs_dropped),
             checkpoints: get(&self.checkpoints),
             checkpoint_micros_total: get(&self.checkpoint_micros_total),
             checkpoint_micros_max: get(&self.checkpoint_micros_max),

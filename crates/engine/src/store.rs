@@ -93,8 +93,9 @@ pub struct Options {
     /// Called between two steps of a writer's settling, without the tree
     /// lock (tests run other requests there).
     pub settle_step_hook: Option<TurnHook>,
-    /// Called between two write-backs of a writer's eviction, without the
-    /// tree lock (tests run other requests there).
+    /// Called while a writer's eviction writes a dirty node back, before
+    /// the device write, without the tree lock (tests run other requests
+    /// there).
     pub evict_step_hook: Option<TurnHook>,
 }
 
@@ -1688,27 +1689,41 @@ impl Inner {
     }
 
     /// A writer's eviction when its batch took the cache over budget: a
-    /// dirty node written back per step ([`Tree::evict_step`]), the lock
-    /// handed on fairly between steps. Counted: the steps that let others
-    /// in, and the longest step (`evict_micros_max`).
+    /// dirty node written back per step ([`Tree::evict_step`]), its device
+    /// write made with the lock let go and handed on fairly meanwhile.
+    /// Counted: the steps that let others in, and the longest hold of the
+    /// lock (`evict_micros_max`: choosing and encoding, or taking the
+    /// written node in).
     fn evict_in_steps(&self, tree: &mut TreeGuard<'_>) -> EngineResult<()> {
         let mut continuing = false;
         loop {
             let evicting = Instant::now();
-            let more = match tree.evict_step(continuing) {
-                Ok(more) => more,
+            let write_back = match tree.evict_step(continuing) {
+                Ok(write_back) => write_back,
                 Err(e) if e.is_no_space() => {
                     tracing::warn!("cache over budget: no space to write back dirty nodes");
-                    false
+                    None
                 }
                 Err(e) => return Err(self.poison(e)),
             };
             record_max(&self.stats.evict_micros_max, evicting.elapsed());
-            if !more {
+            let Some(write_back) = write_back else {
                 return Ok(());
-            }
+            };
             add(&self.stats.eviction_steps, 1);
-            self.hand_on(tree, &self.options.evict_step_hook);
+            // The device write, of up to a node, with the lock let go
+            // (fairly: whoever waits goes first).
+            let written = parking_lot::RwLockWriteGuard::unlocked_fair(tree, || {
+                if let Some(hook) = &self.options.evict_step_hook {
+                    (hook.0)();
+                }
+                write_back.write(self.device.as_ref())
+            });
+            let finishing = Instant::now();
+            if let Err(e) = tree.finish_write_back(write_back, written) {
+                return Err(self.poison(e));
+            }
+            record_max(&self.stats.evict_micros_max, finishing.elapsed());
             continuing = true;
         }
     }

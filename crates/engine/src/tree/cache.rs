@@ -14,6 +14,8 @@ impl Tree {
         self.cache_bytes -= node.mem_bytes();
         self.dirty_bytes -= dirty_estimate(&node);
         self.before_change(num, &node);
+        // A write-back of its image in flight no longer shows it.
+        self.writing_back.remove(&num);
         node
     }
 

@@ -191,6 +191,13 @@ pub(crate) struct Tree {
     /// written ([`writeback`]): clean in the cache, but not on the device,
     /// so eviction must keep them until the checkpoint is durable.
     unwritten: HashSet<u64>,
+    /// Dirty nodes whose image a writer's eviction step is writing with
+    /// the lock let go ([`Tree::evict_step`]), each under a token: taking
+    /// the node out to change it ([`Tree::take`]) withdraws the entry, so
+    /// an image that no longer shows the node is dropped on return.
+    writing_back: FxHashMap<u64, u64>,
+    /// The last token handed to a write-back.
+    write_back_tokens: u64,
     /// A checkpoint still making its images ([`writeback`]).
     checkpoint: Option<writeback::CheckpointInProgress>,
     /// A writer's step of settling ([`Tree::settle_step`]) may have left
@@ -233,6 +240,8 @@ impl Tree {
             used_blocks_at_checkpoint: 0,
             read_only: false,
             unwritten: HashSet::new(),
+            writing_back: FxHashMap::default(),
+            write_back_tokens: 0,
             checkpoint: None,
             unsettled_below_roots: false,
         }

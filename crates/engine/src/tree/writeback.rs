@@ -7,6 +7,39 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 
+/// What an eviction does with the dirty nodes it would drop.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DirtyNodes {
+    /// Leaves them (a read's eviction, or a read-only tree).
+    Keep,
+    /// Writes them back under the lock, then drops them.
+    WriteAll,
+    /// Stops at the first and hands it out ([`Tree::evict_step`]).
+    HandOut,
+}
+
+/// A dirty node's image on its way to the device with the tree lock let
+/// go ([`Tree::evict_step`]); it becomes the node's copy only if nothing
+/// changed the node meanwhile ([`Tree::finish_write_back`]).
+pub struct WriteBack {
+    num: u64,
+    /// Its entry in `Tree::writing_back` while the image shows the node.
+    token: u64,
+    height: u32,
+    extent: Extent,
+    /// Byte offset of `extent` on the device.
+    offset: u64,
+    img: NodeImage,
+}
+
+impl WriteBack {
+    /// Writes the image to its extent (no lock needed: the extent is the
+    /// write-back's alone until it is finished).
+    pub fn write(&self, device: &dyn Device) -> std::io::Result<()> {
+        device.write_at(&self.img.buf, self.offset)
+    }
+}
+
 impl Tree {
     /// Encodes a dirty node and finds it a fresh extent (copy-on-write);
     /// nothing changes yet but the allocation.
@@ -136,52 +169,113 @@ impl Tree {
     /// small files + fsync went from 0.2-0.8 to 1.3-3 ms in an A/B,
     /// docs/benchmarks/shared-reads.md).
     pub(super) fn evict(&mut self, write_dirty: bool) -> EngineResult<()> {
-        self.evict_within(write_dirty, usize::MAX, false)
-            .map(|_| ())
+        let dirty = if write_dirty {
+            DirtyNodes::WriteAll
+        } else {
+            DirtyNodes::Keep
+        };
+        self.evict_within(dirty, false).map(|_| ())
     }
 
-    /// One step of a writer's eviction: [`Tree::evict`], writing back one
-    /// dirty node at most. Returns whether it stopped with more dirty
-    /// nodes to write back (the store hands the lock on between steps:
-    /// each write-back is an encode and a device write of up to a node,
-    /// and an eviction may need several). A step `continuing` an eviction
-    /// writes back down to the target the first step aimed at, as one
-    /// eviction would, though the cache is under budget by then.
-    pub fn evict_step(&mut self, continuing: bool) -> EngineResult<bool> {
-        self.evict_within(!self.read_only, 1, continuing)
+    /// One step of a writer's eviction: [`Tree::evict`] as far as dropping
+    /// clean nodes takes it, then, if a dirty node must go too, its image
+    /// encoded and given an extent, for the caller to write with the lock
+    /// let go and hand back to [`Tree::finish_write_back`] (each
+    /// write-back is a device write of up to a node, and an eviction may
+    /// need several: under the lock they held up every request for as
+    /// long). `None`: the cache is within its budget. A step `continuing`
+    /// an eviction writes back down to the target the first step aimed
+    /// at, as one eviction would, though the cache is under budget by
+    /// then.
+    pub fn evict_step(&mut self, continuing: bool) -> EngineResult<Option<WriteBack>> {
+        let victim = self.evict_within(
+            if self.read_only {
+                DirtyNodes::Keep
+            } else {
+                DirtyNodes::HandOut
+            },
+            continuing,
+        )?;
+        let Some(num) = victim else {
+            return Ok(None);
+        };
+        let (extent, img) = self.encode_for_write(num)?;
+        self.write_back_tokens += 1;
+        let token = self.write_back_tokens;
+        self.writing_back.insert(num, token);
+        Ok(Some(WriteBack {
+            num,
+            token,
+            height: self.node(num).height(),
+            offset: self.layout.extent_offset(extent),
+            extent,
+            img,
+        }))
     }
 
-    /// [`Tree::evict`] writing back at most `dirty_writes` dirty nodes;
-    /// whether it stopped there with more to do.
-    fn evict_within(
+    /// A write-back of [`Tree::evict_step`] is back from the device, with
+    /// `written` its outcome. If nothing took the node out to change it
+    /// meanwhile, the image is its copy now: the node is clean at the new
+    /// extent and leaves the cache (unless it became a root). Otherwise the
+    /// image shows the node as it was, so it is dropped (its extent freed;
+    /// nothing names it) and the node stays as the change left it — the
+    /// next step picks it again if the cache still needs the room.
+    pub fn finish_write_back(
         &mut self,
-        write_dirty: bool,
-        dirty_writes: usize,
-        continuing: bool,
-    ) -> EngineResult<bool> {
+        wb: WriteBack,
+        written: std::io::Result<()>,
+    ) -> EngineResult<()> {
+        let current = self.writing_back.get(&wb.num) == Some(&wb.token);
+        if current {
+            self.writing_back.remove(&wb.num);
+        }
+        if let Err(e) = written {
+            self.alloc.free(wb.extent);
+            return Err(betreefs_store::StoreError::io("writing node", e).into());
+        }
+        if !current {
+            self.alloc.free(wb.extent);
+            add(&self.stats.write_backs_dropped, 1);
+            return Ok(());
+        }
+        debug_assert!(self.node(wb.num).dirty);
+        self.count_node_written(wb.height, wb.img.buf.len());
+        self.mark_written(wb.num, wb.extent, wb.img.crc, wb.img.basement_locs);
+        if !self.roots.contains(&wb.num) {
+            drop(self.take(wb.num));
+            add(&self.stats.evictions, 1);
+        }
+        Ok(())
+    }
+
+    /// [`Tree::evict`], dirty nodes written back (`WriteAll`), kept, or
+    /// the first one due handed out to be written back (`HandOut`: it
+    /// stays cached and dirty, and the eviction stops there).
+    fn evict_within(&mut self, dirty: DirtyNodes, continuing: bool) -> EngineResult<Option<u64>> {
         let budget = self.cache_budget();
         let clean_budget = self.clean_budget();
         let (clean_target, dirty_target) = (clean_budget / 10 * 9, budget / 10 * 9);
         let over = if continuing { dirty_target } else { budget };
         if self.cache_bytes <= clean_budget.min(over) {
-            return Ok(false);
+            return Ok(None);
         }
-        let write_dirty = write_dirty && self.cache_bytes > over;
+        let write_dirty = dirty != DirtyNodes::Keep && self.cache_bytes > over;
         let mut order: Vec<(bool, bool, u64, u64)> = self
             .cache
             .iter()
             .filter(|(num, n)| {
-                (write_dirty || !n.dirty) && (n.dirty || !self.unwritten.contains(num))
+                (write_dirty || !n.dirty)
+                    && (n.dirty || !self.unwritten.contains(num))
+                    && !self.writing_back.contains_key(num)
             })
             .map(|(num, n)| (n.dirty, n.height() > 0, n.last_used.get(), *num))
             .collect();
         order.sort_unstable();
-        let mut written = 0;
-        for (dirty, _, _, num) in order {
-            let target = if dirty { dirty_target } else { clean_target };
+        for (is_dirty, _, _, num) in order {
+            let target = if is_dirty { dirty_target } else { clean_target };
             if self.cache_bytes <= target {
                 // Clean nodes come first: past them, only dirty ones.
-                if dirty {
+                if is_dirty {
                     break;
                 }
                 continue;
@@ -189,17 +283,16 @@ impl Tree {
             if self.roots.contains(&num) {
                 continue;
             }
-            if dirty {
-                if written == dirty_writes {
-                    return Ok(true);
+            if is_dirty {
+                if dirty == DirtyNodes::HandOut {
+                    return Ok(Some(num));
                 }
                 self.write_node(num)?;
-                written += 1;
             }
             drop(self.take(num));
             add(&self.stats.evictions, 1);
         }
-        Ok(false)
+        Ok(None)
     }
 
     /// Begins a checkpoint of the tree as it is now, under the tree lock:
