@@ -151,9 +151,15 @@ fn read_ahead_reads_several_leaves_at_once() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    let rest = scan(&store, 5, N, 20);
+    scan_the_rest_and_close(store, first, N);
+}
+
+/// Scans keys 5.. of `n` after `first` (keys 0..5) and checks that
+/// together they are every key with its first value; closes the store.
+fn scan_the_rest_and_close(store: Store, first: Vec<(Vec<u8>, Vec<u8>)>, n: u32) {
+    let rest = scan(&store, 5, n, 20);
     let all: Vec<_> = first.into_iter().chain(rest).collect();
-    assert_eq!(all.len(), N as usize);
+    assert_eq!(all.len(), n as usize);
     for (i, (k, v)) in all.iter().enumerate() {
         assert_eq!((k, v), (&key(i as u32), &value(i as u32, 0)));
     }
@@ -172,13 +178,7 @@ fn sequential_scans_read_the_next_leaf_ahead() {
         assert!(Instant::now() < deadline, "nothing was read ahead");
         std::thread::sleep(Duration::from_millis(5));
     }
-    let rest = scan(&store, 5, N, 20);
-    let all: Vec<_> = first.into_iter().chain(rest).collect();
-    assert_eq!(all.len(), N as usize);
-    for (i, (k, v)) in all.iter().enumerate() {
-        assert_eq!((k, v), (&key(i as u32), &value(i as u32, 0)));
-    }
-    store.close().unwrap();
+    scan_the_rest_and_close(store, first, N);
 }
 
 /// Writers overwrite and delete keys while readers scan sequentially (so
