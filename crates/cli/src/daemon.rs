@@ -566,8 +566,9 @@ fn start_nullfuse(
 }
 
 /// What the mount daemon's memory budget keeps free of the node cache for
-/// the buffers that come and go beside it: the log's unflushed records
-/// and their copy being written (8 MiB each at most), a checkpoint turn's
+/// the buffers that come and go beside it: the log's records on their way
+/// to the device (a 1 MiB piece; the unflushed records themselves, up to
+/// 32 MiB, the node cache makes room for among its clean nodes), a checkpoint turn's
 /// images (2 MiB and a node), requests in flight (a 1 MiB write is in its
 /// request buffer, its batch and its log record at once), a write's flush
 /// cascade before eviction (a leaf's old and new basements), and the

@@ -181,8 +181,13 @@ impl Options {
 }
 
 /// Unflushed log bytes at which the background thread flushes without
-/// waiting for its interval: bounds the memory a burst of writes holds.
-const LOG_FLUSH_EAGER_BYTES: u64 = 4 << 20;
+/// waiting for its interval: bounds the memory a burst of writes holds
+/// (counted in the cache's budget, `Tree::cache_budget`). Each flush ends
+/// with a device cache flush, ~10 ms on the reference machine's loop
+/// device behind a checkpoint's writes: at 4 MiB a 2 GiB sequential write
+/// spent ~4 of its ~9 s in them; at 16 MiB it runs 225-228 → 290-321
+/// MB/s (docs/benchmarks/log-flush-bound.md).
+const LOG_FLUSH_EAGER_BYTES: u64 = 16 << 20;
 
 /// Unflushed log bytes at which a writer flushes the log itself: the
 /// background thread is behind (it writes a checkpoint, which takes
@@ -792,8 +797,7 @@ impl Store {
             return Ok(());
         }
         self.inner
-            .log
-            .flush_urgent()
+            .flush_log(true)
             .map_err(|e| self.inner.poison(e.into()))
     }
 
@@ -1050,6 +1054,21 @@ fn admit(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<Admission> 
 }
 
 impl Inner {
+    /// Flushes the log (`urgent`: for a caller waiting on it, see
+    /// [`LogWriter::flush_urgent`]) and tells the cache's budget what the
+    /// log's buffer holds now.
+    fn flush_log(&self, urgent: bool) -> Result<(), StoreError> {
+        let flushed = if urgent {
+            self.log.flush_urgent()
+        } else {
+            self.log.flush()
+        };
+        self.stats
+            .log_buffered
+            .store(self.log.unflushed_bytes(), Ordering::Relaxed);
+        flushed
+    }
+
     fn lock_tree(&self) -> TreeGuard<'_> {
         self.tree.write()
     }
@@ -1369,12 +1388,13 @@ impl Inner {
         }
         add(&self.stats.user_bytes_written, user_bytes);
         add(&self.stats.user_messages, batch.len() as u64);
+        let unflushed = self.log.unflushed_bytes();
+        self.stats.log_buffered.store(unflushed, Ordering::Relaxed);
         self.evict_in_steps(&mut tree)?;
         // A third of the log: the writer keeps the records of the previous
         // checkpoint's head on as well, so two of these fit in the region
         // with room to spare while the checkpoint runs.
         let wants_checkpoint = self.log.used() > self.log.capacity() / 3;
-        let unflushed = self.log.unflushed_bytes();
         let wants_flush = unflushed > LOG_FLUSH_EAGER_BYTES;
         let wants_tree_flush =
             flushing == Flushing::Background && tree.flush_backlog() > tree.flush_low_water();
@@ -1392,7 +1412,7 @@ impl Inner {
             // Back-pressure, without the tree lock: this writer waits for
             // the log's device writes as a synchronous writer would.
             add(&self.stats.writes_flushed_log, 1);
-            if let Err(e) = self.log.flush() {
+            if let Err(e) = self.flush_log(false) {
                 // The batch is applied, as any write not yet synced; what
                 // failed is its durability, which the next sync reports
                 // (the store refuses writes from here on).
@@ -1507,7 +1527,7 @@ impl Inner {
         };
         let io_started = Instant::now();
         let written = writes.write(self.device.as_ref(), &self.stats, || {
-            self.log.flush().map_err(EngineError::from)
+            self.flush_log(false).map_err(EngineError::from)
         });
         io += io_started.elapsed();
         let mut tree = self.lock_tree();
@@ -1598,7 +1618,7 @@ impl Inner {
         // it from there.
         let turn_bytes = self.options.checkpoint_turn_bytes;
         tree.write_checkpoint(head, self.log.epoch(), clean, turn_bytes, || {
-            self.log.flush().map_err(EngineError::from)
+            self.flush_log(false).map_err(EngineError::from)
         })
         .map_err(|e| self.poison(e))?;
         self.log.set_head(head);
@@ -1883,7 +1903,7 @@ impl Inner {
                 .is_some_and(|i| last_flush.elapsed() >= i);
             if flush_wanted || interval_due {
                 if self.log.has_unflushed() {
-                    if let Err(e) = self.log.flush() {
+                    if let Err(e) = self.flush_log(false) {
                         tracing::error!("background log flush failed: {e}");
                         self.poison(e.into());
                     }

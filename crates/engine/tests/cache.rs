@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
-use betreefs_engine::{KeySpace, Store, WriteBatch};
+use betreefs_engine::{KeySpace, Options, Store, WriteBatch};
 use common::{mem_store, small_options};
 
 /// Puts keys `numbers` (big-endian), 300-byte values, a hundred to a batch.
@@ -146,6 +146,57 @@ fn clean_nodes_make_room_for_the_allocators_overhead() {
     // Reported smaller again: the budget grows back.
     store.allocator_overhead().set(0);
     assert_eq!(store.stats().cache_clean_budget_bytes, budget - tables);
+}
+
+/// The log's buffer (appended, not yet written: up to tens of megabytes
+/// in a sequential write) comes out of the budget for clean nodes as well:
+/// the writes that grow it drop clean nodes to make room, write no dirty
+/// one back for it, and once the log is written the budget is whole again.
+#[test]
+fn clean_nodes_make_room_for_the_logs_buffer() {
+    let options = Options {
+        cache_bytes: 2 << 20,
+        log_bytes: Some(16 << 20),
+        ..small_options()
+    };
+    let budget = options.cache_bytes as u64;
+    let (_dev, store) = mem_store(64 << 20, options);
+    write_numbered(&store, 0..4_000);
+    store.checkpoint().unwrap();
+    let stats = store.stats();
+    assert_eq!(stats.cache_clean_budget_bytes, budget);
+    assert!(
+        stats.cache_bytes > budget / 2,
+        "the test needs a full cache"
+    );
+    let written = stats.nodes_written;
+    // Overwrites of one key: the log grows by every one, the cache by
+    // hardly anything (each replaces the last in the root's buffer).
+    for round in 0..3_000u32 {
+        store
+            .put(KeySpace::Meta, b"hot", &[round as u8; 400])
+            .unwrap();
+    }
+    let stats = store.stats();
+    let buffered = stats.log_unflushed_bytes;
+    assert!(buffered > budget / 2, "only {buffered} log bytes buffered");
+    assert_eq!(stats.cache_clean_budget_bytes, budget - buffered);
+    assert!(
+        stats.cache_bytes <= budget - buffered,
+        "{} bytes cached, {} left to clean nodes",
+        stats.cache_bytes,
+        budget - buffered
+    );
+    assert_eq!(stats.nodes_written, written, "nothing written back for it");
+    // Written, the log's buffer is out of the budget.
+    store.sync().unwrap();
+    assert_eq!(store.stats().cache_clean_budget_bytes, budget);
+    for i in (0..4_000u32).step_by(7) {
+        let value = store.get(KeySpace::Data, &i.to_be_bytes()).unwrap();
+        assert_eq!(value.as_deref(), Some(&[i as u8; 300][..]));
+    }
+    let hot = store.get(KeySpace::Meta, b"hot").unwrap();
+    assert_eq!(hot.as_deref(), Some(&[(2_999u32 % 256) as u8; 400][..]));
 }
 
 /// One batch of many times a node's worth of messages (the file system's

@@ -134,15 +134,21 @@ impl Tree {
     }
 
     /// The budget for clean nodes: the cache's, less what a checkpoint in
-    /// flight holds in images and what the allocator holds beyond the
-    /// bytes allocated (`Store::allocator_overhead`), never under four
-    /// nodes. Clean nodes make room for both; dirty ones are not written
-    /// back for them — see [`Tree::evict`].
+    /// flight holds in images, what the allocator holds beyond the bytes
+    /// allocated (`Store::allocator_overhead`) and what the log's buffer
+    /// holds (up to twice its eager flush bound: tens of megabytes in a
+    /// sequential write), never under four nodes. Clean nodes make room
+    /// for all three; dirty ones are not written back for them — see
+    /// [`Tree::evict`] (written back for the log's buffer, they would put
+    /// device writes, and on a full device refusals, in front of writes
+    /// that only wait for the next log flush to shrink it).
     pub fn clean_budget(&self) -> usize {
         let allocator = self.stats.allocator_overhead.load(Ordering::Relaxed) as usize;
+        let log = self.stats.log_buffered.load(Ordering::Relaxed) as usize;
         self.cache_budget()
             .saturating_sub(self.checkpoint_held_image_bytes())
             .saturating_sub(allocator)
+            .saturating_sub(log)
             .max(4 * self.opts.node_size)
     }
 
