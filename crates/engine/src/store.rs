@@ -180,20 +180,33 @@ impl Options {
     }
 }
 
-/// Unflushed log bytes at which the background thread flushes without
-/// waiting for its interval: bounds the memory a burst of writes holds
-/// (counted in the cache's budget, `Tree::cache_budget`). Each flush ends
-/// with a device cache flush, ~10 ms on the reference machine's loop
-/// device behind a checkpoint's writes: at 4 MiB a 2 GiB sequential write
-/// spent ~4 of its ~9 s in them; at 16 MiB it runs 225-228 → 290-321
-/// MB/s (docs/benchmarks/log-flush-bound.md).
-const LOG_FLUSH_EAGER_BYTES: u64 = 16 << 20;
+/// The most unflushed log bytes at which the background thread flushes
+/// without waiting for its interval (see [`log_flush_eager_bytes`]). Each
+/// flush ends with a device cache flush, ~10 ms on the reference
+/// machine's loop device behind a checkpoint's writes: at 4 MiB a 2 GiB
+/// sequential write spent ~4 of its ~9 s in them; at 16 MiB it runs
+/// 215-235 → 279-321 MB/s (docs/benchmarks/log-flush-bound.md).
+const LOG_FLUSH_EAGER_MAX_BYTES: u64 = 16 << 20;
 
-/// Unflushed log bytes at which a writer flushes the log itself: the
-/// background thread is behind (it writes a checkpoint, which takes
-/// seconds on a busy disk), and the log's buffer would otherwise grow by
-/// everything written meanwhile — hundreds of MiB in a sequential write.
-const LOG_FLUSH_WRITER_BYTES: u64 = 2 * LOG_FLUSH_EAGER_BYTES;
+/// Unflushed log bytes at which the background thread flushes without
+/// waiting for its interval: bounds the memory a burst of writes holds,
+/// which the cache's clean nodes make room for (`Tree::clean_budget`) —
+/// but in a sequential write nearly every node is dirty, so the buffer
+/// must also be small beside the budget: an eighth of the cache's, at
+/// least 1 MiB and at most [`LOG_FLUSH_EAGER_MAX_BYTES`] (the default
+/// 256 MiB budget gets the most; a 64 MiB one, 5 MiB).
+fn log_flush_eager_bytes(cache_bytes: usize) -> u64 {
+    (cache_bytes as u64 / 8).clamp(1 << 20, LOG_FLUSH_EAGER_MAX_BYTES)
+}
+
+/// Unflushed log bytes at which a writer flushes the log itself (twice
+/// the eager bound): the background thread is behind (it writes a
+/// checkpoint, which takes seconds on a busy disk), and the log's buffer
+/// would otherwise grow by everything written meanwhile — hundreds of MiB
+/// in a sequential write.
+fn log_flush_writer_bytes(cache_bytes: usize) -> u64 {
+    2 * log_flush_eager_bytes(cache_bytes)
+}
 
 #[derive(Default)]
 struct BackgroundState {
@@ -1395,7 +1408,7 @@ impl Inner {
         // checkpoint's head on as well, so two of these fit in the region
         // with room to spare while the checkpoint runs.
         let wants_checkpoint = self.log.used() > self.log.capacity() / 3;
-        let wants_flush = unflushed > LOG_FLUSH_EAGER_BYTES;
+        let wants_flush = unflushed > log_flush_eager_bytes(self.options.cache_bytes);
         let wants_tree_flush =
             flushing == Flushing::Background && tree.flush_backlog() > tree.flush_low_water();
         drop(tree);
@@ -1408,7 +1421,7 @@ impl Inner {
         if wants_tree_flush {
             self.want_tree_flush();
         }
-        if unflushed > LOG_FLUSH_WRITER_BYTES {
+        if unflushed > log_flush_writer_bytes(self.options.cache_bytes) {
             // Back-pressure, without the tree lock: this writer waits for
             // the log's device writes as a synchronous writer would.
             add(&self.stats.writes_flushed_log, 1);
