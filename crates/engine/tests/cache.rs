@@ -20,6 +20,15 @@ fn write_numbered(store: &Store, numbers: std::ops::Range<u32>) {
     }
 }
 
+/// The cache holds no more than `limit` bytes (what is `left` to it).
+fn assert_cached_within(stats: &betreefs_engine::StatsSnapshot, limit: u64, left: &str) {
+    assert!(
+        stats.cache_bytes <= limit,
+        "{} bytes cached, {limit} left to {left}",
+        stats.cache_bytes
+    );
+}
+
 #[test]
 fn reads_keep_the_cache_within_its_budget() {
     let options = small_options();
@@ -88,12 +97,7 @@ fn the_cache_makes_room_for_memory_reported_beside_it() {
     let stats = store.stats();
     assert_eq!(stats.memory_beside_cache_bytes, reported);
     assert_eq!(stats.cache_budget_bytes, budget - reported);
-    assert!(
-        stats.cache_bytes <= budget - reported,
-        "{} bytes cached, {} left to the cache",
-        stats.cache_bytes,
-        budget - reported
-    );
+    assert_cached_within(&stats, budget - reported, "the cache");
     // More than the whole budget: the cache keeps its floor of four nodes.
     beside.set(2 * budget);
     write(4_000);
@@ -136,12 +140,7 @@ fn clean_nodes_make_room_for_the_allocators_overhead() {
     assert_eq!(stats.allocator_overhead_bytes, allocator);
     assert_eq!(stats.cache_budget_bytes, budget - tables);
     assert_eq!(stats.cache_clean_budget_bytes, budget - tables - allocator);
-    assert!(
-        stats.cache_bytes <= budget - tables - allocator,
-        "{} bytes cached, {} left to clean nodes",
-        stats.cache_bytes,
-        budget - tables - allocator
-    );
+    assert_cached_within(&stats, budget - tables - allocator, "clean nodes");
     assert_eq!(stats.nodes_written, written, "nothing written back for it");
     // Reported smaller again: the budget grows back.
     store.allocator_overhead().set(0);
@@ -181,12 +180,7 @@ fn clean_nodes_make_room_for_the_logs_buffer() {
     let buffered = stats.log_unflushed_bytes;
     assert!(buffered > budget / 2, "only {buffered} log bytes buffered");
     assert_eq!(stats.cache_clean_budget_bytes, budget - buffered);
-    assert!(
-        stats.cache_bytes <= budget - buffered,
-        "{} bytes cached, {} left to clean nodes",
-        stats.cache_bytes,
-        budget - buffered
-    );
+    assert_cached_within(&stats, budget - buffered, "clean nodes");
     assert_eq!(stats.nodes_written, written, "nothing written back for it");
     // Written, the log's buffer is out of the budget.
     store.sync().unwrap();

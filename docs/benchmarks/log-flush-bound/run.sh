@@ -10,10 +10,4 @@ here=$(dirname "$0")
 for r in 1 2; do
   for B in "$OLD" "$NEW"; do bash "$here/../write-back-unlocked/seqw.sh" "$B"; done
 done
-for r in 1 2; do
-  for B in "$OLD" "$NEW"; do
-    echo "== stall $B round $r"
-    B=$B SECS=30 bash "$here/../settle-steps/stall.sh" 2>&1 |
-      grep -E "fsync loop|apply_micros_max|settle_step_micros_max|evict_micros_max|checkpoint_micros_max|peak_res"
-  done
-done
+bash "$here/../settle-steps/stall-ab.sh" "$OLD" "$NEW"

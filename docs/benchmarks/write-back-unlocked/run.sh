@@ -20,13 +20,7 @@ for r in 1 2; do
   done
 done
 rm -f /var/tmp/kvscale/s.img
-for r in 1 2; do
-  for B in "$OLD" "$NEW"; do
-    echo "== stall $B round $r"
-    B=$B SECS=30 bash "$here/../settle-steps/stall.sh" 2>&1 |
-      grep -E "fsync loop|apply_micros_max|settle_step_micros_max|evict_micros_max|checkpoint_micros_max|peak_res"
-  done
-done
+bash "$here/../settle-steps/stall-ab.sh" "$OLD" "$NEW"
 for r in 1 2; do
   for B in "$OLD" "$NEW"; do bash "$here/seqw.sh" "$B"; done
 done
