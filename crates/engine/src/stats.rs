@@ -97,11 +97,12 @@ pub struct Stats {
     pub flush_wait_micros_max: AtomicU64,
     pub flush_wait_micros_total: AtomicU64,
     pub log_replayed_records: AtomicU64,
+    /// Log bytes appended and not yet written (a gauge the store sets
+    /// after each append and each log write): clean nodes make room for
+    /// them (see `Tree::clean_budget`).
+    pub log_buffered: AtomicU64,
     /// What the store's user reports holding in its own tables (not a
     /// counter: a gauge the node cache's budget makes room for).
-    /// Log bytes appended and not yet written (set after each append):
-    /// the node cache makes room for them (see `Tree::cache_budget`).
-    pub log_buffered: AtomicU64,
     pub memory_beside_cache: AtomicU64,
     /// What the process's allocator holds beyond the bytes allocated
     /// (freed pages not yet given back, size-class slack), as the store's

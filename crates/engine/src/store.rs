@@ -1221,25 +1221,24 @@ impl Inner {
     /// being read: a reader that has just asked for the next leaf would
     /// otherwise often reach it first and read it itself.
     fn plan_read_ahead(&self, ks: KeySpace, key: &[u8], readers: &Sender<LeafOnDisk>) {
+        // One hold of the shared lock for the whole walk: nothing here
+        // waits for the device (the readers do).
+        let tree = self.tree.read();
         let mut key = key.to_vec();
         for _ in 0..READ_AHEAD_LEAVES {
-            let next = {
-                let tree = self.tree.read();
-                let Some((place, next)) = tree.leaf_for(ks, &key) else {
-                    return;
-                };
-                // Marked under the tree lock: a scan that finds the leaf
-                // uncached after this waits for it.
-                if let Some(place) = place {
-                    if self.lock_reading_ahead().insert(place.num) {
-                        if let Err(unsent) = readers.send(place) {
-                            self.lock_reading_ahead().remove(&unsent.0.num);
-                            return;
-                        }
+            let Some((place, next)) = tree.leaf_for(ks, &key) else {
+                return;
+            };
+            // Marked under the tree lock: a scan that finds the leaf
+            // uncached after this waits for it.
+            if let Some(place) = place {
+                if self.lock_reading_ahead().insert(place.num) {
+                    if let Err(unsent) = readers.send(place) {
+                        self.lock_reading_ahead().remove(&unsent.0.num);
+                        return;
                     }
                 }
-                next
-            };
+            }
             match next {
                 Some(next) => key = next,
                 None => return,
@@ -1700,7 +1699,9 @@ impl Inner {
     /// others in, the longest step, and the leaves read for steps.
     fn settle_in_steps(&self, tree: &mut TreeGuard<'_>) -> EngineResult<()> {
         loop {
-            if let Some(place) = tree.settle_step_leaf() {
+            let mut stepping = Instant::now();
+            let mut target = tree.settle_target();
+            if let Some(place) = target.as_ref().and_then(|t| tree.settle_step_leaf(t)) {
                 // The leaf the step flushes into is read with the lock
                 // let go (fairly): a device read under it would shut out
                 // every request for its whole length. If the tree changed
@@ -1709,13 +1710,14 @@ impl Inner {
                     read_leaf(&place, self.device.as_ref(), Want::Whole, &self.stats)
                 });
                 self.adopt_read(tree, &place, read, ReadFor::Flush);
+                stepping = Instant::now();
+                target = tree.settle_target();
             }
-            let stepping = Instant::now();
-            let stepped = tree.settle_step().map_err(|e| self.poison(e))?;
-            record_max(&self.stats.settle_step_micros_max, stepping.elapsed());
-            if !stepped {
+            let Some(target) = target else {
                 return Ok(());
-            }
+            };
+            tree.settle_step(target).map_err(|e| self.poison(e))?;
+            record_max(&self.stats.settle_step_micros_max, stepping.elapsed());
             add(&self.stats.settle_steps, 1);
             self.hand_on(tree, &self.options.settle_step_hook);
         }

@@ -9,11 +9,11 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use betreefs_engine::{KeySpace, Options, Store, TurnHook, WriteBatch};
 use betreefs_store::{CrashMode, MemDevice};
-use common::{random_batch, small_options, Model};
+use common::{random_batch, small_options, wait_until, Model};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
 /// Holds the flusher before its next turn while closed.
@@ -55,15 +55,6 @@ fn flushing_options() -> Options {
         background_flush: true,
         flush_turn_bytes: 1,
         ..small_options()
-    }
-}
-
-/// Polls `what` until it holds, failing after a minute.
-fn wait_until(why: &str, what: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !what() {
-        assert!(Instant::now() < deadline, "gave up waiting: {why}");
-        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use betreefs_engine::{KeySpace, Options, Store, WriteBatch};
 use betreefs_store::{Device, MemDevice};
-use common::small_options;
+use common::{small_options, wait_until};
 
 fn options() -> Options {
     Options {
@@ -143,14 +143,9 @@ fn read_ahead_reads_several_leaves_at_once() {
     // the leaves after it are read ahead (wait for them, the threads run
     // on their own; a scan going on meanwhile would read them itself).
     let first = scan(&store, 0, 5, 5);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while device.most_at_once() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "read-ahead read one leaf at a time"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until("read-ahead read one leaf at a time", || {
+        device.most_at_once() >= 2
+    });
     scan_the_rest_and_close(store, first, N);
 }
 
@@ -173,11 +168,9 @@ fn sequential_scans_read_the_next_leaf_ahead() {
     // The first chunk reads on across basements inside the first leaf: the
     // next leaf is read ahead (wait for it, the thread runs on its own).
     let first = scan(&store, 0, 5, 5);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while store.stats().nodes_read_ahead == 0 {
-        assert!(Instant::now() < deadline, "nothing was read ahead");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until("nothing was read ahead", || {
+        store.stats().nodes_read_ahead > 0
+    });
     scan_the_rest_and_close(store, first, N);
 }
 

@@ -99,25 +99,35 @@ fn unescape(encoded: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// `prefix`, then `sep` (if any), then the escaped `name`.
-fn join(prefix: &[u8], sep: Option<u8>, name: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(prefix.len() + name.len() + 1);
-    out.extend_from_slice(prefix);
-    out.extend(sep);
-    escape_into(&mut out, name);
+/// Makes the directory key `dir` that of its child directory `name`, in
+/// place.
+fn push_child_dir(dir: &mut Vec<u8>, name: &[u8]) {
+    if !dir.is_empty() {
+        dir.push(SEP_DIR);
+    }
+    escape_into(dir, name);
+}
+
+/// Makes the directory key `dir` the key of its entry `name`, in place.
+fn push_entry(dir: &mut Vec<u8>, name: &[u8]) {
+    dir.push(SEP_ENTRY);
+    escape_into(dir, name);
+}
+
+/// A copy of `dir` with room for `name` and a separator, changed by `push`.
+fn extended(dir: &[u8], name: &[u8], push: fn(&mut Vec<u8>, &[u8])) -> Vec<u8> {
+    let mut out = Vec::with_capacity(dir.len() + name.len() + 1);
+    out.extend_from_slice(dir);
+    push(&mut out, name);
     out
 }
 
-/// The encoding of a directory given its path components (root: none):
-/// what [`child_dir_key`] gives component by component, built in one
-/// buffer (every write to a file computes its key).
+/// The encoding of a directory given its path components (root: none),
+/// built in one buffer (every write to a file computes its key).
 pub fn dir_key<'a>(components: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
     let mut out = Vec::new();
     for name in components {
-        if !out.is_empty() {
-            out.push(SEP_DIR);
-        }
-        escape_into(&mut out, name);
+        push_child_dir(&mut out, name);
     }
     out
 }
@@ -125,19 +135,18 @@ pub fn dir_key<'a>(components: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
 /// [`entry_key`] of `name` in the directory whose key `dir` is, built on
 /// `dir` itself.
 pub fn into_entry_key(mut dir: Vec<u8>, name: &[u8]) -> Vec<u8> {
-    dir.push(SEP_ENTRY);
-    escape_into(&mut dir, name);
+    push_entry(&mut dir, name);
     dir
 }
 
 /// The encoding of the directory that is entry `name` of directory `dir`.
 pub fn child_dir_key(dir: &[u8], name: &[u8]) -> Vec<u8> {
-    join(dir, (!dir.is_empty()).then_some(SEP_DIR), name)
+    extended(dir, name, push_child_dir)
 }
 
 /// The metadata key of entry `name` in directory `dir`.
 pub fn entry_key(dir: &[u8], name: &[u8]) -> Vec<u8> {
-    join(dir, Some(SEP_ENTRY), name)
+    extended(dir, name, push_entry)
 }
 
 /// The name of an entry key within `dir` (for readdir), if it is a child.

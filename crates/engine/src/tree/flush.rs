@@ -7,6 +7,28 @@
 use super::*;
 use crate::tree::readahead::LeafOnDisk;
 
+/// What a step of a writer's settling works on ([`Tree::settle_target`]).
+pub enum SettleTarget {
+    /// The root of a tree.
+    Root(KeySpace),
+    /// Child `i` of interior node `parent` (reached under
+    /// `parent_bounds`), below a root.
+    Below {
+        ks: KeySpace,
+        parent: u64,
+        i: usize,
+        parent_bounds: Bounds,
+    },
+}
+
+/// Whether a flush of up to `limit` bytes out of buffer `i` of `int`
+/// (its child under `child_bounds`) drops that child's subtree unread: the
+/// flush takes the whole buffer and a range delete in it covers the child.
+fn drops_child_unread(int: &Interior, i: usize, child_bounds: &Bounds, limit: usize) -> bool {
+    let buffer = &int.buffers[i];
+    buffer.bytes() <= limit && buffer.covers_whole(&child_bounds.lo, child_bounds.hi.as_deref())
+}
+
 /// Who moves a batch's messages down from the roots
 /// ([`Tree::apply_batch`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,9 +126,8 @@ impl Tree {
         let int = self.interior(parent);
         let child_bounds = int.child_bounds(i, parent_bounds);
         let child_height = int.height - 1;
-        let whole = int.buffers[i].bytes() <= limit;
         let mut child = int.children[i];
-        if whole && int.buffers[i].covers_whole(&child_bounds.lo, child_bounds.hi.as_deref()) {
+        if drops_child_unread(int, i, &child_bounds, limit) {
             // A range delete covers the whole child: drop its subtree without
             // reading a single leaf and start over with an empty one.
             let doomed =
@@ -167,42 +188,64 @@ impl Tree {
         }
     }
 
-    /// One step of a writer's settling ([`Flushing::Stepwise`]), with the
-    /// tree whole before and after it: the first node, top down, that
-    /// holds more than it may — a root, then interior nodes reached
-    /// through cached ones — flushes the first quarter-node of its
-    /// heaviest buffer into that child and no further
-    /// ([`Cascade::OneLevel`]; a leaf child splits), or splits. Returns
-    /// whether there was anything to do. A cascade that held the lock for
+    /// What the next step of a writer's settling ([`Tree::settle_step`])
+    /// works on: the first node, top down, that holds more than it may —
+    /// a root, then interior nodes reached through cached ones. None when
+    /// nothing does.
+    pub fn settle_target(&mut self) -> Option<SettleTarget> {
+        for ks in KeySpace::ALL {
+            let root = self.roots[ks.index()];
+            if self.cache.contains_key(&root) && self.unsettled(root) {
+                return Some(SettleTarget::Root(ks));
+            }
+        }
+        if !self.unsettled_below_roots {
+            return None;
+        }
+        for ks in KeySpace::ALL {
+            if let Some((parent, i, parent_bounds)) = self.first_unsettled_below_root(ks) {
+                return Some(SettleTarget::Below {
+                    ks,
+                    parent,
+                    i,
+                    parent_bounds,
+                });
+            }
+        }
+        self.unsettled_below_roots = false;
+        None
+    }
+
+    /// One step of a writer's settling ([`Flushing::Stepwise`]) on
+    /// `target` ([`Tree::settle_target`]), with the tree whole before and
+    /// after it: the node flushes the first quarter-node of its heaviest
+    /// buffer into that child and no further ([`Cascade::OneLevel`]; a
+    /// leaf child splits), or splits. A cascade that held the lock for
     /// tens of milliseconds (a root's buffer down to an interior node, its
     /// buffers down to leaves, the leaves and then the node split) is
     /// thus steps of a bounded part each, and the store lets waiting
     /// requests in between them (docs/design.md, "Settling in steps").
-    pub fn settle_step(&mut self) -> EngineResult<bool> {
-        for ks in KeySpace::ALL {
-            let root = self.roots[ks.index()];
-            if self.cache.contains_key(&root) && self.unsettled(root) {
+    pub fn settle_step(&mut self, target: SettleTarget) -> EngineResult<()> {
+        match target {
+            SettleTarget::Root(ks) => {
+                let root = self.roots[ks.index()];
                 self.flush_step(ks, root, &Bounds::full())?;
-                self.settle_root_shape(ks)?;
-                return Ok(true);
+                self.settle_root_shape(ks)
             }
-        }
-        if !self.unsettled_below_roots {
-            return Ok(false);
-        }
-        for ks in KeySpace::ALL {
-            if let Some((parent, i, parent_bounds)) = self.first_unsettled_below_root(ks) {
+            SettleTarget::Below {
+                ks,
+                parent,
+                i,
+                parent_bounds,
+            } => {
                 let child = self.private_child(ks, parent, i, &parent_bounds)?;
                 let bounds = self.interior(parent).child_bounds(i, &parent_bounds);
                 self.flush_step(ks, child, &bounds)?;
                 let splits = self.split_if_needed(ks, child, &bounds)?;
                 self.adopt_splits(parent, i, splits);
-                self.maybe_merge(ks, parent, i, &parent_bounds)?;
-                return Ok(true);
+                self.maybe_merge(ks, parent, i, &parent_bounds)
             }
         }
-        self.unsettled_below_roots = false;
-        Ok(false)
     }
 
     /// A step's flush: if interior node `num` (reached under `bounds`)
@@ -211,51 +254,49 @@ impl Tree {
     /// flusher's turns move them: the buffer invariant holds between
     /// steps.
     fn flush_step(&mut self, ks: KeySpace, num: u64, bounds: &Bounds) -> EngineResult<()> {
-        if self.interior(num).buffer_bytes() > self.opts.node_size {
-            let heaviest = self.heaviest_buffer(num);
-            let part = self.opts.node_size / 4;
-            self.flush_part(ks, num, heaviest, bounds, part, Cascade::OneLevel)?;
+        if let Some(i) = self.flush_step_buffer(num) {
+            let part = self.flush_step_bytes();
+            self.flush_part(ks, num, i, bounds, part, Cascade::OneLevel)?;
         }
         Ok(())
     }
 
-    /// The leaf the next [`Tree::settle_step`] flushes into, when the
-    /// cache does not hold it whole: where it, or its missing basements,
-    /// lie on disk — for the writer to read holding no lock before the
-    /// step, which would otherwise read it with every other request shut
-    /// out. None when the step reads no leaf.
-    pub fn settle_step_leaf(&self) -> Option<LeafOnDisk> {
-        for ks in KeySpace::ALL {
-            let root = self.roots[ks.index()];
-            if self.cache.contains_key(&root) && self.unsettled(root) {
-                return self.flush_step_leaf(ks, root, &Bounds::full());
-            }
-        }
-        if !self.unsettled_below_roots {
-            return None;
-        }
-        KeySpace::ALL.into_iter().find_map(|ks| {
-            let (parent, i, parent_bounds) = self.first_unsettled_below_root(ks)?;
-            let int = self.interior(parent);
-            let child = int.children[i];
-            self.flush_step_leaf(ks, child, &int.child_bounds(i, &parent_bounds))
-        })
+    /// The buffer of interior node `num` a step's flush empties part of
+    /// (its heaviest), if the node holds more than a node's worth.
+    fn flush_step_buffer(&self, num: u64) -> Option<usize> {
+        (self.interior(num).buffer_bytes() > self.opts.node_size).then(|| self.heaviest_buffer(num))
     }
 
-    /// The leaf [`Tree::flush_step`] on interior node `num` (cached,
-    /// reached under `bounds`) loads, if it is a leaf the cache does not
-    /// hold whole: see [`Tree::settle_step_leaf`].
-    fn flush_step_leaf(&self, ks: KeySpace, num: u64, bounds: &Bounds) -> Option<LeafOnDisk> {
+    /// How much of a buffer one step's flush moves: a quarter node.
+    fn flush_step_bytes(&self) -> usize {
+        self.opts.node_size / 4
+    }
+
+    /// The leaf a step on `target` flushes into, when the cache does not
+    /// hold it whole: where it, or its missing basements, lie on disk —
+    /// for the writer to read holding no lock before the step, which would
+    /// otherwise read it with every other request shut out. None when the
+    /// step reads no leaf.
+    pub fn settle_step_leaf(&self, target: &SettleTarget) -> Option<LeafOnDisk> {
+        let (ks, num, bounds) = match target {
+            SettleTarget::Root(ks) => (*ks, self.roots[ks.index()], Bounds::full()),
+            SettleTarget::Below {
+                ks,
+                parent,
+                i,
+                parent_bounds,
+            } => {
+                let int = self.interior(*parent);
+                (*ks, int.children[*i], int.child_bounds(*i, parent_bounds))
+            }
+        };
         let int = self.interior(num);
-        if int.height != 1 || int.buffer_bytes() <= self.opts.node_size {
+        if int.height != 1 {
             return None;
         }
-        let i = self.heaviest_buffer(num);
-        let child_bounds = int.child_bounds(i, bounds);
-        let buffer = &int.buffers[i];
-        let whole = buffer.bytes() <= self.opts.node_size / 4;
-        if whole && buffer.covers_whole(&child_bounds.lo, child_bounds.hi.as_deref()) {
-            // Dropped unread (see `flush_part`).
+        let i = self.flush_step_buffer(num)?;
+        let child_bounds = int.child_bounds(i, &bounds);
+        if drops_child_unread(int, i, &child_bounds, self.flush_step_bytes()) {
             return None;
         }
         let child = int.children[i];

@@ -18,14 +18,13 @@ enum DirtyNodes {
     HandOut,
 }
 
-/// A dirty node's image on its way to the device with the tree lock let
-/// go ([`Tree::evict_step`]); it becomes the node's copy only if nothing
-/// changed the node meanwhile ([`Tree::finish_write_back`]).
+/// A dirty node's image on its way to the device — with the tree lock let
+/// go, from [`Tree::evict_step`] — which becomes the node's copy only if
+/// nothing changed the node meanwhile ([`Tree::end_write_back`]).
 pub struct WriteBack {
     num: u64,
     /// Its entry in `Tree::writing_back` while the image shows the node.
     token: u64,
-    height: u32,
     extent: Extent,
     /// Byte offset of `extent` on the device.
     offset: u64,
@@ -41,22 +40,6 @@ impl WriteBack {
 }
 
 impl Tree {
-    /// Encodes a dirty node and finds it a fresh extent (copy-on-write);
-    /// nothing changes yet but the allocation.
-    fn encode_for_write(&mut self, num: u64) -> EngineResult<(Extent, NodeImage)> {
-        if self.read_only {
-            return Err(EngineError::ReadOnly);
-        }
-        let node = self.node(num);
-        debug_assert!(node.dirty);
-        let height = node.height();
-        let img = encode_image(node, num);
-        let Some(extent) = self.alloc.allocate(img.len) else {
-            return Err(self.no_extent(&format!("node {num} (height {height})"), img.len));
-        };
-        Ok((extent, img))
-    }
-
     /// Records node `num` as living at `extent` (its previous copy freed)
     /// and clean, its basements where the image put them.
     fn mark_written(&mut self, num: u64, extent: Extent, crc: u32, locs: Vec<BasementLoc>) {
@@ -88,19 +71,70 @@ impl Tree {
         add(&self.stats.nodes_written, 1);
     }
 
-    /// Writes a dirty node to a fresh extent (copy-on-write).
+    /// Writes a dirty node to a fresh extent (copy-on-write), under the
+    /// lock: a write-back that nothing can overtake.
     pub(super) fn write_node(&mut self, num: u64) -> EngineResult<()> {
-        let (extent, img) = self.encode_for_write(num)?;
-        if let Err(e) = self
-            .device
-            .write_at(&img.buf, self.layout.extent_offset(extent))
-        {
-            self.alloc.free(extent);
+        let wb = self.begin_write_back(num)?;
+        let written = wb.write(self.device.as_ref());
+        let taken = self.end_write_back(wb, written)?;
+        debug_assert!(taken, "node {num} changed while the lock was held");
+        Ok(())
+    }
+
+    /// Encodes dirty node `num` and gives the image a fresh extent
+    /// (copy-on-write; nothing changes yet but the allocation), for
+    /// [`WriteBack::write`] and then [`Tree::end_write_back`].
+    fn begin_write_back(&mut self, num: u64) -> EngineResult<WriteBack> {
+        if self.read_only {
+            return Err(EngineError::ReadOnly);
+        }
+        let node = self.node(num);
+        debug_assert!(node.dirty);
+        let height = node.height();
+        let img = encode_image(node, num);
+        let Some(extent) = self.alloc.allocate(img.len) else {
+            return Err(self.no_extent(&format!("node {num} (height {height})"), img.len));
+        };
+        self.write_back_tokens += 1;
+        let token = self.write_back_tokens;
+        self.writing_back.insert(num, token);
+        Ok(WriteBack {
+            num,
+            token,
+            offset: self.layout.extent_offset(extent),
+            extent,
+            img,
+        })
+    }
+
+    /// A write-back is back from the device, with `written` its outcome.
+    /// If nothing took the node out to change it meanwhile, the image is
+    /// its copy now: the node is clean at the new extent (true).
+    /// Otherwise the image shows the node as it was, so it is dropped
+    /// (its extent freed; nothing names it) and the node stays as the
+    /// change left it (false).
+    fn end_write_back(
+        &mut self,
+        wb: WriteBack,
+        written: std::io::Result<()>,
+    ) -> EngineResult<bool> {
+        let current = self.writing_back.get(&wb.num) == Some(&wb.token);
+        if current {
+            self.writing_back.remove(&wb.num);
+        }
+        if let Err(e) = written {
+            self.alloc.free(wb.extent);
             return Err(betreefs_store::StoreError::io("writing node", e).into());
         }
-        self.count_node_written(self.node(num).height(), img.buf.len());
-        self.mark_written(num, extent, img.crc, img.basement_locs);
-        Ok(())
+        if !current {
+            self.alloc.free(wb.extent);
+            add(&self.stats.write_backs_dropped, 1);
+            return Ok(false);
+        }
+        debug_assert!(self.node(wb.num).dirty);
+        self.count_node_written(self.node(wb.num).height(), wb.img.buf.len());
+        self.mark_written(wb.num, wb.extent, wb.img.crc, wb.img.basement_locs);
+        Ok(true)
     }
 
     /// Drops nodes until the cache is under 90% of its budget: clean ones
@@ -202,53 +236,22 @@ impl Tree {
             },
             continuing,
         )?;
-        let Some(num) = victim else {
-            return Ok(None);
-        };
-        let (extent, img) = self.encode_for_write(num)?;
-        self.write_back_tokens += 1;
-        let token = self.write_back_tokens;
-        self.writing_back.insert(num, token);
-        Ok(Some(WriteBack {
-            num,
-            token,
-            height: self.node(num).height(),
-            offset: self.layout.extent_offset(extent),
-            extent,
-            img,
-        }))
+        victim.map(|num| self.begin_write_back(num)).transpose()
     }
 
     /// A write-back of [`Tree::evict_step`] is back from the device, with
-    /// `written` its outcome. If nothing took the node out to change it
-    /// meanwhile, the image is its copy now: the node is clean at the new
-    /// extent and leaves the cache (unless it became a root). Otherwise the
-    /// image shows the node as it was, so it is dropped (its extent freed;
-    /// nothing names it) and the node stays as the change left it — the
-    /// next step picks it again if the cache still needs the room.
+    /// `written` its outcome ([`Tree::end_write_back`]): taken for the
+    /// node's copy, the node leaves the cache (unless it became a root);
+    /// dropped, the next step picks the node again if the cache still
+    /// needs the room.
     pub fn finish_write_back(
         &mut self,
         wb: WriteBack,
         written: std::io::Result<()>,
     ) -> EngineResult<()> {
-        let current = self.writing_back.get(&wb.num) == Some(&wb.token);
-        if current {
-            self.writing_back.remove(&wb.num);
-        }
-        if let Err(e) = written {
-            self.alloc.free(wb.extent);
-            return Err(betreefs_store::StoreError::io("writing node", e).into());
-        }
-        if !current {
-            self.alloc.free(wb.extent);
-            add(&self.stats.write_backs_dropped, 1);
-            return Ok(());
-        }
-        debug_assert!(self.node(wb.num).dirty);
-        self.count_node_written(wb.height, wb.img.buf.len());
-        self.mark_written(wb.num, wb.extent, wb.img.crc, wb.img.basement_locs);
-        if !self.roots.contains(&wb.num) {
-            drop(self.take(wb.num));
+        let num = wb.num;
+        if self.end_write_back(wb, written)? && !self.roots.contains(&num) {
+            drop(self.take(num));
             add(&self.stats.evictions, 1);
         }
         Ok(())

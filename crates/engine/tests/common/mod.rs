@@ -27,6 +27,19 @@ pub fn small_options() -> Options {
     }
 }
 
+/// Polls `what` until it holds, failing after a minute: for what the
+/// store's own threads do in their time.
+pub fn wait_until(why: &str, what: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !what() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gave up waiting: {why}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 pub fn mem_store(bytes: u64, options: Options) -> (MemDevice, Store) {
     let dev = MemDevice::new(bytes);
     let store = Store::create_on(Arc::new(dev.clone()), options).expect("create store");
