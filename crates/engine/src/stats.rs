@@ -97,9 +97,9 @@ pub struct Stats {
     pub flush_wait_micros_max: AtomicU64,
     pub flush_wait_micros_total: AtomicU64,
     pub log_replayed_records: AtomicU64,
-    /// Log bytes appended and not yet written (a gauge the store sets
-    /// after each append and each log write): clean nodes make room for
-    /// them (see `Tree::clean_budget`).
+    /// Memory the log's buffer holds (a gauge the store sets after each
+    /// append and each log write, `LogWriter::buffered_bytes`): clean
+    /// nodes make room for it (see `Tree::clean_budget`).
     pub log_buffered: AtomicU64,
     /// What the store's user reports holding in its own tables (not a
     /// counter: a gauge the node cache's budget makes room for).
@@ -127,6 +127,10 @@ pub struct StatsSnapshot {
     pub log_flushes: u64,
     /// Log bytes appended and not yet durable (held in memory).
     pub log_unflushed_bytes: u64,
+    /// Memory the log's buffer holds: the unflushed bytes, those a flush
+    /// in flight writes, rounded up to its chunks (what the cache's
+    /// budget makes room for).
+    pub log_buffer_bytes: u64,
     /// Index = height above the leaves (0 = leaves).
     pub node_bytes_written_per_level: Vec<u64>,
     pub node_bytes_read_per_level: Vec<u64>,

@@ -1078,7 +1078,7 @@ impl Inner {
         };
         self.stats
             .log_buffered
-            .store(self.log.unflushed_bytes(), Ordering::Relaxed);
+            .store(self.log.buffered_bytes(), Ordering::Relaxed);
         flushed
     }
 
@@ -1401,7 +1401,9 @@ impl Inner {
         add(&self.stats.user_bytes_written, user_bytes);
         add(&self.stats.user_messages, batch.len() as u64);
         let unflushed = self.log.unflushed_bytes();
-        self.stats.log_buffered.store(unflushed, Ordering::Relaxed);
+        self.stats
+            .log_buffered
+            .store(self.log.buffered_bytes(), Ordering::Relaxed);
         self.evict_in_steps(&mut tree)?;
         // A third of the log: the writer keeps the records of the previous
         // checkpoint's head on as well, so two of these fit in the region
@@ -1659,6 +1661,7 @@ impl Inner {
         snap.log_bytes_written = self.log.bytes_written();
         snap.log_flushes = self.log.flush_count();
         snap.log_unflushed_bytes = self.log.unflushed_bytes();
+        snap.log_buffer_bytes = self.log.buffered_bytes();
         {
             let tree = self.tree.read();
             snap.cache_bytes = tree.cache_bytes() as u64;

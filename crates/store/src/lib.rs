@@ -31,6 +31,7 @@ mod device;
 mod error;
 mod layout;
 mod log;
+mod log_buffer;
 mod superblock;
 
 pub use aligned::{buffer_pool_bytes, set_buffer_pool_limit, AlignedBuf};

@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::bytes::{le_u32 as u32_le, le_u64 as u64_le};
+use crate::log_buffer::LogBuffer;
 use crate::{crc32c_of, AlignedBuf, Device, StoreError, StoreResult, BLOCK_SIZE};
 
 /// Bytes of a record before its payload.
@@ -84,7 +85,7 @@ struct LogState {
     /// Stream bytes [buf_start, append_pos) not yet durable, starting at a
     /// block boundary (so the partial tail block is rewritten whole).
     buf_start: u64,
-    buf: Vec<u8>,
+    buf: LogBuffer,
     unstamped: Vec<Unstamped>,
     flushing: bool,
     /// Callers inside [`LogWriter::flush_urgent`].
@@ -98,7 +99,7 @@ impl LogState {
     fn advance_buf_start(&mut self, to: u64) {
         if to > self.buf_start {
             let n = ((to - self.buf_start) as usize).min(self.buf.len());
-            self.buf.drain(..n);
+            self.buf.drop_front(n);
             self.buf_start += n as u64;
         }
     }
@@ -120,15 +121,9 @@ impl LogState {
             let crc = crc32c::crc32c_append(u.partial_crc, &trailer);
             let trailer_at = at + LOG_RECORD_HEADER_BYTES + u.payload_len;
             debug_assert!(trailer_at + LOG_RECORD_TRAILER_BYTES <= self.buf.len());
-            if let Some(field) = self.buf.get_mut(at + 4..at + 8) {
-                field.copy_from_slice(&crc.to_le_bytes());
-            }
-            if let Some(field) = self
-                .buf
-                .get_mut(trailer_at..trailer_at + LOG_RECORD_TRAILER_BYTES)
-            {
-                field.copy_from_slice(&trailer);
-            }
+            let stamped = self.buf.write_at(at + 4, &crc.to_le_bytes())
+                && self.buf.write_at(trailer_at, &trailer);
+            debug_assert!(stamped, "an unstamped record lies in the buffer");
         }
     }
 }
@@ -159,7 +154,7 @@ impl LogWriter {
         start: u64,
     ) -> StoreResult<LogWriter> {
         let buf_start = floor_block(start);
-        let mut buf = Vec::with_capacity(1 << 20);
+        let mut buf = LogBuffer::default();
         if start > buf_start {
             // Keep the bytes before `start` in its block as they are on disk.
             let mut block = AlignedBuf::zeroed(BLOCK_SIZE);
@@ -234,6 +229,13 @@ impl LogWriter {
     pub fn unflushed_bytes(&self) -> u64 {
         let s = self.lock();
         s.append_pos.saturating_sub(s.durable_pos)
+    }
+
+    /// Memory the log's buffer holds: its unflushed records, those a
+    /// flush in flight is writing, the durable part of the tail block,
+    /// rounded up to the buffer's chunks. What a memory budget counts.
+    pub fn buffered_bytes(&self) -> u64 {
+        self.lock().buf.held_bytes() as u64
     }
 
     pub fn bytes_written(&self) -> u64 {
@@ -334,11 +336,6 @@ impl LogWriter {
             Ok(()) => {
                 s.durable_pos = s.durable_pos.max(end);
                 s.advance_buf_start(floor_block(end));
-                // Do not keep the peak of a burst allocated.
-                if s.buf.capacity() > 4 * s.buf.len().max(1 << 20) {
-                    let keep = s.buf.len().max(1 << 20);
-                    s.buf.shrink_to(keep);
-                }
                 self.flush_count.fetch_add(1, Ordering::Relaxed);
             }
             Err(err) => s.failure = Some(format!("log flush failed: {err}")),
@@ -420,16 +417,15 @@ impl LogWriter {
             };
             {
                 let s = self.lock();
-                let from = pos
+                let copied = pos
                     .checked_sub(s.buf_start)
-                    .and_then(|at| s.buf.get(at as usize..at as usize + filled));
-                let Some(from) = from else {
+                    .is_some_and(|at| s.buf.copy_to(at as usize, data));
+                if !copied {
                     return Err(StoreError::Failed(format!(
                         "log flush lost its bytes: [{pos}, +{filled}) is not in the buffer at {}",
                         s.buf_start
                     )));
-                };
-                data.copy_from_slice(from);
+                }
             }
             padding.fill(0);
             let chunk = piece.get(..len).unwrap_or_default();
@@ -813,6 +809,33 @@ mod tests {
         }
         // A different epoch replays nothing.
         assert!(collect(&dev, head, 8, head_seq).is_empty());
+    }
+
+    /// The buffer's memory follows its bytes: a burst holds about what it
+    /// appended (a vector grown by doubling held up to twice that), a
+    /// flush gives back all but the tail block's durable part, and what
+    /// a flush writes stays replayable.
+    #[test]
+    fn the_buffer_holds_what_it_buffers() {
+        let (dev, log) = fresh(1);
+        for seq in 1..=100u64 {
+            log.append(seq, &[&payload(seq)]).unwrap();
+            let (unflushed, held) = (log.unflushed_bytes(), log.buffered_bytes());
+            assert!(held >= unflushed, "{held} held for {unflushed} bytes");
+            assert!(
+                held <= unflushed + 2 * BLOCK,
+                "{held} held for {unflushed} bytes"
+            );
+        }
+        log.flush().unwrap();
+        assert_eq!(log.unflushed_bytes(), 0);
+        assert!(
+            log.buffered_bytes() < BLOCK,
+            "{} held",
+            log.buffered_bytes()
+        );
+        let (replayed, _) = replay(&dev, 0, 1, 1);
+        assert_eq!(replayed.len(), 100);
     }
 
     #[test]
