@@ -28,6 +28,15 @@ const CHUNK_BYTES: usize = 64;
 /// a chunk for it.
 const SMALL_TAIL_BYTES: usize = CHUNK_BYTES / 16;
 
+/// Part of a range that lies in one chunk: `len` bytes at `offset` in
+/// chunk `chunk`, the range's bytes from `done` on.
+struct Piece {
+    chunk: usize,
+    offset: usize,
+    len: usize,
+    done: usize,
+}
+
 /// A byte stream indexed from its first held byte (position 0).
 pub(crate) struct LogBuffer {
     /// Chunk 0 is filled up to `first_cap`, every other one up to
@@ -143,19 +152,15 @@ impl LogBuffer {
         if !self.holds(at, bytes.len()) {
             return false;
         }
-        let (mut pos, mut bytes) = (at, bytes);
-        while !bytes.is_empty() {
-            let (i, offset) = self.locate(pos);
-            let Some(chunk) = self.chunks.get_mut(i) else {
-                unreachable!("a held range lies in the chunks");
-            };
-            let n = (chunk.len() - offset).min(bytes.len());
-            let (now, rest) = bytes.split_at(n);
-            if let Some(to) = chunk.get_mut(offset..offset + n) {
-                to.copy_from_slice(now);
+        for piece in self.pieces(at, bytes.len()) {
+            let to = self
+                .chunks
+                .get_mut(piece.chunk)
+                .and_then(|c| c.get_mut(piece.offset..piece.offset + piece.len));
+            let from = bytes.get(piece.done..piece.done + piece.len);
+            if let (Some(to), Some(from)) = (to, from) {
+                to.copy_from_slice(from);
             }
-            bytes = rest;
-            pos += n;
         }
         true
     }
@@ -166,21 +171,37 @@ impl LogBuffer {
         if !self.holds(at, to.len()) {
             return false;
         }
-        let (mut pos, mut to) = (at, to);
-        while !to.is_empty() {
-            let (i, offset) = self.locate(pos);
-            let Some(chunk) = self.chunks.get(i) else {
-                unreachable!("a held range lies in the chunks");
-            };
-            let n = (chunk.len() - offset).min(to.len());
-            let (now, rest) = to.split_at_mut(n);
-            if let Some(from) = chunk.get(offset..offset + n) {
-                now.copy_from_slice(from);
+        for piece in self.pieces(at, to.len()) {
+            let from = self
+                .chunks
+                .get(piece.chunk)
+                .and_then(|c| c.get(piece.offset..piece.offset + piece.len));
+            let into = to.get_mut(piece.done..piece.done + piece.len);
+            if let (Some(from), Some(into)) = (from, into) {
+                into.copy_from_slice(from);
             }
-            to = rest;
-            pos += n;
         }
         true
+    }
+
+    /// The pieces, one per chunk, of the held range `[at, at + len)`.
+    fn pieces(&self, at: usize, len: usize) -> Vec<Piece> {
+        let mut pieces = Vec::new();
+        let mut done = 0;
+        while done < len {
+            let (chunk, offset) = self.locate(at + done);
+            // A held range ends within the last chunk's bytes; any other
+            // chunk is full.
+            let piece = (self.cap_of(chunk) - offset).min(len - done);
+            pieces.push(Piece {
+                chunk,
+                offset,
+                len: piece,
+                done,
+            });
+            done += piece;
+        }
+        pieces
     }
 
     fn holds(&self, at: usize, len: usize) -> bool {
