@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 
 use betreefs_store::Extent;
 
-use crate::codec::{DecodeError, DecodeResult, Decoder, Encoder};
+use crate::codec::{DecodeError, DecodeResult, Decoder, Encoder, Sink};
 
 const BTT_MAGIC: u32 = u32::from_le_bytes(*b"BBTT");
 const BTT_VERSION: u32 = 2;

@@ -8,6 +8,43 @@ pub struct DecodeError(pub String);
 
 pub type DecodeResult<T> = Result<T, DecodeError>;
 
+/// Where encoded bytes go: a growing buffer ([`Encoder`]), a count of
+/// them ([`Measure`]), or a slice of the size counted ([`SliceWriter`]) —
+/// so a node image is encoded straight into its device buffer, measured
+/// first, instead of into a vector grown by doubling and copied.
+pub trait Sink {
+    fn put(&mut self, b: &[u8]);
+    fn u8(&mut self, v: u8) {
+        self.put(&[v]);
+    }
+    fn u32(&mut self, v: u32) {
+        self.put(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.put(&v.to_le_bytes());
+    }
+    /// LEB128.
+    fn varint(&mut self, mut v: u64) {
+        let mut bytes = [0u8; 10];
+        let mut n = 0;
+        for byte in bytes.iter_mut() {
+            n += 1;
+            if v < 0x80 {
+                *byte = v as u8;
+                break;
+            }
+            *byte = (v as u8) | 0x80;
+            v >>= 7;
+        }
+        self.put(bytes.get(..n).unwrap_or_default());
+    }
+    /// Length-prefixed bytes.
+    fn bytes(&mut self, b: &[u8]) {
+        self.varint(b.len() as u64);
+        self.put(b);
+    }
+}
+
 #[derive(Default)]
 pub struct Encoder {
     pub buf: Vec<u8>,
@@ -19,26 +56,56 @@ impl Encoder {
             buf: Vec::with_capacity(n),
         }
     }
-    pub fn u8(&mut self, v: u8) {
+}
+
+impl Sink for Encoder {
+    fn put(&mut self, b: &[u8]) {
+        self.buf.extend_from_slice(b);
+    }
+    fn u8(&mut self, v: u8) {
         self.buf.push(v);
     }
-    pub fn u32(&mut self, v: u32) {
-        self.buf.extend_from_slice(&v.to_le_bytes());
+}
+
+/// Counts the bytes an encoding takes.
+#[derive(Default)]
+pub struct Measure(pub usize);
+
+impl Sink for Measure {
+    fn put(&mut self, b: &[u8]) {
+        self.0 += b.len();
     }
-    pub fn u64(&mut self, v: u64) {
-        self.buf.extend_from_slice(&v.to_le_bytes());
+    fn varint(&mut self, v: u64) {
+        self.0 += varint_len(v);
     }
-    pub fn varint(&mut self, mut v: u64) {
-        while v >= 0x80 {
-            self.buf.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        self.buf.push(v as u8);
+}
+
+/// Writes an encoding into a slice sized by a [`Measure`] of it.
+pub struct SliceWriter<'a> {
+    buf: &'a mut [u8],
+    pos: usize,
+}
+
+impl<'a> SliceWriter<'a> {
+    pub fn new(buf: &'a mut [u8]) -> Self {
+        SliceWriter { buf, pos: 0 }
     }
-    /// Length-prefixed bytes.
-    pub fn bytes(&mut self, b: &[u8]) {
-        self.varint(b.len() as u64);
-        self.buf.extend_from_slice(b);
+    pub fn written(&self) -> usize {
+        self.pos
+    }
+}
+
+impl Sink for SliceWriter<'_> {
+    fn put(&mut self, b: &[u8]) {
+        let end = self.pos + b.len();
+        let Some(to) = self.buf.get_mut(self.pos..end) else {
+            panic!(
+                "encoding invariant: {end} bytes written to a slice measured at {}",
+                self.buf.len()
+            );
+        };
+        to.copy_from_slice(b);
+        self.pos = end;
     }
 }
 
@@ -152,6 +219,42 @@ mod tests {
                 .and_then(|_| d.u64())
                 .and_then(|_| d.varint());
             assert!(ok.is_err());
+        }
+    }
+
+    proptest::proptest! {
+        /// The three sinks agree: a measure counts what an encoder
+        /// writes, and a slice of that size takes exactly the same bytes.
+        #[test]
+        fn sinks_agree(values in proptest::collection::vec((proptest::prelude::any::<u64>(), proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)), 0..50)) {
+            fn encode(sink: &mut impl Sink, values: &[(u64, Vec<u8>)]) {
+                for (v, b) in values {
+                    sink.varint(*v);
+                    sink.varint(*v >> (v % 64));
+                    sink.bytes(b);
+                    sink.u32(*v as u32);
+                    sink.u8(*v as u8);
+                }
+            }
+            let mut encoder = Encoder::default();
+            encode(&mut encoder, &values);
+            let mut measure = Measure::default();
+            encode(&mut measure, &values);
+            proptest::prop_assert_eq!(measure.0, encoder.buf.len());
+            let mut slice = vec![0u8; measure.0];
+            let mut writer = SliceWriter::new(&mut slice);
+            encode(&mut writer, &values);
+            proptest::prop_assert_eq!(writer.written(), slice.len());
+            proptest::prop_assert_eq!(&slice, &encoder.buf);
+            let mut d = Decoder::new(&encoder.buf);
+            for (v, b) in &values {
+                proptest::prop_assert_eq!(d.varint().unwrap(), *v);
+                proptest::prop_assert_eq!(d.varint().unwrap(), *v >> (v % 64));
+                proptest::prop_assert_eq!(d.bytes().unwrap(), &b[..]);
+                proptest::prop_assert_eq!(d.u32().unwrap(), *v as u32);
+                proptest::prop_assert_eq!(d.u8().unwrap(), *v as u8);
+            }
+            proptest::prop_assert!(d.is_empty());
         }
     }
 }

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::codec::{Decoder, Encoder};
+use crate::codec::{Decoder, Encoder, Sink};
 use crate::message::MAX_VALUE_BYTES;
 
 /// "Write these bytes at this offset of the value, zero-filling any gap."

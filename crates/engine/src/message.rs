@@ -1,6 +1,6 @@
 //! What callers send into the tree, and its log encoding.
 
-use crate::codec::{DecodeError, DecodeResult, Decoder, Encoder};
+use crate::codec::{DecodeError, DecodeResult, Decoder, Encoder, Sink};
 
 /// Keys longer than this are refused. Large enough for the file system's
 /// worst case: a 4095-byte path whose every name byte needs escaping

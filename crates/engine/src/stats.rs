@@ -71,6 +71,10 @@ pub struct Stats {
     /// batch (the flushes, splits and merges it set off included when it
     /// settles inline; settling in steps is `settle_step_micros_max`).
     pub apply_micros_max: AtomicU64,
+    /// The longest a request spent imaging a node the checkpoint in
+    /// flight had not encoded yet, before changing it (`Tree::before_change`;
+    /// part of an apply, settle or eviction hold above).
+    pub checkpoint_image_micros_max: AtomicU64,
     /// A writer's settling in steps (`Flushing::Stepwise`): the steps
     /// after which it let waiting requests take the lock, and the longest
     /// step (the longest anyone waited for a writer's flushes).
@@ -169,6 +173,7 @@ pub struct StatsSnapshot {
     pub checkpoint_io_micros_total: u64,
     pub checkpoint_io_micros_max: u64,
     pub apply_micros_max: u64,
+    pub checkpoint_image_micros_max: u64,
     pub settle_steps: u64,
     pub settle_step_micros_max: u64,
     pub eviction_steps: u64,
@@ -253,6 +258,7 @@ impl Stats {
             checkpoint_io_micros_total: get(&self.checkpoint_io_micros_total),
             checkpoint_io_micros_max: get(&self.checkpoint_io_micros_max),
             apply_micros_max: get(&self.apply_micros_max),
+            checkpoint_image_micros_max: get(&self.checkpoint_image_micros_max),
             settle_steps: get(&self.settle_steps),
             settle_step_micros_max: get(&self.settle_step_micros_max),
             eviction_steps: get(&self.eviction_steps),

@@ -411,8 +411,12 @@ impl Tree {
     pub(super) fn before_change(&mut self, num: u64, node: &Node) {
         if let Some(cp) = &mut self.checkpoint {
             if cp.pending.remove(&num) {
+                let started = std::time::Instant::now();
                 cp.images
                     .push((num, node.height(), encode_image(node, num)));
+                self.stats
+                    .checkpoint_image_micros_max
+                    .fetch_max(started.elapsed().as_micros() as u64, Ordering::Relaxed);
             }
             cp.unchanged.remove(&num);
         }
