@@ -692,15 +692,6 @@ fn watch_allocator(
     cap: usize,
     purge_above: usize,
 ) -> Result<()> {
-    use tikv_jemalloc_ctl::{epoch, stats};
-    let held_beyond_allocated = || -> Option<usize> {
-        epoch::advance().ok()?;
-        Some(
-            stats::resident::read()
-                .ok()?
-                .saturating_sub(stats::allocated::read().ok()?),
-        )
-    };
     std::thread::Builder::new()
         .name("betreefs-memory".into())
         .spawn(move || loop {
@@ -715,6 +706,19 @@ fn watch_allocator(
         })
         .context("starting the allocator's watch")?;
     Ok(())
+}
+
+/// What jemalloc keeps resident beyond the bytes allocated, now (None if
+/// its statistics cannot be read).
+fn held_beyond_allocated() -> Option<usize> {
+    use tikv_jemalloc_ctl::{epoch, stats};
+    // The statistics are a snapshot taken at an epoch.
+    epoch::advance().ok()?;
+    Some(
+        stats::resident::read()
+            .ok()?
+            .saturating_sub(stats::allocated::read().ok()?),
+    )
 }
 
 /// Has jemalloc return the free pages of every arena to the kernel now;
@@ -1010,13 +1014,7 @@ mod tests {
     /// a quarter of a second) until the purge returns them.
     #[test]
     fn the_allocators_purge_returns_free_pages() {
-        use tikv_jemalloc_ctl::{epoch, stats};
-        let held = || {
-            epoch::advance().unwrap();
-            stats::resident::read()
-                .unwrap()
-                .saturating_sub(stats::allocated::read().unwrap())
-        };
+        let held = || super::held_beyond_allocated().unwrap();
         let blocks: Vec<Vec<u8>> = (0..64u8).map(|i| vec![i | 1; 1 << 20]).collect();
         drop(blocks);
         let before = held();

@@ -102,7 +102,7 @@ pub struct Stats {
     pub flush_wait_micros_total: AtomicU64,
     pub log_replayed_records: AtomicU64,
     /// Memory the log's buffer holds (a gauge the store sets after each
-    /// append and each log write, `LogWriter::buffered_bytes`): clean
+    /// append and each log write, `LogWriter::buffer_use`): clean
     /// nodes make room for it (see `Tree::clean_budget`).
     pub log_buffered: AtomicU64,
     /// What the store's user reports holding in its own tables (not a
@@ -116,6 +116,11 @@ pub struct Stats {
 
 pub(crate) fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Raises a maximum kept in microseconds.
+pub(crate) fn record_max(max: &AtomicU64, took: std::time::Duration) {
+    max.fetch_max(took.as_micros() as u64, Ordering::Relaxed);
 }
 
 pub(crate) fn level(height: u32) -> usize {

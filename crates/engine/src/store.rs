@@ -29,7 +29,7 @@ use crate::error::{EngineError, EngineResult};
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, WriteBatch};
 use crate::node::Node;
-use crate::stats::{add, Stats, StatsSnapshot};
+use crate::stats::{add, record_max, Stats, StatsSnapshot};
 use crate::tree::readahead::{read_leaf, LeafOnDisk, ReadFor};
 use crate::tree::{Flushing, Shared, Tree, TreeOptions, VerifyReport, Want};
 use crate::validate::{check_batch, check_message};
@@ -1012,11 +1012,6 @@ impl TreeEvent {
     }
 }
 
-/// Raises a maximum kept in microseconds.
-fn record_max(max: &std::sync::atomic::AtomicU64, took: Duration) {
-    max.fetch_max(took.as_micros() as u64, Ordering::Relaxed);
-}
-
 /// The turns a checkpoint held the tree lock.
 #[derive(Default)]
 struct LockTurns {
@@ -1076,10 +1071,18 @@ impl Inner {
         } else {
             self.log.flush()
         };
+        self.note_log_buffer();
+        flushed
+    }
+
+    /// Tells the cache's budget what the log's buffer holds now (after
+    /// every append and log write); returns its unflushed bytes.
+    fn note_log_buffer(&self) -> u64 {
+        let buffer = self.log.buffer_use();
         self.stats
             .log_buffered
-            .store(self.log.buffered_bytes(), Ordering::Relaxed);
-        flushed
+            .store(buffer.held, Ordering::Relaxed);
+        buffer.unflushed
     }
 
     fn lock_tree(&self) -> TreeGuard<'_> {
@@ -1400,10 +1403,7 @@ impl Inner {
         }
         add(&self.stats.user_bytes_written, user_bytes);
         add(&self.stats.user_messages, batch.len() as u64);
-        let unflushed = self.log.unflushed_bytes();
-        self.stats
-            .log_buffered
-            .store(self.log.buffered_bytes(), Ordering::Relaxed);
+        let unflushed = self.note_log_buffer();
         self.evict_in_steps(&mut tree)?;
         // A third of the log: the writer keeps the records of the previous
         // checkpoint's head on as well, so two of these fit in the region
@@ -1660,8 +1660,9 @@ impl Inner {
         let mut snap = self.stats.snapshot();
         snap.log_bytes_written = self.log.bytes_written();
         snap.log_flushes = self.log.flush_count();
-        snap.log_unflushed_bytes = self.log.unflushed_bytes();
-        snap.log_buffer_bytes = self.log.buffered_bytes();
+        let buffer = self.log.buffer_use();
+        snap.log_unflushed_bytes = buffer.unflushed;
+        snap.log_buffer_bytes = buffer.held;
         {
             let tree = self.tree.read();
             snap.cache_bytes = tree.cache_bytes() as u64;

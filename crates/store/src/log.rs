@@ -128,6 +128,17 @@ impl LogState {
     }
 }
 
+/// What the log's buffer holds ([`LogWriter::buffer_use`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogBufferUse {
+    /// Bytes appended and not yet durable.
+    pub unflushed: u64,
+    /// Memory the buffer holds: its unflushed records, those a flush in
+    /// flight is writing, the durable part of the tail block, rounded up
+    /// to the buffer's chunks. What a memory budget counts.
+    pub held: u64,
+}
+
 /// Appends records to the log region and makes them durable on demand.
 /// Appends only copy into memory; [`LogWriter::flush`] writes and syncs, and
 /// concurrent flushes share one device write (group commit).
@@ -227,15 +238,17 @@ impl LogWriter {
 
     /// Bytes appended but not yet durable.
     pub fn unflushed_bytes(&self) -> u64 {
-        let s = self.lock();
-        s.append_pos.saturating_sub(s.durable_pos)
+        self.buffer_use().unflushed
     }
 
-    /// Memory the log's buffer holds: its unflushed records, those a
-    /// flush in flight is writing, the durable part of the tail block,
-    /// rounded up to the buffer's chunks. What a memory budget counts.
-    pub fn buffered_bytes(&self) -> u64 {
-        self.lock().buf.held_bytes() as u64
+    /// What the log's buffer holds now, read under one hold of its lock
+    /// (a writer asks after every batch).
+    pub fn buffer_use(&self) -> LogBufferUse {
+        let s = self.lock();
+        LogBufferUse {
+            unflushed: s.append_pos.saturating_sub(s.durable_pos),
+            held: s.buf.held_bytes() as u64,
+        }
     }
 
     pub fn bytes_written(&self) -> u64 {
@@ -820,7 +833,7 @@ mod tests {
         let (dev, log) = fresh(1);
         for seq in 1..=100u64 {
             log.append(seq, &[&payload(seq)]).unwrap();
-            let (unflushed, held) = (log.unflushed_bytes(), log.buffered_bytes());
+            let LogBufferUse { unflushed, held } = log.buffer_use();
             assert!(held >= unflushed, "{held} held for {unflushed} bytes");
             assert!(
                 held <= unflushed + 2 * BLOCK,
@@ -829,11 +842,8 @@ mod tests {
         }
         log.flush().unwrap();
         assert_eq!(log.unflushed_bytes(), 0);
-        assert!(
-            log.buffered_bytes() < BLOCK,
-            "{} held",
-            log.buffered_bytes()
-        );
+        let held = log.buffer_use().held;
+        assert!(held < BLOCK, "{held} held");
         let (replayed, _) = replay(&dev, 0, 1, 1);
         assert_eq!(replayed.len(), 100);
     }

@@ -9,7 +9,7 @@
 //! flush moved what was appended meanwhile (up to the same again) to the
 //! vector's front, under the log's lock. With chunks the memory is the
 //! bytes held rounded up to a chunk, counted exactly in the budget
-//! (`LogWriter::buffered_bytes`), and dropping from the front frees whole
+//! (`LogWriter::buffer_use`), and dropping from the front frees whole
 //! chunks instead of moving what is left.
 
 use std::collections::VecDeque;
@@ -37,15 +37,67 @@ struct Piece {
     done: usize,
 }
 
-/// A byte stream indexed from its first held byte (position 0).
-pub(crate) struct LogBuffer {
-    /// Chunk 0 is filled up to `first_cap`, every other one up to
-    /// `CHUNK_BYTES`; every chunk but the last is full.
-    chunks: VecDeque<Vec<u8>>,
-    /// Bytes at the start of chunk 0 already dropped.
-    dropped: usize,
+/// Where positions lie in the chunks: chunk 0 is filled up to
+/// `first_cap`, every other one up to `CHUNK_BYTES`, and `dropped` bytes
+/// at the start of chunk 0 are gone.
+#[derive(Clone, Copy)]
+struct Geometry {
     /// Chunk 0's size when full: `CHUNK_BYTES`, or a small tail's own size.
     first_cap: usize,
+    dropped: usize,
+}
+
+impl Geometry {
+    const FRESH: Geometry = Geometry {
+        first_cap: CHUNK_BYTES,
+        dropped: 0,
+    };
+
+    fn cap_of(self, chunk: usize) -> usize {
+        if chunk == 0 {
+            self.first_cap
+        } else {
+            CHUNK_BYTES
+        }
+    }
+
+    /// The chunk and the offset in it of position `pos` (held or not).
+    fn locate(self, pos: usize) -> (usize, usize) {
+        let visible = self.first_cap - self.dropped;
+        if pos < visible {
+            (0, self.dropped + pos)
+        } else {
+            let past = pos - visible;
+            (1 + past / CHUNK_BYTES, past % CHUNK_BYTES)
+        }
+    }
+
+    /// The pieces, one per chunk, of the held range `[at, at + len)`.
+    fn pieces(self, at: usize, len: usize) -> impl Iterator<Item = Piece> {
+        let mut done = 0;
+        std::iter::from_fn(move || {
+            (done < len).then(|| {
+                let (chunk, offset) = self.locate(at + done);
+                // A held range ends within the last chunk's bytes; any
+                // other chunk is full.
+                let piece = Piece {
+                    chunk,
+                    offset,
+                    len: (self.cap_of(chunk) - offset).min(len - done),
+                    done,
+                };
+                done += piece.len;
+                piece
+            })
+        })
+    }
+}
+
+/// A byte stream indexed from its first held byte (position 0).
+pub(crate) struct LogBuffer {
+    /// Every chunk but the last is full (see [`Geometry`]).
+    chunks: VecDeque<Vec<u8>>,
+    geometry: Geometry,
     len: usize,
 }
 
@@ -53,8 +105,7 @@ impl Default for LogBuffer {
     fn default() -> Self {
         LogBuffer {
             chunks: VecDeque::new(),
-            dropped: 0,
-            first_cap: CHUNK_BYTES,
+            geometry: Geometry::FRESH,
             len: 0,
         }
     }
@@ -69,15 +120,7 @@ impl LogBuffer {
     pub(crate) fn held_bytes(&self) -> usize {
         match self.chunks.len() {
             0 => 0,
-            n => self.first_cap + (n - 1) * CHUNK_BYTES,
-        }
-    }
-
-    fn cap_of(&self, chunk: usize) -> usize {
-        if chunk == 0 {
-            self.first_cap
-        } else {
-            CHUNK_BYTES
+            n => self.geometry.first_cap + (n - 1) * CHUNK_BYTES,
         }
     }
 
@@ -86,12 +129,12 @@ impl LogBuffer {
         while !bytes.is_empty() {
             let last = self.chunks.len().wrapping_sub(1);
             let room = match self.chunks.get(last) {
-                Some(chunk) => self.cap_of(last) - chunk.len(),
+                Some(chunk) => self.geometry.cap_of(last) - chunk.len(),
                 None => 0,
             };
             if room == 0 {
                 if self.chunks.is_empty() {
-                    self.first_cap = CHUNK_BYTES;
+                    self.geometry = Geometry::FRESH;
                 }
                 self.chunks.push_back(Vec::with_capacity(CHUNK_BYTES));
                 continue;
@@ -114,35 +157,25 @@ impl LogBuffer {
             return;
         }
         while let Some(first) = self.chunks.front() {
-            let visible = first.len() - self.dropped;
+            let visible = first.len() - self.geometry.dropped;
             if n < visible {
-                self.dropped += n;
+                self.geometry.dropped += n;
                 break;
             }
             // A whole chunk dropped: the next one, full-sized, is first.
             self.chunks.pop_front();
             n -= visible;
-            self.dropped = 0;
-            self.first_cap = CHUNK_BYTES;
+            self.geometry = Geometry::FRESH;
         }
         if self.len <= SMALL_TAIL_BYTES && self.held_bytes() > self.len {
             let mut tail = vec![0; self.len];
             let copied = self.copy_to(0, &mut tail);
             debug_assert!(copied, "the bytes held are held");
             self.chunks = VecDeque::from([tail]);
-            self.dropped = 0;
-            self.first_cap = self.len;
-        }
-    }
-
-    /// The chunk and the offset in it of position `pos` (held or not).
-    fn locate(&self, pos: usize) -> (usize, usize) {
-        let visible = self.cap_of(0) - self.dropped;
-        if pos < visible {
-            (0, self.dropped + pos)
-        } else {
-            let past = pos - visible;
-            (1 + past / CHUNK_BYTES, past % CHUNK_BYTES)
+            self.geometry = Geometry {
+                first_cap: self.len,
+                dropped: 0,
+            };
         }
     }
 
@@ -152,7 +185,7 @@ impl LogBuffer {
         if !self.holds(at, bytes.len()) {
             return false;
         }
-        for piece in self.pieces(at, bytes.len()) {
+        for piece in self.geometry.pieces(at, bytes.len()) {
             let to = self
                 .chunks
                 .get_mut(piece.chunk)
@@ -171,7 +204,7 @@ impl LogBuffer {
         if !self.holds(at, to.len()) {
             return false;
         }
-        for piece in self.pieces(at, to.len()) {
+        for piece in self.geometry.pieces(at, to.len()) {
             let from = self
                 .chunks
                 .get(piece.chunk)
@@ -182,26 +215,6 @@ impl LogBuffer {
             }
         }
         true
-    }
-
-    /// The pieces, one per chunk, of the held range `[at, at + len)`.
-    fn pieces(&self, at: usize, len: usize) -> Vec<Piece> {
-        let mut pieces = Vec::new();
-        let mut done = 0;
-        while done < len {
-            let (chunk, offset) = self.locate(at + done);
-            // A held range ends within the last chunk's bytes; any other
-            // chunk is full.
-            let piece = (self.cap_of(chunk) - offset).min(len - done);
-            pieces.push(Piece {
-                chunk,
-                offset,
-                len: piece,
-                done,
-            });
-            done += piece;
-        }
-        pieces
     }
 
     fn holds(&self, at: usize, len: usize) -> bool {

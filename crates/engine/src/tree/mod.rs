@@ -49,7 +49,7 @@ use crate::format::{
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, RangeRename, WriteBatch, KEY_SPACES};
 use crate::node::{BasementLoc, Bounds, Interior, Leaf, Node, NodeBody};
-use crate::stats::{add, level, Stats};
+use crate::stats::{add, level, record_max, Stats};
 use crate::validate;
 
 /// Shape and memory parameters of the trees.

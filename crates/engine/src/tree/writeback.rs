@@ -414,9 +414,7 @@ impl Tree {
                 let started = std::time::Instant::now();
                 cp.images
                     .push((num, node.height(), encode_image(node, num)));
-                self.stats
-                    .checkpoint_image_micros_max
-                    .fetch_max(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                record_max(&self.stats.checkpoint_image_micros_max, started.elapsed());
             }
             cp.unchanged.remove(&num);
         }
