@@ -1,0 +1,154 @@
+//! The store's background threads: the log flusher and checkpointer, and
+//! the tree flusher (background flushing, when configured).
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// Starts the thread that moves messages down the trees in turns and
+/// tells the tree to leave them in the roots' buffers for it.
+pub(super) fn start_tree_flusher(inner: &Arc<Inner>) -> Option<JoinHandle<()>> {
+    inner.tree_flusher_running.store(true, Ordering::SeqCst);
+    let worker = inner.clone();
+    let spawned = std::thread::Builder::new()
+        .name("betreefs-tree-flush".into())
+        .spawn(move || worker.run_tree_flusher());
+    match spawned {
+        Ok(handle) => Some(handle),
+        Err(e) => {
+            inner.tree_flusher_running.store(false, Ordering::SeqCst);
+            tracing::warn!("could not start the tree flusher: {e}; writers flush themselves");
+            None
+        }
+    }
+}
+
+impl Inner {
+    /// Wakes the tree flusher.
+    pub(super) fn want_tree_flush(&self) {
+        let mut state = self.lock_background();
+        if !state.tree_flush_wanted {
+            state.tree_flush_wanted = true;
+            self.tree_flush_wake.notify_all();
+        }
+    }
+
+    /// The tree flusher: woken when a root's buffers hold more than a
+    /// node's worth, it moves messages down in turns of
+    /// `Options::flush_turn_bytes` with the tree lock held, handing the
+    /// lock on fairly in between so that requests go on (docs/design.md,
+    /// "Background flushing").
+    fn run_tree_flusher(&self) {
+        loop {
+            {
+                let mut state = self.lock_background();
+                while !state.shutdown && !state.tree_flush_wanted {
+                    state = self
+                        .tree_flush_wake
+                        .wait_timeout(state, Duration::from_secs(1))
+                        .map(|(s, _)| s)
+                        .unwrap_or_else(|e| e.into_inner().0);
+                }
+                if state.shutdown {
+                    break;
+                }
+                state.tree_flush_wanted = false;
+            }
+            if self.check_failed().is_err() {
+                continue;
+            }
+            while self.flush_turn() {}
+        }
+        self.tree_flusher_running.store(false, Ordering::SeqCst);
+        // Writers waiting for it settle in their own thread from now on.
+        let _guard = self.lock_tree();
+        self.flush_progress.notify_all();
+    }
+
+    /// One turn of the tree flusher; whether there is more to do (and no
+    /// reason to stop).
+    pub(super) fn flush_turn(&self) -> bool {
+        if let Some(hook) = &self.options.flush_turn_hook {
+            (hook.0)();
+        }
+        let mut tree = self.lock_tree();
+        if !self.background_flush_now(&tree) {
+            // Space is getting low: writers settle for themselves.
+            return false;
+        }
+        let started = Instant::now();
+        let turn = tree
+            .flush_turn(self.options.flush_turn_bytes)
+            .and_then(|more| {
+                // A write's eviction, as for the nodes a writer's own settling
+                // would have loaded and dirtied.
+                match tree.evict_if_needed() {
+                    Err(e) if !e.is_no_space() => Err(e),
+                    _ => Ok(more),
+                }
+            });
+        record_max(&self.stats.flush_turn_micros_max, started.elapsed());
+        add(&self.stats.flush_turns, 1);
+        let more = turn.unwrap_or_else(|e| {
+            tracing::error!("background flushing failed: {e}");
+            self.poison(e);
+            false
+        });
+        self.flush_progress.notify_all();
+        parking_lot::RwLockWriteGuard::unlock_fair(tree);
+        more && !self.lock_background().shutdown
+    }
+
+    pub(super) fn run_background(&self) {
+        let tick = Duration::from_millis(50);
+        let mut last_flush = Instant::now();
+        let mut last_checkpoint = Instant::now();
+        loop {
+            let (checkpoint_wanted, flush_wanted) = {
+                let mut state = self.lock_background();
+                if !state.shutdown && !state.checkpoint_wanted && !state.flush_wanted {
+                    state = self
+                        .wake
+                        .wait_timeout(state, tick)
+                        .map(|(s, _)| s)
+                        .unwrap_or_else(|e| e.into_inner().0);
+                }
+                if state.shutdown {
+                    return;
+                }
+                (
+                    std::mem::take(&mut state.checkpoint_wanted),
+                    std::mem::take(&mut state.flush_wanted),
+                )
+            };
+            if self.check_failed().is_err() {
+                continue;
+            }
+            let interval_due = self
+                .options
+                .log_flush_interval
+                .is_some_and(|i| last_flush.elapsed() >= i);
+            if flush_wanted || interval_due {
+                if self.log.has_unflushed() {
+                    if let Err(e) = self.flush_log(false) {
+                        tracing::error!("background log flush failed: {e}");
+                        self.poison(e.into());
+                    }
+                }
+                last_flush = Instant::now();
+            }
+            let due = self
+                .options
+                .checkpoint_interval
+                .is_some_and(|i| last_checkpoint.elapsed() >= i);
+            if checkpoint_wanted || due {
+                if let Err(e) = self.checkpoint() {
+                    tracing::error!("background checkpoint failed: {e}");
+                }
+                last_checkpoint = Instant::now();
+            }
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! The read side of the store: visits of a leaf's worth of pairs on the
+//! shared lock or with the leaf read holding no lock, range iterators,
+//! and the read-ahead threads of sequential scans.
+
+use std::collections::HashSet;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// Leaves kept read ahead of a sequential scan, the next one included.
+const READ_AHEAD_LEAVES: usize = 4;
+
+/// Threads reading them: this many leaves are read from the device at
+/// once. One read at a time leaves a scan bound by the device's
+/// single-request latency (about half its bandwidth on the machines
+/// measured, `docs/benchmarks/readahead-depth.md`).
+const READ_AHEAD_READERS: usize = 3;
+
+/// Starts the threads that read leaves ahead of sequential scans
+/// (`tree::readahead`): a planner that finds, for each leaf a scan
+/// reaches, the leaves after it to read, and [`READ_AHEAD_READERS`]
+/// readers that read them, several at once. They hold the store weakly:
+/// closing the scans' channel ends the planner, which closes the readers'.
+pub(super) fn start_read_ahead(inner: &Arc<Inner>) -> Vec<JoinHandle<()>> {
+    let (send, receive) = std::sync::mpsc::channel::<(KeySpace, Vec<u8>)>();
+    let (send_leaf, receive_leaf) = std::sync::mpsc::channel::<LeafOnDisk>();
+    let receive_leaf = Arc::new(Mutex::new(receive_leaf));
+    let mut threads = Vec::new();
+    let weak = Arc::downgrade(inner);
+    let planner = std::thread::Builder::new()
+        .name("betreefs-readahead".into())
+        .spawn(move || {
+            while let Ok((ks, key)) = receive.recv() {
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                inner.plan_read_ahead(ks, &key, &send_leaf);
+            }
+        });
+    match planner {
+        Ok(handle) => threads.push(handle),
+        Err(e) => {
+            tracing::warn!("could not start the read-ahead thread: {e}; reading on demand");
+            return threads;
+        }
+    }
+    for i in 0..READ_AHEAD_READERS {
+        let (weak, receive_leaf) = (Arc::downgrade(inner), receive_leaf.clone());
+        let reader = std::thread::Builder::new()
+            .name(format!("betreefs-readahead-{i}"))
+            .spawn(move || loop {
+                let next = receive_leaf
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .recv();
+                let Ok(place) = next else {
+                    return;
+                };
+                match weak.upgrade() {
+                    Some(inner) => inner.read_leaf_ahead(&place),
+                    None => return,
+                }
+            });
+        match reader {
+            Ok(handle) => threads.push(handle),
+            // The planner's sends then wait for the readers there are;
+            // with none, they fail and the scans read on demand.
+            Err(e) => tracing::warn!("could not start a read-ahead reader: {e}"),
+        }
+    }
+    *inner.read_ahead.lock().unwrap_or_else(|e| e.into_inner()) = Some(send);
+    threads
+}
+
+/// Iterator over a key range; see [`Store::range`].
+pub struct RangeIter<'a> {
+    pub(super) store: &'a Store,
+    pub(super) ks: KeySpace,
+    pub(super) next: Option<Vec<u8>>,
+    pub(super) end: Option<Vec<u8>>,
+    pub(super) chunk: std::vec::IntoIter<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Iterator for RangeIter<'_> {
+    type Item = EngineResult<(Vec<u8>, Vec<u8>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(kv) = self.chunk.next() {
+                return Some(Ok(kv));
+            }
+            let start = self.next.take()?;
+            if self.end.as_ref().is_some_and(|e| *e <= start) {
+                return None;
+            }
+            let mut items = Vec::new();
+            let scanned = self.store.inner.visit_one_leaf(
+                self.ks,
+                &start,
+                self.end.as_deref(),
+                &mut |k, v| items.push((k.to_vec(), v.to_vec())),
+            );
+            match scanned {
+                Ok(next) => {
+                    self.chunk = items.into_iter();
+                    self.next = next;
+                }
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Visits [from, end) within the leaf holding `from` (see
+    /// [`Store::visit_range`]): on the shared tree lock if it and the path
+    /// to it are cached, else on the exclusive one, loading what is
+    /// missing. Returns where the next leaf begins; tells the read-ahead
+    /// thread when the visit read on across basements.
+    pub(super) fn visit_one_leaf(
+        &self,
+        ks: KeySpace,
+        from: &[u8],
+        end: Option<&[u8]>,
+        visit: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> EngineResult<Option<Vec<u8>>> {
+        self.wait_for_read_ahead(ks, from);
+        let shared = self.tree.read().visit_leaf_cached(ks, from, end, visit);
+        let visited = match shared {
+            Shared::Answer(visited) => visited,
+            Shared::ReadLeaf(place) => {
+                let want = Want::Range(from, end);
+                let mut tree = self.read_leaf_unlocked(&place, want, ReadFor::Query);
+                let visited = tree.visit_leaf(ks, from, end, visit);
+                tree.evict_clean_if_needed();
+                visited
+            }
+            Shared::Exclusive => {
+                let mut tree = self.lock_tree();
+                let visited = tree.visit_leaf(ks, from, end, visit);
+                tree.evict_clean_if_needed();
+                visited
+            }
+        };
+        let visited = visited.map_err(|e| self.read_failed(e))?;
+        if let Some(read_on) = visited.read_on {
+            self.read_ahead_from(ks, read_on);
+        }
+        Ok(visited.next)
+    }
+
+    /// The tree lock, exclusively — after reading, holding no lock, what
+    /// `want` needs of the leaf at `place` (`by` whom: a query or a
+    /// read-ahead reader) and caching it if the tree still names it there
+    /// ([`Inner::adopt_read`]). Other requests go on while the device
+    /// reads.
+    pub(super) fn read_leaf_unlocked(
+        &self,
+        place: &LeafOnDisk,
+        want: Want<'_>,
+        by: ReadFor,
+    ) -> TreeGuard<'_> {
+        let read = read_leaf(place, self.device.as_ref(), want, &self.stats);
+        let mut tree = self.lock_tree();
+        self.adopt_read(&mut tree, place, read, by);
+        tree
+    }
+
+    /// Caches what was read of the leaf at `place` holding no lock if the
+    /// tree still names it there (`Tree::adopt_leaf_read`). A read that
+    /// failed is dropped: whoever needs the leaf reads it again under the
+    /// lock, where failures are reported.
+    pub(super) fn adopt_read(
+        &self,
+        tree: &mut Tree,
+        place: &LeafOnDisk,
+        read: EngineResult<Node>,
+        by: ReadFor,
+    ) {
+        match read {
+            Ok(leaf) => {
+                tree.adopt_leaf_read(place, leaf, by);
+            }
+            Err(e) => {
+                tracing::debug!("read of node {} outside the lock: {e}", place.num);
+                add(&self.stats.unlocked_reads_dropped, 1);
+            }
+        }
+    }
+
+    /// Hands the read-ahead planner the leaf after one a scan just read
+    /// sequentially (it begins at `key`), if there is such a thread.
+    fn read_ahead_from(&self, ks: KeySpace, key: Vec<u8>) {
+        if let Some(send) = &*self.read_ahead.lock().unwrap_or_else(|e| e.into_inner()) {
+            let _ = send.send((ks, key));
+        }
+    }
+
+    /// Hands the read-ahead readers the leaf holding `key` and the ones
+    /// after it, [`READ_AHEAD_LEAVES`] in all, that are neither cached nor
+    /// being read: a reader that has just asked for the next leaf would
+    /// otherwise often reach it first and read it itself.
+    fn plan_read_ahead(&self, ks: KeySpace, key: &[u8], readers: &Sender<LeafOnDisk>) {
+        // One hold of the shared lock for the whole walk: nothing here
+        // waits for the device (the readers do).
+        let tree = self.tree.read();
+        let mut key = key.to_vec();
+        for _ in 0..READ_AHEAD_LEAVES {
+            let Some((place, next)) = tree.leaf_for(ks, &key) else {
+                return;
+            };
+            // Marked under the tree lock: a scan that finds the leaf
+            // uncached after this waits for it.
+            if let Some(place) = place {
+                if self.lock_reading_ahead().insert(place.num) {
+                    if let Err(unsent) = readers.send(place) {
+                        self.lock_reading_ahead().remove(&unsent.0.num);
+                        return;
+                    }
+                }
+            }
+            match next {
+                Some(next) => key = next,
+                None => return,
+            }
+        }
+    }
+
+    /// Reads a leaf the planner handed over, caches it if the tree still
+    /// names it there, and wakes scans waiting for it.
+    fn read_leaf_ahead(&self, place: &LeafOnDisk) {
+        self.read_leaf_unlocked(place, Want::Whole, ReadFor::ReadAhead)
+            .evict_clean_if_needed();
+        self.lock_reading_ahead().remove(&place.num);
+        self.read_ahead_landed.notify_all();
+    }
+
+    fn lock_reading_ahead(&self) -> MutexGuard<'_, HashSet<u64>> {
+        self.reading_ahead.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Before a scan reads the leaf holding `key`: if the read-ahead
+    /// thread is reading that leaf now, wait (without the tree lock) until
+    /// it lands, so it is read once. Bounded: a slow device never holds a
+    /// scan up for more than a moment.
+    pub(super) fn wait_for_read_ahead(&self, ks: KeySpace, key: &[u8]) {
+        if self.lock_reading_ahead().is_empty() {
+            return;
+        }
+        let num = match self.tree.read().leaf_for(ks, key) {
+            Some((Some(place), _)) => place.num,
+            _ => return,
+        };
+        let deadline = Instant::now() + Duration::from_millis(200);
+        let mut reading = self.lock_reading_ahead();
+        while reading.contains(&num) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            reading = match self.read_ahead_landed.wait_timeout(reading, left) {
+                Ok((guard, _)) => guard,
+                Err(e) => e.into_inner().0,
+            };
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! The write path: a batch's admission (space, promises), its sequence
+//! number and log record, its application to the trees, and the settling
+//! and eviction that follow it in steps.
+
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// Bytes a batch that deletes may also add (a file system's unlink rewrites
+/// its parent directory's record) and still be let into the reserve when
+/// space is low: deleting must stay possible on a full device.
+const REMOVAL_BATCH_ALLOWANCE: u64 = 64 << 10;
+
+/// What a write needs to know of its batch before it takes the tree lock.
+struct Admission {
+    /// The batch must be refused when space is low.
+    needs_space: bool,
+    /// Key and value bytes (write amplification's denominator).
+    user_bytes: u64,
+}
+
+/// Checks a caller's batch ([`check_message`]) and works out its
+/// [`Admission`] in the same pass: each pass decodes every message.
+fn admit(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<Admission> {
+    let mut removes = false;
+    let mut added = 0;
+    let mut user_bytes = 0;
+    for (_, m) in batch.messages() {
+        check_message(&m, merges)?;
+        user_bytes += m.user_bytes();
+        match m {
+            // A range rename moves subtrees (surgery) or copies at most a
+            // leaf of pairs, and deletes its source: admitted like a delete.
+            m if m.is_removal() || matches!(m, Message::RangeRename(_)) => removes = true,
+            m => added += m.user_bytes(),
+        }
+    }
+    Ok(Admission {
+        needs_space: added > 0 && !(removes && added <= REMOVAL_BATCH_ALLOWANCE),
+        user_bytes,
+    })
+}
+
+impl Inner {
+    pub(super) fn write(&self, batch: &WriteBatch, reservation: Reservation) -> EngineResult<u64> {
+        self.check_writable()?;
+        let Admission {
+            needs_space,
+            user_bytes,
+        } = admit(batch, &self.merges)?;
+        if batch.is_empty() {
+            // A promise is kept by what the batch writes (see Reservation).
+            if reservation != Reservation::default() {
+                return Err(EngineError::InvalidMessage(
+                    "space promised or given back by an empty batch".into(),
+                ));
+            }
+            return Ok(0);
+        }
+        let (count, body) = batch.payload_parts();
+        let mut tree = self.lock_tree();
+        self.wait_for_flush_backlog(&mut tree);
+        // Everything from here to the log append is decided under one hold
+        // of the lock: the sequence number, the promised space. A step that
+        // needs a checkpoint while one is in flight waits for it — which
+        // lets the lock go, so the decisions are made again from the start.
+        let (seq, promised_after) = 'admit: loop {
+            // Again under the lock: a checkpoint for a remount read-only
+            // must not be followed by a write that checked before it began.
+            self.check_writable()?;
+            let promised = self.promised_bytes.load(Ordering::Relaxed);
+            let promised_after = promised
+                .saturating_add(reservation.take)
+                .saturating_sub(reservation.release);
+            if reservation.take > 0 || needs_space {
+                // A write drawing on a promise is checked with the promise
+                // already given back; one making a promise, with it taken.
+                let drawing = reservation.release > 0 && reservation.take == 0;
+                let counted = if drawing {
+                    promised_after
+                } else {
+                    promised.saturating_add(reservation.take)
+                };
+                if tree.space_low(counted, drawing) {
+                    if tree.checkpoint_in_flight() {
+                        self.wait_for_checkpoint_to_admit(&mut tree);
+                        continue 'admit;
+                    }
+                    self.reclaim_space(&mut tree)?;
+                    if tree.space_low(counted, drawing) {
+                        return Err(EngineError::NoSpace);
+                    }
+                }
+            }
+            let seq = tree.next_seq;
+            let mut attempts = 0;
+            loop {
+                match self.log.append(seq, &[&count, body]) {
+                    Ok(_) => break 'admit (seq, promised_after),
+                    Err(StoreError::LogFull { .. }) if tree.checkpoint_in_flight() => {
+                        self.wait_for_checkpoint_to_admit(&mut tree);
+                        continue 'admit;
+                    }
+                    // The log keeps the previous checkpoint's records too,
+                    // so freeing it may take two checkpoints.
+                    Err(StoreError::LogFull { .. }) if attempts < 2 => {
+                        attempts += 1;
+                        match self.checkpoint_locked(&mut tree) {
+                            // A full device cannot take the checkpoint that
+                            // would free the log: push pending deletes down
+                            // and free their space first (a delete must
+                            // never be refused for lack of room).
+                            Err(e) if e.is_no_space() => {
+                                self.reclaim_space(&mut tree)?;
+                                self.checkpoint_locked(&mut tree)?;
+                            }
+                            other => other?,
+                        }
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        };
+        tree.next_seq = seq + 1;
+        self.promised_bytes.store(promised_after, Ordering::Relaxed);
+        let flushing = self.flushing_now(&tree);
+        let applying = Instant::now();
+        if let Err(e) = tree.apply_batch(seq, batch, flushing) {
+            return Err(self.poison(e));
+        }
+        record_max(&self.stats.apply_micros_max, applying.elapsed());
+        // Counted before the locks go: whoever is ordered after this write
+        // (through the tree lock, or a lock the caller held across it)
+        // reads the count moved.
+        self.batches_applied.fetch_add(1, Ordering::Release);
+        if flushing == Flushing::Stepwise {
+            self.settle_in_steps(&mut tree)?;
+        }
+        add(&self.stats.user_bytes_written, user_bytes);
+        add(&self.stats.user_messages, batch.len() as u64);
+        let unflushed = self.note_log_buffer();
+        self.evict_in_steps(&mut tree)?;
+        // A third of the log: the writer keeps the records of the previous
+        // checkpoint's head on as well, so two of these fit in the region
+        // with room to spare while the checkpoint runs.
+        let wants_checkpoint = self.log.used() > self.log.capacity() / 3;
+        let wants_flush = unflushed > log_flush_eager_bytes(self.options.cache_bytes);
+        let wants_tree_flush =
+            flushing == Flushing::Background && tree.flush_backlog() > tree.flush_low_water();
+        drop(tree);
+        if wants_checkpoint || wants_flush {
+            let mut state = self.lock_background();
+            state.checkpoint_wanted |= wants_checkpoint;
+            state.flush_wanted |= wants_flush;
+            self.wake.notify_all();
+        }
+        if wants_tree_flush {
+            self.want_tree_flush();
+        }
+        if unflushed > log_flush_writer_bytes(self.options.cache_bytes) {
+            // Back-pressure, without the tree lock: this writer waits for
+            // the log's device writes as a synchronous writer would.
+            add(&self.stats.writes_flushed_log, 1);
+            if let Err(e) = self.flush_log(false) {
+                // The batch is applied, as any write not yet synced; what
+                // failed is its durability, which the next sync reports
+                // (the store refuses writes from here on).
+                let _ = self.poison(e.into());
+            }
+        }
+        Ok(seq)
+    }
+
+    /// Before refusing a write for lack of space: push pending deletes down
+    /// to the leaves and checkpoint, which frees what they deleted — and,
+    /// with nothing deleted, checkpoint anyway: the copies of nodes that
+    /// writes replaced stay allocated until two checkpoints no longer need
+    /// them (once per batch written: refusing again with nothing written
+    /// in between frees nothing more).
+    fn reclaim_space(&self, tree: &mut TreeGuard<'_>) -> EngineResult<()> {
+        if tree.removals_since_reclaim == 0 {
+            if tree.reclaimed_at_seq == tree.next_seq {
+                return Ok(());
+            }
+            tree.reclaimed_at_seq = tree.next_seq;
+            for _ in 0..2 {
+                match self.checkpoint_locked(tree) {
+                    Err(e) if e.is_no_space() => return Ok(()),
+                    other => other?,
+                }
+            }
+            return Ok(());
+        }
+        tree.removals_since_reclaim = 0;
+        tree.reclaimed_at_seq = tree.next_seq;
+        // Step by step: each step rewrites no more than the free space can
+        // take; blocks the previous checkpoint freed become reusable only
+        // once a second one no longer needs the first's copy (two
+        // generations), so each step ends with two checkpoints.
+        loop {
+            let budget = tree.reclaim_budget();
+            let done = match tree.flush_some(budget) {
+                Ok(done) => done,
+                Err(e) => return Err(self.poison(e)),
+            };
+            for _ in 0..2 {
+                match self.checkpoint_locked(tree) {
+                    Err(e) if e.is_no_space() => return Ok(()),
+                    Err(e) => return Err(e),
+                    Ok(()) => {}
+                }
+            }
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    /// A writer's settling ([`Flushing::Stepwise`]): what its batch left
+    /// over a node's worth in the roots' buffers is flushed down a step
+    /// at a time (`Tree::settle_step`: one flush, or one split), and
+    /// between steps the lock goes fairly to whoever waits for it, so that
+    /// no request waits for more than one step of someone else's cascade.
+    /// The leaf a step flushes into is read beforehand with the lock let
+    /// go. Each step leaves the tree whole. Counted: the steps that let
+    /// others in, the longest step, and the leaves read for steps.
+    fn settle_in_steps(&self, tree: &mut TreeGuard<'_>) -> EngineResult<()> {
+        loop {
+            let mut stepping = Instant::now();
+            let mut target = tree.settle_target();
+            if let Some(place) = target.as_ref().and_then(|t| tree.settle_step_leaf(t)) {
+                // The leaf the step flushes into is read with the lock
+                // let go (fairly): a device read under it would shut out
+                // every request for its whole length. If the tree changed
+                // meanwhile, the step reads what it needs under the lock.
+                let read = parking_lot::RwLockWriteGuard::unlocked_fair(tree, || {
+                    read_leaf(&place, self.device.as_ref(), Want::Whole, &self.stats)
+                });
+                self.adopt_read(tree, &place, read, ReadFor::Flush);
+                stepping = Instant::now();
+                target = tree.settle_target();
+            }
+            let Some(target) = target else {
+                return Ok(());
+            };
+            tree.settle_step(target).map_err(|e| self.poison(e))?;
+            record_max(&self.stats.settle_step_micros_max, stepping.elapsed());
+            add(&self.stats.settle_steps, 1);
+            self.hand_on(tree, &self.options.settle_step_hook);
+        }
+    }
+
+    /// A writer's eviction when its batch took the cache over budget: a
+    /// dirty node written back per step ([`Tree::evict_step`]), its device
+    /// write made with the lock let go and handed on fairly meanwhile.
+    /// Counted: the steps that let others in, and the longest hold of the
+    /// lock (`evict_micros_max`: choosing and encoding, or taking the
+    /// written node in).
+    fn evict_in_steps(&self, tree: &mut TreeGuard<'_>) -> EngineResult<()> {
+        let mut continuing = false;
+        loop {
+            let evicting = Instant::now();
+            let write_back = match tree.evict_step(continuing) {
+                Ok(write_back) => write_back,
+                Err(e) if e.is_no_space() => {
+                    tracing::warn!("cache over budget: no space to write back dirty nodes");
+                    None
+                }
+                Err(e) => return Err(self.poison(e)),
+            };
+            record_max(&self.stats.evict_micros_max, evicting.elapsed());
+            let Some(write_back) = write_back else {
+                return Ok(());
+            };
+            add(&self.stats.eviction_steps, 1);
+            // The device write, of up to a node, with the lock let go
+            // (fairly: whoever waits goes first).
+            let written = parking_lot::RwLockWriteGuard::unlocked_fair(tree, || {
+                if let Some(hook) = &self.options.evict_step_hook {
+                    (hook.0)();
+                }
+                write_back.write(self.device.as_ref())
+            });
+            let finishing = Instant::now();
+            if let Err(e) = tree.finish_write_back(write_back, written) {
+                return Err(self.poison(e));
+            }
+            record_max(&self.stats.evict_micros_max, finishing.elapsed());
+            continuing = true;
+        }
+    }
+
+    /// Between two steps of a writer's work: the lock goes fairly to
+    /// whoever waits for it (or, in tests, to the hook's requests).
+    fn hand_on(&self, tree: &mut TreeGuard<'_>, hook: &Option<TurnHook>) {
+        match hook {
+            Some(hook) => parking_lot::RwLockWriteGuard::unlocked_fair(tree, || (hook.0)()),
+            None => parking_lot::RwLockWriteGuard::bump(tree),
+        }
+    }
+
+    /// Back-pressure: while a root's buffers hold more than the backlog
+    /// bound, a writer waits (giving up the tree lock) for the tree
+    /// flusher's turns to bring them down. Counted: how many writes
+    /// waited, and how long.
+    fn wait_for_flush_backlog(&self, tree: &mut TreeGuard<'_>) {
+        let flushing = |tree: &Tree| self.background_flush_now(tree);
+        let over = |tree: &Tree| tree.flush_backlog() > tree.flush_backlog_bound();
+        if !flushing(tree) || !over(tree) {
+            return;
+        }
+        add(&self.stats.writes_waited_for_flush, 1);
+        let waiting = Instant::now();
+        self.want_tree_flush();
+        while over(tree) && flushing(tree) && self.check_failed().is_ok() {
+            // A timeout only as a safeguard: every turn signals.
+            self.flush_progress
+                .wait(tree, Some(Duration::from_millis(100)));
+        }
+        let waited = waiting.elapsed();
+        record_max(&self.stats.flush_wait_micros_max, waited);
+        add(
+            &self.stats.flush_wait_micros_total,
+            waited.as_micros() as u64,
+        );
+    }
+
+    /// Who settles what a write leaves in the roots: the flusher thread
+    /// if it runs, else the writer in steps — both only with room to
+    /// spare (`Tree::room_to_defer_settling`): a write's admission checks
+    /// that the space its own settling dirties will fit, which the
+    /// flusher's later work would escape, and either lets a checkpoint or
+    /// an eviction write an interior node fuller than a node (an image
+    /// past the allocator's node-sized runs). Short of room, the writer
+    /// settles inline, as before.
+    fn flushing_now(&self, tree: &Tree) -> Flushing {
+        if !tree.room_to_defer_settling(self.promised_bytes.load(Ordering::Relaxed)) {
+            Flushing::Inline
+        } else if self.tree_flusher_running.load(Ordering::SeqCst) {
+            Flushing::Background
+        } else {
+            Flushing::Stepwise
+        }
+    }
+
+    /// Whether messages are left to the tree flusher now.
+    pub(super) fn background_flush_now(&self, tree: &Tree) -> bool {
+        self.flushing_now(tree) == Flushing::Background
+    }
+}
