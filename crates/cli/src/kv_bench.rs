@@ -70,6 +70,10 @@ pub struct Args {
     /// Interior fanout (betreefs).
     #[arg(long)]
     fanout: Option<usize>,
+    /// Bytes of writes staged before they are applied to the trees, in
+    /// KiB (betreefs; 0: every write holds the tree lock).
+    #[arg(long)]
+    staged_kb: Option<usize>,
     #[arg(long, value_enum, default_value = "betreefs")]
     engine: Engine,
     #[arg(long, default_value_t = 42)]
@@ -362,6 +366,9 @@ fn open_engine(args: &Args) -> Result<Box<dyn KvEngine>> {
             }
             if let Some(f) = args.fanout {
                 options.fanout = f;
+            }
+            if let Some(kb) = args.staged_kb {
+                options.staged_write_bytes = kb << 10;
             }
             let store = Store::create(&args.path, args.size, options.clone())
                 .with_context(|| format!("creating store {}", args.path.display()))?;

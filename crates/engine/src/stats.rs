@@ -100,6 +100,12 @@ pub struct Stats {
     pub writes_waited_for_flush: AtomicU64,
     pub flush_wait_micros_max: AtomicU64,
     pub flush_wait_micros_total: AtomicU64,
+    /// Writes staged without the tree lock (`store/staging.rs`), the
+    /// applications of what was staged (each under one hold of the
+    /// lock), and the point queries the staged writes answered.
+    pub writes_staged: AtomicU64,
+    pub staged_applications: AtomicU64,
+    pub queries_answered_staged: AtomicU64,
     pub log_replayed_records: AtomicU64,
     /// Memory the log's buffer holds (a gauge the store sets after each
     /// append and each log write, `LogWriter::buffer_use`): clean
@@ -190,6 +196,9 @@ pub struct StatsSnapshot {
     pub writes_waited_for_flush: u64,
     pub flush_wait_micros_max: u64,
     pub flush_wait_micros_total: u64,
+    pub writes_staged: u64,
+    pub staged_applications: u64,
+    pub queries_answered_staged: u64,
     /// The most any root's buffers hold now, and the bound past which
     /// writers wait for background flushing (0: writers flush themselves).
     pub flush_backlog_bytes: u64,
@@ -275,6 +284,9 @@ impl Stats {
             writes_waited_for_flush: get(&self.writes_waited_for_flush),
             flush_wait_micros_max: get(&self.flush_wait_micros_max),
             flush_wait_micros_total: get(&self.flush_wait_micros_total),
+            writes_staged: get(&self.writes_staged),
+            staged_applications: get(&self.staged_applications),
+            queries_answered_staged: get(&self.queries_answered_staged),
             memory_beside_cache_bytes: get(&self.memory_beside_cache),
             allocator_overhead_bytes: get(&self.allocator_overhead),
             log_replayed_records: get(&self.log_replayed_records),

@@ -38,7 +38,7 @@ impl Inner {
         self.check_failed()?;
         let mut turn = Instant::now();
         let mut locked = LockTurns::default();
-        let head = self.log.append_pos();
+        let head = self.apply_staged_now(&mut tree)?;
         tree.begin_checkpoint(head, self.log.epoch(), false)
             .map_err(|e| self.poison(e))?;
         let mut io = Duration::ZERO;
@@ -173,7 +173,7 @@ impl Inner {
     ) -> EngineResult<()> {
         self.wait_for_checkpoint(tree);
         let started = Instant::now();
-        let head = self.log.append_pos();
+        let head = self.apply_staged_now(tree)?;
         // Every record before the new head reaches the log before the
         // superblock, although the checkpoint contains it: recovery from
         // the previous superblock copy (should this one be lost) replays

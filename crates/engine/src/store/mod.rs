@@ -4,7 +4,9 @@
 //! Concurrency: one reader-writer lock guards the trees (cache, block
 //! table, allocator). Point queries whose path is cached share it; one
 //! whose leaf is not cached reads it holding no lock; everything else
-//! holds it exclusively. The redo log has its own lock, so `sync` (a log
+//! holds it exclusively — but writes of point messages are logged and
+//! staged under a small lock of their own and reach the trees in groups
+//! (`staging`). The redo log has its own lock, so `sync` (a log
 //! flush with group commit) never waits for tree work, and writers only
 //! wait for a flush when the log region is full. A background thread
 //! flushes the log at least once a `log_flush_interval` and checkpoints
@@ -12,11 +14,11 @@
 //! checkpoints encode dirty nodes in turns under the lock and write them
 //! without it (docs/design.md, "Checkpoints that do not stop the world").
 //!
-//! Parts: `write` (a batch's admission, logging, application and the
-//! settling after it), `read` (leaf visits, range iterators, read-ahead),
-//! `checkpoint`, `background` (the log flusher and checkpointer, the tree
-//! flusher); this file holds the options, the public API and the state
-//! they share.
+//! Parts: `write` (a batch's admission, logging, staging, application
+//! and the settling after it), `staging` (the staged batches), `read`
+//! (leaf visits, range iterators, read-ahead), `checkpoint`, `background`
+//! (the log flusher and checkpointer, the tree flusher); this file holds
+//! the options, the public API and the state they share.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -42,11 +44,13 @@ use crate::validate::{check_batch, check_message};
 mod background;
 mod checkpoint;
 mod read;
+mod staging;
 mod write;
 
 use background::start_tree_flusher;
 use read::start_read_ahead;
 pub use read::RangeIter;
+use staging::{StagedAnswer, Staging};
 
 /// Tunables. The defaults were chosen by measurement on the reference
 /// machine (docs/benchmarks/engine-tuning.md).
@@ -111,6 +115,13 @@ pub struct Options {
     /// the device write, without the tree lock (tests run other requests
     /// there).
     pub evict_step_hook: Option<TurnHook>,
+    /// Writes of point messages (puts, deletes, upserts) are logged and
+    /// staged without the tree lock, and applied to the trees together
+    /// under one hold of it once this many bytes are staged (or sooner,
+    /// when a query or checkpoint needs them there): queries run beside
+    /// writers (`store/staging.rs`). At most a quarter node counts; 0:
+    /// every write holds the tree lock.
+    pub staged_write_bytes: usize,
 }
 
 /// See [`Options::checkpoint_turn_hook`].
@@ -145,6 +156,7 @@ impl Default for Options {
             flush_turn_hook: None,
             settle_step_hook: None,
             evict_step_hook: None,
+            staged_write_bytes: 1 << 20,
         }
     }
 }
@@ -182,6 +194,13 @@ impl Options {
             ));
         }
         Ok(())
+    }
+
+    /// The staged bytes past which a writer applies what is staged:
+    /// [`Options::staged_write_bytes`], at most a quarter node (the roots
+    /// take it all at once).
+    fn staging_bound(&self) -> usize {
+        self.staged_write_bytes.min(self.node_size / 4)
     }
 
     fn tree_options(&self) -> TreeOptions {
@@ -288,6 +307,14 @@ struct Inner {
     /// The tree flusher runs: writers may leave messages in the roots and
     /// wait for it past the backlog bound.
     tree_flusher_running: std::sync::atomic::AtomicBool,
+    /// Batches logged but not yet applied to the trees, and the next
+    /// sequence number (`store/staging.rs`). Taken inside the tree lock,
+    /// never the other way round.
+    staging: parking_lot::RwLock<Staging>,
+    /// Whether space is ample enough that a write may be staged without
+    /// the tree's space check: set by whoever applies batches, under the
+    /// tree lock, with the staged bytes' worth to spare.
+    space_ample: std::sync::atomic::AtomicBool,
 }
 
 /// Where a leaf to read ahead begins, and in which tree.
@@ -543,6 +570,7 @@ impl Store {
         options: Options,
         recovery: RecoveryReport,
     ) -> Store {
+        let staging = Staging::new(tree.next_seq);
         let inner = Arc::new(Inner {
             device,
             tree: parking_lot::RwLock::new(tree),
@@ -565,6 +593,8 @@ impl Store {
             tree_flush_wake: Condvar::new(),
             flush_progress: TreeEvent::default(),
             tree_flusher_running: std::sync::atomic::AtomicBool::new(false),
+            staging: parking_lot::RwLock::new(staging),
+            space_ample: std::sync::atomic::AtomicBool::new(false),
         });
         let read_ahead_threads = if inner.options.read_ahead {
             start_read_ahead(&inner)
@@ -669,10 +699,31 @@ impl Store {
     /// names that leaf there, as it was); anything
     /// else — an interior node to read, a node to re-key, a read that
     /// failed (read again, to report) — is done under the exclusive lock.
+    ///
+    /// Writes staged and not yet applied ([`Options::staged_write_bytes`])
+    /// are read first: alone when they decide the key (a put or a delete
+    /// among them), else under the same hold of the tree lock as the
+    /// trees.
     pub fn get(&self, ks: KeySpace, key: &[u8]) -> EngineResult<Option<Vec<u8>>> {
-        // The shared guard ends with this statement: errors are reported
-        // (to the fault observer, which may call back) holding no lock.
-        let shared = self.inner.tree.read().get_cached(ks, key);
+        // A key the staged batches decide needs no tree lock: such a
+        // query goes on while someone holds it exclusively.
+        if let StagedAnswer::Found(value) = self.inner.staging.read().lookup(ks, key) {
+            add(&self.inner.stats.queries_answered_staged, 1);
+            return Ok(value);
+        }
+        let shared = {
+            // The shared guard ends with this block: errors are reported
+            // (to the fault observer, which may call back) holding no lock.
+            let tree = self.inner.tree.read();
+            match self.inner.staging.read().lookup(ks, key) {
+                StagedAnswer::Found(value) => {
+                    add(&self.inner.stats.queries_answered_staged, 1);
+                    return Ok(value);
+                }
+                StagedAnswer::NeedsTrees => Shared::Exclusive,
+                StagedAnswer::NotStaged => tree.get_cached(ks, key),
+            }
+        };
         let mut tree = match shared {
             Shared::Answer(value) => return value.map_err(|e| self.inner.read_failed(e)),
             Shared::ReadLeaf(place) => {
@@ -681,6 +732,25 @@ impl Store {
             }
             Shared::Exclusive => self.inner.lock_tree(),
         };
+        // The lock was let go: what was staged since is read again, in
+        // this hold, and upserts onto the trees' value are applied first
+        // (their settling lets the lock go between steps: again).
+        loop {
+            let staged = self.inner.staging.read().lookup(ks, key);
+            match staged {
+                StagedAnswer::Found(value) => {
+                    add(&self.inner.stats.queries_answered_staged, 1);
+                    return Ok(value);
+                }
+                StagedAnswer::NeedsTrees => {
+                    let wants_tree_flush = self.inner.apply_staged(&mut tree)?;
+                    if wants_tree_flush {
+                        self.inner.want_tree_flush();
+                    }
+                }
+                StagedAnswer::NotStaged => break,
+            }
+        }
         let value = tree.get(ks, key);
         tree.evict_clean_if_needed();
         value.map_err(|e| self.inner.read_failed(e))
@@ -751,6 +821,7 @@ impl Store {
         let mut tree = self.inner.lock_tree();
         self.inner.wait_for_checkpoint(&mut tree);
         self.inner.check_failed()?;
+        self.inner.apply_staged_now(&mut tree)?;
         tree.flush_everything().map_err(|e| self.inner.poison(e))?;
         self.inner.checkpoint_locked(&mut tree)
     }

@@ -127,6 +127,8 @@ impl Inner {
         end: Option<&[u8]>,
         visit: &mut dyn FnMut(&[u8], &[u8]),
     ) -> EngineResult<Option<Vec<u8>>> {
+        // A visit reads the trees alone: what is staged goes there first.
+        self.apply_staged_before_visit()?;
         self.wait_for_read_ahead(ks, from);
         let shared = self.tree.read().visit_leaf_cached(ks, from, end, visit);
         let visited = match shared {

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::staging;
 use super::*;
 
 /// Bytes a batch that deletes may also add (a file system's unlink rewrites
@@ -41,6 +42,11 @@ fn admit(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<Admission> 
     })
 }
 
+/// The largest batch staged: a bigger one (a file's data in a write of
+/// many blocks) is applied at once under the tree lock rather than copied
+/// into the staged batches and their key map first.
+const STAGED_BATCH_MAX_BYTES: usize = 64 << 10;
+
 impl Inner {
     pub(super) fn write(&self, batch: &WriteBatch, reservation: Reservation) -> EngineResult<u64> {
         self.check_writable()?;
@@ -57,6 +63,79 @@ impl Inner {
             }
             return Ok(0);
         }
+        let staged = if reservation == Reservation::default() {
+            self.stage(batch)?
+        } else {
+            None
+        };
+        let (seq, wants_tree_flush) = match staged {
+            Some(staged) => staged,
+            None => self.write_locked(batch, reservation, needs_space)?,
+        };
+        add(&self.stats.user_bytes_written, user_bytes);
+        add(&self.stats.user_messages, batch.len() as u64);
+        self.after_write(wants_tree_flush);
+        Ok(seq)
+    }
+
+    /// Logs and stages `batch` holding the staging lock alone, if it may
+    /// be (`store/staging.rs`): point messages only, a batch small beside
+    /// the bound, no more than twice the bound staged already, space
+    /// ample, room in the log. Past the bound the writer applies what is
+    /// staged. Returns the sequence number and whether the tree flusher
+    /// is wanted; None: the caller writes under the tree lock.
+    fn stage(&self, batch: &WriteBatch) -> EngineResult<Option<(u64, bool)>> {
+        let bound = self.options.staging_bound();
+        let (count, body) = batch.payload_parts();
+        if bound == 0
+            || body.len() > (bound / 4).min(STAGED_BATCH_MAX_BYTES)
+            || !self.space_ample.load(Ordering::Acquire)
+            || !staging::stageable(batch)
+        {
+            return Ok(None);
+        }
+        let (seq, staged_bytes) = {
+            let mut staging = self.staging.write();
+            if staging.bytes() > 2 * bound {
+                return Ok(None);
+            }
+            // Under the staging lock: the checkpoint of a remount
+            // read-only takes the staged batches in a hold of it, so a
+            // write that checked before is in that checkpoint.
+            self.check_writable()?;
+            let seq = staging.next_seq;
+            match self.log.append(seq, &[&count, body]) {
+                Ok(_) => {}
+                // Freeing the log takes a checkpoint: under the tree lock.
+                Err(StoreError::LogFull { .. }) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+            staging.push(seq, batch.clone(), &self.merges);
+            // Counted in the same hold: a query ordered after this write
+            // finds it staged and reads the count moved.
+            self.batches_applied.fetch_add(1, Ordering::Release);
+            (seq, staging.bytes())
+        };
+        add(&self.stats.writes_staged, 1);
+        let mut wants_tree_flush = false;
+        if staged_bytes > bound {
+            let mut tree = self.lock_tree();
+            self.wait_for_flush_backlog(&mut tree);
+            self.check_failed()?;
+            wants_tree_flush = self.apply_staged(&mut tree)?;
+        }
+        Ok(Some((seq, wants_tree_flush)))
+    }
+
+    /// A write under the tree lock: a batch that cannot be staged (range
+    /// messages, a reservation, space or the log running short). The
+    /// staged batches are applied before it, in the same hold.
+    fn write_locked(
+        &self,
+        batch: &WriteBatch,
+        reservation: Reservation,
+        needs_space: bool,
+    ) -> EngineResult<(u64, bool)> {
         let (count, body) = batch.payload_parts();
         let mut tree = self.lock_tree();
         self.wait_for_flush_backlog(&mut tree);
@@ -64,7 +143,7 @@ impl Inner {
         // of the lock: the sequence number, the promised space. A step that
         // needs a checkpoint while one is in flight waits for it — which
         // lets the lock go, so the decisions are made again from the start.
-        let (seq, promised_after) = 'admit: loop {
+        let (seq, promised_after, staged) = 'admit: loop {
             // Again under the lock: a checkpoint for a remount read-only
             // must not be followed by a write that checked before it began.
             self.check_writable()?;
@@ -92,18 +171,26 @@ impl Inner {
                     }
                 }
             }
-            let seq = tree.next_seq;
             let mut attempts = 0;
             loop {
+                // The sequence number, the log record and the staged
+                // batches before it in one hold of the staging lock.
+                let mut staging = self.staging.write();
+                let seq = staging.next_seq;
                 match self.log.append(seq, &[&count, body]) {
-                    Ok(_) => break 'admit (seq, promised_after),
+                    Ok(_) => {
+                        staging.next_seq = seq + 1;
+                        break 'admit (seq, promised_after, staging.take());
+                    }
                     Err(StoreError::LogFull { .. }) if tree.checkpoint_in_flight() => {
+                        drop(staging);
                         self.wait_for_checkpoint_to_admit(&mut tree);
                         continue 'admit;
                     }
                     // The log keeps the previous checkpoint's records too,
                     // so freeing it may take two checkpoints.
                     Err(StoreError::LogFull { .. }) if attempts < 2 => {
+                        drop(staging);
                         attempts += 1;
                         match self.checkpoint_locked(&mut tree) {
                             // A full device cannot take the checkpoint that
@@ -121,33 +208,127 @@ impl Inner {
                 }
             }
         };
-        tree.next_seq = seq + 1;
         self.promised_bytes.store(promised_after, Ordering::Relaxed);
         let flushing = self.flushing_now(&tree);
-        let applying = Instant::now();
-        if let Err(e) = tree.apply_batch(seq, batch, flushing) {
-            return Err(self.poison(e));
-        }
-        record_max(&self.stats.apply_micros_max, applying.elapsed());
+        self.apply_taken(&mut tree, staged, Some((seq, batch)), flushing)?;
         // Counted before the locks go: whoever is ordered after this write
         // (through the tree lock, or a lock the caller held across it)
         // reads the count moved.
         self.batches_applied.fetch_add(1, Ordering::Release);
-        if flushing == Flushing::Stepwise {
-            self.settle_in_steps(&mut tree)?;
+        let wants_tree_flush = self.settle_and_evict(&mut tree, flushing)?;
+        Ok((seq, wants_tree_flush))
+    }
+
+    /// Applies the staged batches `staged` (in sequence order, taken from
+    /// the staging lock), then `last` if given (a batch logged after
+    /// them), to the trees. One hold of the lock for all of them: it is
+    /// counted as one application (`apply_micros_max`).
+    fn apply_taken(
+        &self,
+        tree: &mut TreeGuard<'_>,
+        staged: Vec<(u64, WriteBatch)>,
+        last: Option<(u64, &WriteBatch)>,
+        flushing: Flushing,
+    ) -> EngineResult<()> {
+        if staged.is_empty() && last.is_none() {
+            return Ok(());
         }
-        add(&self.stats.user_bytes_written, user_bytes);
-        add(&self.stats.user_messages, batch.len() as u64);
+        if !staged.is_empty() {
+            add(&self.stats.staged_applications, 1);
+        }
+        let applying = Instant::now();
+        let batches = staged.iter().map(|(seq, b)| (*seq, b)).chain(last);
+        for (seq, batch) in batches {
+            assert_eq!(
+                seq, tree.next_seq,
+                "store invariant: batches reach the trees in sequence order"
+            );
+            tree.next_seq = seq + 1;
+            if let Err(e) = tree.apply_batch(seq, batch, flushing) {
+                return Err(self.poison(e));
+            }
+        }
+        record_max(&self.stats.apply_micros_max, applying.elapsed());
+        Ok(())
+    }
+
+    /// Applies every staged batch to the trees now, without letting the
+    /// lock go (a query that needs them there, a checkpoint, a range
+    /// visit); returns the log's append position as of them: every record
+    /// before it is in the trees, none after. Also on a store that
+    /// failed: reads go on there, and see what was written before, as
+    /// when every write reached the trees at once.
+    pub(super) fn apply_staged_now(&self, tree: &mut TreeGuard<'_>) -> EngineResult<u64> {
+        let (staged, head) = {
+            let mut staging = self.staging.write();
+            (staging.take(), self.log.append_pos())
+        };
+        let flushing = self.flushing_now(tree);
+        self.apply_taken(tree, staged, None, flushing)?;
+        Ok(head)
+    }
+
+    /// Applies every staged batch to the trees and settles them as a
+    /// writer does, letting the lock go between steps (a writer past the
+    /// staging bound, a query that needs the trees' value); returns
+    /// whether the tree flusher is wanted.
+    pub(super) fn apply_staged(&self, tree: &mut TreeGuard<'_>) -> EngineResult<bool> {
+        let staged = self.staging.write().take();
+        let flushing = self.flushing_now(tree);
+        self.apply_taken(tree, staged, None, flushing)?;
+        self.settle_and_evict(tree, flushing)
+    }
+
+    /// Applies the staged batches, if there are any, for a visit of the
+    /// trees about to begin (taking the tree lock only then).
+    pub(super) fn apply_staged_before_visit(&self) -> EngineResult<()> {
+        if self.staging.read().is_empty() {
+            return Ok(());
+        }
+        let mut tree = self.lock_tree();
+        let wants_tree_flush = self.apply_staged(&mut tree)?;
+        drop(tree);
+        if wants_tree_flush {
+            self.want_tree_flush();
+        }
+        Ok(())
+    }
+
+    /// What follows the application of batches with the tree lock held:
+    /// the writer's settling in steps, its eviction, and whether space is
+    /// ample for staging. Returns whether the tree flusher is wanted.
+    fn settle_and_evict(&self, tree: &mut TreeGuard<'_>, flushing: Flushing) -> EngineResult<bool> {
+        if flushing == Flushing::Stepwise {
+            self.settle_in_steps(tree)?;
+        }
+        self.evict_in_steps(tree)?;
+        self.note_space(tree);
+        Ok(flushing == Flushing::Background && tree.flush_backlog() > tree.flush_low_water())
+    }
+
+    /// Whether a write may be staged without the tree's space check: the
+    /// space is not low with three staging bounds' worth more dirty (what
+    /// may be staged before the next application looks again, a batch
+    /// included) and settling need not be inline.
+    fn note_space(&self, tree: &Tree) {
+        let promised = self.promised_bytes.load(Ordering::Relaxed);
+        let headroom = 3 * self.options.staging_bound() as u64;
+        let ample = !tree.space_low(promised.saturating_add(headroom), false)
+            && tree.room_to_defer_settling(promised.saturating_add(headroom));
+        self.space_ample.store(ample, Ordering::Release);
+    }
+
+    /// After a write, holding no tree lock: the background thread is
+    /// asked for a checkpoint or a log flush when due, the tree flusher
+    /// when wanted, and a writer far ahead of the log's device writes
+    /// waits for them (back-pressure).
+    fn after_write(&self, wants_tree_flush: bool) {
         let unflushed = self.note_log_buffer();
-        self.evict_in_steps(&mut tree)?;
         // A third of the log: the writer keeps the records of the previous
         // checkpoint's head on as well, so two of these fit in the region
         // with room to spare while the checkpoint runs.
         let wants_checkpoint = self.log.used() > self.log.capacity() / 3;
         let wants_flush = unflushed > log_flush_eager_bytes(self.options.cache_bytes);
-        let wants_tree_flush =
-            flushing == Flushing::Background && tree.flush_backlog() > tree.flush_low_water();
-        drop(tree);
         if wants_checkpoint || wants_flush {
             let mut state = self.lock_background();
             state.checkpoint_wanted |= wants_checkpoint;
@@ -168,7 +349,6 @@ impl Inner {
                 let _ = self.poison(e.into());
             }
         }
-        Ok(seq)
     }
 
     /// Before refusing a write for lack of space: push pending deletes down
@@ -178,6 +358,8 @@ impl Inner {
     /// them (once per batch written: refusing again with nothing written
     /// in between frees nothing more).
     fn reclaim_space(&self, tree: &mut TreeGuard<'_>) -> EngineResult<()> {
+        // Staged deletes count too.
+        self.apply_staged_now(tree)?;
         if tree.removals_since_reclaim == 0 {
             if tree.reclaimed_at_seq == tree.next_seq {
                 return Ok(());

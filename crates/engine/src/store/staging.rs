@@ -1,0 +1,289 @@
+//! Staged writes: batches that are logged, numbered and visible to point
+//! queries, but not yet applied to the trees.
+//!
+//! A batch of point messages (puts, deletes, upserts) is logged and staged
+//! under the staging lock alone — the tree lock is not taken — and the
+//! staged batches are applied together, in sequence order, under one
+//! exclusive hold of the tree lock once they pass a bound, or as soon as
+//! anything needs the trees to hold them: a write of any other kind, a
+//! range visit, a checkpoint. A point query reads the staged batches
+//! before the trees. Without staging every write held the tree lock
+//! exclusively, so a query never ran beside a write; with it, queries run
+//! beside the writes and wait only for the applications (docs/design.md,
+//! "Staged writes").
+//!
+//! Ordering: the staging lock is taken inside the tree lock, never the
+//! other way round. A batch is staged and logged in the same hold of the
+//! staging lock, and whoever applies the staged batches takes them and
+//! reads the log's append position in one hold too, with the tree lock
+//! held exclusively until they are applied: every batch the log holds up
+//! to that position is in the trees, no later one is, and a query — which
+//! reads the staged batches and then the trees under one hold of the tree
+//! lock — never sees a batch twice or not at all.
+
+use std::collections::HashMap;
+
+use crate::merge::MergeRegistry;
+use crate::message::{KeySpace, Message, WriteBatch, KEY_SPACES};
+
+/// What the staged batches leave of one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Staged {
+    /// Its value, whatever the trees hold (a put, or upserts on a put or
+    /// a delete).
+    Value(Vec<u8>),
+    /// Deleted, whatever the trees hold.
+    Deleted,
+    /// Upserts onto whatever the trees hold: the answer needs the trees
+    /// with the staged batches applied.
+    OnTrees,
+}
+
+/// A point query's answer from the staged batches.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum StagedAnswer {
+    /// The staged batches decide it: the value, or none.
+    Found(Option<Vec<u8>>),
+    /// No staged batch touches the key: the trees answer.
+    NotStaged,
+    /// Upserts onto the trees' value are staged: apply the staged batches,
+    /// then ask the trees.
+    NeedsTrees,
+}
+
+/// The staged batches, guarded by the store's staging lock.
+#[derive(Debug)]
+pub(super) struct Staging {
+    /// The sequence number of the next batch logged (the trees' own
+    /// `next_seq` is the next one they apply).
+    pub next_seq: u64,
+    /// Logged batches not yet applied, in sequence order.
+    batches: Vec<(u64, WriteBatch)>,
+    /// Per key space, what the staged batches leave of each key they touch.
+    keys: [HashMap<Vec<u8>, Staged>; KEY_SPACES],
+    /// The staged batches' payloads and their keys' entries, about.
+    bytes: usize,
+}
+
+/// Per staged key beside its key and value: the map's slot and the
+/// vectors' headers.
+const KEY_OVERHEAD_BYTES: usize = 64;
+
+impl Staging {
+    pub fn new(next_seq: u64) -> Staging {
+        Staging {
+            next_seq,
+            batches: Vec::new(),
+            keys: Default::default(),
+            bytes: 0,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.batches.is_empty()
+    }
+
+    /// About the memory the staged batches hold.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Stages `batch`, logged with sequence number `seq`. Only batches of
+    /// point messages are staged (a range message's effect on a key
+    /// cannot be read from the staged batches).
+    pub fn push(&mut self, seq: u64, batch: WriteBatch, merges: &MergeRegistry) {
+        assert_eq!(seq, self.next_seq, "staging invariant: batches in order");
+        self.next_seq = seq + 1;
+        self.bytes += batch.payload_parts().1.len();
+        for (ks, msg) in batch.messages() {
+            let (key, staged) = match msg {
+                Message::Put { key, value } => (key, Staged::Value(value)),
+                Message::Delete { key } => (key, Staged::Deleted),
+                Message::Upsert { key, func, arg } => {
+                    let staged = match self.keys_of(ks).get(&key) {
+                        Some(Staged::Value(old)) => merged(merges, func, Some(old), &arg),
+                        Some(Staged::Deleted) => merged(merges, func, None, &arg),
+                        Some(Staged::OnTrees) | None => Staged::OnTrees,
+                    };
+                    (key, staged)
+                }
+                other => panic!("staging invariant: only point messages are staged, not {other:?}"),
+            };
+            self.bytes += key.len() + KEY_OVERHEAD_BYTES;
+            if let Staged::Value(v) = &staged {
+                self.bytes += v.len();
+            }
+            self.keys_of_mut(ks).insert(key, staged);
+        }
+        self.batches.push((seq, batch));
+    }
+
+    /// What the staged batches say of `key`.
+    pub fn lookup(&self, ks: KeySpace, key: &[u8]) -> StagedAnswer {
+        match self.keys_of(ks).get(key) {
+            None => StagedAnswer::NotStaged,
+            Some(Staged::Value(v)) => StagedAnswer::Found(Some(v.clone())),
+            Some(Staged::Deleted) => StagedAnswer::Found(None),
+            Some(Staged::OnTrees) => StagedAnswer::NeedsTrees,
+        }
+    }
+
+    // Reviewed exception (indexing): a key space's index is below
+    // KEY_SPACES by construction.
+    #[allow(clippy::indexing_slicing)]
+    fn keys_of(&self, ks: KeySpace) -> &HashMap<Vec<u8>, Staged> {
+        &self.keys[ks.index()]
+    }
+
+    // Reviewed exception (indexing): as in `keys_of`.
+    #[allow(clippy::indexing_slicing)]
+    fn keys_of_mut(&mut self, ks: KeySpace) -> &mut HashMap<Vec<u8>, Staged> {
+        &mut self.keys[ks.index()]
+    }
+
+    /// Takes every staged batch, in sequence order, for the trees.
+    pub fn take(&mut self) -> Vec<(u64, WriteBatch)> {
+        for keys in &mut self.keys {
+            keys.clear();
+        }
+        self.bytes = 0;
+        std::mem::take(&mut self.batches)
+    }
+}
+
+/// An upsert onto a value the staged batches know.
+fn merged(merges: &MergeRegistry, func: u8, old: Option<&[u8]>, arg: &[u8]) -> Staged {
+    match merges.apply(func, old, arg) {
+        Some(value) => Staged::Value(value),
+        // Checked when the batch entered the store; the trees would
+        // report it.
+        None => Staged::OnTrees,
+    }
+}
+
+/// Whether `batch` may be staged: point messages only.
+pub(super) fn stageable(batch: &WriteBatch) -> bool {
+    batch.messages().all(|(_, m)| {
+        matches!(
+            m,
+            Message::Put { .. } | Message::Delete { .. } | Message::Upsert { .. }
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::merge::{patch_arg, MERGE_PATCH};
+    use std::collections::BTreeMap;
+
+    fn registry() -> MergeRegistry {
+        MergeRegistry::default()
+    }
+
+    #[test]
+    fn the_newest_message_of_a_key_answers() {
+        let merges = registry();
+        let mut staging = Staging::new(7);
+        let ks = KeySpace::Meta;
+        staging.push(7, WriteBatch::new().put(ks, b"a", b"1").clone(), &merges);
+        staging.push(
+            8,
+            WriteBatch::new()
+                .delete(ks, b"a")
+                .put(ks, b"b", b"2")
+                .clone(),
+            &merges,
+        );
+        staging.push(9, WriteBatch::new().put(ks, b"a", b"3").clone(), &merges);
+        assert_eq!(
+            staging.lookup(ks, b"a"),
+            StagedAnswer::Found(Some(b"3".to_vec()))
+        );
+        assert_eq!(
+            staging.lookup(ks, b"b"),
+            StagedAnswer::Found(Some(b"2".to_vec()))
+        );
+        assert_eq!(
+            staging.lookup(KeySpace::Data, b"b"),
+            StagedAnswer::NotStaged
+        );
+        assert_eq!(staging.next_seq, 10);
+        let taken = staging.take();
+        assert_eq!(taken.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [7, 8, 9]);
+        assert!(staging.is_empty());
+        assert_eq!(staging.bytes(), 0);
+        assert_eq!(staging.lookup(ks, b"a"), StagedAnswer::NotStaged);
+    }
+
+    #[test]
+    fn upserts_merge_onto_a_staged_value_and_need_the_trees_otherwise() {
+        let merges = registry();
+        let mut staging = Staging::new(1);
+        let ks = KeySpace::Data;
+        let patch = patch_arg(2, b"xy");
+        let mut batch = WriteBatch::new();
+        batch.put(ks, b"k", b"abcd");
+        batch.upsert(ks, b"k", MERGE_PATCH, &patch);
+        batch.upsert(ks, b"u", MERGE_PATCH, &patch);
+        batch.delete(ks, b"d");
+        batch.upsert(ks, b"d", MERGE_PATCH, &patch);
+        staging.push(1, batch, &merges);
+        let expected = merges.apply(MERGE_PATCH, Some(b"abcd"), &patch);
+        assert_eq!(staging.lookup(ks, b"k"), StagedAnswer::Found(expected));
+        assert_eq!(staging.lookup(ks, b"u"), StagedAnswer::NeedsTrees);
+        let on_nothing = merges.apply(MERGE_PATCH, None, &patch);
+        assert_eq!(staging.lookup(ks, b"d"), StagedAnswer::Found(on_nothing));
+        // A put after upserts onto the trees decides the key again.
+        staging.push(2, WriteBatch::new().put(ks, b"u", b"v").clone(), &merges);
+        assert_eq!(
+            staging.lookup(ks, b"u"),
+            StagedAnswer::Found(Some(b"v".to_vec()))
+        );
+    }
+
+    #[test]
+    fn only_point_messages_are_stageable() {
+        let ks = KeySpace::Meta;
+        assert!(stageable(
+            WriteBatch::new().put(ks, b"a", b"1").delete(ks, b"b")
+        ));
+        assert!(!stageable(
+            WriteBatch::new()
+                .put(ks, b"a", b"1")
+                .range_delete(ks, b"a", b"b")
+        ));
+    }
+
+    proptest::proptest! {
+        /// Staged batches answer every key as a map that took the same
+        /// puts and deletes does (keys the batches leave alone: not staged).
+        #[test]
+        fn staged_batches_answer_as_a_map(
+            ops in proptest::collection::vec((0u8..16, proptest::option::of(0u8..255)), 1..200),
+            per_batch in 1usize..8,
+        ) {
+            let merges = registry();
+            let mut staging = Staging::new(1);
+            let mut model: BTreeMap<u8, Option<u8>> = BTreeMap::new();
+            for (i, chunk) in ops.chunks(per_batch).enumerate() {
+                let mut batch = WriteBatch::new();
+                for &(k, v) in chunk {
+                    match v {
+                        Some(v) => batch.put(KeySpace::Meta, &[k], &[v]),
+                        None => batch.delete(KeySpace::Meta, &[k]),
+                    };
+                    model.insert(k, v);
+                }
+                staging.push(i as u64 + 1, batch, &merges);
+            }
+            for k in 0u8..16 {
+                let expected = match model.get(&k) {
+                    None => StagedAnswer::NotStaged,
+                    Some(v) => StagedAnswer::Found(v.map(|v| vec![v])),
+                };
+                proptest::prop_assert_eq!(staging.lookup(KeySpace::Meta, &[k]), expected);
+            }
+        }
+    }
+}
