@@ -121,8 +121,12 @@ impl Inner {
         if staged_bytes > bound {
             let mut tree = self.lock_tree();
             self.wait_for_flush_backlog(&mut tree);
-            self.check_failed()?;
-            wants_tree_flush = self.apply_staged(&mut tree)?;
+            // A store that failed since keeps what is staged for the
+            // queries (and the log for recovery); this write was taken
+            // before the failure, which the next sync reports.
+            if self.check_failed().is_ok() {
+                wants_tree_flush = self.apply_staged(&mut tree)?;
+            }
         }
         Ok(Some((seq, wants_tree_flush)))
     }
