@@ -5,7 +5,7 @@
 //!
 //!     cargo run --release -p betreefs-engine --example encode_speed
 
-use betreefs_engine::buffer::{MessageBuffer, PointMsg};
+use betreefs_engine::buffer::PointMsg;
 use betreefs_engine::entries::Entries;
 use betreefs_engine::format::encode_node;
 use betreefs_engine::node::{Bounds, Interior, Leaf, Node, NodeBody};
@@ -48,7 +48,7 @@ fn main() {
             .map(|i| format!("k{:08}", i * 1000).into_bytes())
             .collect(),
         children: (0..16).collect(),
-        buffers: (0..16).map(|_| MessageBuffer::default()).collect(),
+        buffers: (0..16).map(|_| Default::default()).collect(),
     };
     let mut bytes = 0;
     let mut i = 0u32;

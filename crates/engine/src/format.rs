@@ -41,6 +41,8 @@
 //! The header crc is also kept in the block translation table, so a node
 //! read from an extent that was since reused is detected.
 
+use std::sync::Arc;
+
 use betreefs_store::{crc32c_of, AlignedBuf, BLOCK_SIZE};
 
 use crate::buffer::{Base, MessageBuffer, PointMsg, RangeDel, Upsert};
@@ -475,7 +477,7 @@ fn decode_interior(d: &mut Decoder<'_>, height: u32, prefix: &[u8]) -> DecodeRes
             }
             buffer.push_decoded_point(key, PointMsg { base, upserts });
         }
-        int.buffers.push(buffer);
+        int.buffers.push(Arc::new(buffer));
     }
     Ok(int)
 }
@@ -592,7 +594,7 @@ mod tests {
             height: 2,
             pivots: vec![b"m".to_vec()],
             children: vec![4, 5],
-            buffers: vec![MessageBuffer::default(), MessageBuffer::default()],
+            buffers: vec![Default::default(), Default::default()],
         };
         int.insert_range_delete(b"c", b"q", 3, &Bounds::full());
         int.insert_point(b"a".to_vec(), PointMsg::put(4, b"v".to_vec()), &merges);

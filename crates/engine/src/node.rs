@@ -7,6 +7,7 @@
 
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::buffer::{Base, MessageBuffer, PointMsg};
 use crate::entries::Entries;
@@ -467,6 +468,12 @@ fn chunk(entries: &Entries, size: usize) -> Vec<Entries> {
     pieces
 }
 
+/// The memory a message buffer holds, about: its messages' bytes and a
+/// map entry's overhead apiece.
+pub fn buffer_mem_bytes(buffer: &MessageBuffer) -> usize {
+    buffer.bytes() + buffer.message_count() * MESSAGE_MEM_OVERHEAD
+}
+
 #[derive(Clone, Debug)]
 pub struct Interior {
     /// Distance from the leaves (children of a height-1 node are leaves).
@@ -474,7 +481,10 @@ pub struct Interior {
     /// `pivots[i]` is the smallest key of child `i + 1`.
     pub pivots: Vec<Vec<u8>>,
     pub children: Vec<u64>,
-    pub buffers: Vec<MessageBuffer>,
+    /// Shared copy-on-write (`Arc::make_mut`): a snapshot of the node for
+    /// the checkpoint in flight costs a pointer per buffer, and a change
+    /// afterwards copies only the buffer it changes.
+    pub buffers: Vec<Arc<MessageBuffer>>,
 }
 
 impl Interior {
@@ -510,7 +520,7 @@ impl Interior {
     pub fn mem_bytes(&self) -> usize {
         self.buffers
             .iter()
-            .map(|b| b.bytes() + b.message_count() * MESSAGE_MEM_OVERHEAD)
+            .map(|b| buffer_mem_bytes(b))
             .sum::<usize>()
             + self.pivots.iter().map(|p| p.len() + 32).sum::<usize>()
             + self.children.len() * 16
@@ -547,7 +557,7 @@ impl Interior {
                 Some(hi) => end.min(hi.as_slice()).to_vec(),
                 None => end.to_vec(),
             };
-            eaten += self.buffers[i].insert_range_delete(s, e, seq);
+            eaten += Arc::make_mut(&mut self.buffers[i]).insert_range_delete(s, e, seq);
         }
         eaten
     }
@@ -560,7 +570,7 @@ impl Interior {
     #[allow(clippy::indexing_slicing)]
     pub fn insert_point(&mut self, key: Vec<u8>, msg: PointMsg, merges: &MergeRegistry) -> usize {
         let i = self.child_index(&key);
-        self.buffers[i].insert_point(key, msg, merges)
+        Arc::make_mut(&mut self.buffers[i]).insert_point(key, msg, merges)
     }
 
     /// Distributes a batch flushed from the parent into our children's
@@ -664,7 +674,7 @@ impl Node {
                     *pivot = rekey(pivot);
                 }
                 for buffer in &mut int.buffers {
-                    *buffer = buffer.take().rekeyed(rekey);
+                    *buffer = Arc::new(Arc::make_mut(buffer).take().rekeyed(rekey));
                 }
             }
         }

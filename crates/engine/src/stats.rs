@@ -72,9 +72,14 @@ pub struct Stats {
     /// settles inline; settling in steps is `settle_step_micros_max`).
     pub apply_micros_max: AtomicU64,
     /// The longest a request spent imaging a node the checkpoint in
-    /// flight had not encoded yet, before changing it (`Tree::before_change`;
-    /// part of an apply, settle or eviction hold above).
+    /// flight had not encoded yet, before changing it (`Tree::before_change`:
+    /// a leaf's encoding, an interior node's copy; part of an apply,
+    /// settle or eviction hold above).
     pub checkpoint_image_micros_max: AtomicU64,
+    /// Interior nodes copied for the checkpoint in flight (by a request
+    /// about to change one, or by a turn) and encoded by its thread
+    /// without the tree lock.
+    pub checkpoint_node_copies: AtomicU64,
     /// A writer's settling in steps (`Flushing::Stepwise`): the steps
     /// after which it let waiting requests take the lock, and the longest
     /// step (the longest anyone waited for a writer's flushes).
@@ -185,6 +190,7 @@ pub struct StatsSnapshot {
     pub checkpoint_io_micros_max: u64,
     pub apply_micros_max: u64,
     pub checkpoint_image_micros_max: u64,
+    pub checkpoint_node_copies: u64,
     pub settle_steps: u64,
     pub settle_step_micros_max: u64,
     pub eviction_steps: u64,
@@ -273,6 +279,7 @@ impl Stats {
             checkpoint_io_micros_max: get(&self.checkpoint_io_micros_max),
             apply_micros_max: get(&self.apply_micros_max),
             checkpoint_image_micros_max: get(&self.checkpoint_image_micros_max),
+            checkpoint_node_copies: get(&self.checkpoint_node_copies),
             settle_steps: get(&self.settle_steps),
             settle_step_micros_max: get(&self.settle_step_micros_max),
             eviction_steps: get(&self.eviction_steps),

@@ -265,7 +265,7 @@ mod tests {
             height: 1,
             pivots: vec![b"m".to_vec()],
             children: vec![4, 5],
-            buffers: vec![MessageBuffer::default(), MessageBuffer::default()],
+            buffers: vec![Default::default(), Default::default()],
         };
         int.insert_point(b"c".to_vec(), PointMsg::put(3, b"v".to_vec()), &merges);
         assert!(check_interior(&int, &own, 9, &merges, 10).is_ok());

@@ -215,7 +215,7 @@ fn oversized_and_reversed_messages_in_nodes_are_corruption() {
         let mut forge = Forge::new(image.clone());
         let mut node = parent.node.clone();
         if let NodeBody::Interior(int) = &mut node.body {
-            int.buffers[0].insert_point(
+            std::sync::Arc::make_mut(&mut int.buffers[0]).insert_point(
                 target.clone(),
                 PointMsg::upsert(1, MERGE_PATCH, patch_arg(offset, b"x")),
                 &merges,

@@ -4,7 +4,7 @@
 //! buffer it lands in, and decodes to the node it was made from. (A test
 //! binary of its own: the buffer pool is the process's.)
 
-use betreefs_engine::buffer::{MessageBuffer, PointMsg};
+use betreefs_engine::buffer::PointMsg;
 use betreefs_engine::entries::Entries;
 use betreefs_engine::format::{
     decode_basement, decode_header, decode_meta, encode_node, meta_end, HEADER_BYTES,
@@ -39,7 +39,7 @@ fn interior() -> Node {
         height: 1,
         pivots: vec![b"m".to_vec()],
         children: vec![7, 8],
-        buffers: vec![MessageBuffer::default(), MessageBuffer::default()],
+        buffers: vec![Default::default(), Default::default()],
     };
     for i in 0..2_000u32 {
         let key = format!("{}{i:05}", if i % 2 == 0 { "a" } else { "q" });

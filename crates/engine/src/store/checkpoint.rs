@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::tree::{encode_snapshots, SnapshotImages};
 
 /// A checkpoint writes its nodes in pieces while a sync began within this
 /// long (see `Inner::write_checkpoint_turn`).
@@ -42,12 +43,15 @@ impl Inner {
         tree.begin_checkpoint(head, self.log.epoch(), false)
             .map_err(|e| self.poison(e))?;
         let mut io = Duration::ZERO;
-        // Turns: encode a bounded part under the lock, write it without.
+        // Turns: encode a bounded part under the lock (copy interior
+        // nodes), write it and encode the copies without.
+        let mut encoded = SnapshotImages::none();
         loop {
-            let turn_result = tree.encode_checkpoint_nodes(self.options.checkpoint_turn_bytes);
+            let budget = self.options.checkpoint_turn_bytes;
+            let turn_result = tree.checkpoint_turn(budget, encoded);
             locked.add(turn.elapsed());
             drop(tree);
-            let (done, images) = match turn_result {
+            let (done, images, snapshots) = match turn_result {
                 Ok(turn) => turn,
                 Err(e) => {
                     self.checkpoint_ended.notify_all();
@@ -62,6 +66,7 @@ impl Inner {
                 self.checkpoint_ended.notify_all();
                 return Err(self.poison(e));
             }
+            encoded = encode_snapshots(snapshots);
             if !done {
                 if let Some(hook) = &self.options.checkpoint_turn_hook {
                     (hook.0)();
@@ -73,7 +78,7 @@ impl Inner {
                 break;
             }
         }
-        let sealed = tree.seal_checkpoint();
+        let sealed = tree.seal_checkpoint(encoded);
         locked.add(turn.elapsed());
         drop(tree);
         let writes = match sealed {

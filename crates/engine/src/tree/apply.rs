@@ -157,7 +157,7 @@ impl Tree {
                 height: 1,
                 pivots: Vec::new(),
                 children: vec![root],
-                buffers: vec![MessageBuffer::default()],
+                buffers: vec![Default::default()],
             };
             self.roots[ks.index()] = self.new_node(ks, NodeBody::Interior(int), Bounds::full());
         }
@@ -218,12 +218,12 @@ impl Tree {
                 height,
                 pivots: Vec::new(),
                 children: vec![root],
-                buffers: vec![MessageBuffer::default()],
+                buffers: vec![Default::default()],
             };
             for (pivot, num) in splits {
                 int.pivots.push(pivot);
                 int.children.push(num);
-                int.buffers.push(MessageBuffer::default());
+                int.buffers.push(Default::default());
             }
             self.roots[ks.index()] = self.new_node(ks, NodeBody::Interior(int), Bounds::full());
         }

@@ -141,7 +141,9 @@ impl Tree {
             child = self.private_child(ks, parent, i, parent_bounds)?;
             self.load(ks, child, &child_bounds, Want::Whole, Some(child_height))?;
         }
-        let batch = self.with_interior(parent, |int| int.buffers[i].take_first_bytes(limit));
+        let batch = self.with_interior(parent, |int| {
+            Arc::make_mut(&mut int.buffers[i]).take_first_bytes(limit)
+        });
         let moved = batch.bytes();
         let count = batch.message_count() as u64;
         let merges = self.merges.clone();
@@ -414,10 +416,10 @@ impl Tree {
         }
         self.with_interior(parent, |int| {
             for (k, (pivot, num)) in splits.into_iter().enumerate() {
-                let right = int.buffers[i + k].split_off(&pivot);
+                let right = Arc::make_mut(&mut int.buffers[i + k]).split_off(&pivot);
                 int.pivots.insert(i + k, pivot);
                 int.children.insert(i + 1 + k, num);
-                int.buffers.insert(i + 1 + k, right);
+                int.buffers.insert(i + 1 + k, Arc::new(right));
             }
         });
     }

@@ -358,7 +358,7 @@ mod verify;
 mod writeback;
 pub(crate) use flush::Flushing;
 pub(crate) use query::Shared;
-pub(crate) use writeback::NodeWrites;
+pub(crate) use writeback::{encode_snapshots, NodeWrites, SnapshotImages};
 
 #[cfg(test)]
 mod tests {

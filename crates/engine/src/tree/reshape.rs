@@ -15,7 +15,7 @@ impl Tree {
                 height: h,
                 pivots: Vec::new(),
                 children: vec![num],
-                buffers: vec![MessageBuffer::default()],
+                buffers: vec![Default::default()],
             };
             num = self.new_node(ks, NodeBody::Interior(int), bounds.clone());
         }
@@ -72,7 +72,7 @@ impl Tree {
             let sep = int.pivots.remove(l);
             int.children.remove(r);
             let right_buffer = int.buffers.remove(r);
-            int.buffers[l].absorb_disjoint(right_buffer);
+            Arc::make_mut(&mut int.buffers[l]).absorb_disjoint(Arc::unwrap_or_clone(right_buffer));
             sep
         });
         match (&mut left.body, right.body) {

@@ -332,7 +332,7 @@ fn swing(
 ) -> Option<usize> {
     let old_children = std::mem::take(&mut int.children);
     let old_pivots = std::mem::take(&mut int.pivots);
-    let mut old_buffers: Vec<MessageBuffer> = std::mem::take(&mut int.buffers);
+    let mut old_buffers: Vec<Arc<MessageBuffer>> = std::mem::take(&mut int.buffers);
     // Each child's low pivot; the first child's is never used.
     let low = |j: usize| -> Vec<u8> {
         j.checked_sub(1)
@@ -352,7 +352,7 @@ fn swing(
             } else {
                 low(k)
             };
-            let rekeyed = buffer.rekeyed(|key| r.destination(key));
+            let rekeyed = Arc::unwrap_or_clone(buffer).rekeyed(|key| r.destination(key));
             (old_children[k], rekeyed, r.destination(&lo))
         })
         .collect();
@@ -363,14 +363,14 @@ fn swing(
         if destination.contains(&j) {
             for (child, buffer, lo) in transplanted.take().into_iter().flatten() {
                 int.children.push(child);
-                int.buffers.push(buffer);
+                int.buffers.push(Arc::new(buffer));
                 lows.push(lo);
             }
         } else if let (true, Some(empty)) = (source.contains(&j), vacated) {
             if j == source.start {
                 empty_at = Some(int.children.len());
                 int.children.push(empty);
-                int.buffers.push(MessageBuffer::default());
+                int.buffers.push(Default::default());
                 lows.push(r.start.clone());
             }
         } else {

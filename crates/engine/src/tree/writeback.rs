@@ -190,7 +190,12 @@ impl Tree {
     /// (see [`CheckpointInProgress`]): the cache makes room for them.
     pub fn checkpoint_held_image_bytes(&self) -> usize {
         self.checkpoint.as_ref().map_or(0, |cp| {
-            cp.images.iter().map(|(_, _, img)| img.buf.len()).sum()
+            let images: usize = cp.images.iter().map(|(_, _, img)| img.buf.len()).sum();
+            images
+                + cp.snapshots
+                    .iter()
+                    .map(NodeSnapshot::held_bytes)
+                    .sum::<usize>()
         })
     }
 
@@ -342,6 +347,7 @@ impl Tree {
             pending: dirty.iter().map(|&(_, num)| num).collect(),
             order: dirty.into_iter().map(|(_, num)| num).collect(),
             images: Vec::new(),
+            snapshots: Vec::new(),
             placed: Vec::new(),
             unchanged: HashSet::new(),
             btt: self.btt.clone(),
@@ -360,27 +366,74 @@ impl Tree {
         Ok(())
     }
 
-    /// One turn of the checkpoint in flight: encodes nodes until `budget`
-    /// bytes of images are made, and gives every image made so far an
-    /// extent (held for the checkpoint). Returns whether no node is left
-    /// to encode, and the images' bytes, for the caller to write without
-    /// the lock (so no more than a turn's images are ever in memory). If
-    /// space runs out the checkpoint is cancelled ([`Tree::cancel_checkpoint`]).
+    /// One turn of the checkpoint in flight, all of it under the lock:
+    /// encodes nodes until `budget` bytes of images are made (and what
+    /// requests copied since the last turn), and gives every image made
+    /// so far an extent (held for the checkpoint). Returns whether no node
+    /// is left to encode, and the images' bytes, for the caller to write
+    /// without the lock (so no more than a turn's images are ever in
+    /// memory). If space runs out the checkpoint is cancelled
+    /// ([`Tree::cancel_checkpoint`]).
     pub fn encode_checkpoint_nodes(&mut self, budget: usize) -> EngineResult<(bool, NodeWrites)> {
+        self.checkpoint_turn_with(budget, SnapshotImages::none(), false)
+            .map(|(done, writes, _)| (done, writes))
+    }
+
+    /// [`Tree::encode_checkpoint_nodes`] with the encoding of interior
+    /// nodes left to the caller, without the lock: the turn copies them
+    /// ([`NodeSnapshot`]) and hands over those copies and the ones
+    /// requests made since the last turn; `encoded` are the images of
+    /// what the last turn handed over, placed by this one. The turn's
+    /// budget counts a copy by its buffers' bytes.
+    pub fn checkpoint_turn(
+        &mut self,
+        budget: usize,
+        encoded: SnapshotImages,
+    ) -> EngineResult<(bool, NodeWrites, Vec<NodeSnapshot>)> {
+        self.checkpoint_turn_with(budget, encoded, true)
+    }
+
+    fn checkpoint_turn_with(
+        &mut self,
+        budget: usize,
+        encoded: SnapshotImages,
+        copy_interiors: bool,
+    ) -> EngineResult<(bool, NodeWrites, Vec<NodeSnapshot>)> {
         let Some(mut cp) = self.checkpoint.take() else {
-            return Ok((true, Vec::new()));
+            return Ok((true, Vec::new(), Vec::new()));
         };
+        cp.images.extend(encoded.0);
         let mut bytes = 0;
+        if !copy_interiors {
+            for snap in std::mem::take(&mut cp.snapshots) {
+                let img = encode_image(&snap.node, snap.num);
+                bytes += img.buf.len();
+                cp.images.push((snap.num, snap.height, img));
+            }
+        }
         while bytes < budget {
             let Some(num) = cp.order.pop() else { break };
             if !cp.pending.remove(&num) {
-                continue; // encoded when it was about to change
+                continue; // imaged or copied when it was about to change
             }
             let node = self.node(num);
-            let img = encode_image(node, num);
-            bytes += img.buf.len();
             cp.unchanged.insert(num);
-            cp.images.push((num, node.height(), img));
+            match &node.body {
+                NodeBody::Interior(int) if copy_interiors => {
+                    bytes += int.buffer_bytes();
+                    add(&self.stats.checkpoint_node_copies, 1);
+                    cp.snapshots.push(NodeSnapshot {
+                        num,
+                        height: node.height(),
+                        node: node.clone(),
+                    });
+                }
+                _ => {
+                    let img = encode_image(node, num);
+                    bytes += img.buf.len();
+                    cp.images.push((num, node.height(), img));
+                }
+            }
         }
         let done = cp.order.is_empty();
         let mut writes = Vec::with_capacity(cp.images.len());
@@ -402,8 +455,9 @@ impl Tree {
                 basement_locs: img.basement_locs,
             });
         }
+        let snapshots = std::mem::take(&mut cp.snapshots);
         self.checkpoint = Some(cp);
-        Ok((done, writes))
+        Ok((done, writes, snapshots))
     }
 
     /// A node of the checkpoint in flight is taken out to change (or to be
@@ -412,8 +466,19 @@ impl Tree {
         if let Some(cp) = &mut self.checkpoint {
             if cp.pending.remove(&num) {
                 let started = std::time::Instant::now();
-                cp.images
-                    .push((num, node.height(), encode_image(node, num)));
+                if let NodeBody::Interior(_) = &node.body {
+                    // A copy sharing the buffers: the change that follows
+                    // copies only the buffer it changes.
+                    add(&self.stats.checkpoint_node_copies, 1);
+                    cp.snapshots.push(NodeSnapshot {
+                        num,
+                        height: node.height(),
+                        node: node.clone(),
+                    });
+                } else {
+                    cp.images
+                        .push((num, node.height(), encode_image(node, num)));
+                }
                 record_max(&self.stats.checkpoint_image_micros_max, started.elapsed());
             }
             cp.unchanged.remove(&num);
@@ -427,8 +492,10 @@ impl Tree {
     /// durable, `unwritten`); the others stay dirty, their image the
     /// checkpoint's alone. Returns what is left to write without the lock.
     /// If space runs out the checkpoint is cancelled and no node changed.
-    pub fn seal_checkpoint(&mut self) -> EngineResult<CheckpointWrites> {
-        let (_, nodes) = self.encode_checkpoint_nodes(usize::MAX)?;
+    /// `encoded`: images of what the last [`Tree::checkpoint_turn`]
+    /// handed out.
+    pub fn seal_checkpoint(&mut self, encoded: SnapshotImages) -> EngineResult<CheckpointWrites> {
+        let (_, nodes, _) = self.checkpoint_turn_with(usize::MAX, encoded, false)?;
         let Some(mut cp) = self.checkpoint.take() else {
             panic!("tree invariant: no checkpoint in flight to seal");
         };
@@ -550,7 +617,7 @@ impl Tree {
                 break;
             }
         }
-        let writes = self.seal_checkpoint()?;
+        let writes = self.seal_checkpoint(SnapshotImages::none())?;
         match writes.write(self.device.as_ref(), &self.stats, before_superblock) {
             Ok(()) => {
                 self.finish_checkpoint(writes.generation());
@@ -680,6 +747,13 @@ pub(super) struct CheckpointInProgress {
     /// nodes they change), they count against the cache's budget until
     /// the next turn takes them.
     images: Vec<(u64, u32, NodeImage)>,
+    /// Interior nodes as the checkpoint must have them, copied rather
+    /// than encoded (a copy shares the buffers, copy-on-write, so it costs
+    /// a pointer per child): a request that changes one, or a turn, holds
+    /// the lock for the copy only, and the checkpoint's thread encodes it
+    /// without the lock ([`Tree::checkpoint_turn`]). What is left here at
+    /// the seal (copies made since the last turn) is encoded there.
+    snapshots: Vec<NodeSnapshot>,
     /// Images given an extent (their bytes written, or being written).
     placed: Vec<PlacedImage>,
     /// Imaged nodes not taken out to change since.
@@ -703,6 +777,50 @@ pub(super) struct PlacedImage {
 
 /// Node images to write: (device offset, bytes).
 pub(crate) type NodeWrites = Vec<(u64, AlignedBuf)>;
+
+/// A copy of an interior node for the checkpoint in flight, to encode
+/// without the tree lock ([`Tree::checkpoint_turn`]).
+pub(crate) struct NodeSnapshot {
+    num: u64,
+    height: u32,
+    node: Node,
+}
+
+impl NodeSnapshot {
+    /// The memory the copy holds beyond the cached node: the buffers the
+    /// node has changed since (copied, so now the snapshot's alone).
+    fn held_bytes(&self) -> usize {
+        match &self.node.body {
+            NodeBody::Interior(int) => int
+                .buffers
+                .iter()
+                .filter(|b| Arc::strong_count(b) == 1)
+                .map(|b| crate::node::buffer_mem_bytes(b))
+                .sum(),
+            NodeBody::Leaf(_) => 0,
+        }
+    }
+}
+
+/// Images of [`NodeSnapshot`]s, encoded without the lock, for the
+/// checkpoint's next turn to place ([`Tree::checkpoint_turn`]).
+pub(crate) struct SnapshotImages(Vec<(u64, u32, NodeImage)>);
+
+impl SnapshotImages {
+    pub fn none() -> SnapshotImages {
+        SnapshotImages(Vec::new())
+    }
+}
+
+/// Encodes the snapshots a checkpoint turn handed out (no lock needed).
+pub(crate) fn encode_snapshots(snapshots: Vec<NodeSnapshot>) -> SnapshotImages {
+    SnapshotImages(
+        snapshots
+            .into_iter()
+            .map(|s| (s.num, s.height, encode_image(&s.node, s.num)))
+            .collect(),
+    )
+}
 
 /// Writes node images (no tree lock needed).
 pub(crate) fn write_nodes(device: &dyn Device, nodes: &NodeWrites) -> EngineResult<()> {
