@@ -422,11 +422,7 @@ impl Tree {
                 NodeBody::Interior(int) if copy_interiors => {
                     bytes += int.buffer_bytes();
                     add(&self.stats.checkpoint_node_copies, 1);
-                    cp.snapshots.push(NodeSnapshot {
-                        num,
-                        height: node.height(),
-                        node: node.clone(),
-                    });
+                    cp.snapshots.push(NodeSnapshot::of(num, node));
                 }
                 _ => {
                     let img = encode_image(node, num);
@@ -470,11 +466,7 @@ impl Tree {
                     // A copy sharing the buffers: the change that follows
                     // copies only the buffer it changes.
                     add(&self.stats.checkpoint_node_copies, 1);
-                    cp.snapshots.push(NodeSnapshot {
-                        num,
-                        height: node.height(),
-                        node: node.clone(),
-                    });
+                    cp.snapshots.push(NodeSnapshot::of(num, node));
                 } else {
                     cp.images
                         .push((num, node.height(), encode_image(node, num)));
@@ -787,6 +779,16 @@ pub(crate) struct NodeSnapshot {
 }
 
 impl NodeSnapshot {
+    /// A copy of node `num` (cheap for an interior node: its buffers are
+    /// shared).
+    fn of(num: u64, node: &Node) -> NodeSnapshot {
+        NodeSnapshot {
+            num,
+            height: node.height(),
+            node: node.clone(),
+        }
+    }
+
     /// The memory the copy holds beyond the cached node: the buffers the
     /// node has changed since (copied, so now the snapshot's alone).
     fn held_bytes(&self) -> usize {
