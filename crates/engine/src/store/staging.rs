@@ -161,14 +161,12 @@ fn merged(merges: &MergeRegistry, func: u8, old: Option<&[u8]>, arg: &[u8]) -> S
     }
 }
 
-/// Whether `batch` may be staged: point messages only.
-pub(super) fn stageable(batch: &WriteBatch) -> bool {
-    batch.messages().all(|(_, m)| {
-        matches!(
-            m,
-            Message::Put { .. } | Message::Delete { .. } | Message::Upsert { .. }
-        )
-    })
+/// Whether a batch holding `message` may be staged: point messages only.
+pub(super) fn is_stageable(message: &Message) -> bool {
+    matches!(
+        message,
+        Message::Put { .. } | Message::Delete { .. } | Message::Upsert { .. }
+    )
 }
 
 #[cfg(test)]
@@ -245,6 +243,7 @@ mod tests {
     #[test]
     fn only_point_messages_are_stageable() {
         let ks = KeySpace::Meta;
+        let stageable = |b: &WriteBatch| b.messages().all(|(_, m)| is_stageable(&m));
         assert!(stageable(
             WriteBatch::new().put(ks, b"a", b"1").delete(ks, b"b")
         ));

@@ -18,6 +18,9 @@ struct Admission {
     needs_space: bool,
     /// Key and value bytes (write amplification's denominator).
     user_bytes: u64,
+    /// Point messages only: the batch may be staged
+    /// ([`staging::is_stageable`]).
+    point_only: bool,
 }
 
 /// Checks a caller's batch ([`check_message`]) and works out its
@@ -26,9 +29,11 @@ fn admit(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<Admission> 
     let mut removes = false;
     let mut added = 0;
     let mut user_bytes = 0;
+    let mut point_only = true;
     for (_, m) in batch.messages() {
         check_message(&m, merges)?;
         user_bytes += m.user_bytes();
+        point_only &= staging::is_stageable(&m);
         match m {
             // A range rename moves subtrees (surgery) or copies at most a
             // leaf of pairs, and deletes its source: admitted like a delete.
@@ -39,6 +44,7 @@ fn admit(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<Admission> 
     Ok(Admission {
         needs_space: added > 0 && !(removes && added <= REMOVAL_BATCH_ALLOWANCE),
         user_bytes,
+        point_only,
     })
 }
 
@@ -53,6 +59,7 @@ impl Inner {
         let Admission {
             needs_space,
             user_bytes,
+            point_only,
         } = admit(batch, &self.merges)?;
         if batch.is_empty() {
             // A promise is kept by what the batch writes (see Reservation).
@@ -63,7 +70,7 @@ impl Inner {
             }
             return Ok(0);
         }
-        let staged = if reservation == Reservation::default() {
+        let staged = if reservation == Reservation::default() && point_only {
             self.stage(batch)?
         } else {
             None
@@ -78,8 +85,8 @@ impl Inner {
         Ok(seq)
     }
 
-    /// Logs and stages `batch` holding the staging lock alone, if it may
-    /// be (`store/staging.rs`): point messages only, a batch small beside
+    /// Logs and stages `batch` (of point messages only) holding the
+    /// staging lock alone, if it may be (`store/staging.rs`): a batch small beside
     /// the bound, no more than twice the bound staged already, space
     /// ample, room in the log. Past the bound the writer applies what is
     /// staged. Returns the sequence number and whether the tree flusher
@@ -90,7 +97,6 @@ impl Inner {
         if bound == 0
             || body.len() > (bound / 4).min(STAGED_BATCH_MAX_BYTES)
             || !self.space_ample.load(Ordering::Acquire)
-            || !staging::stageable(batch)
         {
             return Ok(None);
         }
