@@ -273,6 +273,10 @@ impl WriteBatch {
     pub fn is_empty(&self) -> bool {
         self.count == 0
     }
+    /// The bytes of the encoded messages (the payload without its count).
+    pub fn body_len(&self) -> usize {
+        self.body.len()
+    }
     /// The messages in order, decoded.
     pub fn messages(&self) -> Messages<'_> {
         Messages {

@@ -701,28 +701,28 @@ impl Store {
     /// failed (read again, to report) — is done under the exclusive lock.
     ///
     /// Writes staged and not yet applied ([`Options::staged_write_bytes`])
-    /// are read first: alone when they decide the key (a put or a delete
-    /// among them), else under the same hold of the tree lock as the
-    /// trees.
+    /// are read first, without the tree lock: when they decide the key (a
+    /// put or a delete among them) they answer; upserts onto the trees'
+    /// value are applied, and read again, in the hold of the tree lock
+    /// that reads the trees.
     pub fn get(&self, ks: KeySpace, key: &[u8]) -> EngineResult<Option<Vec<u8>>> {
         // A key the staged batches decide needs no tree lock: such a
-        // query goes on while someone holds it exclusively.
-        if let StagedAnswer::Found(value) = self.inner.staging.read().lookup(ks, key) {
-            add(&self.inner.stats.queries_answered_staged, 1);
-            return Ok(value);
-        }
-        let shared = {
-            // The shared guard ends with this block: errors are reported
-            // (to the fault observer, which may call back) holding no lock.
-            let tree = self.inner.tree.read();
-            match self.inner.staging.read().lookup(ks, key) {
-                StagedAnswer::Found(value) => {
-                    add(&self.inner.stats.queries_answered_staged, 1);
-                    return Ok(value);
-                }
-                StagedAnswer::NeedsTrees => Shared::Exclusive,
-                StagedAnswer::NotStaged => tree.get_cached(ks, key),
+        // query goes on while someone holds it exclusively. One they do
+        // not touch is answered by the trees alone: a write staged since
+        // is one this query overlaps, and either answer is right (only
+        // upserts, combined with the trees' value, need both read in one
+        // hold of the tree lock — the exclusive path below).
+        let staged = self.inner.staging.read().lookup(ks, key);
+        let shared = match staged {
+            StagedAnswer::Found(value) => {
+                add(&self.inner.stats.queries_answered_staged, 1);
+                return Ok(value);
             }
+            StagedAnswer::NeedsTrees => Shared::Exclusive,
+            // The shared guard ends with this statement: errors are
+            // reported (to the fault observer, which may call back)
+            // holding no lock.
+            StagedAnswer::NotStaged => self.inner.tree.read().get_cached(ks, key),
         };
         let mut tree = match shared {
             Shared::Answer(value) => return value.map_err(|e| self.inner.read_failed(e)),

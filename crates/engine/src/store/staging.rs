@@ -39,6 +39,16 @@ enum Staged {
     OnTrees,
 }
 
+impl Staged {
+    /// The bytes of the value it holds.
+    fn value_len(&self) -> usize {
+        match self {
+            Staged::Value(v) => v.len(),
+            Staged::Deleted | Staged::OnTrees => 0,
+        }
+    }
+}
+
 /// A point query's answer from the staged batches.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum StagedAnswer {
@@ -88,14 +98,21 @@ impl Staging {
         self.bytes
     }
 
-    /// Stages `batch`, logged with sequence number `seq`. Only batches of
-    /// point messages are staged (a range message's effect on a key
-    /// cannot be read from the staged batches).
-    pub fn push(&mut self, seq: u64, batch: WriteBatch, merges: &MergeRegistry) {
+    /// Stages `batch`, logged with sequence number `seq`; `messages` are
+    /// its messages, decoded (the writer's admission decoded them). Only
+    /// batches of point messages are staged (a range message's effect on
+    /// a key cannot be read from the staged batches).
+    pub fn push(
+        &mut self,
+        seq: u64,
+        batch: WriteBatch,
+        messages: impl IntoIterator<Item = (KeySpace, Message)>,
+        merges: &MergeRegistry,
+    ) {
         assert_eq!(seq, self.next_seq, "staging invariant: batches in order");
         self.next_seq = seq + 1;
-        self.bytes += batch.payload_parts().1.len();
-        for (ks, msg) in batch.messages() {
+        self.bytes += batch.body_len();
+        for (ks, msg) in messages {
             let (key, staged) = match msg {
                 Message::Put { key, value } => (key, Staged::Value(value)),
                 Message::Delete { key } => (key, Staged::Deleted),
@@ -109,11 +126,12 @@ impl Staging {
                 }
                 other => panic!("staging invariant: only point messages are staged, not {other:?}"),
             };
-            self.bytes += key.len() + KEY_OVERHEAD_BYTES;
-            if let Staged::Value(v) = &staged {
-                self.bytes += v.len();
+            let key_bytes = key.len() + KEY_OVERHEAD_BYTES;
+            self.bytes += key_bytes + staged.value_len();
+            // A key staged again keeps one entry: the old value goes.
+            if let Some(replaced) = self.keys_of_mut(ks).insert(key, staged) {
+                self.bytes -= key_bytes + replaced.value_len();
             }
-            self.keys_of_mut(ks).insert(key, staged);
         }
         self.batches.push((seq, batch));
     }
@@ -179,13 +197,25 @@ mod tests {
         MergeRegistry::default()
     }
 
+    /// Stages `batch` with its messages decoded, as a writer does.
+    fn stage(staging: &mut Staging, seq: u64, batch: WriteBatch, merges: &MergeRegistry) {
+        let messages: Vec<_> = batch.messages().collect();
+        staging.push(seq, batch, messages, merges);
+    }
+
     #[test]
     fn the_newest_message_of_a_key_answers() {
         let merges = registry();
         let mut staging = Staging::new(7);
         let ks = KeySpace::Meta;
-        staging.push(7, WriteBatch::new().put(ks, b"a", b"1").clone(), &merges);
-        staging.push(
+        stage(
+            &mut staging,
+            7,
+            WriteBatch::new().put(ks, b"a", b"1").clone(),
+            &merges,
+        );
+        stage(
+            &mut staging,
             8,
             WriteBatch::new()
                 .delete(ks, b"a")
@@ -193,7 +223,12 @@ mod tests {
                 .clone(),
             &merges,
         );
-        staging.push(9, WriteBatch::new().put(ks, b"a", b"3").clone(), &merges);
+        stage(
+            &mut staging,
+            9,
+            WriteBatch::new().put(ks, b"a", b"3").clone(),
+            &merges,
+        );
         assert_eq!(
             staging.lookup(ks, b"a"),
             StagedAnswer::Found(Some(b"3".to_vec()))
@@ -215,6 +250,30 @@ mod tests {
     }
 
     #[test]
+    fn a_key_staged_again_is_counted_once() {
+        let merges = registry();
+        let mut staging = Staging::new(1);
+        let ks = KeySpace::Meta;
+        stage(
+            &mut staging,
+            1,
+            WriteBatch::new().put(ks, b"k", b"12345678").clone(),
+            &merges,
+        );
+        let once = staging.bytes();
+        stage(
+            &mut staging,
+            2,
+            WriteBatch::new().put(ks, b"k", b"12345678").clone(),
+            &merges,
+        );
+        // The second batch's payload is held; its key's entry replaced
+        // the first one's.
+        let payload = WriteBatch::new().put(ks, b"k", b"12345678").body_len();
+        assert_eq!(staging.bytes(), once + payload);
+    }
+
+    #[test]
     fn upserts_merge_onto_a_staged_value_and_need_the_trees_otherwise() {
         let merges = registry();
         let mut staging = Staging::new(1);
@@ -226,14 +285,19 @@ mod tests {
         batch.upsert(ks, b"u", MERGE_PATCH, &patch);
         batch.delete(ks, b"d");
         batch.upsert(ks, b"d", MERGE_PATCH, &patch);
-        staging.push(1, batch, &merges);
+        stage(&mut staging, 1, batch, &merges);
         let expected = merges.apply(MERGE_PATCH, Some(b"abcd"), &patch);
         assert_eq!(staging.lookup(ks, b"k"), StagedAnswer::Found(expected));
         assert_eq!(staging.lookup(ks, b"u"), StagedAnswer::NeedsTrees);
         let on_nothing = merges.apply(MERGE_PATCH, None, &patch);
         assert_eq!(staging.lookup(ks, b"d"), StagedAnswer::Found(on_nothing));
         // A put after upserts onto the trees decides the key again.
-        staging.push(2, WriteBatch::new().put(ks, b"u", b"v").clone(), &merges);
+        stage(
+            &mut staging,
+            2,
+            WriteBatch::new().put(ks, b"u", b"v").clone(),
+            &merges,
+        );
         assert_eq!(
             staging.lookup(ks, b"u"),
             StagedAnswer::Found(Some(b"v".to_vec()))
@@ -274,7 +338,7 @@ mod tests {
                     };
                     model.insert(k, v);
                 }
-                staging.push(i as u64 + 1, batch, &merges);
+                stage(&mut staging, i as u64 + 1, batch, &merges);
             }
             for k in 0u8..16 {
                 let expected = match model.get(&k) {

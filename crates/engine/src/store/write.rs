@@ -18,9 +18,11 @@ struct Admission {
     needs_space: bool,
     /// Key and value bytes (write amplification's denominator).
     user_bytes: u64,
-    /// Point messages only: the batch may be staged
-    /// ([`staging::is_stageable`]).
-    point_only: bool,
+    /// The messages, decoded, of a batch that may be staged (point
+    /// messages only, [`staging::is_stageable`], and at most
+    /// [`STAGED_BATCH_MAX_BYTES`]): what the staged batches' map takes,
+    /// so a staged batch is decoded once on its way in.
+    stageable: Option<Vec<(KeySpace, Message)>>,
 }
 
 /// Checks a caller's batch ([`check_message`]) and works out its
@@ -29,22 +31,29 @@ fn admit(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<Admission> 
     let mut removes = false;
     let mut added = 0;
     let mut user_bytes = 0;
-    let mut point_only = true;
-    for (_, m) in batch.messages() {
+    let mut stageable =
+        (batch.body_len() <= STAGED_BATCH_MAX_BYTES).then(|| Vec::with_capacity(batch.len()));
+    for (ks, m) in batch.messages() {
         check_message(&m, merges)?;
         user_bytes += m.user_bytes();
-        point_only &= staging::is_stageable(&m);
-        match m {
-            // A range rename moves subtrees (surgery) or copies at most a
-            // leaf of pairs, and deletes its source: admitted like a delete.
-            m if m.is_removal() || matches!(m, Message::RangeRename(_)) => removes = true,
-            m => added += m.user_bytes(),
+        // A range rename moves subtrees (surgery) or copies at most a
+        // leaf of pairs, and deletes its source: admitted like a delete.
+        if m.is_removal() || matches!(m, Message::RangeRename(_)) {
+            removes = true;
+        } else {
+            added += m.user_bytes();
+        }
+        if !staging::is_stageable(&m) {
+            stageable = None;
+        }
+        if let Some(messages) = &mut stageable {
+            messages.push((ks, m));
         }
     }
     Ok(Admission {
         needs_space: added > 0 && !(removes && added <= REMOVAL_BATCH_ALLOWANCE),
         user_bytes,
-        point_only,
+        stageable,
     })
 }
 
@@ -59,7 +68,7 @@ impl Inner {
         let Admission {
             needs_space,
             user_bytes,
-            point_only,
+            stageable,
         } = admit(batch, &self.merges)?;
         if batch.is_empty() {
             // A promise is kept by what the batch writes (see Reservation).
@@ -70,10 +79,11 @@ impl Inner {
             }
             return Ok(0);
         }
-        let staged = if reservation == Reservation::default() && point_only {
-            self.stage(batch)?
-        } else {
-            None
+        let staged = match stageable {
+            Some(messages) if reservation == Reservation::default() => {
+                self.stage(batch, messages)?
+            }
+            _ => None,
         };
         let (seq, wants_tree_flush) = match staged {
             Some(staged) => staged,
@@ -85,19 +95,20 @@ impl Inner {
         Ok(seq)
     }
 
-    /// Logs and stages `batch` (of point messages only) holding the
-    /// staging lock alone, if it may be (`store/staging.rs`): a batch small beside
-    /// the bound, no more than twice the bound staged already, space
-    /// ample, room in the log. Past the bound the writer applies what is
-    /// staged. Returns the sequence number and whether the tree flusher
-    /// is wanted; None: the caller writes under the tree lock.
-    fn stage(&self, batch: &WriteBatch) -> EngineResult<Option<(u64, bool)>> {
+    /// Logs and stages `batch` (of point messages only; `messages`, its
+    /// messages decoded) holding the staging lock alone, if it may be
+    /// (`store/staging.rs`): a batch small beside the bound, no more than
+    /// twice the bound staged already, space ample, room in the log. Past
+    /// the bound the writer applies what is staged. Returns the sequence
+    /// number and whether the tree flusher is wanted; None: the caller
+    /// writes under the tree lock.
+    fn stage(
+        &self,
+        batch: &WriteBatch,
+        messages: Vec<(KeySpace, Message)>,
+    ) -> EngineResult<Option<(u64, bool)>> {
         let bound = self.options.staging_bound();
-        let (count, body) = batch.payload_parts();
-        if bound == 0
-            || body.len() > (bound / 4).min(STAGED_BATCH_MAX_BYTES)
-            || !self.space_ample.load(Ordering::Acquire)
-        {
+        if bound == 0 || batch.body_len() > bound / 4 || !self.space_ample.load(Ordering::Acquire) {
             return Ok(None);
         }
         let (seq, staged_bytes) = {
@@ -110,13 +121,14 @@ impl Inner {
             // write that checked before is in that checkpoint.
             self.check_writable()?;
             let seq = staging.next_seq;
+            let (count, body) = batch.payload_parts();
             match self.log.append(seq, &[&count, body]) {
                 Ok(_) => {}
                 // Freeing the log takes a checkpoint: under the tree lock.
                 Err(StoreError::LogFull { .. }) => return Ok(None),
                 Err(e) => return Err(e.into()),
             }
-            staging.push(seq, batch.clone(), &self.merges);
+            staging.push(seq, batch.clone(), messages, &self.merges);
             // Counted in the same hold: a query ordered after this write
             // finds it staged and reads the count moved.
             self.batches_applied.fetch_add(1, Ordering::Release);
