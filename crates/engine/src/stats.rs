@@ -107,9 +107,14 @@ pub struct Stats {
     pub flush_wait_micros_total: AtomicU64,
     /// Writes staged without the tree lock (`store/staging.rs`), the
     /// applications of what was staged (each under one hold of the
-    /// lock), and the point queries the staged writes answered.
+    /// lock), the holds that applied the oldest of them alone, handing
+    /// the lock on after (`Inner::apply_staged_in_turns`), the most
+    /// staged payload one hold applied, and the point queries the staged
+    /// writes answered.
     pub writes_staged: AtomicU64,
     pub staged_applications: AtomicU64,
+    pub staged_application_turns: AtomicU64,
+    pub staged_application_bytes_max: AtomicU64,
     pub queries_answered_staged: AtomicU64,
     pub log_replayed_records: AtomicU64,
     /// Memory the log's buffer holds (a gauge the store sets after each
@@ -204,6 +209,8 @@ pub struct StatsSnapshot {
     pub flush_wait_micros_total: u64,
     pub writes_staged: u64,
     pub staged_applications: u64,
+    pub staged_application_turns: u64,
+    pub staged_application_bytes_max: u64,
     pub queries_answered_staged: u64,
     /// The most any root's buffers hold now, and the bound past which
     /// writers wait for background flushing (0: writers flush themselves).
@@ -293,6 +300,8 @@ impl Stats {
             flush_wait_micros_total: get(&self.flush_wait_micros_total),
             writes_staged: get(&self.writes_staged),
             staged_applications: get(&self.staged_applications),
+            staged_application_turns: get(&self.staged_application_turns),
+            staged_application_bytes_max: get(&self.staged_application_bytes_max),
             queries_answered_staged: get(&self.queries_answered_staged),
             memory_beside_cache_bytes: get(&self.memory_beside_cache),
             allocator_overhead_bytes: get(&self.allocator_overhead),

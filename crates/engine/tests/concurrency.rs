@@ -682,3 +682,54 @@ fn without_staging_a_write_waits_for_the_tree_lock() {
     compaction.join().unwrap().unwrap();
     assert_eq!(store.stats().writes_staged, 0);
 }
+
+/// What is staged is applied a quarter of the staging bound per hold of
+/// the tree lock, the lock handed on between holds — by a writer past the
+/// bound, by a write that cannot be staged (a range delete) and by a
+/// checkpoint — and the store still answers as the model does.
+#[test]
+fn staged_batches_are_applied_a_quarter_bound_per_hold() {
+    let options = Options {
+        log_flush_interval: None,
+        checkpoint_interval: None,
+        read_ahead: false,
+        staged_write_bytes: 64 << 10,
+        ..Options::default()
+    };
+    let per_hold = (64 << 10) / 4;
+    let (_dev, store) = common::mem_store(64 << 20, options);
+    let mut model = BTreeMap::new();
+    // About 0.5 KiB a batch: a hundred stay under the bound.
+    let put = |store: &Store, model: &mut BTreeMap<_, _>, keys: std::ops::Range<u32>| {
+        for i in keys {
+            let (key, value) = (numbered(i), value_of(i, 1));
+            store.put(KeySpace::Data, &key, &value).unwrap();
+            model.insert(key, value);
+        }
+    };
+    put(&store, &mut model, 0..2000);
+    let stats = store.stats();
+    assert!(stats.staged_applications > 0, "{stats:?}");
+    assert!(stats.staged_application_turns > 0, "{stats:?}");
+    // Nothing staged, then under the bound, then a write that takes the
+    // tree lock.
+    store.checkpoint().unwrap();
+    put(&store, &mut model, 2000..2100);
+    let turns = store.stats().staged_application_turns;
+    let mut range_delete = WriteBatch::new();
+    range_delete.range_delete(KeySpace::Data, &numbered(10), &numbered(20));
+    store.write(&range_delete).unwrap();
+    model.retain(|k, _| !(numbered(10)..numbered(20)).contains(k));
+    assert!(store.stats().staged_application_turns > turns);
+    put(&store, &mut model, 3000..3100);
+    let turns = store.stats().staged_application_turns;
+    store.checkpoint().unwrap();
+    assert!(store.stats().staged_application_turns > turns);
+    let stats = store.stats();
+    assert!(
+        stats.staged_application_bytes_max <= per_hold,
+        "one hold applied {} staged bytes",
+        stats.staged_application_bytes_max
+    );
+    assert_store_holds(&store, &model);
+}

@@ -34,6 +34,9 @@ impl Inner {
     pub(super) fn checkpoint(&self) -> EngineResult<()> {
         self.check_image_writable()?;
         let mut tree = self.lock_tree();
+        // Most of what is staged in turns first: the checkpoint's first
+        // turn applies the rest.
+        self.apply_staged_in_turns(&mut tree)?;
         self.wait_for_checkpoint(&mut tree);
         // After the wait: the checkpoint waited for may have failed.
         self.check_failed()?;

@@ -21,7 +21,7 @@
 //! reads the staged batches and then the trees under one hold of the tree
 //! lock — never sees a batch twice or not at all.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, WriteBatch, KEY_SPACES};
@@ -61,6 +61,16 @@ pub(super) enum StagedAnswer {
     NeedsTrees,
 }
 
+/// What the staged batches leave of one key, and the newest of them that
+/// touches it.
+#[derive(Clone, Debug)]
+struct KeyEntry {
+    staged: Staged,
+    /// The sequence number of the newest staged batch that touches the
+    /// key: once the batches up to it are applied, the trees answer.
+    seq: u64,
+}
+
 /// The staged batches, guarded by the store's staging lock.
 #[derive(Debug)]
 pub(super) struct Staging {
@@ -68,11 +78,13 @@ pub(super) struct Staging {
     /// `next_seq` is the next one they apply).
     pub next_seq: u64,
     /// Logged batches not yet applied, in sequence order.
-    batches: Vec<(u64, WriteBatch)>,
+    batches: VecDeque<(u64, WriteBatch)>,
     /// Per key space, what the staged batches leave of each key they touch.
-    keys: [HashMap<Vec<u8>, Staged>; KEY_SPACES],
+    keys: [HashMap<Vec<u8>, KeyEntry>; KEY_SPACES],
     /// The staged batches' payloads and their keys' entries, about.
     bytes: usize,
+    /// The staged batches' payloads alone.
+    batch_bytes: usize,
 }
 
 /// Per staged key beside its key and value: the map's slot and the
@@ -83,9 +95,10 @@ impl Staging {
     pub fn new(next_seq: u64) -> Staging {
         Staging {
             next_seq,
-            batches: Vec::new(),
+            batches: VecDeque::new(),
             keys: Default::default(),
             bytes: 0,
+            batch_bytes: 0,
         }
     }
 
@@ -112,12 +125,13 @@ impl Staging {
         assert_eq!(seq, self.next_seq, "staging invariant: batches in order");
         self.next_seq = seq + 1;
         self.bytes += batch.body_len();
+        self.batch_bytes += batch.body_len();
         for (ks, msg) in messages {
             let (key, staged) = match msg {
                 Message::Put { key, value } => (key, Staged::Value(value)),
                 Message::Delete { key } => (key, Staged::Deleted),
                 Message::Upsert { key, func, arg } => {
-                    let staged = match self.keys_of(ks).get(&key) {
+                    let staged = match self.keys_of(ks).get(&key).map(|e| &e.staged) {
                         Some(Staged::Value(old)) => merged(merges, func, Some(old), &arg),
                         Some(Staged::Deleted) => merged(merges, func, None, &arg),
                         Some(Staged::OnTrees) | None => Staged::OnTrees,
@@ -126,19 +140,20 @@ impl Staging {
                 }
                 other => panic!("staging invariant: only point messages are staged, not {other:?}"),
             };
-            let key_bytes = key.len() + KEY_OVERHEAD_BYTES;
-            self.bytes += key_bytes + staged.value_len();
+            let key_len = key.len();
+            self.bytes += entry_bytes(key_len, &staged);
             // A key staged again keeps one entry: the old value goes.
-            if let Some(replaced) = self.keys_of_mut(ks).insert(key, staged) {
-                self.bytes -= key_bytes + replaced.value_len();
+            let replaced = self.keys_of_mut(ks).insert(key, KeyEntry { staged, seq });
+            if let Some(replaced) = replaced {
+                self.bytes -= entry_bytes(key_len, &replaced.staged);
             }
         }
-        self.batches.push((seq, batch));
+        self.batches.push_back((seq, batch));
     }
 
     /// What the staged batches say of `key`.
     pub fn lookup(&self, ks: KeySpace, key: &[u8]) -> StagedAnswer {
-        match self.keys_of(ks).get(key) {
+        match self.keys_of(ks).get(key).map(|e| &e.staged) {
             None => StagedAnswer::NotStaged,
             Some(Staged::Value(v)) => StagedAnswer::Found(Some(v.clone())),
             Some(Staged::Deleted) => StagedAnswer::Found(None),
@@ -149,13 +164,13 @@ impl Staging {
     // Reviewed exception (indexing): a key space's index is below
     // KEY_SPACES by construction.
     #[allow(clippy::indexing_slicing)]
-    fn keys_of(&self, ks: KeySpace) -> &HashMap<Vec<u8>, Staged> {
+    fn keys_of(&self, ks: KeySpace) -> &HashMap<Vec<u8>, KeyEntry> {
         &self.keys[ks.index()]
     }
 
     // Reviewed exception (indexing): as in `keys_of`.
     #[allow(clippy::indexing_slicing)]
-    fn keys_of_mut(&mut self, ks: KeySpace) -> &mut HashMap<Vec<u8>, Staged> {
+    fn keys_of_mut(&mut self, ks: KeySpace) -> &mut HashMap<Vec<u8>, KeyEntry> {
         &mut self.keys[ks.index()]
     }
 
@@ -165,8 +180,56 @@ impl Staging {
             keys.clear();
         }
         self.bytes = 0;
-        std::mem::take(&mut self.batches)
+        self.batch_bytes = 0;
+        std::mem::take(&mut self.batches).into()
     }
+
+    /// Takes the oldest staged batches, in sequence order, as many as fit
+    /// in `max_bytes` of payload (at least one), for the trees — or
+    /// nothing when all of them fit: the caller takes those in the hold
+    /// that needs them all applied ([`Staging::take`]).
+    ///
+    /// A key whose newest staged batch is taken leaves the map: the trees
+    /// answer for it once they hold the batches taken. A key staged again
+    /// later keeps its entry, which still answers rightly: a value or a
+    /// delete decides the key whatever the trees hold (the taken batches
+    /// included), and upserts onto the trees' value send the query to
+    /// the trees with every staged batch applied.
+    pub fn take_oldest(&mut self, max_bytes: usize) -> Vec<(u64, WriteBatch)> {
+        if self.batch_bytes <= max_bytes {
+            return Vec::new();
+        }
+        let (mut count, mut taken_bytes) = (0, 0);
+        for (_, batch) in &self.batches {
+            if count > 0 && taken_bytes + batch.body_len() > max_bytes {
+                break;
+            }
+            taken_bytes += batch.body_len();
+            count += 1;
+        }
+        let taken: Vec<_> = self.batches.drain(..count).collect();
+        let Some(&(newest_taken, _)) = taken.last() else {
+            return taken;
+        };
+        let mut freed = taken_bytes;
+        for keys in &mut self.keys {
+            keys.retain(|key, entry| {
+                let keep = entry.seq > newest_taken;
+                if !keep {
+                    freed += entry_bytes(key.len(), &entry.staged);
+                }
+                keep
+            });
+        }
+        self.batch_bytes -= taken_bytes;
+        self.bytes -= freed;
+        taken
+    }
+}
+
+/// About the memory one key's entry holds.
+fn entry_bytes(key_len: usize, staged: &Staged) -> usize {
+    key_len + KEY_OVERHEAD_BYTES + staged.value_len()
 }
 
 /// An upsert onto a value the staged batches know.
@@ -318,7 +381,105 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn the_oldest_batches_are_taken_up_to_a_size() {
+        let merges = registry();
+        let mut staging = Staging::new(1);
+        let ks = KeySpace::Meta;
+        let batch = |key: &[u8], value: &[u8]| WriteBatch::new().put(ks, key, value).clone();
+        let size = batch(b"a", b"1").body_len();
+        stage(&mut staging, 1, batch(b"a", b"1"), &merges);
+        stage(&mut staging, 2, batch(b"b", b"1"), &merges);
+        stage(&mut staging, 3, batch(b"a", b"2"), &merges);
+        // All of them fit: nothing taken, the caller takes them all.
+        assert!(staging.take_oldest(3 * size).is_empty());
+        let taken = staging.take_oldest(2 * size);
+        assert_eq!(taken.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [1, 2]);
+        // "b" is the trees' now; "a" is still decided by batch 3.
+        assert_eq!(staging.lookup(ks, b"b"), StagedAnswer::NotStaged);
+        assert_eq!(
+            staging.lookup(ks, b"a"),
+            StagedAnswer::Found(Some(b"2".to_vec()))
+        );
+        // A batch bigger than the size is taken alone.
+        stage(&mut staging, 4, batch(b"c", b"1"), &merges);
+        assert_eq!(staging.take_oldest(1).len(), 1);
+        assert_eq!(staging.take().len(), 1);
+        assert_eq!((staging.bytes(), staging.batch_bytes), (0, 0));
+    }
+
     proptest::proptest! {
+        /// Staged batches taken oldest first, some at a time, and applied
+        /// to a map standing for the trees: every key's answer from the
+        /// staged batches agrees with a map that took everything (a
+        /// value or delete they decide; a key they leave alone, the
+        /// trees'), and the bytes counted are those of what is left.
+        #[test]
+        fn the_oldest_batches_taken_leave_the_rest_answering(
+            ops in proptest::collection::vec(
+                (0u8..12, 0u8..3, 0u8..255, 0usize..4),
+                1..150,
+            ),
+        ) {
+            let merges = registry();
+            let mut staging = Staging::new(1);
+            let mut trees: BTreeMap<u8, Vec<u8>> = BTreeMap::new();
+            let mut everything = trees.clone();
+            let mut staged_sizes = VecDeque::new();
+            let apply = |map: &mut BTreeMap<u8, Vec<u8>>, batch: &WriteBatch| {
+                for (_, m) in batch.messages() {
+                    match m {
+                        Message::Put { key, value } => { map.insert(key[0], value); }
+                        Message::Delete { key } => { map.remove(&key[0]); }
+                        Message::Upsert { key, func, arg } => {
+                            match merges.apply(func, map.get(&key[0]).map(|v| &v[..]), &arg) {
+                                Some(v) => map.insert(key[0], v),
+                                None => map.remove(&key[0]),
+                            };
+                        }
+                        other => panic!("not staged: {other:?}"),
+                    }
+                }
+            };
+            for (seq, &(k, kind, v, take)) in (1u64..).zip(&ops) {
+                let mut batch = WriteBatch::new();
+                match kind {
+                    0 => batch.put(KeySpace::Meta, &[k], &[v]),
+                    1 => batch.delete(KeySpace::Meta, &[k]),
+                    _ => batch.upsert(KeySpace::Meta, &[k], MERGE_PATCH, &patch_arg(0, &[v])),
+                };
+                apply(&mut everything, &batch);
+                staged_sizes.push_back(batch.body_len());
+                stage(&mut staging, seq, batch, &merges);
+                if take > 0 {
+                    let limit = take * staged_sizes[0];
+                    let left: usize = staged_sizes.iter().sum();
+                    let taken = staging.take_oldest(limit);
+                    proptest::prop_assert_eq!(taken.is_empty(), left <= limit);
+                    for (_, batch) in &taken {
+                        apply(&mut trees, batch);
+                        staged_sizes.pop_front();
+                    }
+                }
+                proptest::prop_assert_eq!(staging.batch_bytes, staged_sizes.iter().sum::<usize>());
+                for key in 0u8..12 {
+                    let want = everything.get(&key).cloned();
+                    match staging.lookup(KeySpace::Meta, &[key]) {
+                        StagedAnswer::Found(v) => proptest::prop_assert_eq!(v, want),
+                        StagedAnswer::NotStaged => {
+                            proptest::prop_assert_eq!(trees.get(&key).cloned(), want)
+                        }
+                        StagedAnswer::NeedsTrees => {}
+                    }
+                }
+            }
+            for (_, batch) in staging.take() {
+                apply(&mut trees, &batch);
+            }
+            proptest::prop_assert_eq!(trees, everything);
+            proptest::prop_assert_eq!(staging.bytes(), 0);
+        }
+
         /// Staged batches answer every key as a map that took the same
         /// puts and deletes does (keys the batches leave alone: not staged).
         #[test]

@@ -161,6 +161,9 @@ impl Inner {
         let (count, body) = batch.payload_parts();
         let mut tree = self.lock_tree();
         self.wait_for_flush_backlog(&mut tree);
+        // Most of what is staged goes in turns first: this hold takes the
+        // rest with the batch.
+        self.apply_staged_in_turns(&mut tree)?;
         // Everything from here to the log append is decided under one hold
         // of the lock: the sequence number, the promised space. A step that
         // needs a checkpoint while one is in flight waits for it — which
@@ -257,6 +260,10 @@ impl Inner {
         }
         if !staged.is_empty() {
             add(&self.stats.staged_applications, 1);
+            let bytes: usize = staged.iter().map(|(_, b)| b.body_len()).sum();
+            self.stats
+                .staged_application_bytes_max
+                .fetch_max(bytes as u64, Ordering::Relaxed);
         }
         let applying = Instant::now();
         let batches = staged.iter().map(|(seq, b)| (*seq, b)).chain(last);
@@ -295,10 +302,33 @@ impl Inner {
     /// staging bound, a query that needs the trees' value); returns
     /// whether the tree flusher is wanted.
     pub(super) fn apply_staged(&self, tree: &mut TreeGuard<'_>) -> EngineResult<bool> {
+        self.apply_staged_in_turns(tree)?;
         let staged = self.staging.write().take();
         let flushing = self.flushing_now(tree);
         self.apply_taken(tree, staged, None, flushing)?;
         self.settle_and_evict(tree, flushing)
+    }
+
+    /// Applies the oldest staged batches, a quarter of the staging bound
+    /// per hold of the tree lock, handing it on between holds, until no
+    /// more than that is staged: the caller applies the rest in the hold
+    /// that needs every staged batch applied: a hold's work is bounded by
+    /// a quarter bound (256 KiB at the default) rather than twice the
+    /// bound. Stops on a store that failed, as a writer past the bound
+    /// does (the caller decides).
+    pub(super) fn apply_staged_in_turns(&self, tree: &mut TreeGuard<'_>) -> EngineResult<()> {
+        let per_turn = self.options.staging_bound() / 4;
+        while self.check_failed().is_ok() {
+            let staged = self.staging.write().take_oldest(per_turn);
+            if staged.is_empty() {
+                break;
+            }
+            let flushing = self.flushing_now(tree);
+            self.apply_taken(tree, staged, None, flushing)?;
+            add(&self.stats.staged_application_turns, 1);
+            parking_lot::RwLockWriteGuard::bump(tree);
+        }
+        Ok(())
     }
 
     /// Applies the staged batches, if there are any, for a visit of the
