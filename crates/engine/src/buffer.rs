@@ -16,12 +16,20 @@
 use std::collections::{btree_map, BTreeMap};
 use std::ops::Bound;
 
+use bytes::Bytes;
+
 use crate::merge::MergeRegistry;
 
 /// A put or delete, the "base" that hides everything older for its key.
+///
+/// Values and upsert arguments are shared bytes ([`Bytes`]): a buffer
+/// shared copy-on-write with a checkpoint's copy of its node is copied
+/// when it next changes, and the copy then takes its keys and the map's
+/// nodes, not its values (a 2 MiB buffer of 4 KiB blocks copied its
+/// values in 10-17 ms under the tree lock during an untar).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Base {
-    Put { seq: u64, value: Vec<u8> },
+    Put { seq: u64, value: Bytes },
     Delete { seq: u64 },
 }
 
@@ -29,7 +37,7 @@ pub enum Base {
 pub struct Upsert {
     pub seq: u64,
     pub func: u8,
-    pub arg: Vec<u8>,
+    pub arg: Bytes,
 }
 
 /// All pending messages for one key: an optional base, then upserts in
@@ -54,7 +62,10 @@ pub const MESSAGE_OVERHEAD_BYTES: usize = 16;
 impl PointMsg {
     pub fn put(seq: u64, value: Vec<u8>) -> PointMsg {
         PointMsg {
-            base: Some(Base::Put { seq, value }),
+            base: Some(Base::Put {
+                seq,
+                value: value.into(),
+            }),
             upserts: Vec::new(),
         }
     }
@@ -67,7 +78,11 @@ impl PointMsg {
     pub fn upsert(seq: u64, func: u8, arg: Vec<u8>) -> PointMsg {
         PointMsg {
             base: None,
-            upserts: vec![Upsert { seq, func, arg }],
+            upserts: vec![Upsert {
+                seq,
+                func,
+                arg: arg.into(),
+            }],
         }
     }
 
@@ -84,7 +99,7 @@ impl PointMsg {
     /// function the registry does not know.
     pub fn apply(&self, old: Option<&[u8]>, merges: &MergeRegistry) -> Result<Option<Vec<u8>>, u8> {
         let start = match &self.base {
-            Some(Base::Put { value, .. }) => Some(value.clone()),
+            Some(Base::Put { value, .. }) => Some(value.to_vec()),
             Some(Base::Delete { .. }) => None,
             None => old.map(|v| v.to_vec()),
         };
@@ -99,7 +114,8 @@ impl PointMsg {
         merges: &MergeRegistry,
     ) -> Result<Option<Vec<u8>>, u8> {
         let start = match self.base {
-            Some(Base::Put { value, .. }) => Some(value),
+            // Without a copy when the buffer held the only reference.
+            Some(Base::Put { value, .. }) => Some(Vec::from(value)),
             Some(Base::Delete { .. }) => None,
             None => old,
         };
@@ -126,7 +142,10 @@ impl PointMsg {
         }
         let seq = self.newest_seq();
         if let Ok(Some(value)) = self.apply(None, merges) {
-            self.base = Some(Base::Put { seq, value });
+            self.base = Some(Base::Put {
+                seq,
+                value: value.into(),
+            });
             self.upserts.clear();
         }
     }
@@ -443,6 +462,31 @@ mod tests {
 
     fn k(s: &str) -> Vec<u8> {
         s.as_bytes().to_vec()
+    }
+
+    /// A copy of a buffer (what a change makes of a buffer a checkpoint's
+    /// copy of the node shares) shares its values and upsert arguments.
+    #[test]
+    fn a_copied_buffer_shares_its_values() {
+        let merges = MergeRegistry::default();
+        let mut buf = MessageBuffer::default();
+        buf.insert_point(k("a"), PointMsg::put(1, vec![7; 4096]), &merges);
+        buf.insert_point(
+            k("b"),
+            PointMsg::upsert(2, MERGE_PATCH, patch_arg(0, b"xy")),
+            &merges,
+        );
+        let copy = buf.clone();
+        let shared = |key: &str| {
+            let (a, b) = (&buf.points()[&k(key)], &copy.points()[&k(key)]);
+            match (&a.base, &b.base) {
+                (Some(Base::Put { value: x, .. }), Some(Base::Put { value: y, .. })) => {
+                    x.as_ptr() == y.as_ptr()
+                }
+                _ => a.upserts[0].arg.as_ptr() == b.upserts[0].arg.as_ptr(),
+            }
+        };
+        assert!(shared("a") && shared("b"));
     }
 
     /// A part taken from the front holds the lowest keys, about the bytes

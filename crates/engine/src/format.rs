@@ -458,7 +458,7 @@ fn decode_interior(d: &mut Decoder<'_>, height: u32, prefix: &[u8]) -> DecodeRes
                 0 => None,
                 1 => Some(Base::Put {
                     seq: d.varint()?,
-                    value: d.bytes()?.to_vec(),
+                    value: d.bytes()?.to_vec().into(),
                 }),
                 2 => Some(Base::Delete { seq: d.varint()? }),
                 b => return Err(DecodeError(format!("bad base tag {b}"))),
@@ -472,7 +472,7 @@ fn decode_interior(d: &mut Decoder<'_>, height: u32, prefix: &[u8]) -> DecodeRes
                 upserts.push(Upsert {
                     seq: d.varint()?,
                     func: d.u8()?,
-                    arg: d.bytes()?.to_vec(),
+                    arg: d.bytes()?.to_vec().into(),
                 });
             }
             buffer.push_decoded_point(key, PointMsg { base, upserts });

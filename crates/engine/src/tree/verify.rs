@@ -92,8 +92,8 @@ impl Tree {
                                 "key {k:?} out of order or outside {bounds:?}"
                             )));
                         }
-                        if bi > 0 && k < &leaf.pivots[bi - 1]
-                            || bi < leaf.pivots.len() && k >= &leaf.pivots[bi]
+                        if bi > 0 && k < &leaf.pivots[bi - 1][..]
+                            || bi < leaf.pivots.len() && k >= &leaf.pivots[bi][..]
                         {
                             return Err(bad(format!("key {k:?} in the wrong basement")));
                         }
