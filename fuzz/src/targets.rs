@@ -13,8 +13,10 @@
 use std::sync::{Arc, OnceLock};
 
 use betreefs_engine::btt::{BlockTable, Slot};
-use betreefs_engine::format::{decode_basement, decode_header, decode_meta, HEADER_BYTES};
-use betreefs_engine::node::{BasementLoc, Bounds, NodeBody};
+use betreefs_engine::format::{
+    decode_basement, decode_header, decode_meta, decode_node, decode_segment, HEADER_BYTES,
+};
+use betreefs_engine::node::{BasementLoc, Bounds, NodeBody, Segment};
 use betreefs_engine::{validate, KeySpace, MergeRegistry, Message, Options, Store, WriteBatch};
 use betreefs_fs::record::{FsInfo, Record};
 use betreefs_fs::{schema, AtimePolicy, Caller, FileSystem, Operations, ROOT_INO};
@@ -371,6 +373,33 @@ fn node(data: &[u8]) {
         match &node.body {
             NodeBody::Interior(int) => {
                 let _ = validate::check_interior(int, &bounds, num, &merges, u64::MAX);
+                // Each segment alone (as a point query reads it), with the
+                // stored checksum and with one that matches; then the
+                // whole node.
+                let children = int.partial.iter().flat_map(|p| p.children.iter());
+                for (i, child) in children.enumerate() {
+                    let child_bounds = int.child_bounds(i, &bounds);
+                    for (j, segment) in child.segments.iter().enumerate() {
+                        let (at, len) = (segment.loc.offset as usize, segment.loc.len as usize);
+                        let Some(raw) = bytes.get(at..at + len) else {
+                            continue;
+                        };
+                        let range = child.segment_bounds(j, &child_bounds);
+                        for crc in [segment.loc.crc, crc32c_of(&[raw])] {
+                            let segment = Segment {
+                                loc: BasementLoc { crc, ..segment.loc },
+                                count: segment.count,
+                                points: None,
+                            };
+                            let _ = decode_segment(raw, &segment, &range, prefix);
+                        }
+                    }
+                }
+                if let Ok(whole) = decode_node(&header, &bytes, &bounds) {
+                    if let NodeBody::Interior(int) = &whole.body {
+                        let _ = validate::check_interior(int, &bounds, num, &merges, u64::MAX);
+                    }
+                }
             }
             NodeBody::Leaf(leaf) => {
                 let _ = validate::check_leaf(leaf, &bounds);

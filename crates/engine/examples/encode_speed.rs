@@ -49,6 +49,7 @@ fn main() {
             .collect(),
         children: (0..16).collect(),
         buffers: (0..16).map(|_| Default::default()).collect(),
+        partial: None,
     };
     let mut bytes = 0;
     let mut i = 0u32;

@@ -1,4 +1,4 @@
-//! On-disk node format, version 2, with key lifting.
+//! On-disk node format, version 3, with key lifting.
 //!
 //! A node occupies one extent of the node region:
 //!
@@ -7,9 +7,12 @@
 //! | header (64 bytes)  | meta (meta_len)  | pad | basement 0  | basement 1 ...
 //! +--------------------+------------------+-----+-------------+-------------+
 //!                                               ^ each basement starts on a
-//!                                                 4 KiB boundary (leaves only)
+//!                                                 4 KiB boundary (leaves)
+//! +--------------------+------------------+-----------+-----------+----
+//! | header (64 bytes)  | meta (meta_len)  | segment 0 | segment 1 | ... (interior)
+//! +--------------------+------------------+-----------+-----------+----
 //! header, little-endian:
-//!   0 u32 magic "BNOD"        4 u16 version (2)     6 u8 kind (0 leaf, 1 interior)
+//!   0 u32 magic "BNOD"        4 u16 version (3)     6 u8 kind (0 leaf, 1 interior)
 //!   7 u8 tree (key space)     8 u32 height         12 u32 low-bound suffix length
 //!  16 u32 crc32c of the bounds' suffixes            20 u32 meta_len
 //!  24 u32 crc32c of meta      28 u64 node number   36 u32 total length in bytes
@@ -34,9 +37,14 @@
 //!
 //! Interior meta: varint child count; child count - 1 pivot suffixes; then
 //! per child: u64 node number, varint range-delete count, each (start suffix,
-//! end suffix, varint seq); varint point count, each (key suffix, u8 base:
-//! 0 none / 1 put / 2 delete, [varint seq], [value], varint upsert count,
-//! each (varint seq, u8 function, argument)).
+//! end suffix, varint seq); varint segment count, each ((j > 0) the
+//! suffix of its first key, u32 offset, u32 length, u32 crc32c, varint
+//! point count). The segments follow the meta, packed in child and key
+//! order: each a run of point messages (key suffix, u8 base: 0 none / 1
+//! put / 2 delete, [varint seq], [value], varint upsert count, each
+//! (varint seq, u8 function, argument)) of about [`SEGMENT_BYTES`], so that
+//! a point query can read the meta and the one segment holding its key
+//! (node format 2 had every message in the meta).
 //!
 //! The header crc is also kept in the block translation table, so a node
 //! read from an extent that was since reused is detected.
@@ -48,10 +56,19 @@ use betreefs_store::{crc32c_of, AlignedBuf, BLOCK_SIZE};
 use crate::buffer::{Base, MessageBuffer, PointMsg, RangeDel, Upsert};
 use crate::codec::{DecodeError, DecodeResult, Decoder, Encoder, Measure, Sink, SliceWriter};
 use crate::entries::Entries;
-use crate::node::{Basement, BasementLoc, Bounds, Interior, Leaf, Node, NodeBody};
+use crate::node::{
+    Basement, BasementLoc, Bounds, Interior, Leaf, Node, NodeBody, PartialPoints, Segment, Segments,
+};
 
 pub const NODE_MAGIC: u32 = u32::from_le_bytes(*b"BNOD");
-pub const NODE_FORMAT_VERSION: u16 = 2;
+pub const NODE_FORMAT_VERSION: u16 = 3;
+/// An interior node's point messages are stored in segments of about
+/// this many bytes, or a 64th of all of them if that is less (but not
+/// under [`SEGMENT_MIN_BYTES`]); a message larger than that is a segment
+/// alone. A cold point query reads one per buffer on its way down;
+/// smaller segments would make the meta, which names them all, larger.
+pub const SEGMENT_BYTES: usize = 8 << 10;
+pub const SEGMENT_MIN_BYTES: usize = 256;
 pub const HEADER_BYTES: usize = 64;
 const KIND_LEAF: u8 = 0;
 const KIND_INTERIOR: u8 = 1;
@@ -128,30 +145,19 @@ pub struct NodeImage {
 pub fn encode_node(node: &Node, num: u64) -> NodeImage {
     let prefix = node.bounds.lifted_prefix();
     let prefix = prefix.as_slice();
-    let (kind, height, mut buf, meta_len, locs) = match &node.body {
+    let (kind, height, mut buf, meta_len, total, locs) = match &node.body {
         NodeBody::Leaf(leaf) => {
             let (buf, meta_len, locs) = encode_leaf_body(leaf, prefix);
-            (KIND_LEAF, 0, buf, meta_len, locs)
+            let total = match locs.last() {
+                Some(last) => last.offset as usize + round_block((last.len as usize).max(1)),
+                None => HEADER_BYTES + meta_len,
+            };
+            (KIND_LEAF, 0, buf, meta_len, total, locs)
         }
         NodeBody::Interior(int) => {
-            let mut measure = Measure::default();
-            encode_interior_meta(&mut measure, int, prefix);
-            let meta_len = measure.0;
-            let mut buf = AlignedBuf::for_overwrite(HEADER_BYTES + meta_len);
-            let (meta, padding) = buf
-                .get_mut(HEADER_BYTES..)
-                .unwrap_or_default()
-                .split_at_mut(meta_len);
-            let mut writer = SliceWriter::new(meta);
-            encode_interior_meta(&mut writer, int, prefix);
-            assert_eq!(writer.written(), meta_len, "interior meta measured wrong");
-            padding.fill(0);
-            (KIND_INTERIOR, int.height, buf, meta_len, Vec::new())
+            let (buf, meta_len, total) = encode_interior_body(int, prefix);
+            (KIND_INTERIOR, int.height, buf, meta_len, total, Vec::new())
         }
-    };
-    let total = match locs.last() {
-        Some(last) => last.offset as usize + round_block((last.len as usize).max(1)),
-        None => HEADER_BYTES + meta_len,
     };
     let meta_crc = crc32c_of(&[buf
         .get(HEADER_BYTES..HEADER_BYTES + meta_len)
@@ -256,12 +262,120 @@ fn encode_leaf_meta(sink: &mut impl Sink, leaf: &Leaf, prefix: &[u8], locs: &[Ba
     }
 }
 
-fn encode_interior_meta(m: &mut impl Sink, int: &Interior, prefix: &[u8]) {
+/// One segment of an interior node's image as planned before encoding:
+/// the child whose buffer it is part of, its first key, how many point
+/// messages it holds and their encoded length.
+struct SegmentPlan<'a> {
+    child: usize,
+    first: &'a [u8],
+    count: usize,
+    len: usize,
+}
+
+/// Cuts each buffer's point messages into segments of about
+/// [`SEGMENT_BYTES`] encoded bytes (less in a small node).
+fn plan_segments<'a>(int: &'a Interior, prefix: &[u8]) -> Vec<SegmentPlan<'a>> {
+    let lens: Vec<usize> = int
+        .buffers
+        .iter()
+        .flat_map(|b| b.points())
+        .map(|(key, msg)| {
+            let mut measure = Measure::default();
+            encode_point(&mut measure, key, msg, prefix);
+            measure.0
+        })
+        .collect();
+    let target = (lens.iter().sum::<usize>() / 64).clamp(SEGMENT_MIN_BYTES, SEGMENT_BYTES);
+    let mut lens = lens.into_iter();
+    let mut plan: Vec<SegmentPlan<'a>> = Vec::new();
+    for (child, buffer) in int.buffers.iter().enumerate() {
+        let mut open = false;
+        for (key, len) in buffer.points().keys().zip(lens.by_ref()) {
+            match plan.last_mut() {
+                Some(last) if open && last.len < target => {
+                    last.count += 1;
+                    last.len += len;
+                }
+                _ => {
+                    plan.push(SegmentPlan {
+                        child,
+                        first: key,
+                        count: 1,
+                        len,
+                    });
+                    open = true;
+                }
+            }
+        }
+    }
+    plan
+}
+
+/// An interior node's meta and segments, in a buffer with the header's
+/// bytes left for the caller: returns it, the meta's length, and the
+/// node's length (the end of its last segment). Every byte past the
+/// header is written (padding zeroed).
+fn encode_interior_body(int: &Interior, prefix: &[u8]) -> (AlignedBuf, usize, usize) {
+    assert!(
+        !int.is_partial(),
+        "tree invariant: an interior node read in part is never written"
+    );
+    let plan = plan_segments(int, prefix);
+    let mut measure = Measure::default();
+    encode_interior_meta(&mut measure, int, prefix, &plan, &[]);
+    let meta_len = measure.0;
+    let mut offset = HEADER_BYTES + meta_len;
+    let mut locs: Vec<BasementLoc> = Vec::with_capacity(plan.len());
+    for segment in &plan {
+        locs.push(BasementLoc {
+            offset: offset as u32,
+            len: segment.len as u32,
+            crc: 0,
+        });
+        offset += segment.len;
+    }
+    let end = offset;
+    let mut buf = AlignedBuf::for_overwrite(end);
+    let mut at = 0;
+    for (i, buffer) in int.buffers.iter().enumerate() {
+        let mut points = buffer.points().iter();
+        while let (Some(segment), Some(loc)) =
+            (plan.get(at).filter(|s| s.child == i), locs.get_mut(at))
+        {
+            let (start, len) = (loc.offset as usize, loc.len as usize);
+            let bytes = buf.get_mut(start..start + len).unwrap_or_default();
+            let mut writer = SliceWriter::new(bytes);
+            for (key, msg) in points.by_ref().take(segment.count) {
+                encode_point(&mut writer, key, msg, prefix);
+            }
+            assert_eq!(writer.written(), len, "segment measured wrong");
+            loc.crc = crc32c_of(&[bytes]);
+            at += 1;
+        }
+    }
+    buf.get_mut(end..).unwrap_or_default().fill(0);
+    let meta = buf
+        .get_mut(HEADER_BYTES..HEADER_BYTES + meta_len)
+        .unwrap_or_default();
+    let mut writer = SliceWriter::new(meta);
+    encode_interior_meta(&mut writer, int, prefix, &plan, &locs);
+    assert_eq!(writer.written(), meta_len, "interior meta measured wrong");
+    (buf, meta_len, end)
+}
+
+fn encode_interior_meta(
+    m: &mut impl Sink,
+    int: &Interior,
+    prefix: &[u8],
+    plan: &[SegmentPlan<'_>],
+    locs: &[BasementLoc],
+) {
     m.varint(int.children.len() as u64);
     for p in &int.pivots {
         m.bytes(strip(p, prefix));
     }
-    for (child, buffer) in int.children.iter().zip(&int.buffers) {
+    let mut at = 0;
+    for (i, (child, buffer)) in int.children.iter().zip(&int.buffers).enumerate() {
         m.u64(*child);
         m.varint(buffer.ranges().len() as u64);
         for (start, r) in buffer.ranges() {
@@ -269,28 +383,49 @@ fn encode_interior_meta(m: &mut impl Sink, int: &Interior, prefix: &[u8]) {
             m.bytes(strip(&r.end, prefix));
             m.varint(r.seq);
         }
-        m.varint(buffer.points().len() as u64);
-        for (key, msg) in buffer.points() {
-            m.bytes(strip(key, prefix));
-            match &msg.base {
-                None => m.u8(0),
-                Some(Base::Put { seq, value }) => {
-                    m.u8(1);
-                    m.varint(*seq);
-                    m.bytes(value);
-                }
-                Some(Base::Delete { seq }) => {
-                    m.u8(2);
-                    m.varint(*seq);
-                }
-            }
-            m.varint(msg.upserts.len() as u64);
-            for u in &msg.upserts {
-                m.varint(u.seq);
-                m.u8(u.func);
-                m.bytes(&u.arg);
-            }
+        let first = at;
+        while plan.get(at).is_some_and(|s| s.child == i) {
+            at += 1;
         }
+        m.varint((at - first) as u64);
+        for (j, segment) in plan.iter().enumerate().take(at).skip(first) {
+            if j > first {
+                m.bytes(strip(segment.first, prefix));
+            }
+            // Fixed-size fields: the meta measures the same before the
+            // segments' places are known.
+            let loc = locs.get(j).copied().unwrap_or(BasementLoc {
+                offset: 0,
+                len: 0,
+                crc: 0,
+            });
+            m.u32(loc.offset);
+            m.u32(loc.len);
+            m.u32(loc.crc);
+            m.varint(segment.count as u64);
+        }
+    }
+}
+
+fn encode_point(m: &mut impl Sink, key: &[u8], msg: &PointMsg, prefix: &[u8]) {
+    m.bytes(strip(key, prefix));
+    match &msg.base {
+        None => m.u8(0),
+        Some(Base::Put { seq, value }) => {
+            m.u8(1);
+            m.varint(*seq);
+            m.bytes(value);
+        }
+        Some(Base::Delete { seq }) => {
+            m.u8(2);
+            m.varint(*seq);
+        }
+    }
+    m.varint(msg.upserts.len() as u64);
+    for u in &msg.upserts {
+        m.varint(u.seq);
+        m.u8(u.func);
+        m.bytes(&u.arg);
     }
 }
 
@@ -410,7 +545,7 @@ pub fn decode_meta(header: &NodeHeader, meta: &[u8], bounds: &Bounds) -> DecodeR
         }
         NodeBody::Leaf(leaf)
     } else {
-        NodeBody::Interior(decode_interior(&mut d, header.height, prefix)?)
+        NodeBody::Interior(decode_interior(&mut d, header, prefix)?)
     };
     if !d.is_empty() {
         return Err(DecodeError("trailing bytes after node meta".into()));
@@ -424,16 +559,26 @@ pub fn decode_meta(header: &NodeHeader, meta: &[u8], bounds: &Bounds) -> DecodeR
     })
 }
 
-fn decode_interior(d: &mut Decoder<'_>, height: u32, prefix: &[u8]) -> DecodeResult<Interior> {
+/// An interior node's meta: pivots, children, range deletes, and where
+/// each buffer's point messages lie (the node read in part).
+fn decode_interior(
+    d: &mut Decoder<'_>,
+    header: &NodeHeader,
+    prefix: &[u8],
+) -> DecodeResult<Interior> {
     let count = d.varint()? as usize;
     if count == 0 || count > d.remaining() {
         return Err(DecodeError(format!("bad child count {count}")));
     }
     let mut int = Interior {
-        height,
+        height: header.height,
         pivots: Vec::with_capacity(count - 1),
         children: Vec::with_capacity(count),
         buffers: Vec::with_capacity(count),
+        partial: None,
+    };
+    let mut partial = PartialPoints {
+        children: Vec::with_capacity(count),
     };
     for _ in 1..count {
         int.pivots.push(unlift(prefix, d.bytes()?));
@@ -441,6 +586,8 @@ fn decode_interior(d: &mut Decoder<'_>, height: u32, prefix: &[u8]) -> DecodeRes
     if !strictly_increasing(&int.pivots) {
         return Err(DecodeError("pivots out of order".into()));
     }
+    // Segments lie after the meta, in order, within the node.
+    let mut next_offset = meta_end(header) as u64;
     for _ in 0..count {
         int.children.push(d.u64()?);
         let mut buffer = MessageBuffer::default();
@@ -451,35 +598,188 @@ fn decode_interior(d: &mut Decoder<'_>, height: u32, prefix: &[u8]) -> DecodeRes
             let seq = d.varint()?;
             buffer.push_decoded_range(start, RangeDel { end, seq });
         }
-        let points = d.varint()?;
-        for _ in 0..points {
-            let key = unlift(prefix, d.bytes()?);
-            let base = match d.u8()? {
-                0 => None,
-                1 => Some(Base::Put {
-                    seq: d.varint()?,
-                    value: d.bytes()?.to_vec().into(),
-                }),
-                2 => Some(Base::Delete { seq: d.varint()? }),
-                b => return Err(DecodeError(format!("bad base tag {b}"))),
-            };
-            let n = d.varint()?;
-            if n > d.remaining() as u64 {
-                return Err(DecodeError("bad upsert count".into()));
-            }
-            let mut upserts = Vec::with_capacity(n as usize);
-            for _ in 0..n {
-                upserts.push(Upsert {
-                    seq: d.varint()?,
-                    func: d.u8()?,
-                    arg: d.bytes()?.to_vec().into(),
-                });
-            }
-            buffer.push_decoded_point(key, PointMsg { base, upserts });
-        }
         int.buffers.push(Arc::new(buffer));
+        let n = d.varint()? as usize;
+        if n > d.remaining() {
+            return Err(DecodeError(format!("bad segment count {n}")));
+        }
+        let mut segments = Segments {
+            pivots: Vec::with_capacity(n.saturating_sub(1)),
+            segments: Vec::with_capacity(n),
+        };
+        for j in 0..n {
+            if j > 0 {
+                segments.pivots.push(unlift(prefix, d.bytes()?));
+            }
+            let loc = BasementLoc {
+                offset: d.u32()?,
+                len: d.u32()?,
+                crc: d.u32()?,
+            };
+            let points = d.varint()? as usize;
+            if u64::from(loc.offset) != next_offset
+                || u64::from(loc.offset) + u64::from(loc.len) > u64::from(header.total_len)
+                || points == 0
+                || points > loc.len as usize
+            {
+                return Err(DecodeError(format!(
+                    "segment {j} of child {} lies outside its place",
+                    int.children.len() - 1
+                )));
+            }
+            next_offset += u64::from(loc.len);
+            segments.segments.push(Segment {
+                loc,
+                count: points,
+                points: None,
+            });
+        }
+        if !strictly_increasing(&segments.pivots) {
+            return Err(DecodeError("segment pivots out of order".into()));
+        }
+        partial.children.push(segments);
+    }
+    if next_offset != u64::from(header.total_len) {
+        return Err(DecodeError("node length and its segments disagree".into()));
+    }
+    if partial.children.iter().any(|c| !c.segments.is_empty()) {
+        int.partial = Some(Box::new(partial));
     }
     Ok(int)
+}
+
+/// Decodes one segment of an interior node's point messages from its
+/// bytes (already cut to `segment.loc.len`), checking that its keys lie
+/// in `range` (the segment's, within its child's) in increasing order.
+pub fn decode_segment(
+    bytes: &[u8],
+    segment: &Segment,
+    range: &Bounds,
+    prefix: &[u8],
+) -> DecodeResult<MessageBuffer> {
+    if crc32c_of(&[bytes]) != segment.loc.crc {
+        return Err(DecodeError(format!(
+            "segment at offset {} fails its checksum",
+            segment.loc.offset
+        )));
+    }
+    let mut d = Decoder::new(bytes);
+    let mut buffer = MessageBuffer::default();
+    let mut previous: Option<Vec<u8>> = None;
+    for _ in 0..segment.count {
+        let key = unlift(prefix, d.bytes()?);
+        if previous.as_ref().is_some_and(|p| *p >= key) || !range.contains(&key) {
+            return Err(DecodeError(format!(
+                "segment at offset {} holds a key out of order or out of its range",
+                segment.loc.offset
+            )));
+        }
+        let base = match d.u8()? {
+            0 => None,
+            1 => Some(Base::Put {
+                seq: d.varint()?,
+                value: d.bytes()?.to_vec().into(),
+            }),
+            2 => Some(Base::Delete { seq: d.varint()? }),
+            b => return Err(DecodeError(format!("bad base tag {b}"))),
+        };
+        let n = d.varint()?;
+        if n > d.remaining() as u64 {
+            return Err(DecodeError("bad upsert count".into()));
+        }
+        let mut upserts = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            upserts.push(Upsert {
+                seq: d.varint()?,
+                func: d.u8()?,
+                arg: d.bytes()?.to_vec().into(),
+            });
+        }
+        previous = Some(key.clone());
+        buffer.push_decoded_point(key, PointMsg { base, upserts });
+    }
+    if !d.is_empty() {
+        return Err(DecodeError(format!(
+            "trailing bytes in the segment at offset {}",
+            segment.loc.offset
+        )));
+    }
+    Ok(buffer)
+}
+
+/// Decodes segment `j` of child `i` of a partly read interior node with
+/// bounds `bounds` from `node_bytes`, the node's image from byte `base`
+/// of its extent on, and keeps it in the node.
+pub fn load_segment(
+    int: &mut Interior,
+    (i, j): (usize, usize),
+    bounds: &Bounds,
+    node_bytes: &[u8],
+    base: usize,
+) -> DecodeResult<()> {
+    let child = int.child_bounds(i, bounds);
+    let prefix = bounds.lifted_prefix();
+    let Some(segments) = int.partial.as_mut().and_then(|p| p.children.get_mut(i)) else {
+        return Err(DecodeError(format!("no segments for child {i}")));
+    };
+    let range = segments.segment_bounds(j, &child);
+    let Some(segment) = segments.segments.get_mut(j) else {
+        return Err(DecodeError(format!("no segment {j} of child {i}")));
+    };
+    let start = (segment.loc.offset as usize)
+        .checked_sub(base)
+        .ok_or_else(|| DecodeError("segment before the bytes read".into()))?;
+    let bytes = node_bytes
+        .get(start..start + segment.loc.len as usize)
+        .ok_or_else(|| DecodeError("segment past the bytes read".into()))?;
+    segment.points = Some(decode_segment(bytes, segment, &range, &prefix)?);
+    Ok(())
+}
+
+/// Decodes a whole node from its image (`node_bytes`, from the start of
+/// its extent): the meta, then every basement of a leaf or every segment
+/// of an interior node.
+pub fn decode_node(header: &NodeHeader, node_bytes: &[u8], bounds: &Bounds) -> DecodeResult<Node> {
+    let meta = node_bytes
+        .get(HEADER_BYTES..meta_end(header))
+        .ok_or_else(|| DecodeError("meta beyond the node".into()))?;
+    let mut node = decode_meta(header, meta, bounds)?;
+    let prefix = bounds.lifted_prefix();
+    match &mut node.body {
+        NodeBody::Leaf(leaf) => {
+            for b in &mut leaf.basements {
+                let loc = b
+                    .loc
+                    .ok_or_else(|| DecodeError("basement without location".into()))?;
+                let bytes = node_bytes
+                    .get(loc.offset as usize..loc.offset as usize + loc.len as usize)
+                    .ok_or_else(|| DecodeError("basement beyond node".into()))?;
+                b.entries = Some(decode_basement(bytes, &loc, b.count, &prefix)?);
+            }
+        }
+        NodeBody::Interior(int) => load_all_segments(int, bounds, node_bytes)?,
+    }
+    Ok(node)
+}
+
+/// Loads every segment of a partly read interior node from its whole
+/// image and makes it whole.
+pub fn load_all_segments(
+    int: &mut Interior,
+    bounds: &Bounds,
+    node_bytes: &[u8],
+) -> DecodeResult<()> {
+    let counts: Vec<usize> = int
+        .partial
+        .as_ref()
+        .map(|p| p.children.iter().map(|c| c.segments.len()).collect())
+        .unwrap_or_default();
+    for (i, n) in counts.into_iter().enumerate() {
+        for j in 0..n {
+            load_segment(int, (i, j), bounds, node_bytes, 0)?;
+        }
+    }
+    int.make_whole().map_err(DecodeError)
 }
 
 /// Decodes one basement's bytes (already cut to `loc.len`).
@@ -527,18 +827,9 @@ mod tests {
 
     fn round_trip(node: &Node, num: u64) -> Node {
         let img = encode_node(node, num);
-        let prefix = node.bounds.lifted_prefix();
         let h = decode_header(&img.buf, img.crc, num, &node.bounds).unwrap();
         assert_eq!(h.total_len, img.len);
-        let mut back = decode_meta(&h, &img.buf[HEADER_BYTES..meta_end(&h)], &node.bounds).unwrap();
-        if let NodeBody::Leaf(leaf) = &mut back.body {
-            for b in &mut leaf.basements {
-                let loc = b.loc.unwrap();
-                let bytes = &img.buf[loc.offset as usize..(loc.offset + loc.len) as usize];
-                b.entries = Some(decode_basement(bytes, &loc, b.count, &prefix).unwrap());
-            }
-        }
-        back
+        decode_node(&h, &img.buf, &node.bounds).unwrap()
     }
 
     fn lifted_leaf() -> Node {
@@ -595,6 +886,7 @@ mod tests {
             pivots: vec![b"m".to_vec()],
             children: vec![4, 5],
             buffers: vec![Default::default(), Default::default()],
+            partial: None,
         };
         int.insert_range_delete(b"c", b"q", 3, &Bounds::full());
         int.insert_point(b"a".to_vec(), PointMsg::put(4, b"v".to_vec()), &merges);

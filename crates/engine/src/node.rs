@@ -3,7 +3,9 @@
 //! Keys are held whole in memory; on disk a node stores only what follows
 //! its lifted prefix (see [`crate::format`]). A leaf may be partly loaded:
 //! its basement table is always present, each basement's entries only once
-//! read.
+//! read. An interior node may be partly loaded too, for point queries
+//! only: its pivots, children and range deletes always, the point
+//! messages of its buffers a segment at a time ([`PartialPoints`]).
 
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -75,7 +77,8 @@ impl Bounds {
     }
 }
 
-/// Where a basement lies inside the node's current extent.
+/// Where a basement (leaves) or a segment of a buffer's point messages
+/// (interior nodes) lies inside the node's current extent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BasementLoc {
     pub offset: u32,
@@ -483,11 +486,176 @@ pub struct Interior {
     pub children: Vec<u64>,
     /// Shared copy-on-write (`Arc::make_mut`): a snapshot of the node for
     /// the checkpoint in flight costs a pointer per buffer, and a change
-    /// afterwards copies only the buffer it changes.
+    /// afterwards copies only the buffer it changes. In a node read in
+    /// part (`partial`), only the range deletes.
     pub buffers: Vec<Arc<MessageBuffer>>,
+    /// `Some` while the node is read in part, for point queries: the
+    /// point messages of its buffers are then in `partial`'s segments,
+    /// each loaded when a query needs it. Such a node is clean and never
+    /// changed; whatever changes a node, or reads a range through it,
+    /// reads it whole first (`Tree::load`).
+    pub partial: Option<Box<PartialPoints>>,
+}
+
+/// The point messages of a partly loaded interior node's buffers, per
+/// child, as they lie on disk: in segments of about
+/// [`crate::format::SEGMENT_BYTES`] in key order, so that a cold point
+/// query reads the node's meta and one segment per buffer on its way, not
+/// the whole node (up to 4 MiB of messages).
+#[derive(Clone, Debug, Default)]
+pub struct PartialPoints {
+    pub children: Vec<Segments>,
+}
+
+/// One child's segments: `pivots[j]` is the first key of segment `j + 1`.
+#[derive(Clone, Debug, Default)]
+pub struct Segments {
+    pub pivots: Vec<Vec<u8>>,
+    pub segments: Vec<Segment>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Segment {
+    pub loc: BasementLoc,
+    /// How many point messages it holds.
+    pub count: usize,
+    /// Its point messages (in a buffer of no range deletes), once read.
+    pub points: Option<MessageBuffer>,
+}
+
+impl Segments {
+    /// The segment that holds `key`'s message, if there is one.
+    pub fn segment_for(&self, key: &[u8]) -> usize {
+        self.pivots.partition_point(|p| p.as_slice() <= key)
+    }
+
+    /// The key range of segment `j` within a child's `bounds`.
+    pub fn segment_bounds(&self, j: usize, child: &Bounds) -> Bounds {
+        Bounds {
+            lo: match j.checked_sub(1) {
+                None => child.lo.clone(),
+                Some(p) => self.pivots.get(p).cloned().unwrap_or_default(),
+            },
+            hi: self.pivots.get(j).cloned().or_else(|| child.hi.clone()),
+        }
+    }
+}
+
+impl PartialPoints {
+    fn mem_bytes(&self) -> usize {
+        self.children
+            .iter()
+            .flat_map(|c| {
+                c.pivots.iter().map(|p| p.len() + 32).chain(
+                    c.segments
+                        .iter()
+                        .map(|s| 64 + s.points.as_ref().map_or(0, buffer_mem_bytes)),
+                )
+            })
+            .sum()
+    }
 }
 
 impl Interior {
+    pub fn is_partial(&self) -> bool {
+        self.partial.is_some()
+    }
+
+    /// The point message for `key` pending in buffer `i`: `None` when the
+    /// node is read in part and the segment that would hold it is not
+    /// loaded yet, `Some(None)` when there is none.
+    pub fn point(&self, i: usize, key: &[u8]) -> Option<Option<&PointMsg>> {
+        let Some(partial) = &self.partial else {
+            return Some(self.buffers.get(i)?.points().get(key));
+        };
+        let segments = partial.children.get(i)?;
+        match segments.segments.get(segments.segment_for(key)) {
+            // A buffer without point messages has no segment.
+            None => Some(None),
+            Some(segment) => Some(segment.points.as_ref()?.points().get(key)),
+        }
+    }
+
+    /// Whether a point query for `key` finds what it needs of this node
+    /// loaded.
+    pub fn has_point_loaded(&self, key: &[u8]) -> bool {
+        self.point(self.child_index(key), key).is_some()
+    }
+
+    /// The child a range visit from `lo` steps to, and the segments of
+    /// its buffer holding point messages for [lo, hi) (`hi` already within
+    /// the node's bounds; cut here to the child's): none when the node is
+    /// whole or the buffer has no point messages.
+    pub fn segment_span(&self, lo: &[u8], hi: Option<&[u8]>) -> (usize, std::ops::Range<usize>) {
+        let i = self.child_index(lo);
+        let Some(segments) = self.partial.as_ref().and_then(|p| p.children.get(i)) else {
+            return (i, 0..0);
+        };
+        if segments.segments.is_empty() {
+            return (i, 0..0);
+        }
+        let first = segments.segment_for(lo);
+        // Segment j > 0 begins at pivots[j - 1]: those beginning before
+        // the end (and the child's) concern the range.
+        let child_hi = self.pivots.get(i).map(|p| p.as_slice());
+        let end = match (hi, child_hi) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, None) => a,
+            (None, b) => b,
+        };
+        let last = end.map_or(segments.segments.len() - 1, |e| {
+            segments.pivots.partition_point(|p| p.as_slice() < e)
+        });
+        (i, first..last.max(first) + 1)
+    }
+
+    /// Whether a range visit of [lo, hi) finds what it needs of this
+    /// node loaded.
+    pub fn has_range_loaded(&self, lo: &[u8], hi: Option<&[u8]>) -> bool {
+        let (i, span) = self.segment_span(lo, hi);
+        let Some(segments) = self.partial.as_ref().and_then(|p| p.children.get(i)) else {
+            return true;
+        };
+        segments
+            .segments
+            .get(span)
+            .is_some_and(|s| s.iter().all(|s| s.points.is_some()))
+    }
+
+    /// The loaded point messages of child `i`'s segments in `span`.
+    pub fn segment_points(
+        &self,
+        i: usize,
+        span: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = &MessageBuffer> {
+        self.partial
+            .as_ref()
+            .and_then(|p| p.children.get(i))
+            .and_then(|c| c.segments.get(span))
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|s| s.points.as_ref())
+    }
+
+    /// Puts the point messages of each child's segments (all loaded) into
+    /// its buffer: the node is whole.
+    pub fn make_whole(&mut self) -> Result<(), String> {
+        let Some(partial) = self.partial.take() else {
+            return Ok(());
+        };
+        if partial.children.len() != self.buffers.len() {
+            return Err("segment directory and buffer counts disagree".into());
+        }
+        for (buffer, child) in self.buffers.iter_mut().zip(partial.children) {
+            for segment in child.segments {
+                let Some(points) = segment.points else {
+                    return Err("a segment was not loaded".into());
+                };
+                Arc::make_mut(buffer).absorb_disjoint(points);
+            }
+        }
+        Ok(())
+    }
     pub fn child_index(&self, key: &[u8]) -> usize {
         self.pivots.partition_point(|p| p.as_slice() <= key)
     }
@@ -524,6 +692,7 @@ impl Interior {
             .sum::<usize>()
             + self.pivots.iter().map(|p| p.len() + 32).sum::<usize>()
             + self.children.len() * 16
+            + self.partial.as_ref().map_or(0, |p| p.mem_bytes())
             + 128
     }
 
@@ -678,6 +847,11 @@ impl Node {
                 }
             }
         }
+    }
+
+    /// Whether the node is an interior node read in part.
+    pub fn is_partial(&self) -> bool {
+        matches!(&self.body, NodeBody::Interior(int) if int.is_partial())
     }
 
     pub fn height(&self) -> u32 {

@@ -15,6 +15,10 @@ pub struct Stats {
     pub node_bytes_read: [AtomicU64; LEVELS_TRACKED],
     pub nodes_written: AtomicU64,
     pub nodes_read: AtomicU64,
+    /// Interior nodes read in part for point queries (their meta alone).
+    pub interior_nodes_read_in_part: AtomicU64,
+    /// Segments of point messages such nodes' queries read.
+    pub segments_read: AtomicU64,
     /// Leaves read ahead of a sequential scan and cached.
     pub nodes_read_ahead: AtomicU64,
     /// Leaves point queries read holding no tree lock and cached.
@@ -161,6 +165,8 @@ pub struct StatsSnapshot {
     pub node_bytes_read_per_level: Vec<u64>,
     pub nodes_written: u64,
     pub nodes_read: u64,
+    pub interior_nodes_read_in_part: u64,
+    pub segments_read: u64,
     pub nodes_read_ahead: u64,
     pub leaves_read_unlocked: u64,
     pub basement_reads_unlocked: u64,
@@ -255,6 +261,8 @@ impl Stats {
             node_bytes_read_per_level: read,
             nodes_written: get(&self.nodes_written),
             nodes_read: get(&self.nodes_read),
+            interior_nodes_read_in_part: get(&self.interior_nodes_read_in_part),
+            segments_read: get(&self.segments_read),
             nodes_read_ahead: get(&self.nodes_read_ahead),
             leaves_read_unlocked: get(&self.leaves_read_unlocked),
             basement_reads_unlocked: get(&self.basement_reads_unlocked),

@@ -123,7 +123,7 @@ fn check_point(
 /// Checks one child buffer of an interior node: every message lies within
 /// the child's bounds, range deletes are non-empty, sorted and disjoint,
 /// and nothing is newer than the store itself.
-fn check_buffer(
+pub(crate) fn check_buffer(
     buffer: &MessageBuffer,
     child: &Bounds,
     merges: &MergeRegistry,
@@ -266,6 +266,7 @@ mod tests {
             pivots: vec![b"m".to_vec()],
             children: vec![4, 5],
             buffers: vec![Default::default(), Default::default()],
+            partial: None,
         };
         int.insert_point(b"c".to_vec(), PointMsg::put(3, b"v".to_vec()), &merges);
         assert!(check_interior(&int, &own, 9, &merges, 10).is_ok());

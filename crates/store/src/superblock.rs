@@ -17,7 +17,10 @@ pub const MAGIC: [u8; 8] = *b"BETREEFS";
 /// prefix (node format 2), so range renames move subtrees by surgery.
 /// Version 4: the block table (version 2) counts references to shared
 /// nodes, and the log may hold range clones.
-pub const FORMAT_VERSION: u32 = 4;
+/// Version 5: interior nodes keep their buffers' point messages in
+/// segments after the meta (node format 3), so that a point query reads
+/// one segment per buffer instead of the whole node.
+pub const FORMAT_VERSION: u32 = 5;
 /// How many trees (key spaces) a superblock can name.
 pub const MAX_TREES: usize = 8;
 

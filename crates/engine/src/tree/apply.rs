@@ -158,6 +158,7 @@ impl Tree {
                 pivots: Vec::new(),
                 children: vec![root],
                 buffers: vec![Default::default()],
+                partial: None,
             };
             self.roots[ks.index()] = self.new_node(ks, NodeBody::Interior(int), Bounds::full());
         }
@@ -219,6 +220,7 @@ impl Tree {
                 pivots: Vec::new(),
                 children: vec![root],
                 buffers: vec![Default::default()],
+                partial: None,
             };
             for (pivot, num) in splits {
                 int.pivots.push(pivot);

@@ -25,6 +25,13 @@ impl Tree {
     }
 
     pub(super) fn put(&mut self, num: u64, node: Node) {
+        // A node read in part holds stand-ins for what it left on disk:
+        // written, it would lose them. Whatever changes a node reads it
+        // whole first.
+        assert!(
+            !(node.dirty && node.is_partial()),
+            "tree invariant: node {num} changed while read in part"
+        );
         node.last_used.set(self.next_tick());
         self.cache_bytes += node.mem_bytes();
         self.cache_bytes_peak = self.cache_bytes_peak.max(self.cache_bytes);

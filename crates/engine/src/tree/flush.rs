@@ -338,7 +338,10 @@ impl Tree {
                 else {
                     continue;
                 };
-                if int.height < 2 {
+                // A node read in part is not changed (a step would split or
+                // merge below it): a child left unsettled under it is
+                // found once a flush through the node reads it whole.
+                if int.height < 2 || int.is_partial() {
                     continue;
                 }
                 for (i, &child) in int.children.iter().enumerate() {

@@ -59,10 +59,18 @@ impl Tree {
         if node.bounds != *bounds || height.is_some_and(|h| h != node.height()) {
             return None;
         }
-        if let NodeBody::Leaf(leaf) = &node.body {
-            if Self::basement_span(leaf, want).any(|i| leaf.basements[i].entries.is_none()) {
-                return None;
+        match &node.body {
+            NodeBody::Leaf(leaf) => {
+                if Self::basement_span(leaf, want).any(|i| leaf.basements[i].entries.is_none()) {
+                    return None;
+                }
             }
+            NodeBody::Interior(int) if int.is_partial() => match want {
+                Want::Key(key) if int.has_point_loaded(key) => {}
+                Want::Range(lo, hi) if int.has_range_loaded(lo, hi) => {}
+                _ => return None,
+            },
+            NodeBody::Interior(_) => {}
         }
         node.last_used.set(self.next_tick());
         add(&self.stats.cache_hits, 1);
@@ -82,6 +90,14 @@ impl Tree {
     ) -> EngineResult<()> {
         if self.cached_for(num, bounds, want, height).is_some() {
             return Ok(());
+        }
+        if self.cache.get(&num).is_some_and(|node| {
+            node.is_partial() && (node.bounds != *bounds || matches!(want, Want::Whole))
+        }) {
+            // Read in part for point queries, and now wanted whole (or
+            // reached under other bounds): it is clean, so it is read
+            // again as any uncached node.
+            drop(self.take(num));
         }
         if let Some(node) = self.cache.get(&num) {
             node.last_used.set(self.next_tick());
@@ -115,11 +131,11 @@ impl Tree {
                     format!("at height {} where {h} was expected", node.height()),
                 ));
             }
-            // Reached as cached but not a hit: basements `want` needs are
-            // still on the device.
+            // Reached as cached but not a hit: basements or a segment
+            // `want` needs are still on the device.
             add(&self.stats.cache_misses, 1);
             let mut node = self.take(num);
-            let result = self.read_basements(ks, num, &mut node, want);
+            let result = self.read_parts(ks, num, &mut node, want);
             self.put(num, node);
             return result;
         }
@@ -127,7 +143,7 @@ impl Tree {
         let Slot::OnDisk { extent, crc } = self.btt.get(num) else {
             return Err(Self::corrupt(ks, num, "referenced but never written"));
         };
-        let whole = matches!(want, Want::Whole);
+        let mut whole = matches!(want, Want::Whole);
         let first_len = if whole {
             extent.len as usize
         } else {
@@ -135,6 +151,14 @@ impl Tree {
         };
         let mut head = self.read_extent_bytes(extent, 0, first_len, height.unwrap_or(0))?;
         let header = Self::checked_header(ks, num, &head, crc, bounds, extent.len, height)?;
+        // An interior node is read in part only when it is large enough
+        // for that to save reading.
+        if !whole && !header.kind_leaf && extent.len as usize <= self.partial_read_min_bytes() {
+            whole = true;
+            if head.len() < extent.len as usize {
+                head = self.read_extent_bytes(extent, 0, extent.len as usize, header.height)?;
+            }
+        }
         if meta_end(&header) > head.len() {
             head = self.read_extent_bytes(extent, 0, meta_end(&header), header.height)?;
         }
@@ -148,11 +172,19 @@ impl Tree {
         }
         .map_err(|reason| Self::corrupt(ks, num, reason))?;
         add(&self.stats.nodes_read, 1);
-        let result = if let (true, NodeBody::Leaf(leaf)) = (whole, &mut node.body) {
-            // The whole extent is in memory already: decode every basement from it.
-            Self::decode_all_basements(ks, num, leaf, bounds, &head)
-        } else {
-            self.read_basements(ks, num, &mut node, want)
+        if !whole && node.is_partial() {
+            add(&self.stats.interior_nodes_read_in_part, 1);
+        }
+        let result = match (whole, &mut node.body) {
+            // The whole extent is in memory already: decode every basement
+            // or segment from it.
+            (true, NodeBody::Leaf(leaf)) => {
+                Self::decode_all_basements(ks, num, leaf, bounds, &head)
+            }
+            (true, NodeBody::Interior(int)) => load_all_segments(int, bounds, &head)
+                .map_err(|e| Self::corrupt(ks, num, e.0))
+                .and_then(|()| self.check_buffers(ks, num, int, bounds)),
+            (false, _) => self.read_parts(ks, num, &mut node, want),
         };
         result?;
         self.put(num, node);
@@ -276,6 +308,114 @@ impl Tree {
             }
         };
         first..=last
+    }
+
+    /// Interior nodes of at most this many bytes (a 64th of a node: 64
+    /// KiB by default) are read whole even for a point query: reading the
+    /// meta and a segment apart would save little and cost more IOs.
+    fn partial_read_min_bytes(&self) -> usize {
+        self.opts.node_size / 64
+    }
+
+    /// Checks the messages of a whole interior node's buffers against
+    /// their children's ranges (`validate::check_interior`, once the
+    /// segments are in the buffers).
+    fn check_buffers(
+        &self,
+        ks: KeySpace,
+        num: u64,
+        int: &Interior,
+        bounds: &Bounds,
+    ) -> EngineResult<()> {
+        let max_seq = self.next_seq.saturating_sub(1);
+        validate::check_interior(int, bounds, num, &self.merges, max_seq)
+            .map_err(|reason| Self::corrupt(ks, num, reason))
+    }
+
+    /// Reads what `want` needs of a node cached in part: basements of a
+    /// leaf, or the segment holding a point query's key in an interior
+    /// node read in part.
+    pub(super) fn read_parts(
+        &self,
+        ks: KeySpace,
+        num: u64,
+        node: &mut Node,
+        want: Want<'_>,
+    ) -> EngineResult<()> {
+        match (&mut node.body, want) {
+            (NodeBody::Leaf(_), _) => self.read_basements(ks, num, node, want),
+            (NodeBody::Interior(int), Want::Key(key)) if int.is_partial() => {
+                let i = int.child_index(key);
+                let j = int
+                    .partial
+                    .as_ref()
+                    .and_then(|p| p.children.get(i))
+                    .map_or(0, |c| c.segment_for(key));
+                self.read_segments(ks, num, int, &node.bounds, i, j..j + 1)
+            }
+            (NodeBody::Interior(int), Want::Range(lo, hi)) if int.is_partial() => {
+                let (i, span) = int.segment_span(lo, hi);
+                self.read_segments(ks, num, int, &node.bounds, i, span)
+            }
+            (NodeBody::Interior(int), _) if int.is_partial() => Err(Self::corrupt(
+                ks,
+                num,
+                "tree invariant: an interior node read in part wanted whole",
+            )),
+            (NodeBody::Interior(_), _) => Ok(()),
+        }
+    }
+
+    /// Reads and checks segments `span` of child `i`'s buffer in interior
+    /// node `num` (read in part) that are not loaded, in one IO (they lie
+    /// in order, packed).
+    fn read_segments(
+        &self,
+        ks: KeySpace,
+        num: u64,
+        int: &mut Interior,
+        bounds: &Bounds,
+        i: usize,
+        span: std::ops::Range<usize>,
+    ) -> EngineResult<()> {
+        let Some(segments) = int.partial.as_ref().and_then(|p| p.children.get(i)) else {
+            return Ok(());
+        };
+        let missing: Vec<usize> = span
+            .filter(|&j| segments.segments.get(j).is_some_and(|s| s.points.is_none()))
+            .collect();
+        let locs: Vec<BasementLoc> = missing
+            .iter()
+            .filter_map(|&j| segments.segments.get(j).map(|s| s.loc))
+            .collect();
+        let (Some(lo), Some(hi)) = (locs.first(), locs.last()) else {
+            return Ok(());
+        };
+        let Slot::OnDisk { extent, .. } = self.btt.get(num) else {
+            return Err(Self::corrupt(ks, num, "partly loaded node has no extent"));
+        };
+        // Device reads are whole blocks: read the blocks the segments
+        // overlap.
+        let first = lo.offset as usize / BLOCK_SIZE * BLOCK_SIZE;
+        let end = (hi.offset as usize + hi.len as usize).div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
+        let end = end.min((extent.len as usize).div_ceil(BLOCK_SIZE) * BLOCK_SIZE);
+        if first >= end {
+            return Err(Self::corrupt(ks, num, "segment past its node"));
+        }
+        let bytes = self.read_extent_bytes(extent, first as u64, end - first, int.height)?;
+        let child = int.child_bounds(i, bounds);
+        let max_seq = self.next_seq.saturating_sub(1);
+        for j in missing {
+            load_segment(int, (i, j), bounds, &bytes, first)
+                .map_err(|e| Self::corrupt(ks, num, e.0))?;
+            add(&self.stats.segments_read, 1);
+            // The segment's messages are checked as a whole node's are.
+            if let Some(points) = int.segment_points(i, j..j + 1).next() {
+                validate::check_buffer(points, &child, &self.merges, max_seq)
+                    .map_err(|reason| Self::corrupt(ks, num, reason))?;
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn read_basements(

@@ -229,7 +229,10 @@ impl PointWalk {
             NodeBody::Interior(int) => {
                 let i = int.child_index(key);
                 let buf = &int.buffers[i];
-                if let Some(m) = buf.points().get(key) {
+                let Some(point) = int.point(i, key) else {
+                    unreachable!("loaded for the key above")
+                };
+                if let Some(m) = point {
                     self.pending.push(m.clone());
                     if m.hides_older() {
                         return Some(None);
@@ -314,7 +317,14 @@ impl RangeWalk {
         let i = int.child_index(start);
         let child_bounds = int.child_bounds(i, &self.bounds);
         let hi = min_end(end, child_bounds.hi.as_deref());
-        self.levels.push(restricted(&int.buffers[i], start, hi));
+        let mut level = restricted(&int.buffers[i], start, hi);
+        // A node read in part: its buffer holds the range deletes, the
+        // segments loaded for the range its point messages.
+        let (_, span) = int.segment_span(start, hi);
+        for points in int.segment_points(i, span) {
+            level.absorb_disjoint(restricted(points, start, hi));
+        }
+        self.levels.push(level);
         self.height = Some(int.height - 1);
         self.num = int.children[i];
         self.bounds = child_bounds;

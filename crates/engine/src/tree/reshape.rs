@@ -16,6 +16,7 @@ impl Tree {
                 pivots: Vec::new(),
                 children: vec![num],
                 buffers: vec![Default::default()],
+                partial: None,
             };
             num = self.new_node(ks, NodeBody::Interior(int), bounds.clone());
         }
@@ -205,6 +206,7 @@ impl Tree {
                             pivots,
                             children: int.children.split_off(cut),
                             buffers: int.buffers.split_off(cut),
+                            partial: None,
                         };
                         pieces.push((sep, NodeBody::Interior(right)));
                     }

@@ -289,6 +289,7 @@ impl Tree {
                     pivots,
                     children: int.children.split_off(c),
                     buffers: int.buffers.split_off(c),
+                    partial: None,
                 })
             }
         };

@@ -5,8 +5,7 @@
 //! must.
 
 use betreefs_engine::btt::BlockTable;
-use betreefs_engine::format::{decode_basement, decode_header, decode_meta, encode_node};
-use betreefs_engine::format::{meta_end, HEADER_BYTES};
+use betreefs_engine::format::{decode_header, decode_node, encode_node, meta_end};
 use betreefs_engine::node::{Bounds, Node, NodeBody};
 use betreefs_engine::KeySpace;
 use betreefs_store::{
@@ -42,18 +41,21 @@ impl Forge {
         };
         let at = self.sb.layout.extent_offset(extent) as usize;
         let bytes = &self.bytes[at..at + extent.len as usize];
-        let prefix = bounds.lifted_prefix();
         let header = decode_header(bytes, crc, num, bounds).expect("header");
-        let mut node =
-            decode_meta(&header, &bytes[HEADER_BYTES..meta_end(&header)], bounds).expect("meta");
-        if let NodeBody::Leaf(leaf) = &mut node.body {
-            for b in &mut leaf.basements {
-                let loc = b.loc.expect("location");
-                let raw = &bytes[loc.offset as usize..(loc.offset + loc.len) as usize];
-                b.entries = Some(decode_basement(raw, &loc, b.count, &prefix).expect("basement"));
-            }
-        }
-        node
+        decode_node(&header, bytes, bounds).expect("node")
+    }
+
+    /// The root of tree `ks`: its number, the byte offset of its extent in
+    /// the image, where its meta ends and its length.
+    pub fn root_extent(&self, ks: KeySpace) -> (u64, usize, usize, usize) {
+        let num = self.sb.roots[ks.index()];
+        let betreefs_engine::btt::Slot::OnDisk { extent, crc } = self.btt.get(num) else {
+            panic!("node {num} not on disk");
+        };
+        let at = self.sb.layout.extent_offset(extent) as usize;
+        let bytes = &self.bytes[at..at + extent.len as usize];
+        let header = decode_header(bytes, crc, num, &Bounds::full()).expect("header");
+        (num, at, meta_end(&header), header.total_len as usize)
     }
 
     /// Every node of a tree, parents before children.
