@@ -121,6 +121,13 @@ fn unlift(prefix: &[u8], suffix: &[u8]) -> Vec<u8> {
     k
 }
 
+/// A part's place while the meta is measured, before it is known.
+const UNPLACED: BasementLoc = BasementLoc {
+    offset: 0,
+    len: 0,
+    crc: 0,
+};
+
 fn round_block(n: usize) -> usize {
     n.div_ceil(BLOCK_SIZE) * BLOCK_SIZE
 }
@@ -245,20 +252,9 @@ fn encode_basement(sink: &mut impl Sink, b: &Basement, prefix: &[u8]) {
 fn encode_leaf_meta(sink: &mut impl Sink, leaf: &Leaf, prefix: &[u8], locs: &[BasementLoc]) {
     sink.varint(leaf.basements.len() as u64);
     for (i, b) in leaf.basements.iter().enumerate() {
-        if let Some(pivot) = i.checked_sub(1).and_then(|p| leaf.pivots.get(p)) {
-            sink.bytes(strip(pivot, prefix));
-        }
-        // Fixed-size fields: the meta measures the same before the
-        // basements' places are known.
-        let loc = locs.get(i).copied().unwrap_or(BasementLoc {
-            offset: 0,
-            len: 0,
-            crc: 0,
-        });
-        sink.u32(loc.offset);
-        sink.u32(loc.len);
-        sink.u32(loc.crc);
-        sink.varint(b.count as u64);
+        let pivot = i.checked_sub(1).and_then(|p| leaf.pivots.get(p));
+        let loc = locs.get(i).copied().unwrap_or(UNPLACED);
+        encode_part_entry(sink, pivot.map(|p| strip(p, prefix)), loc, b.count);
     }
 }
 
@@ -389,20 +385,9 @@ fn encode_interior_meta(
         }
         m.varint((at - first) as u64);
         for (j, segment) in plan.iter().enumerate().take(at).skip(first) {
-            if j > first {
-                m.bytes(strip(segment.first, prefix));
-            }
-            // Fixed-size fields: the meta measures the same before the
-            // segments' places are known.
-            let loc = locs.get(j).copied().unwrap_or(BasementLoc {
-                offset: 0,
-                len: 0,
-                crc: 0,
-            });
-            m.u32(loc.offset);
-            m.u32(loc.len);
-            m.u32(loc.crc);
-            m.varint(segment.count as u64);
+            let pivot = (j > first).then(|| strip(segment.first, prefix));
+            let loc = locs.get(j).copied().unwrap_or(UNPLACED);
+            encode_part_entry(m, pivot, loc, segment.count);
         }
     }
 }
@@ -519,20 +504,13 @@ pub fn decode_meta(header: &NodeHeader, meta: &[u8], bounds: &Bounds) -> DecodeR
             basements: Vec::with_capacity(count),
         };
         for i in 0..count {
-            if i > 0 {
-                leaf.pivots.push(unlift(prefix, d.bytes()?));
-            }
-            let loc = BasementLoc {
-                offset: d.u32()?,
-                len: d.u32()?,
-                crc: d.u32()?,
-            };
+            let (pivot, loc, entries) = decode_part_entry(&mut d, prefix, i == 0)?;
+            leaf.pivots.extend(pivot);
             if loc.offset as u64 + loc.len as u64 > header.total_len as u64
                 || !loc.offset.is_multiple_of(BLOCK_SIZE as u32)
             {
                 return Err(DecodeError(format!("basement {i} lies outside its node")));
             }
-            let entries = d.varint()? as usize;
             leaf.basements.push(Basement {
                 entries: None,
                 loc: Some(loc),
@@ -557,6 +535,39 @@ pub fn decode_meta(header: &NodeHeader, meta: &[u8], bounds: &Bounds) -> DecodeR
         dirty: false,
         last_used: Default::default(),
     })
+}
+
+/// One entry of a leaf's basement table or of a buffer's segment table:
+/// the part's first key (all but the first part), place and count.
+fn decode_part_entry(
+    d: &mut Decoder<'_>,
+    prefix: &[u8],
+    first: bool,
+) -> DecodeResult<(Option<Vec<u8>>, BasementLoc, usize)> {
+    let pivot = if first {
+        None
+    } else {
+        Some(unlift(prefix, d.bytes()?))
+    };
+    let loc = BasementLoc {
+        offset: d.u32()?,
+        len: d.u32()?,
+        crc: d.u32()?,
+    };
+    Ok((pivot, loc, d.varint()? as usize))
+}
+
+/// Encodes an entry [`decode_part_entry`] reads (`loc` all zero while
+/// measuring: the fields are fixed-size, so the meta measures the same
+/// before the parts' places are known).
+fn encode_part_entry(sink: &mut impl Sink, pivot: Option<&[u8]>, loc: BasementLoc, count: usize) {
+    if let Some(pivot) = pivot {
+        sink.bytes(pivot);
+    }
+    sink.u32(loc.offset);
+    sink.u32(loc.len);
+    sink.u32(loc.crc);
+    sink.varint(count as u64);
 }
 
 /// An interior node's meta: pivots, children, range deletes, and where
@@ -608,15 +619,8 @@ fn decode_interior(
             segments: Vec::with_capacity(n),
         };
         for j in 0..n {
-            if j > 0 {
-                segments.pivots.push(unlift(prefix, d.bytes()?));
-            }
-            let loc = BasementLoc {
-                offset: d.u32()?,
-                len: d.u32()?,
-                crc: d.u32()?,
-            };
-            let points = d.varint()? as usize;
+            let (pivot, loc, points) = decode_part_entry(d, prefix, j == 0)?;
+            segments.pivots.extend(pivot);
             if u64::from(loc.offset) != next_offset
                 || u64::from(loc.offset) + u64::from(loc.len) > u64::from(header.total_len)
                 || points == 0
