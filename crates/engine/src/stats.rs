@@ -19,6 +19,9 @@ pub struct Stats {
     pub interior_nodes_read_in_part: AtomicU64,
     /// Segments of point messages such nodes' queries read.
     pub segments_read: AtomicU64,
+    /// Interior nodes read in part, then made whole by reading the
+    /// segments they lacked (for a change, a clone or verify).
+    pub interior_nodes_completed: AtomicU64,
     /// Leaves read ahead of a sequential scan and cached.
     pub nodes_read_ahead: AtomicU64,
     /// Leaves point queries read holding no tree lock and cached.
@@ -167,6 +170,7 @@ pub struct StatsSnapshot {
     pub nodes_read: u64,
     pub interior_nodes_read_in_part: u64,
     pub segments_read: u64,
+    pub interior_nodes_completed: u64,
     pub nodes_read_ahead: u64,
     pub leaves_read_unlocked: u64,
     pub basement_reads_unlocked: u64,
@@ -263,6 +267,7 @@ impl Stats {
             nodes_read: get(&self.nodes_read),
             interior_nodes_read_in_part: get(&self.interior_nodes_read_in_part),
             segments_read: get(&self.segments_read),
+            interior_nodes_completed: get(&self.interior_nodes_completed),
             nodes_read_ahead: get(&self.nodes_read_ahead),
             leaves_read_unlocked: get(&self.leaves_read_unlocked),
             basement_reads_unlocked: get(&self.basement_reads_unlocked),

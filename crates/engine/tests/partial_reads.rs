@@ -176,6 +176,9 @@ fn nodes_read_in_part_are_read_whole_before_they_change() {
         }
         store.write(&batch).unwrap();
         model.apply(&batch);
+        // The nodes the queries read in part were completed, not read
+        // again from their start.
+        assert!(store.stats().interior_nodes_completed >= 1);
         if round % 2 == 1 {
             store.checkpoint().unwrap();
         }

@@ -91,12 +91,14 @@ impl Tree {
         if self.cached_for(num, bounds, want, height).is_some() {
             return Ok(());
         }
-        if self.cache.get(&num).is_some_and(|node| {
-            node.is_partial() && (node.bounds != *bounds || matches!(want, Want::Whole))
-        }) {
-            // Read in part for point queries, and now wanted whole (or
-            // reached under other bounds): it is clean, so it is read
-            // again as any uncached node.
+        if self
+            .cache
+            .get(&num)
+            .is_some_and(|node| node.is_partial() && node.bounds != *bounds)
+        {
+            // Read in part, and reached under other bounds (a moved or
+            // shared subtree): it is clean, so it is read again as any
+            // uncached node, under the bounds it is reached with.
             drop(self.take(num));
         }
         if let Some(node) = self.cache.get(&num) {
@@ -333,8 +335,9 @@ impl Tree {
     }
 
     /// Reads what `want` needs of a node cached in part: basements of a
-    /// leaf, or the segment holding a point query's key in an interior
-    /// node read in part.
+    /// leaf; of an interior node read in part, the segment holding a
+    /// point query's key, those a range visit needs, or (wanted whole)
+    /// every segment not loaded yet, after which it is whole.
     pub(super) fn read_parts(
         &self,
         ks: KeySpace,
@@ -342,53 +345,65 @@ impl Tree {
         node: &mut Node,
         want: Want<'_>,
     ) -> EngineResult<()> {
-        match (&mut node.body, want) {
-            (NodeBody::Leaf(_), _) => self.read_basements(ks, num, node, want),
-            (NodeBody::Interior(int), Want::Key(key)) if int.is_partial() => {
+        let Node { body, bounds, .. } = node;
+        let NodeBody::Interior(int) = body else {
+            return self.read_basements(ks, num, node, want);
+        };
+        let Some(partial) = &int.partial else {
+            return Ok(());
+        };
+        let wanted: Vec<(usize, usize)> = match want {
+            Want::Key(key) => {
                 let i = int.child_index(key);
-                let j = int
-                    .partial
-                    .as_ref()
-                    .and_then(|p| p.children.get(i))
-                    .map_or(0, |c| c.segment_for(key));
-                self.read_segments(ks, num, int, &node.bounds, i, j..j + 1)
+                let j = partial.children.get(i).map_or(0, |c| c.segment_for(key));
+                vec![(i, j)]
             }
-            (NodeBody::Interior(int), Want::Range(lo, hi)) if int.is_partial() => {
+            Want::Range(lo, hi) => {
                 let (i, span) = int.segment_span(lo, hi);
-                self.read_segments(ks, num, int, &node.bounds, i, span)
+                span.map(|j| (i, j)).collect()
             }
-            (NodeBody::Interior(int), _) if int.is_partial() => Err(Self::corrupt(
-                ks,
-                num,
-                "tree invariant: an interior node read in part wanted whole",
-            )),
-            (NodeBody::Interior(_), _) => Ok(()),
+            Want::Whole => partial
+                .children
+                .iter()
+                .enumerate()
+                .flat_map(|(i, c)| (0..c.segments.len()).map(move |j| (i, j)))
+                .collect(),
+        };
+        self.read_segments(ks, num, int, bounds, &wanted)?;
+        if matches!(want, Want::Whole) {
+            int.make_whole()
+                .map_err(|reason| Self::corrupt(ks, num, reason))?;
+            self.check_buffers(ks, num, int, bounds)?;
+            add(&self.stats.interior_nodes_completed, 1);
         }
+        Ok(())
     }
 
-    /// Reads and checks segments `span` of child `i`'s buffer in interior
-    /// node `num` (read in part) that are not loaded, in one IO (they lie
-    /// in order, packed).
+    /// Reads and checks the segments `wanted` ((child, segment) pairs, in
+    /// order) of interior node `num` (read in part) that are not loaded,
+    /// in one IO (they lie in order, packed).
     fn read_segments(
         &self,
         ks: KeySpace,
         num: u64,
         int: &mut Interior,
         bounds: &Bounds,
-        i: usize,
-        span: std::ops::Range<usize>,
+        wanted: &[(usize, usize)],
     ) -> EngineResult<()> {
-        let Some(segments) = int.partial.as_ref().and_then(|p| p.children.get(i)) else {
+        let Some(partial) = &int.partial else {
             return Ok(());
         };
-        let missing: Vec<usize> = span
-            .filter(|&j| segments.segments.get(j).is_some_and(|s| s.points.is_none()))
-            .collect();
-        let locs: Vec<BasementLoc> = missing
-            .iter()
-            .filter_map(|&j| segments.segments.get(j).map(|s| s.loc))
-            .collect();
-        let (Some(lo), Some(hi)) = (locs.first(), locs.last()) else {
+        let segment = |&(i, j): &(usize, usize)| {
+            partial
+                .children
+                .get(i)
+                .and_then(|c| c.segments.get(j))
+                .filter(|s| s.points.is_none())
+                .map(|s| ((i, j), s.loc))
+        };
+        let missing: Vec<((usize, usize), BasementLoc)> =
+            wanted.iter().filter_map(segment).collect();
+        let (Some((_, lo)), Some((_, hi))) = (missing.first(), missing.last()) else {
             return Ok(());
         };
         let Slot::OnDisk { extent, .. } = self.btt.get(num) else {
@@ -403,14 +418,14 @@ impl Tree {
             return Err(Self::corrupt(ks, num, "segment past its node"));
         }
         let bytes = self.read_extent_bytes(extent, first as u64, end - first, int.height)?;
-        let child = int.child_bounds(i, bounds);
         let max_seq = self.next_seq.saturating_sub(1);
-        for j in missing {
+        for ((i, j), _) in missing {
             load_segment(int, (i, j), bounds, &bytes, first)
                 .map_err(|e| Self::corrupt(ks, num, e.0))?;
             add(&self.stats.segments_read, 1);
             // The segment's messages are checked as a whole node's are.
             if let Some(points) = int.segment_points(i, j..j + 1).next() {
+                let child = int.child_bounds(i, bounds);
                 validate::check_buffer(points, &child, &self.merges, max_seq)
                     .map_err(|reason| Self::corrupt(ks, num, reason))?;
             }
