@@ -3,9 +3,9 @@
 //! Keys are held whole in memory; on disk a node stores only what follows
 //! its lifted prefix (see [`crate::format`]). A leaf may be partly loaded:
 //! its basement table is always present, each basement's entries only once
-//! read. An interior node may be partly loaded too, for point queries
-//! only: its pivots, children and range deletes always, the point
-//! messages of its buffers a segment at a time ([`PartialPoints`]).
+//! read. An interior node may be partly loaded too, for queries: its
+//! pivots, children and range deletes always, the point messages of its
+//! buffers a segment at a time ([`PartialPoints`]).
 
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -489,11 +489,11 @@ pub struct Interior {
     /// afterwards copies only the buffer it changes. In a node read in
     /// part (`partial`), only the range deletes.
     pub buffers: Vec<Arc<MessageBuffer>>,
-    /// `Some` while the node is read in part, for point queries: the
-    /// point messages of its buffers are then in `partial`'s segments,
-    /// each loaded when a query needs it. Such a node is clean and never
-    /// changed; whatever changes a node, or reads a range through it,
-    /// reads it whole first (`Tree::load`).
+    /// `Some` while the node is read in part, for queries: the point
+    /// messages of its buffers are then in `partial`'s segments, each
+    /// loaded when a query needs it. Such a node is clean and never
+    /// changed; whatever changes a node reads it whole first
+    /// (`Tree::load`).
     pub partial: Option<Box<PartialPoints>>,
 }
 
@@ -542,6 +542,24 @@ impl Segments {
 }
 
 impl PartialPoints {
+    /// Every segment, as (child, segment) pairs in order.
+    pub fn all_segments(&self) -> Vec<(usize, usize)> {
+        self.children
+            .iter()
+            .enumerate()
+            .flat_map(|(i, c)| (0..c.segments.len()).map(move |j| (i, j)))
+            .collect()
+    }
+
+    /// How many segments are loaded.
+    pub fn loaded_segments(&self) -> usize {
+        self.children
+            .iter()
+            .flat_map(|c| &c.segments)
+            .filter(|s| s.points.is_some())
+            .count()
+    }
+
     fn mem_bytes(&self) -> usize {
         self.children
             .iter()
@@ -640,22 +658,26 @@ impl Interior {
     /// Puts the point messages of each child's segments (all loaded) into
     /// its buffer: the node is whole.
     pub fn make_whole(&mut self) -> Result<(), String> {
-        let Some(partial) = self.partial.take() else {
+        let Some(partial) = &self.partial else {
             return Ok(());
         };
         if partial.children.len() != self.buffers.len() {
             return Err("segment directory and buffer counts disagree".into());
         }
+        if partial.loaded_segments() != partial.all_segments().len() {
+            return Err("a segment was not loaded".into());
+        }
+        let Some(partial) = self.partial.take() else {
+            return Ok(());
+        };
         for (buffer, child) in self.buffers.iter_mut().zip(partial.children) {
-            for segment in child.segments {
-                let Some(points) = segment.points else {
-                    return Err("a segment was not loaded".into());
-                };
+            for points in child.segments.into_iter().filter_map(|s| s.points) {
                 Arc::make_mut(buffer).absorb_disjoint(points);
             }
         }
         Ok(())
     }
+
     pub fn child_index(&self, key: &[u8]) -> usize {
         self.pivots.partition_point(|p| p.as_slice() <= key)
     }

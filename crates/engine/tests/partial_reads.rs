@@ -103,6 +103,7 @@ fn a_cold_point_query_reads_a_segment_not_the_whole_node() {
     let root_read = stats.node_bytes_read_per_level[height];
     assert!(stats.interior_nodes_read_in_part >= 1, "{stats:?}");
     assert!(stats.segments_read >= 1, "{stats:?}");
+    assert_eq!(stats.interior_nodes_completed, 0, "{stats:?}");
     assert!(
         root_read < buffered / 4,
         "the root's read ({root_read} bytes) should be far less than its messages ({buffered})"
@@ -135,6 +136,8 @@ fn a_cold_point_query_reads_a_segment_not_the_whole_node() {
     }
     assert_eq!(store.get(KeySpace::Data, b"key").unwrap(), None);
     assert_eq!(store.get(KeySpace::Data, b"zzz").unwrap(), None);
+    // So many queries through the nodes read in part made them whole.
+    assert!(store.stats().interior_nodes_completed >= 1);
     // The whole key space, then verify (which reads every node whole).
     assert_matches(&store, &model);
     store.verify().unwrap();

@@ -52,6 +52,10 @@ use crate::node::{BasementLoc, Bounds, Interior, Leaf, Node, NodeBody};
 use crate::stats::{add, level, record_max, Stats};
 use crate::validate;
 
+/// An interior node read in part is read whole once queries through it
+/// have needed more segments than this.
+const COMPLETE_AFTER_SEGMENTS: usize = 4;
+
 /// Shape and memory parameters of the trees.
 #[derive(Clone, Debug)]
 pub struct TreeOptions {
