@@ -285,22 +285,18 @@ fn plan_segments<'a>(int: &'a Interior, prefix: &[u8]) -> Vec<SegmentPlan<'a>> {
     let mut lens = lens.into_iter();
     let mut plan: Vec<SegmentPlan<'a>> = Vec::new();
     for (child, buffer) in int.buffers.iter().enumerate() {
-        let mut open = false;
         for (key, len) in buffer.points().keys().zip(lens.by_ref()) {
             match plan.last_mut() {
-                Some(last) if open && last.len < target => {
+                Some(last) if last.child == child && last.len < target => {
                     last.count += 1;
                     last.len += len;
                 }
-                _ => {
-                    plan.push(SegmentPlan {
-                        child,
-                        first: key,
-                        count: 1,
-                        len,
-                    });
-                    open = true;
-                }
+                _ => plan.push(SegmentPlan {
+                    child,
+                    first: key,
+                    count: 1,
+                    len,
+                }),
             }
         }
     }
@@ -669,10 +665,12 @@ pub fn decode_segment(
     }
     let mut d = Decoder::new(bytes);
     let mut buffer = MessageBuffer::default();
-    let mut previous: Option<Vec<u8>> = None;
+    let mut previous: Option<&[u8]> = None;
     for _ in 0..segment.count {
-        let key = unlift(prefix, d.bytes()?);
-        if previous.as_ref().is_some_and(|p| *p >= key) || !range.contains(&key) {
+        let suffix = d.bytes()?;
+        let key = unlift(prefix, suffix);
+        // Every key shares the prefix, so suffix order is key order.
+        if previous.is_some_and(|p| p >= suffix) || !range.contains(&key) {
             return Err(DecodeError(format!(
                 "segment at offset {} holds a key out of order or out of its range",
                 segment.loc.offset
@@ -699,7 +697,7 @@ pub fn decode_segment(
                 arg: d.bytes()?.to_vec().into(),
             });
         }
-        previous = Some(key.clone());
+        previous = Some(suffix);
         buffer.push_decoded_point(key, PointMsg { base, upserts });
     }
     if !d.is_empty() {
@@ -773,15 +771,13 @@ pub fn load_all_segments(
     bounds: &Bounds,
     node_bytes: &[u8],
 ) -> DecodeResult<()> {
-    let counts: Vec<usize> = int
+    let all = int
         .partial
         .as_ref()
-        .map(|p| p.children.iter().map(|c| c.segments.len()).collect())
+        .map(|p| p.all_segments())
         .unwrap_or_default();
-    for (i, n) in counts.into_iter().enumerate() {
-        for j in 0..n {
-            load_segment(int, (i, j), bounds, node_bytes, 0)?;
-        }
+    for at in all {
+        load_segment(int, at, bounds, node_bytes, 0)?;
     }
     int.make_whole().map_err(DecodeError)
 }

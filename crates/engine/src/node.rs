@@ -77,6 +77,15 @@ impl Bounds {
     }
 }
 
+/// The nearer of two exclusive ends, `None` meaning unbounded.
+pub fn min_end<'a>(a: Option<&'a [u8]>, b: Option<&'a [u8]>) -> Option<&'a [u8]> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
 /// Where a basement (leaves) or a segment of a buffer's point messages
 /// (interior nodes) lies inside the node's current extent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -615,12 +624,7 @@ impl Interior {
         let first = segments.segment_for(lo);
         // Segment j > 0 begins at pivots[j - 1]: those beginning before
         // the end (and the child's) concern the range.
-        let child_hi = self.pivots.get(i).map(|p| p.as_slice());
-        let end = match (hi, child_hi) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, None) => a,
-            (None, b) => b,
-        };
+        let end = min_end(hi, self.pivots.get(i).map(|p| p.as_slice()));
         let last = end.map_or(segments.segments.len() - 1, |e| {
             segments.pivots.partition_point(|p| p.as_slice() < e)
         });
@@ -664,7 +668,12 @@ impl Interior {
         if partial.children.len() != self.buffers.len() {
             return Err("segment directory and buffer counts disagree".into());
         }
-        if partial.loaded_segments() != partial.all_segments().len() {
+        if partial
+            .children
+            .iter()
+            .flat_map(|c| &c.segments)
+            .any(|s| s.points.is_none())
+        {
             return Err("a segment was not loaded".into());
         }
         let Some(partial) = self.partial.take() else {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use betreefs_engine::{KeySpace, Options, Store, WriteBatch, MERGE_PATCH};
 use betreefs_store::MemDevice;
-use common::{assert_matches, Model};
+use common::{assert_matches, small_options, Model};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
 /// Nodes of 256 KiB (interior nodes past 4 KiB are read in part), a cache
@@ -23,12 +23,30 @@ fn options() -> Options {
         basement_size: 8 << 10,
         fanout: 8,
         cache_bytes: 64 << 20,
-        log_flush_interval: None,
-        checkpoint_interval: None,
         log_bytes: Some(8 << 20),
-        read_ahead: false,
-        ..Options::default()
+        ..small_options()
     }
+}
+
+/// A store filled by [`fill`] (its randomness seeded with `seed`), the
+/// device under it, its model and the randomness to go on with.
+fn filled(seed: u64) -> (MemDevice, Store, Model, SmallRng) {
+    let dev = MemDevice::new(256 << 20);
+    let store = Store::create_on(Arc::new(dev.clone()), options()).unwrap();
+    let mut model = Model::default();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    fill(&store, &mut model, &mut rng);
+    (dev, store, model, rng)
+}
+
+/// What a point query of data key `k` answers, checked against the model.
+fn assert_get(store: &Store, model: &Model, k: &[u8]) {
+    assert_eq!(
+        store.get(KeySpace::Data, k).unwrap(),
+        model.spaces[KeySpace::Data.index()].get(k).cloned(),
+        "key {:?}",
+        String::from_utf8_lossy(k)
+    );
 }
 
 fn key(i: u32) -> Vec<u8> {
@@ -76,11 +94,7 @@ fn reopen(dev: &MemDevice, store: Store) -> Store {
 
 #[test]
 fn a_cold_point_query_reads_a_segment_not_the_whole_node() {
-    let dev = MemDevice::new(256 << 20);
-    let store = Store::create_on(Arc::new(dev.clone()), options()).unwrap();
-    let mut model = Model::default();
-    let mut rng = SmallRng::seed_from_u64(7);
-    fill(&store, &mut model, &mut rng);
+    let (dev, store, model, mut rng) = filled(7);
     let buffered = store.stats().flush_backlog_bytes;
     assert!(
         buffered > 64 << 10,
@@ -91,11 +105,7 @@ fn a_cold_point_query_reads_a_segment_not_the_whole_node() {
     // One cold point query: the root's meta and one segment, not its
     // buffers' messages.
     let want = model.spaces[KeySpace::Data.index()].clone();
-    let probe = key(12_345);
-    assert_eq!(
-        store.get(KeySpace::Data, &probe).unwrap(),
-        want.get(&probe).cloned()
-    );
+    assert_get(&store, &model, &key(12_345));
     let stats = store.stats();
     // (The heights of the cached roots: the probe read the data tree's.)
     let height = stats.tree_heights[KeySpace::Data.index()] as usize;
@@ -127,15 +137,10 @@ fn a_cold_point_query_reads_a_segment_not_the_whole_node() {
     assert!(store.stats().segments_read > before);
     // Every key, point queries alone: each answer as the model's.
     for i in 0..20_000u32 {
-        let k = key(i);
-        assert_eq!(
-            store.get(KeySpace::Data, &k).unwrap(),
-            want.get(&k).cloned(),
-            "key {i}"
-        );
+        assert_get(&store, &model, &key(i));
     }
-    assert_eq!(store.get(KeySpace::Data, b"key").unwrap(), None);
-    assert_eq!(store.get(KeySpace::Data, b"zzz").unwrap(), None);
+    assert_get(&store, &model, b"key");
+    assert_get(&store, &model, b"zzz");
     // So many queries through the nodes read in part made them whole.
     assert!(store.stats().interior_nodes_completed >= 1);
     // The whole key space, then verify (which reads every node whole).
@@ -145,22 +150,13 @@ fn a_cold_point_query_reads_a_segment_not_the_whole_node() {
 
 #[test]
 fn nodes_read_in_part_are_read_whole_before_they_change() {
-    let dev = MemDevice::new(256 << 20);
-    let store = Store::create_on(Arc::new(dev.clone()), options()).unwrap();
-    let mut model = Model::default();
-    let mut rng = SmallRng::seed_from_u64(11);
-    fill(&store, &mut model, &mut rng);
-    let mut store = store;
+    let (dev, mut store, mut model, mut rng) = filled(11);
     for round in 0..4u8 {
         store = reopen(&dev, store);
         // Point queries read interior nodes in part, then writes change
         // them: nothing their images held may be lost.
         for _ in 0..200 {
-            let k = key(rng.gen_range(0..20_000));
-            assert_eq!(
-                store.get(KeySpace::Data, &k).unwrap(),
-                model.spaces[KeySpace::Data.index()].get(&k).cloned()
-            );
+            assert_get(&store, &model, &key(rng.gen_range(0..20_000)));
         }
         assert!(store.stats().interior_nodes_read_in_part >= 1);
         let mut batch = WriteBatch::new();
@@ -193,11 +189,7 @@ fn nodes_read_in_part_are_read_whole_before_they_change() {
 
 #[test]
 fn a_damaged_segment_is_refused_and_other_keys_still_read() {
-    let dev = MemDevice::new(256 << 20);
-    let store = Store::create_on(Arc::new(dev.clone()), options()).unwrap();
-    let mut model = Model::default();
-    let mut rng = SmallRng::seed_from_u64(3);
-    fill(&store, &mut model, &mut rng);
+    let (dev, store, model, _) = filled(3);
     store.close().unwrap();
     let mut image = dev.current_image();
     let forge = common::forge::Forge::new(image.clone());

@@ -165,6 +165,11 @@ impl Tree {
             head = self.read_extent_bytes(extent, 0, meta_end(&header), header.height)?;
         }
         let mut node = Self::decode_node_meta(ks, num, &header, &head, bounds)?;
+        if let (true, NodeBody::Interior(int)) = (whole, &mut node.body) {
+            // The whole extent is in memory: its segments go into the
+            // buffers before the node is checked, once, whole.
+            load_all_segments(int, bounds, &head).map_err(|e| Self::corrupt(ks, num, e.0))?;
+        }
         let max_seq = self.next_seq.saturating_sub(1);
         match &node.body {
             NodeBody::Interior(int) => {
@@ -179,13 +184,11 @@ impl Tree {
         }
         let result = match (whole, &mut node.body) {
             // The whole extent is in memory already: decode every basement
-            // or segment from it.
+            // from it.
             (true, NodeBody::Leaf(leaf)) => {
                 Self::decode_all_basements(ks, num, leaf, bounds, &head)
             }
-            (true, NodeBody::Interior(int)) => load_all_segments(int, bounds, &head)
-                .map_err(|e| Self::corrupt(ks, num, e.0))
-                .and_then(|()| self.check_buffers(ks, num, int, bounds)),
+            (true, NodeBody::Interior(_)) => Ok(()),
             (false, _) => self.read_parts(ks, num, &mut node, want),
         };
         result?;
@@ -317,21 +320,6 @@ impl Tree {
     /// meta and a segment apart would save little and cost more IOs.
     fn partial_read_min_bytes(&self) -> usize {
         self.opts.node_size / 64
-    }
-
-    /// Checks the messages of a whole interior node's buffers against
-    /// their children's ranges (`validate::check_interior`, once the
-    /// segments are in the buffers).
-    fn check_buffers(
-        &self,
-        ks: KeySpace,
-        num: u64,
-        int: &Interior,
-        bounds: &Bounds,
-    ) -> EngineResult<()> {
-        let max_seq = self.next_seq.saturating_sub(1);
-        validate::check_interior(int, bounds, num, &self.merges, max_seq)
-            .map_err(|reason| Self::corrupt(ks, num, reason))
     }
 
     /// Reads what `want` needs of a node cached in part: basements of a

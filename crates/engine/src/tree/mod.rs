@@ -48,7 +48,7 @@ use crate::format::{
 };
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, RangeRename, WriteBatch, KEY_SPACES};
-use crate::node::{BasementLoc, Bounds, Interior, Leaf, Node, NodeBody};
+use crate::node::{min_end, BasementLoc, Bounds, Interior, Leaf, Node, NodeBody};
 use crate::stats::{add, level, record_max, Stats};
 use crate::validate;
 
@@ -118,14 +118,6 @@ fn separator(left: &[u8], right: &[u8]) -> Vec<u8> {
     debug_assert!(left < right);
     let common = left.iter().zip(right).take_while(|(a, b)| a == b).count();
     right[..(common + 1).min(right.len())].to_vec()
-}
-
-fn min_end<'a>(a: Option<&'a [u8]>, b: Option<&'a [u8]>) -> Option<&'a [u8]> {
-    match (a, b) {
-        (Some(x), Some(y)) => Some(x.min(y)),
-        (x, None) => x,
-        (None, y) => y,
-    }
 }
 
 /// The messages of `buffer` that concern [lo, hi), range deletes clamped.
