@@ -762,6 +762,14 @@ impl Interior {
         eaten
     }
 
+    /// Whether the buffer a message for `key` goes to is shared (with the
+    /// checkpoint in flight's copy of this node): changed, it is copied.
+    pub fn shares_buffer_of(&self, key: &[u8]) -> bool {
+        self.buffers
+            .get(self.child_index(key))
+            .is_some_and(|b| Arc::strong_count(b) > 1)
+    }
+
     // Reviewed exception (indexing): a leaf has one pivot fewer than
     // basements and an interior node as many buffers as children, checked
     // on every load (validate::check_leaf, check_interior) and kept by

@@ -87,6 +87,12 @@ pub struct Stats {
     /// about to change one, or by a turn) and encoded by its thread
     /// without the tree lock.
     pub checkpoint_node_copies: AtomicU64,
+    /// Root buffers shared with the checkpoint in flight's copy of a root
+    /// that a writer copied with the tree lock let go before changing
+    /// them, and those copied under the lock by a point message's change
+    /// (`Arc::make_mut`): the second are the first's misses.
+    pub root_buffers_copied_unlocked: AtomicU64,
+    pub root_buffers_copied_locked: AtomicU64,
     /// A writer's settling in steps (`Flushing::Stepwise`): the steps
     /// after which it let waiting requests take the lock, and the longest
     /// step (the longest anyone waited for a writer's flushes).
@@ -206,6 +212,8 @@ pub struct StatsSnapshot {
     pub apply_micros_max: u64,
     pub checkpoint_image_micros_max: u64,
     pub checkpoint_node_copies: u64,
+    pub root_buffers_copied_unlocked: u64,
+    pub root_buffers_copied_locked: u64,
     pub settle_steps: u64,
     pub settle_step_micros_max: u64,
     pub eviction_steps: u64,
@@ -300,6 +308,8 @@ impl Stats {
             apply_micros_max: get(&self.apply_micros_max),
             checkpoint_image_micros_max: get(&self.checkpoint_image_micros_max),
             checkpoint_node_copies: get(&self.checkpoint_node_copies),
+            root_buffers_copied_unlocked: get(&self.root_buffers_copied_unlocked),
+            root_buffers_copied_locked: get(&self.root_buffers_copied_locked),
             settle_steps: get(&self.settle_steps),
             settle_step_micros_max: get(&self.settle_step_micros_max),
             eviction_steps: get(&self.eviction_steps),

@@ -327,6 +327,57 @@ fn a_checkpoint_writes_no_node_while_a_log_flush_is_in_flight() {
     store.verify().unwrap();
 }
 
+/// Staged writes applied while a checkpoint is in flight: the root
+/// buffers they change, shared with the checkpoint's copy of the root,
+/// are copied with the tree lock let go and put in place before the
+/// writes go in — none is copied under the lock — and the checkpoint
+/// still writes the root as it was when it began.
+#[test]
+fn root_buffers_a_checkpoint_shares_are_copied_with_the_lock_let_go() {
+    let options = Options {
+        cache_bytes: 256 << 10,
+        ..small_options()
+    };
+    let (mem, device, store, mut model, _) = prepared_store(13, options);
+    let before = store.stats();
+    let (arrived, go, handle) = stepped_checkpoint(&device, &store);
+    // Stopped at its first IO, the checkpoint has begun: the root waits
+    // for its copy, or has it.
+    let Step::Io(_) = next_step(&arrived) else {
+        panic!("the checkpoint ended before its first IO");
+    };
+    for i in 0..400u32 {
+        let key = format!("staged{:05}", i * 7919 % 400);
+        put(&store, &mut model, key.as_bytes(), &[(i % 7) as u8; 30]);
+        let key = format!("bulk{:05}", i * 31 % 1500);
+        put(&store, &mut model, key.as_bytes(), &[(i % 5) as u8; 20]);
+    }
+    let during = store.stats();
+    assert!(
+        during.writes_staged > before.writes_staged + 100,
+        "the writes were staged"
+    );
+    assert!(
+        during.root_buffers_copied_unlocked > before.root_buffers_copied_unlocked,
+        "shared root buffers copied with the lock let go"
+    );
+    assert_eq!(
+        during.root_buffers_copied_locked, before.root_buffers_copied_locked,
+        "no shared root buffer copied under the lock"
+    );
+    go.send(()).unwrap();
+    let (_, result) = let_checkpoint_finish(&arrived, &go, handle);
+    result.unwrap();
+    common::assert_matches(&store, &model);
+    store.verify().unwrap();
+    assert_power_cut_keeps(
+        mem,
+        store,
+        &model,
+        "root buffers copied during a checkpoint",
+    );
+}
+
 /// Images a checkpoint in flight holds for nodes that requests changed
 /// before it got to them count against the cache's budget: clean nodes
 /// make room for them, so the two together stay within it.

@@ -151,6 +151,11 @@ impl Staging {
         self.batches.push_back((seq, batch));
     }
 
+    /// The keys of `ks` the staged batches touch.
+    pub fn keys(&self, ks: KeySpace) -> impl Iterator<Item = &[u8]> {
+        self.keys_of(ks).keys().map(Vec::as_slice)
+    }
+
     /// What the staged batches say of `key`.
     pub fn lookup(&self, ks: KeySpace, key: &[u8]) -> StagedAnswer {
         match self.keys_of(ks).get(key).map(|e| &e.staged) {

@@ -314,10 +314,13 @@ impl Inner {
     /// more than that is staged: the caller applies the rest in the hold
     /// that needs every staged batch applied: a hold's work is bounded by
     /// a quarter bound (256 KiB at the default) rather than twice the
-    /// bound. Stops on a store that failed, as a writer past the bound
-    /// does (the caller decides).
+    /// bound. The root buffers the staged batches will change that a
+    /// checkpoint in flight shares are copied first, with the lock let go
+    /// ([`Inner::copy_shared_root_buffers`]). Stops on a store that
+    /// failed, as a writer past the bound does (the caller decides).
     pub(super) fn apply_staged_in_turns(&self, tree: &mut TreeGuard<'_>) -> EngineResult<()> {
         let per_turn = self.options.staging_bound() / 4;
+        self.copy_shared_root_buffers(tree);
         while self.check_failed().is_ok() {
             let staged = self.staging.write().take_oldest(per_turn);
             if staged.is_empty() {
@@ -329,6 +332,40 @@ impl Inner {
             parking_lot::RwLockWriteGuard::bump(tree);
         }
         Ok(())
+    }
+
+    /// While a checkpoint is in flight: copies the root buffers that the
+    /// staged batches will change and that the checkpoint's copy of a root
+    /// shares with the tree lock let go (fairly), then puts the copies in
+    /// place, where nothing changed those buffers meanwhile. Left to the
+    /// application, each would be copied under the lock: the copies of
+    /// metadata buffers of 30K messages made the longest holds of an
+    /// untar (20-33 ms; docs/benchmarks/unlocked-buffer-copies.md).
+    fn copy_shared_root_buffers(&self, tree: &mut TreeGuard<'_>) {
+        if !tree.checkpoint_in_flight() {
+            return;
+        }
+        let shared: Vec<SharedBuffer> = {
+            let staging = self.staging.read();
+            KeySpace::ALL
+                .into_iter()
+                .flat_map(|ks| tree.shared_root_buffers(ks, staging.keys(ks)))
+                .collect()
+        };
+        if shared.is_empty() {
+            return;
+        }
+        let copies = parking_lot::RwLockWriteGuard::unlocked_fair(tree, || {
+            shared
+                .into_iter()
+                .map(|s| {
+                    let copy = s.copy();
+                    (s, copy)
+                })
+                .collect()
+        });
+        let adopted = tree.adopt_buffer_copies(copies);
+        add(&self.stats.root_buffers_copied_unlocked, adopted);
     }
 
     /// Applies the staged batches, if there are any, for a visit of the

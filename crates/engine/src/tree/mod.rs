@@ -352,6 +352,7 @@ mod share;
 mod surgery;
 mod verify;
 mod writeback;
+pub use apply::SharedBuffer;
 pub(crate) use flush::Flushing;
 pub(crate) use query::Shared;
 pub(crate) use writeback::{encode_snapshots, NodeWrites, SnapshotImages};

@@ -456,6 +456,23 @@ impl Tree {
         Ok((done, writes, snapshots))
     }
 
+    /// Copies interior node `num` for the checkpoint in flight now, if it
+    /// still waits for its image, as a turn does, leaving it unchanged:
+    /// its buffers are then shared with the copy, and a writer about to
+    /// change some of them copies those with the tree lock let go
+    /// ([`Tree::shared_root_buffers`]) rather than in
+    /// [`Tree::before_change`]'s hold.
+    pub(super) fn copy_for_checkpoint_now(&mut self, num: u64) {
+        let (Some(cp), Some(node)) = (&mut self.checkpoint, self.cache.get(&num)) else {
+            return;
+        };
+        if matches!(node.body, NodeBody::Interior(_)) && cp.pending.remove(&num) {
+            add(&self.stats.checkpoint_node_copies, 1);
+            cp.snapshots.push(NodeSnapshot::of(num, node));
+            cp.unchanged.insert(num);
+        }
+    }
+
     /// A node of the checkpoint in flight is taken out to change (or to be
     /// dropped): its image is made first, if it has none yet.
     pub(super) fn before_change(&mut self, num: u64, node: &Node) {
