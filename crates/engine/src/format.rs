@@ -756,7 +756,7 @@ pub fn decode_node(header: &NodeHeader, node_bytes: &[u8], bounds: &Bounds) -> D
                 let bytes = node_bytes
                     .get(loc.offset as usize..loc.offset as usize + loc.len as usize)
                     .ok_or_else(|| DecodeError("basement beyond node".into()))?;
-                b.entries = Some(decode_basement(bytes, &loc, b.count, &prefix)?);
+                b.entries = Some(Arc::new(decode_basement(bytes, &loc, b.count, &prefix)?));
             }
         }
         NodeBody::Interior(int) => load_all_segments(int, bounds, node_bytes)?,

@@ -97,8 +97,11 @@ pub struct BasementLoc {
 
 #[derive(Clone, Debug, Default)]
 pub struct Basement {
-    /// Sorted entries, or `None` while only on disk.
-    pub entries: Option<Entries>,
+    /// Sorted entries, or `None` while only on disk. Shared: a copy of
+    /// the leaf for the checkpoint in flight costs a pointer per basement
+    /// and is encoded without the tree lock; a basement that changes is
+    /// replaced (merged into a new one), not changed in place.
+    pub entries: Option<Arc<Entries>>,
     /// Location in the node's on-disk image (valid while the node is clean).
     pub loc: Option<BasementLoc>,
     /// Serialised size of the entries.
@@ -118,6 +121,10 @@ impl Basement {
     }
 
     pub fn from_entries(entries: Entries) -> Basement {
+        Basement::from_shared(Arc::new(entries))
+    }
+
+    pub fn from_shared(entries: Arc<Entries>) -> Basement {
         Basement {
             count: entries.len(),
             bytes: entries.bytes(),
@@ -234,7 +241,7 @@ impl Leaf {
     pub fn mem_bytes(&self) -> usize {
         self.basements
             .iter()
-            .filter_map(|b| b.entries.as_ref())
+            .filter_map(|b| b.entries.as_deref())
             .map(Entries::mem_bytes)
             .sum::<usize>()
             + self.basements.len() * 64
@@ -333,8 +340,13 @@ impl Leaf {
             } else {
                 Some(old_pivots[bi - 1].clone())
             };
+            // A basement that stays whole is kept as it is (shared with
+            // the checkpoint's copy of the leaf, if it has one).
             let pieces = if b.bytes > 2 * basement_size {
                 chunk(&entries, basement_size)
+                    .into_iter()
+                    .map(Arc::new)
+                    .collect()
             } else {
                 vec![entries]
             };
@@ -344,7 +356,7 @@ impl Leaf {
                     self.pivots
                         .push(pivot.unwrap_or_else(|| piece.key(0).to_vec()));
                 }
-                self.basements.push(Basement::from_entries(piece));
+                self.basements.push(Basement::from_shared(piece));
             }
         }
         if self.basements.is_empty() {
@@ -872,6 +884,7 @@ impl Node {
                 }
                 for basement in &mut leaf.basements {
                     if let Some(entries) = &mut basement.entries {
+                        let entries = Arc::make_mut(entries);
                         entries.replace_prefix(old.len(), &new);
                         basement.bytes = entries.bytes();
                     }

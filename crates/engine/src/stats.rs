@@ -83,10 +83,15 @@ pub struct Stats {
     /// a leaf's encoding, an interior node's copy; part of an apply,
     /// settle or eviction hold above).
     pub checkpoint_image_micros_max: AtomicU64,
-    /// Interior nodes copied for the checkpoint in flight (by a request
-    /// about to change one, or by a turn) and encoded by its thread
-    /// without the tree lock.
+    /// Nodes copied for the checkpoint in flight (by a request about to
+    /// change one, or by a turn) and encoded by its thread without the
+    /// tree lock.
     pub checkpoint_node_copies: AtomicU64,
+    /// Node images a checkpoint encoded with the tree lock held: those of
+    /// a checkpoint run under the lock (close, a full log, space
+    /// reclaim), and copies still waiting at the seal. A background
+    /// checkpoint copies nodes and encodes them without the lock.
+    pub checkpoint_images_locked: AtomicU64,
     /// Root buffers shared with the checkpoint in flight's copy of a root
     /// that a writer copied with the tree lock let go before changing
     /// them, and those copied under the lock by a point message's change
@@ -212,6 +217,7 @@ pub struct StatsSnapshot {
     pub apply_micros_max: u64,
     pub checkpoint_image_micros_max: u64,
     pub checkpoint_node_copies: u64,
+    pub checkpoint_images_locked: u64,
     pub root_buffers_copied_unlocked: u64,
     pub root_buffers_copied_locked: u64,
     pub settle_steps: u64,
@@ -308,6 +314,7 @@ impl Stats {
             apply_micros_max: get(&self.apply_micros_max),
             checkpoint_image_micros_max: get(&self.checkpoint_image_micros_max),
             checkpoint_node_copies: get(&self.checkpoint_node_copies),
+            checkpoint_images_locked: get(&self.checkpoint_images_locked),
             root_buffers_copied_unlocked: get(&self.root_buffers_copied_unlocked),
             root_buffers_copied_locked: get(&self.root_buffers_copied_locked),
             settle_steps: get(&self.settle_steps),

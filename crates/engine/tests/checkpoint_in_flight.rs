@@ -223,6 +223,7 @@ fn reads_and_writes_complete_while_a_checkpoint_is_in_flight() {
     };
     let (mem, device, store, mut model, mut rng) = prepared_store(7, options);
     let checkpoints_before = store.stats().checkpoints;
+    let images_locked_before = store.stats().checkpoint_images_locked;
     let (arrived, go, handle) = stepped_checkpoint(&device, &store);
     let mut ios = Vec::new();
     let result = loop {
@@ -264,9 +265,14 @@ fn reads_and_writes_complete_while_a_checkpoint_is_in_flight() {
         "too few encoding turns: {ios:?}"
     );
     assert_eq!(store.stats().checkpoints, checkpoints_before + 1);
+    let stats = store.stats();
     assert!(
-        store.stats().checkpoint_node_copies > 0,
-        "interior nodes are copied for the checkpoint, and encoded without the lock"
+        stats.checkpoint_node_copies > 0,
+        "nodes are copied for the checkpoint, and encoded without the lock"
+    );
+    assert_eq!(
+        stats.checkpoint_images_locked, images_locked_before,
+        "no node image encoded under the lock: leaves and interior nodes are copied"
     );
     common::assert_matches(&store, &model);
     store.verify().unwrap();

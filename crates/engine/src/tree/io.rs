@@ -261,7 +261,7 @@ impl Tree {
                 .get(loc.offset as usize..(loc.offset as usize + loc.len as usize))
                 .ok_or_else(|| Self::corrupt(ks, num, "basement beyond node"))?;
             let entries = Self::decode_checked_basement(ks, num, leaf, i, bounds, bytes)?;
-            leaf.basements[i].entries = Some(entries);
+            leaf.basements[i].entries = Some(Arc::new(entries));
             Ok(())
         })
     }
@@ -509,7 +509,7 @@ pub(super) fn read_missing_basements(
             .get(at..at + loc.len as usize)
             .ok_or_else(|| Tree::corrupt(ks, num, "basement runs past the next one"))?;
         let entries = Tree::decode_checked_basement(ks, num, leaf, i, bounds, bytes)?;
-        leaf.basements[i].entries = Some(entries);
+        leaf.basements[i].entries = Some(Arc::new(entries));
     }
     Ok(())
 }

@@ -397,16 +397,17 @@ impl Tree {
         &mut self,
         budget: usize,
         encoded: SnapshotImages,
-        copy_interiors: bool,
+        copy_nodes: bool,
     ) -> EngineResult<(bool, NodeWrites, Vec<NodeSnapshot>)> {
         let Some(mut cp) = self.checkpoint.take() else {
             return Ok((true, Vec::new(), Vec::new()));
         };
         cp.images.extend(encoded.0);
         let mut bytes = 0;
-        if !copy_interiors {
+        if !copy_nodes {
             for snap in std::mem::take(&mut cp.snapshots) {
                 let img = encode_image(&snap.node, snap.num);
+                add(&self.stats.checkpoint_images_locked, 1);
                 bytes += img.buf.len();
                 cp.images.push((snap.num, snap.height, img));
             }
@@ -418,17 +419,15 @@ impl Tree {
             }
             let node = self.node(num);
             cp.unchanged.insert(num);
-            match &node.body {
-                NodeBody::Interior(int) if copy_interiors => {
-                    bytes += int.buffer_bytes();
-                    add(&self.stats.checkpoint_node_copies, 1);
-                    cp.snapshots.push(NodeSnapshot::of(num, node));
-                }
-                _ => {
-                    let img = encode_image(node, num);
-                    bytes += img.buf.len();
-                    cp.images.push((num, node.height(), img));
-                }
+            if copy_nodes {
+                bytes += node.content_bytes();
+                add(&self.stats.checkpoint_node_copies, 1);
+                cp.snapshots.push(NodeSnapshot::of(num, node));
+            } else {
+                let img = encode_image(node, num);
+                add(&self.stats.checkpoint_images_locked, 1);
+                bytes += img.buf.len();
+                cp.images.push((num, node.height(), img));
             }
         }
         let done = cp.order.is_empty();
@@ -466,7 +465,7 @@ impl Tree {
         let (Some(cp), Some(node)) = (&mut self.checkpoint, self.cache.get(&num)) else {
             return;
         };
-        if matches!(node.body, NodeBody::Interior(_)) && cp.pending.remove(&num) {
+        if cp.pending.remove(&num) {
             add(&self.stats.checkpoint_node_copies, 1);
             cp.snapshots.push(NodeSnapshot::of(num, node));
             cp.unchanged.insert(num);
@@ -479,15 +478,11 @@ impl Tree {
         if let Some(cp) = &mut self.checkpoint {
             if cp.pending.remove(&num) {
                 let started = std::time::Instant::now();
-                if let NodeBody::Interior(_) = &node.body {
-                    // A copy sharing the buffers: the change that follows
-                    // copies only the buffer it changes.
-                    add(&self.stats.checkpoint_node_copies, 1);
-                    cp.snapshots.push(NodeSnapshot::of(num, node));
-                } else {
-                    cp.images
-                        .push((num, node.height(), encode_image(node, num)));
-                }
+                // A copy sharing the buffers or basements: the change that
+                // follows copies only a buffer it changes (a basement is
+                // replaced, not changed).
+                add(&self.stats.checkpoint_node_copies, 1);
+                cp.snapshots.push(NodeSnapshot::of(num, node));
                 record_max(&self.stats.checkpoint_image_micros_max, started.elapsed());
             }
             cp.unchanged.remove(&num);
@@ -816,7 +811,13 @@ impl NodeSnapshot {
                 .filter(|b| Arc::strong_count(b) == 1)
                 .map(|b| crate::node::buffer_mem_bytes(b))
                 .sum(),
-            NodeBody::Leaf(_) => 0,
+            NodeBody::Leaf(leaf) => leaf
+                .basements
+                .iter()
+                .filter_map(|b| b.entries.as_ref())
+                .filter(|e| Arc::strong_count(e) == 1)
+                .map(|e| e.mem_bytes())
+                .sum(),
         }
     }
 }
