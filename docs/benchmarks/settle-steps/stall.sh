@@ -36,7 +36,7 @@ s=json.load(open('/tmp/stall-stats.json'))
 def find(d, pre=''):
     for k,v in d.items():
         if isinstance(v, dict): find(v, pre+k+'.')
-        elif any(x in k for x in ('micros_max','waited','flush_turns','flushes','peak_res','settle','root_buffers_copied')) or (pre.startswith('fuse') and 'max' in k): print(pre+k, v)
+        elif any(x in k for x in ('micros_max','waited','flush_turns','flushes','peak_res','settle','root_buffers_copied','images_locked')) or (pre.startswith('fuse') and 'max' in k): print(pre+k, v)
 find(s)
 PY
 $B umount $MNT
