@@ -78,10 +78,9 @@ pub struct Stats {
     /// batch (the flushes, splits and merges it set off included when it
     /// settles inline; settling in steps is `settle_step_micros_max`).
     pub apply_micros_max: AtomicU64,
-    /// The longest a request spent imaging a node the checkpoint in
-    /// flight had not encoded yet, before changing it (`Tree::before_change`:
-    /// a leaf's encoding, an interior node's copy; part of an apply,
-    /// settle or eviction hold above).
+    /// The longest a request spent copying a node the checkpoint in
+    /// flight had not imaged yet, before changing it (`Tree::before_change`;
+    /// part of an apply, settle or eviction hold above).
     pub checkpoint_image_micros_max: AtomicU64,
     /// Nodes copied for the checkpoint in flight (by a request about to
     /// change one, or by a turn) and encoded by its thread without the

@@ -170,7 +170,7 @@ impl Tree {
     /// copy of the root (the root is copied for it here if it waits for
     /// its image). Changed under the tree lock, each would be copied there
     /// first (`Arc::make_mut`): the copy of a metadata buffer of 30K small
-    /// messages took 20-25 ms of an untar's longest holds. The caller
+    /// messages took 20-33 ms of an untar's longest holds. The caller
     /// copies them with the lock let go ([`SharedBuffer::copy`]) and puts
     /// the copies in place ([`Tree::adopt_buffer_copies`]).
     pub fn shared_root_buffers<'k>(

@@ -455,9 +455,9 @@ impl Tree {
         Ok((done, writes, snapshots))
     }
 
-    /// Copies interior node `num` for the checkpoint in flight now, if it
-    /// still waits for its image, as a turn does, leaving it unchanged:
-    /// its buffers are then shared with the copy, and a writer about to
+    /// Copies node `num` for the checkpoint in flight now, if it still
+    /// waits for its image, as a turn does, leaving it unchanged: an
+    /// interior node's buffers are then shared with the copy, and a writer about to
     /// change some of them copies those with the tree lock let go
     /// ([`Tree::shared_root_buffers`]) rather than in
     /// [`Tree::before_change`]'s hold.
@@ -751,9 +751,10 @@ pub(super) struct CheckpointInProgress {
     /// nodes they change), they count against the cache's budget until
     /// the next turn takes them.
     images: Vec<(u64, u32, NodeImage)>,
-    /// Interior nodes as the checkpoint must have them, copied rather
-    /// than encoded (a copy shares the buffers, copy-on-write, so it costs
-    /// a pointer per child): a request that changes one, or a turn, holds
+    /// Nodes as the checkpoint must have them, copied rather than
+    /// encoded (a copy shares an interior node's buffers copy-on-write and
+    /// a leaf's basements, so it costs a pointer per child or basement):
+    /// a request that changes one, or a turn, holds
     /// the lock for the copy only, and the checkpoint's thread encodes it
     /// without the lock ([`Tree::checkpoint_turn`]). What is left here at
     /// the seal (copies made since the last turn) is encoded there.
