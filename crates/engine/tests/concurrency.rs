@@ -494,7 +494,10 @@ fn requests_go_on_between_the_steps_of_a_writers_flushes() {
 #[test]
 fn requests_go_on_while_a_writer_writes_a_dirty_node_back() {
     let (hold, armed, held, go) = hook_that_holds_once();
-    let (_dev, store, mut model) = store_evicting_in_steps(hold);
+    let (_dev, store, mut model) = store_evicting_in_steps(Options {
+        evict_step_hook: Some(hold),
+        ..small_options()
+    });
     let steps_before = store.stats().eviction_steps;
     armed.store(true, Ordering::SeqCst);
     let writer = overwrite_until_evicting(&store);
@@ -518,7 +521,10 @@ fn requests_go_on_while_a_writer_writes_a_dirty_node_back() {
 #[test]
 fn a_write_back_whose_node_changed_meanwhile_is_dropped() {
     let (hold, armed, held, go) = hook_that_holds_once();
-    let (dev, store, mut model) = store_evicting_in_steps(hold);
+    let (dev, store, mut model) = store_evicting_in_steps(Options {
+        evict_step_hook: Some(hold),
+        ..small_options()
+    });
     assert_eq!(store.stats().write_backs_dropped, 0);
     armed.store(true, Ordering::SeqCst);
     let writer = overwrite_until_evicting(&store);
@@ -537,13 +543,42 @@ fn a_write_back_whose_node_changed_meanwhile_is_dropped() {
     assert_store_holds(&reopened, &model);
 }
 
-/// A store of 2000 keys whose writers evict in steps, `hook` in each
-/// write-back; the model of what it holds.
-fn store_evicting_in_steps(hook: TurnHook) -> (MemDevice, Arc<Store>, BTreeMap<Vec<u8>, Vec<u8>>) {
-    let options = Options {
-        evict_step_hook: Some(hook),
+/// The image of a node written back is encoded with the tree lock let go
+/// too: a query and a write complete while a writer is held in its first
+/// encoding. A checkpoint meanwhile writes the node itself and marks it
+/// clean, which takes it out as any change does: the image is dropped
+/// before it is given an extent, and the store holds everything written,
+/// before and after it is reopened.
+#[test]
+fn a_write_back_whose_node_changed_while_it_was_encoded_is_dropped() {
+    let (hold, armed, held, go) = hook_that_holds_once();
+    let (dev, store, mut model) = store_evicting_in_steps(Options {
+        evict_encode_hook: Some(hold),
         ..small_options()
-    };
+    });
+    assert_eq!(store.stats().write_backs_dropped, 0);
+    armed.store(true, Ordering::SeqCst);
+    let writer = overwrite_until_evicting(&store);
+    held.recv_timeout(Duration::from_secs(20))
+        .expect("a write evicts in steps");
+    let key = b"during an encoding".to_vec();
+    a_write_and_a_query_complete(&store, &key);
+    store.checkpoint().unwrap();
+    drop(go);
+    model.extend(writer.join().unwrap());
+    model.insert(key, b"written".to_vec());
+    assert!(store.stats().write_backs_dropped >= 1);
+    assert_store_holds(&store, &model);
+    drop(store);
+    let reopened = Store::open_on(Arc::new(dev), small_options()).unwrap();
+    assert_store_holds(&reopened, &model);
+}
+
+/// A store of 2000 keys made with `options` (whose writers evict in
+/// steps); the model of what it holds.
+fn store_evicting_in_steps(
+    options: Options,
+) -> (MemDevice, Arc<Store>, BTreeMap<Vec<u8>, Vec<u8>>) {
     let (dev, store) = common::mem_store(32 << 20, options);
     let store = Arc::new(store);
     let mut model = BTreeMap::new();

@@ -115,6 +115,9 @@ pub struct Options {
     /// the device write, without the tree lock (tests run other requests
     /// there).
     pub evict_step_hook: Option<TurnHook>,
+    /// Called while a writer's eviction encodes a dirty node's image,
+    /// without the tree lock (tests change the node there).
+    pub evict_encode_hook: Option<TurnHook>,
     /// Writes of point messages (puts, deletes, upserts) are logged and
     /// staged without the tree lock, and applied to the trees together
     /// under one hold of it once this many bytes are staged (or sooner,
@@ -156,6 +159,7 @@ impl Default for Options {
             flush_turn_hook: None,
             settle_step_hook: None,
             evict_step_hook: None,
+            evict_encode_hook: None,
             staged_write_bytes: 1 << 20,
         }
     }
