@@ -601,9 +601,14 @@ impl Inner {
         let waiting = Instant::now();
         self.want_tree_flush();
         while over(tree) && flushing(tree) && self.check_failed().is_ok() {
-            // A timeout only as a safeguard: every turn signals.
+            // Every turn signals; the flusher is wanted again after each
+            // wait: it may have stopped while writers had to settle for
+            // themselves (space short) and gone to sleep before they
+            // could leave the work to it again (a test's writers once
+            // waited here for good).
             self.flush_progress
                 .wait(tree, Some(Duration::from_millis(100)));
+            self.want_tree_flush();
         }
         let waited = waiting.elapsed();
         record_max(&self.stats.flush_wait_micros_max, waited);
