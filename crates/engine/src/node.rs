@@ -774,23 +774,25 @@ impl Interior {
         eaten
     }
 
-    /// Whether the buffer a message for `key` goes to is shared (with the
-    /// checkpoint in flight's copy of this node): changed, it is copied.
-    pub fn shares_buffer_of(&self, key: &[u8]) -> bool {
-        self.buffers
-            .get(self.child_index(key))
-            .is_some_and(|b| Arc::strong_count(b) > 1)
-    }
-
     // Reviewed exception (indexing): a leaf has one pivot fewer than
     // basements and an interior node as many buffers as children, checked
     // on every load (validate::check_leaf, check_interior) and kept by
     // split, merge and rebalance; indices come from basement_for,
     // child_index or a loop over those counts.
     #[allow(clippy::indexing_slicing)]
-    pub fn insert_point(&mut self, key: Vec<u8>, msg: PointMsg, merges: &MergeRegistry) -> usize {
+    /// Returns how many older messages the new one ate, and whether the
+    /// buffer it went to was shared (with the checkpoint in flight's copy
+    /// of this node), so copied first.
+    pub fn insert_point(
+        &mut self,
+        key: Vec<u8>,
+        msg: PointMsg,
+        merges: &MergeRegistry,
+    ) -> (usize, bool) {
         let i = self.child_index(&key);
-        Arc::make_mut(&mut self.buffers[i]).insert_point(key, msg, merges)
+        let buffer = &mut self.buffers[i];
+        let shared = Arc::strong_count(buffer) > 1;
+        (Arc::make_mut(buffer).insert_point(key, msg, merges), shared)
     }
 
     /// Distributes a batch flushed from the parent into our children's
@@ -807,7 +809,7 @@ impl Interior {
             eaten += self.insert_range_delete(&start, &r.end, r.seq, own);
         }
         for (key, msg) in points {
-            eaten += self.insert_point(key, msg, merges);
+            eaten += self.insert_point(key, msg, merges).0;
         }
         eaten
     }

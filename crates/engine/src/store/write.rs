@@ -531,11 +531,9 @@ impl Inner {
         let mut continuing = false;
         loop {
             let evicting = Instant::now();
-            let copy = match tree.evict_step(continuing) {
-                Ok(copy) => copy,
-                Err(e) if e.is_no_space() => None,
-                Err(e) => return Err(self.poison(e)),
-            };
+            // Choosing and copying allocates nothing: no space is not an
+            // error of this part.
+            let copy = tree.evict_step(continuing).map_err(|e| self.poison(e))?;
             record_max(&self.stats.evict_micros_max, evicting.elapsed());
             let Some(copy) = copy else {
                 return Ok(());

@@ -248,10 +248,11 @@ impl Tree {
             }
             msg => match point_msg(seq, msg) {
                 Some((key, m)) => {
-                    if int.shares_buffer_of(&key) {
+                    let (eaten, copied) = int.insert_point(key, m, &self.merges);
+                    if copied {
                         add(&self.stats.root_buffers_copied_locked, 1);
                     }
-                    int.insert_point(key, m, &self.merges)
+                    eaten
                 }
                 None => 0,
             },

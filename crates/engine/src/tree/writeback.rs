@@ -32,20 +32,19 @@ pub struct WriteBack {
 }
 
 /// A dirty node's copy for a write-back, to be encoded without the tree
-/// lock ([`Tree::evict_step`]).
+/// lock ([`Tree::evict_step`]), as the checkpoint's copies are.
 pub struct WriteBackCopy {
-    num: u64,
     token: u64,
-    node: Node,
+    snapshot: NodeSnapshot,
 }
 
 impl WriteBackCopy {
     /// The copy's image (no lock needed), for [`Tree::place_write_back`].
     pub fn encode(self) -> EncodedWriteBack {
         EncodedWriteBack {
-            num: self.num,
+            num: self.snapshot.num,
             token: self.token,
-            img: encode_image(&self.node, self.num),
+            img: self.snapshot.encode(),
         }
     }
 }
@@ -111,8 +110,9 @@ impl Tree {
     /// (copy-on-write; nothing changes yet but the allocation), for
     /// [`WriteBack::write`] and then [`Tree::end_write_back`].
     fn begin_write_back(&mut self, num: u64) -> EngineResult<WriteBack> {
-        let copy = self.copy_for_write_back(num)?;
-        match self.place_write_back(copy.encode())? {
+        let token = self.start_write_back(num)?;
+        let img = encode_image(self.node(num), num);
+        match self.place_write_back(EncodedWriteBack { num, token, img })? {
             Some(wb) => Ok(wb),
             None => unreachable!("node {num} changed while the lock was held"),
         }
@@ -120,19 +120,24 @@ impl Tree {
 
     /// Dirty node `num` picked to be written back, copied (a pointer per
     /// child buffer or basement) so that its image can be encoded without
-    /// the tree lock ([`WriteBackCopy::encode`]), under a token that a
-    /// change of the node meanwhile takes away.
+    /// the tree lock ([`WriteBackCopy::encode`]).
     fn copy_for_write_back(&mut self, num: u64) -> EngineResult<WriteBackCopy> {
+        let token = self.start_write_back(num)?;
+        let snapshot = NodeSnapshot::of(num, self.node(num));
+        Ok(WriteBackCopy { token, snapshot })
+    }
+
+    /// Enters dirty node `num` in `writing_back` under a new token, which
+    /// a change of the node takes away ([`Tree::take`]).
+    fn start_write_back(&mut self, num: u64) -> EngineResult<u64> {
         if self.read_only {
             return Err(EngineError::ReadOnly);
         }
-        let node = self.node(num);
-        debug_assert!(node.dirty);
-        let node = node.clone();
+        debug_assert!(self.node(num).dirty);
         self.write_back_tokens += 1;
         let token = self.write_back_tokens;
         self.writing_back.insert(num, token);
-        Ok(WriteBackCopy { num, token, node })
+        Ok(token)
     }
 
     /// Gives an encoded write-back's image a fresh extent, if the node is
@@ -459,7 +464,7 @@ impl Tree {
         let mut bytes = 0;
         if !copy_nodes {
             for snap in std::mem::take(&mut cp.snapshots) {
-                let img = encode_image(&snap.node, snap.num);
+                let img = snap.encode();
                 add(&self.stats.checkpoint_images_locked, 1);
                 bytes += img.buf.len();
                 cp.images.push((snap.num, snap.height, img));
@@ -474,8 +479,7 @@ impl Tree {
             cp.unchanged.insert(num);
             if copy_nodes {
                 bytes += node.content_bytes();
-                add(&self.stats.checkpoint_node_copies, 1);
-                cp.snapshots.push(NodeSnapshot::of(num, node));
+                cp.copy_node(num, node, &self.stats);
             } else {
                 let img = encode_image(node, num);
                 add(&self.stats.checkpoint_images_locked, 1);
@@ -519,8 +523,7 @@ impl Tree {
             return;
         };
         if cp.pending.remove(&num) {
-            add(&self.stats.checkpoint_node_copies, 1);
-            cp.snapshots.push(NodeSnapshot::of(num, node));
+            cp.copy_node(num, node, &self.stats);
             cp.unchanged.insert(num);
         }
     }
@@ -534,8 +537,7 @@ impl Tree {
                 // A copy sharing the buffers or basements: the change that
                 // follows copies only a buffer it changes (a basement is
                 // replaced, not changed).
-                add(&self.stats.checkpoint_node_copies, 1);
-                cp.snapshots.push(NodeSnapshot::of(num, node));
+                cp.copy_node(num, node, &self.stats);
                 record_max(&self.stats.checkpoint_image_micros_max, started.elapsed());
             }
             cp.unchanged.remove(&num);
@@ -822,6 +824,14 @@ pub(super) struct CheckpointInProgress {
     superblock: Superblock,
 }
 
+impl CheckpointInProgress {
+    /// Copies node `num` (`node`) for the checkpoint's thread to encode.
+    fn copy_node(&mut self, num: u64, node: &Node, stats: &Stats) {
+        add(&stats.checkpoint_node_copies, 1);
+        self.snapshots.push(NodeSnapshot::of(num, node));
+    }
+}
+
 /// An image of the checkpoint in flight with its extent: what the block
 /// table and, if the node has not changed since, the cached node must say.
 pub(super) struct PlacedImage {
@@ -853,6 +863,11 @@ impl NodeSnapshot {
             height: node.height(),
             node: node.clone(),
         }
+    }
+
+    /// The copy's image (no lock needed).
+    fn encode(&self) -> NodeImage {
+        encode_image(&self.node, self.num)
     }
 
     /// The memory the copy holds beyond the cached node: the buffers the
@@ -891,7 +906,7 @@ pub(crate) fn encode_snapshots(snapshots: Vec<NodeSnapshot>) -> SnapshotImages {
     SnapshotImages(
         snapshots
             .into_iter()
-            .map(|s| (s.num, s.height, encode_image(&s.node, s.num)))
+            .map(|s| (s.num, s.height, s.encode()))
             .collect(),
     )
 }
