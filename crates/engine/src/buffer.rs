@@ -55,6 +55,28 @@ pub struct RangeDel {
     pub seq: u64,
 }
 
+/// How much one flush of part of a buffer moves
+/// ([`MessageBuffer::take_first`]): about `bytes` bytes, and no more than
+/// `points` point messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartLimit {
+    pub bytes: usize,
+    pub points: usize,
+}
+
+impl PartLimit {
+    /// The whole buffer.
+    pub const ALL: PartLimit = PartLimit::bytes(usize::MAX);
+
+    /// About `bytes` bytes, however many messages that is.
+    pub const fn bytes(bytes: usize) -> PartLimit {
+        PartLimit {
+            bytes,
+            points: usize::MAX,
+        }
+    }
+}
+
 /// Per-message overhead counted in buffer sizes (tag, lengths, sequence
 /// number), close to what the message takes on disk.
 pub const MESSAGE_OVERHEAD_BYTES: usize = 16;
@@ -350,21 +372,24 @@ impl MessageBuffer {
         self.ranges.append(&mut ranges);
     }
 
-    /// Takes the messages below a key chosen so that about `limit` bytes
-    /// of point messages go, leaving the rest (a range delete straddling
-    /// the key is cut in two); the whole buffer when it holds no more than
-    /// `limit` or no point lies past it. Background flushing moves a large
-    /// buffer down in such parts, one per turn of the tree lock.
-    pub fn take_first_bytes(&mut self, limit: usize) -> MessageBuffer {
-        if self.bytes <= limit {
+    /// Takes the messages below a key chosen so that about `limit.bytes`
+    /// bytes, and at most `limit.points` point messages, go, leaving the
+    /// rest (a range delete straddling the key is cut in two); the whole
+    /// buffer when it is within both or no point lies past the cut.
+    /// Background flushing moves a large buffer down in such parts, one per
+    /// turn of the tree lock, and a writer's settling one per step.
+    pub fn take_first(&mut self, limit: PartLimit) -> MessageBuffer {
+        assert!(limit.points > 0, "a part of no point messages");
+        if self.bytes <= limit.bytes && self.points.len() <= limit.points {
             return std::mem::take(self);
         }
-        let mut taken = 0;
+        let (mut taken, mut count) = (0, 0);
         let cut = self.points.iter().find_map(|(key, msg)| {
-            if taken >= limit {
+            if taken >= limit.bytes || count >= limit.points {
                 return Some(key.clone());
             }
             taken += msg.bytes(key.len());
+            count += 1;
             None
         });
         match cut {
@@ -539,8 +564,15 @@ mod tests {
             put(&mut b, i, 300 + u64::from(i));
         }
         let whole = b.clone();
+        let mut few = b.clone();
+        let seven = few.take_first(PartLimit {
+            bytes: usize::MAX,
+            points: 7,
+        });
+        assert_eq!(seven.points().len(), 7);
+        assert_eq!(seven.bytes() + few.bytes(), whole.bytes());
         let per_point = PointMsg::put(0, vec![1; 100]).bytes(5);
-        let first = b.take_first_bytes(30 * per_point);
+        let first = b.take_first(PartLimit::bytes(30 * per_point));
         let keys = |b: &MessageBuffer| b.points().keys().cloned().collect::<Vec<_>>();
         assert_eq!(
             keys(&first),
@@ -551,7 +583,7 @@ mod tests {
         assert!(first.ranges().is_empty());
         // k0030..k0039, k0045, k0046: the cut falls at k0047, inside the
         // range delete.
-        let second = b.take_first_bytes(12 * per_point);
+        let second = b.take_first(PartLimit::bytes(12 * per_point));
         assert_eq!(second.points().len(), 12);
         let range = |b: &MessageBuffer| {
             b.ranges()
@@ -562,7 +594,7 @@ mod tests {
         assert_eq!(range(&second), vec![(k("k0040"), k("k0047"), 200)]);
         assert_eq!(range(&b), vec![(k("k0047"), k("k0060"), 200)]);
         assert_eq!(keys(&b).first(), Some(&k("k0047")));
-        let rest = b.take_first_bytes(usize::MAX);
+        let rest = b.take_first(PartLimit::ALL);
         assert!(b.is_empty() && b.bytes() == 0);
         for part in [&first, &second, &rest] {
             assert_eq!(part.bytes(), part.counted_bytes());

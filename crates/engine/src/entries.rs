@@ -149,11 +149,53 @@ impl Entries {
         *self = out;
     }
 
-    /// Appends entries [from, to) of `other`.
+    /// Index of the first key not less than `key` among entries
+    /// [from, to) (`to` if there is none).
+    // Reviewed exception (indexing): callers pass from <= to <= len, and
+    // every slot points at bytes `push_parts` wrote with it.
+    #[allow(clippy::indexing_slicing)]
+    pub fn lower_bound_in(&self, from: usize, to: usize, key: &[u8]) -> usize {
+        from + self.index[from..to].partition_point(|s| {
+            &self.data[s.offset as usize..(s.offset + s.key_len) as usize] < key
+        })
+    }
+
+    /// Appends entries [from, to) of `other`, whose keys must all follow
+    /// this one's: one copy of their bytes, which lie together and in
+    /// order in `other` (every entry is appended by `push_parts`, packed
+    /// after the one before), and their slots moved to where the bytes
+    /// land. A merge of a few messages into a basement copies the runs
+    /// between them this way, not entry by entry.
+    // Reviewed exception (indexing): callers pass from <= to <= other.len(),
+    // and the slots of [from, to) cover other.data[start..end] exactly.
+    #[allow(clippy::indexing_slicing)]
     pub fn extend_from(&mut self, other: &Entries, from: usize, to: usize) {
-        for i in from..to {
-            self.push(other.key(i), other.value(i));
+        if from >= to {
+            return;
         }
+        let (first, last) = (other.index[from], other.index[to - 1]);
+        debug_assert!(
+            self.is_empty() || self.key(self.len() - 1) < other.key(from),
+            "entries out of order"
+        );
+        let start = first.offset;
+        let end = (last.offset + last.key_len + last.value_len) as usize;
+        debug_assert_eq!(
+            end - start as usize,
+            other.index[from..to]
+                .iter()
+                .map(|s| (s.key_len + s.value_len) as usize)
+                .sum::<usize>(),
+            "entries not packed in order"
+        );
+        let base = self.data.len() as u32;
+        self.data
+            .extend_from_slice(&other.data[start as usize..end]);
+        self.index
+            .extend(other.index[from..to].iter().map(|s| Slot {
+                offset: s.offset - start + base,
+                ..*s
+            }));
     }
 }
 
@@ -174,12 +216,24 @@ mod tests {
         assert_eq!(e.search(b"c"), Err(2));
         assert_eq!(e.lower_bound(b"bc"), 1);
         assert_eq!(e.bytes(), 1 + 1 + 2 + 2 + 1 + 3 * ENTRY_OVERHEAD_BYTES);
+        assert_eq!(e.lower_bound_in(1, 3, b"a"), 1);
+        assert_eq!(e.lower_bound_in(1, 3, b"c"), 2);
+        assert_eq!(e.lower_bound_in(0, 2, b"z"), 2);
         let mut f = Entries::default();
+        f.push(b"0", b"zero");
         f.extend_from(&e, 1, 3);
+        f.extend_from(&e, 3, 3);
         assert_eq!(
-            f.iter().map(|(k, _)| k.to_vec()).collect::<Vec<_>>(),
-            vec![b"bc".to_vec(), b"d".to_vec()]
+            f.iter()
+                .map(|(k, v)| (k.to_vec(), v.to_vec()))
+                .collect::<Vec<_>>(),
+            vec![
+                (b"0".to_vec(), b"zero".to_vec()),
+                (b"bc".to_vec(), b"22".to_vec()),
+                (b"d".to_vec(), b"".to_vec())
+            ]
         );
+        assert_eq!(f.bytes(), 1 + 4 + 2 + 2 + 1 + 3 * ENTRY_OVERHEAD_BYTES);
     }
 
     #[test]

@@ -98,10 +98,12 @@ pub struct Stats {
     pub root_buffers_copied_unlocked: AtomicU64,
     pub root_buffers_copied_locked: AtomicU64,
     /// A writer's settling in steps (`Flushing::Stepwise`): the steps
-    /// after which it let waiting requests take the lock, and the longest
-    /// step (the longest anyone waited for a writer's flushes).
+    /// after which it let waiting requests take the lock, the longest
+    /// step (the longest anyone waited for a writer's flushes), and the
+    /// most messages a step moved down.
     pub settle_steps: AtomicU64,
     pub settle_step_micros_max: AtomicU64,
+    pub settle_step_messages_max: AtomicU64,
     /// A writer's eviction in steps: the write-backs after which it let
     /// waiting requests take the lock; `evict_micros_max` is the longest
     /// step.
@@ -221,6 +223,7 @@ pub struct StatsSnapshot {
     pub root_buffers_copied_locked: u64,
     pub settle_steps: u64,
     pub settle_step_micros_max: u64,
+    pub settle_step_messages_max: u64,
     pub eviction_steps: u64,
     pub evict_micros_max: u64,
     pub writes_waited_for_checkpoint: u64,
@@ -318,6 +321,7 @@ impl Stats {
             root_buffers_copied_locked: get(&self.root_buffers_copied_locked),
             settle_steps: get(&self.settle_steps),
             settle_step_micros_max: get(&self.settle_step_micros_max),
+            settle_step_messages_max: get(&self.settle_step_messages_max),
             eviction_steps: get(&self.eviction_steps),
             evict_micros_max: get(&self.evict_micros_max),
             writes_waited_for_checkpoint: get(&self.writes_waited_for_checkpoint),

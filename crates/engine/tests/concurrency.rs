@@ -487,6 +487,37 @@ fn requests_go_on_between_the_steps_of_a_writers_flushes() {
     assert_store_holds(&store, &model);
 }
 
+/// A step of a writer's settling moves at most `settle_step_messages`
+/// point messages down, however few bytes they make (a quarter node of
+/// small messages took milliseconds of the lock to merge into a leaf),
+/// and the trees still hold everything written.
+#[test]
+fn a_settle_step_moves_no_more_messages_than_its_bound() {
+    let options = Options {
+        cache_bytes: 8 << 20,
+        settle_step_messages: 16,
+        ..small_options()
+    };
+    let (_dev, store) = common::mem_store(32 << 20, options);
+    let mut model = BTreeMap::new();
+    // About 30 bytes a message: a quarter node (4 KiB) is over 100 of them.
+    for round in 0..3u8 {
+        for i in 0..3000 {
+            let value = [round; 8];
+            store.put(KeySpace::Data, &numbered(i), &value).unwrap();
+            model.insert(numbered(i), value.to_vec());
+        }
+    }
+    let stats = store.stats();
+    assert!(stats.settle_steps > 0);
+    assert!(
+        (1..=16).contains(&stats.settle_step_messages_max),
+        "a step moved {} messages",
+        stats.settle_step_messages_max
+    );
+    assert_store_holds(&store, &model);
+}
+
 /// A write that takes the cache over budget writes dirty nodes back one
 /// per step, each device write made with the tree lock let go: here a
 /// query and a write complete while a writer is held in its first

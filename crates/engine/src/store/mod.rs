@@ -111,6 +111,15 @@ pub struct Options {
     /// Called between two steps of a writer's settling, without the tree
     /// lock (tests run other requests there).
     pub settle_step_hook: Option<TurnHook>,
+    /// Most point messages one step of a writer's settling moves down (a
+    /// step moves a quarter node's bytes otherwise). A quarter node of
+    /// small messages (file creations, attribute updates: 20-22K of them)
+    /// held the tree lock for 8-10 ms to merge into a leaf, about 400 ns a
+    /// message, where a quarter node of file blocks (270 messages) took
+    /// 0.3 ms; at most 6,144 keeps a step to a few milliseconds whatever
+    /// the messages' size (docs/benchmarks/step-messages.md). Tests make
+    /// it small.
+    pub settle_step_messages: usize,
     /// Called while a writer's eviction writes a dirty node back, before
     /// the device write, without the tree lock (tests run other requests
     /// there).
@@ -158,6 +167,7 @@ impl Default for Options {
             flush_turn_bytes: 1 << 20,
             flush_turn_hook: None,
             settle_step_hook: None,
+            settle_step_messages: 6 << 10,
             evict_step_hook: None,
             evict_encode_hook: None,
             staged_write_bytes: 1 << 20,
@@ -179,6 +189,9 @@ impl Options {
                 "basement_size {} must be within [1 KiB, node_size]",
                 self.basement_size
             ));
+        }
+        if self.settle_step_messages == 0 {
+            return bad("settle_step_messages must be positive".into());
         }
         if !(4..=1024).contains(&self.fanout) {
             return bad(format!("fanout {} must be within [4, 1024]", self.fanout));
@@ -213,6 +226,7 @@ impl Options {
             basement_size: self.basement_size,
             fanout: self.fanout,
             cache_bytes: self.cache_bytes,
+            settle_step_messages: self.settle_step_messages,
         }
     }
 }

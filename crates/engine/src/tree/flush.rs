@@ -5,6 +5,8 @@
 #![allow(clippy::indexing_slicing)] // see tree/mod.rs
 
 use super::*;
+use crate::buffer::PartLimit;
+use std::sync::atomic::Ordering;
 use crate::tree::readahead::LeafOnDisk;
 
 /// What a step of a writer's settling works on ([`Tree::settle_target`]).
@@ -23,7 +25,9 @@ pub enum SettleTarget {
 
 /// Whether a flush of up to `limit` bytes out of buffer `i` of `int`
 /// (its child under `child_bounds`) drops that child's subtree unread: the
-/// flush takes the whole buffer and a range delete in it covers the child.
+/// buffer is within the flush's bytes and a range delete in it covers the
+/// child. (A step's flush, capped in messages too, may then move only
+/// part of the buffer into the fresh subtree; the rest follows.)
 fn drops_child_unread(int: &Interior, i: usize, child_bounds: &Bounds, limit: usize) -> bool {
     let buffer = &int.buffers[i];
     buffer.bytes() <= limit && buffer.covers_whole(&child_bounds.lo, child_bounds.hi.as_deref())
@@ -89,7 +93,14 @@ impl Tree {
                 break;
             }
             let heaviest = self.heaviest_buffer(num);
-            let moved = self.flush_part(ks, num, heaviest, bounds, left, Cascade::Down)?;
+            let moved = self.flush_part(
+                ks,
+                num,
+                heaviest,
+                bounds,
+                PartLimit::bytes(left),
+                Cascade::Down,
+            )?;
             left = left.saturating_sub(moved.max(1));
         }
         Ok(())
@@ -104,12 +115,12 @@ impl Tree {
         i: usize,
         parent_bounds: &Bounds,
     ) -> EngineResult<()> {
-        self.flush_part(ks, parent, i, parent_bounds, usize::MAX, Cascade::Down)
+        self.flush_part(ks, parent, i, parent_bounds, PartLimit::ALL, Cascade::Down)
             .map(|_| ())
     }
 
     /// [`Tree::flush_child`] of only the messages of the lowest keys in
-    /// the buffer, about `limit` bytes of them (all if there are no more;
+    /// the buffer, `limit`'s worth of them (all if there are no more;
     /// background flushing's step): the child, settled after, passes on
     /// about what it took. Returns the bytes moved. With
     /// [`Cascade::OneLevel`] an interior child is not settled (only split,
@@ -120,14 +131,14 @@ impl Tree {
         parent: u64,
         i: usize,
         parent_bounds: &Bounds,
-        limit: usize,
+        limit: PartLimit,
         cascade: Cascade,
     ) -> EngineResult<usize> {
         let int = self.interior(parent);
         let child_bounds = int.child_bounds(i, parent_bounds);
         let child_height = int.height - 1;
         let mut child = int.children[i];
-        if drops_child_unread(int, i, &child_bounds, limit) {
+        if drops_child_unread(int, i, &child_bounds, limit.bytes) {
             // A range delete covers the whole child: drop its subtree without
             // reading a single leaf and start over with an empty one.
             let doomed =
@@ -142,7 +153,7 @@ impl Tree {
             self.load(ks, child, &child_bounds, Want::Whole, Some(child_height))?;
         }
         let batch = self.with_interior(parent, |int| {
-            Arc::make_mut(&mut int.buffers[i]).take_first_bytes(limit)
+            Arc::make_mut(&mut int.buffers[i]).take_first(limit)
         });
         let moved = batch.bytes();
         let count = batch.message_count() as u64;
@@ -228,6 +239,17 @@ impl Tree {
     /// thus steps of a bounded part each, and the store lets waiting
     /// requests in between them (docs/design.md, "Settling in steps").
     pub fn settle_step(&mut self, target: SettleTarget) -> EngineResult<()> {
+        let flushed = self.stats.messages_flushed.load(Ordering::Relaxed);
+        self.settle_step_on(target)?;
+        let moved = self.stats.messages_flushed.load(Ordering::Relaxed) - flushed;
+        self.stats
+            .settle_step_messages_max
+            .fetch_max(moved, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// [`Tree::settle_step`]'s work.
+    fn settle_step_on(&mut self, target: SettleTarget) -> EngineResult<()> {
         match target {
             SettleTarget::Root(ks) => {
                 let root = self.roots[ks.index()];
@@ -257,7 +279,7 @@ impl Tree {
     /// steps.
     fn flush_step(&mut self, ks: KeySpace, num: u64, bounds: &Bounds) -> EngineResult<()> {
         if let Some(i) = self.flush_step_buffer(num) {
-            let part = self.flush_step_bytes();
+            let part = self.flush_step_limit();
             self.flush_part(ks, num, i, bounds, part, Cascade::OneLevel)?;
         }
         Ok(())
@@ -269,9 +291,13 @@ impl Tree {
         (self.interior(num).buffer_bytes() > self.opts.node_size).then(|| self.heaviest_buffer(num))
     }
 
-    /// How much of a buffer one step's flush moves: a quarter node.
-    fn flush_step_bytes(&self) -> usize {
-        self.opts.node_size / 4
+    /// How much of a buffer one step's flush moves: a quarter node, and
+    /// no more than [`TreeOptions::settle_step_messages`] point messages.
+    fn flush_step_limit(&self) -> PartLimit {
+        PartLimit {
+            bytes: self.opts.node_size / 4,
+            points: self.opts.settle_step_messages,
+        }
     }
 
     /// The leaf a step on `target` flushes into, when the cache does not
@@ -298,7 +324,7 @@ impl Tree {
         }
         let i = self.flush_step_buffer(num)?;
         let child_bounds = int.child_bounds(i, &bounds);
-        if drops_child_unread(int, i, &child_bounds, self.flush_step_bytes()) {
+        if drops_child_unread(int, i, &child_bounds, self.flush_step_limit().bytes) {
             return None;
         }
         let child = int.children[i];

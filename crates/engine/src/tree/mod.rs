@@ -69,6 +69,9 @@ pub struct TreeOptions {
     /// Memory the node cache may use before clean nodes are dropped and dirty
     /// ones written back.
     pub cache_bytes: usize,
+    /// Most point messages one step of a writer's settling moves
+    /// ([`Options::settle_step_messages`](crate::Options::settle_step_messages)).
+    pub settle_step_messages: usize,
 }
 
 /// What part of a leaf a reader needs.
