@@ -6,8 +6,8 @@
 
 use super::*;
 use crate::buffer::PartLimit;
-use std::sync::atomic::Ordering;
 use crate::tree::readahead::LeafOnDisk;
+use std::sync::atomic::Ordering;
 
 /// What a step of a writer's settling works on ([`Tree::settle_target`]).
 pub enum SettleTarget {
