@@ -42,7 +42,7 @@ use std::thread::JoinHandle;
 use betreefs_fs::Operations;
 use io_uring::{opcode as uring_op, squeue, types, IoUring};
 
-use crate::abi::{self, Reader, Writer};
+use crate::abi::{self, Reader};
 use crate::dispatch::{Dispatcher, Reply};
 use crate::request::Request;
 use crate::session::serve_one;
@@ -110,15 +110,9 @@ impl RingEntry {
     /// The reply's `fuse_out_header` and payload size, for a body of
     /// `body_len` bytes already in the payload buffer; `error` negative or 0.
     fn set_out_header(&mut self, unique: u64, error: i32, body_len: usize) {
-        let mut w = Writer::default();
-        abi::out_header(
-            &mut w,
-            (abi::OUT_HEADER_BYTES + body_len) as u32,
-            error,
-            unique,
-        );
+        let header = abi::out_header((abi::OUT_HEADER_BYTES + body_len) as u32, error, unique);
         if let Some(dst) = self.header.get_mut(..abi::OUT_HEADER_BYTES) {
-            dst.copy_from_slice(&w.buf);
+            dst.copy_from_slice(&header);
         }
         if let Some(dst) = self
             .header
