@@ -952,16 +952,29 @@ impl Node {
 mod tests {
     use super::*;
 
-    proptest::proptest! {
+    use proptest::collection::{btree_map, btree_set, vec};
+    use proptest::prelude::*;
+
+    /// Keys over a small alphabet, so that messages, ranges and entries
+    /// meet.
+    fn small_key() -> impl Strategy<Value = Vec<u8>> {
+        vec(0u8..4, 1..4)
+    }
+
+    fn small_value() -> impl Strategy<Value = Vec<u8>> {
+        vec(any::<u8>(), 0..6)
+    }
+
+    proptest! {
         /// A basement merged with range deletes and point messages holds
         /// what a map does after the same deletes and writes (runs of
         /// untouched entries are copied whole: their bytes and slots must
         /// land right between the messages and around the ranges).
         #[test]
         fn a_merged_basement_is_the_map_after_its_messages(
-            old in proptest::collection::btree_map(proptest::collection::vec(0u8..4, 1..4), proptest::collection::vec(proptest::num::u8::ANY, 0..6), 0..40),
-            cuts in proptest::collection::btree_set(proptest::collection::vec(0u8..4, 1..4), 0..8),
-            points in proptest::collection::btree_map(proptest::collection::vec(0u8..4, 1..4), proptest::option::of(proptest::collection::vec(proptest::num::u8::ANY, 0..6)), 0..12),
+            old in btree_map(small_key(), small_value(), 0..40),
+            cuts in btree_set(small_key(), 0..8),
+            points in btree_map(small_key(), proptest::option::of(small_value()), 0..12),
         ) {
             let mut entries = Entries::default();
             for (k, v) in &old {
@@ -973,18 +986,18 @@ mod tests {
                 .chunks_exact(2)
                 .map(|pair| (pair[0].as_slice(), pair[1].as_slice()))
                 .collect();
-            let msgs: Vec<(Vec<u8>, PointMsg)> = points
-                .iter()
-                .map(|(k, v)| {
-                    let base = match v {
-                        Some(v) => Base::Put { seq: 1, value: bytes::Bytes::from(v.clone()) },
-                        None => Base::Delete { seq: 1 },
-                    };
-                    (k.clone(), PointMsg { base: Some(base), upserts: Vec::new() })
-                })
-                .collect();
+            let message = |v: &Option<Vec<u8>>| PointMsg {
+                base: Some(match v {
+                    Some(v) => Base::Put { seq: 1, value: bytes::Bytes::from(v.clone()) },
+                    None => Base::Delete { seq: 1 },
+                }),
+                upserts: Vec::new(),
+            };
+            let msgs: Vec<(Vec<u8>, PointMsg)> =
+                points.iter().map(|(k, v)| (k.clone(), message(v))).collect();
             let refs: Vec<(&Vec<u8>, &PointMsg)> = msgs.iter().map(|(k, m)| (k, m)).collect();
-            let merged = merge_basement(&entries, &ranges, &refs, &MergeRegistry::default()).unwrap();
+            let merged =
+                merge_basement(&entries, &ranges, &refs, &MergeRegistry::default()).unwrap();
             let mut model = old.clone();
             model.retain(|k, _| !ranges.iter().any(|(s, e)| *s <= k.as_slice() && k.as_slice() < *e));
             for (k, v) in points {
@@ -993,10 +1006,14 @@ mod tests {
                     None => model.remove(&k),
                 };
             }
-            let got: Vec<(Vec<u8>, Vec<u8>)> = merged.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
-            let want: Vec<(Vec<u8>, Vec<u8>)> = model.into_iter().collect();
-            proptest::prop_assert_eq!(got, want);
-            proptest::prop_assert_eq!(merged.bytes(), merged.iter().map(|(k, v)| k.len() + v.len() + crate::entries::ENTRY_OVERHEAD_BYTES).sum::<usize>());
+            let got: Vec<(Vec<u8>, Vec<u8>)> =
+                merged.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
+            prop_assert_eq!(got, model.into_iter().collect::<Vec<_>>());
+            let counted: usize = merged
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + crate::entries::ENTRY_OVERHEAD_BYTES)
+                .sum();
+            prop_assert_eq!(merged.bytes(), counted);
         }
     }
 
