@@ -604,6 +604,9 @@ fn start(
         .max(4 * options.node_size);
     options.read_ahead = settings.read_ahead;
     options.background_flush = settings.background_flush;
+    // Dirty nodes are written back on a thread of their own, not in the
+    // request of the writer that filled the cache.
+    options.background_write_back = true;
     options.read_only = settings.read_only;
     let store = crate::image::open_store(&args.image, options, crate::image::UNMOUNT_WAIT)
         .map_err(|e| anyhow!("{}: {e:#}", args.image.display()))?;

@@ -38,5 +38,5 @@ pub use merge::{MergeRegistry, RecordOp, MERGE_PATCH, MERGE_RECORD, MERGE_TRUNCA
 pub use stats::StatsSnapshot;
 pub use store::{
     FaultObserver, MemoryBesideCache, Options, RangeIter, RecoveryReport, Reservation, Store,
-    TurnHook,
+    TurnHook, WRITE_BACK_HEADROOM_NODES,
 };

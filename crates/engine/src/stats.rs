@@ -108,6 +108,9 @@ pub struct Stats {
     /// waiting requests take the lock; `evict_micros_max` is the longest
     /// step.
     pub eviction_steps: AtomicU64,
+    /// Of `eviction_steps`, those the write-back thread took
+    /// (`Options::background_write_back`).
+    pub background_eviction_steps: AtomicU64,
     pub evict_micros_max: AtomicU64,
     /// Writes that needed a checkpoint (a full log, space low) while one
     /// was in flight, and waited for it.
@@ -225,6 +228,7 @@ pub struct StatsSnapshot {
     pub settle_step_micros_max: u64,
     pub settle_step_messages_max: u64,
     pub eviction_steps: u64,
+    pub background_eviction_steps: u64,
     pub evict_micros_max: u64,
     pub writes_waited_for_checkpoint: u64,
     pub writes_flushed_log: u64,
@@ -323,6 +327,7 @@ impl Stats {
             settle_step_micros_max: get(&self.settle_step_micros_max),
             settle_step_messages_max: get(&self.settle_step_messages_max),
             eviction_steps: get(&self.eviction_steps),
+            background_eviction_steps: get(&self.background_eviction_steps),
             evict_micros_max: get(&self.evict_micros_max),
             writes_waited_for_checkpoint: get(&self.writes_waited_for_checkpoint),
             writes_flushed_log: get(&self.writes_flushed_log),

@@ -518,6 +518,55 @@ fn a_settle_step_moves_no_more_messages_than_its_bound() {
     assert_store_holds(&store, &model);
 }
 
+/// With the write-back thread (`Options::background_write_back`), writers
+/// that take the cache over its budget leave the dirty nodes to it: while
+/// the thread is held in a write-back, a write and a query complete and
+/// the overwriting goes on; the thread then brings the cache back within
+/// its budget, and everything reads back as written, before and after
+/// reopening.
+#[test]
+fn the_write_back_thread_writes_dirty_nodes_back_for_the_writers() {
+    let (arrived, held) = channel();
+    let (go, wait) = channel::<()>();
+    let hold = {
+        let once = AtomicBool::new(true);
+        let (arrived, wait) = (Mutex::new(arrived), Mutex::new(wait));
+        move || {
+            let on_the_thread = std::thread::current().name() == Some("betreefs-write-back");
+            if on_the_thread && once.swap(false, Ordering::SeqCst) {
+                let _ = arrived.lock().unwrap().send(());
+                let _ = wait.lock().unwrap().recv();
+            }
+        }
+    };
+    let options = Options {
+        background_write_back: true,
+        evict_step_hook: Some(TurnHook(Arc::new(hold))),
+        ..small_options()
+    };
+    let (dev, store, mut model) = store_evicting_in_steps(options.clone());
+    let writer = overwrite_until_evicting(&store);
+    held.recv_timeout(Duration::from_secs(20))
+        .expect("the write-back thread writes a dirty node back");
+    let key = b"key00000+while the thread writes back".to_vec();
+    a_write_and_a_query_complete(&store, &key);
+    let written = writer.join().unwrap();
+    drop(go);
+    model.extend(written);
+    model.insert(key, b"written".to_vec());
+    common::wait_until("the cache back within its budget", || {
+        let stats = store.stats();
+        stats.cache_bytes <= stats.cache_budget_bytes
+    });
+    assert!(store.stats().background_eviction_steps > 0);
+    assert_store_holds(&store, &model);
+    store.sync().unwrap();
+    let image = dev.current_image();
+    drop(store);
+    let reopened = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options()).unwrap();
+    assert_store_holds(&reopened, &model);
+}
+
 /// A write that takes the cache over budget writes dirty nodes back one
 /// per step, each device write made with the tree lock let go: here a
 /// query and a write complete while a writer is held in its first

@@ -1,10 +1,12 @@
-//! The store's background threads: the log flusher and checkpointer, and
-//! the tree flusher (background flushing, when configured).
+//! The store's background threads: the log flusher and checkpointer, the
+//! tree flusher (background flushing, when configured) and the write-back
+//! thread (when configured).
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::write::Evictor;
 use super::*;
 
 /// Starts the thread that moves messages down the trees in turns and
@@ -25,7 +27,68 @@ pub(super) fn start_tree_flusher(inner: &Arc<Inner>) -> Option<JoinHandle<()>> {
     }
 }
 
+/// Starts the thread that writes dirty nodes back when the node cache
+/// goes over its budget ([`Options::background_write_back`]).
+pub(super) fn start_write_back(inner: &Arc<Inner>) -> Option<JoinHandle<()>> {
+    inner.write_back_running.store(true, Ordering::SeqCst);
+    let worker = inner.clone();
+    let spawned = std::thread::Builder::new()
+        .name("betreefs-write-back".into())
+        .spawn(move || worker.run_write_back());
+    match spawned {
+        Ok(handle) => Some(handle),
+        Err(e) => {
+            inner.write_back_running.store(false, Ordering::SeqCst);
+            tracing::warn!("could not start the write-back thread: {e}; writers write back");
+            None
+        }
+    }
+}
+
 impl Inner {
+    /// Wakes the write-back thread.
+    pub(super) fn want_write_back(&self) {
+        let mut state = self.lock_background();
+        if !state.write_back_wanted {
+            state.write_back_wanted = true;
+            self.write_back_wake.notify_all();
+        }
+    }
+
+    /// The write-back thread: woken by a writer that took the node cache
+    /// over its budget, it writes dirty nodes back a step at a time as a
+    /// writer's eviction does ([`Inner::evict_in_steps`]: the encoding and
+    /// the device write with the tree lock let go), down to 90% of the
+    /// budget, while the writers' requests go on.
+    fn run_write_back(&self) {
+        loop {
+            {
+                let mut state = self.lock_background();
+                while !state.shutdown && !state.write_back_wanted {
+                    state = self
+                        .write_back_wake
+                        .wait_timeout(state, Duration::from_secs(1))
+                        .map(|(s, _)| s)
+                        .unwrap_or_else(|e| e.into_inner().0);
+                }
+                if state.shutdown {
+                    break;
+                }
+                state.write_back_wanted = false;
+            }
+            if self.check_failed().is_err() {
+                continue;
+            }
+            let mut tree = self.lock_tree();
+            if let Err(e) = self.evict_in_steps(&mut tree, Evictor::WriteBackThread) {
+                // Poisoned by the step that failed: writes report it.
+                tracing::error!("background write-back failed: {e}");
+            }
+        }
+        // Writers write back for themselves from now on.
+        self.write_back_running.store(false, Ordering::SeqCst);
+    }
+
     /// Wakes the tree flusher.
     pub(super) fn want_tree_flush(&self) {
         let mut state = self.lock_background();

@@ -47,7 +47,7 @@ mod read;
 mod staging;
 mod write;
 
-use background::start_tree_flusher;
+use background::{start_tree_flusher, start_write_back};
 use read::start_read_ahead;
 pub use read::RangeIter;
 use staging::{StagedAnswer, Staging};
@@ -101,6 +101,17 @@ pub struct Options {
     /// docs/benchmarks/background-flush.md). Writers wait only when a
     /// root's buffers hold more than the backlog bound.
     pub background_flush: bool,
+    /// Dirty nodes the node cache must give up are written back on a
+    /// thread of their own: a writer that takes the cache over its budget
+    /// drops clean nodes and wakes the thread, and writes dirty ones back
+    /// itself only past [`WRITE_BACK_HEADROOM_NODES`] nodes over the budget
+    /// (the thread starts as far below it).
+    /// A writer's own write-back took its request 13-24 ms (encoding and
+    /// writing a few 4 MiB leaves) during an untar, the lock let go
+    /// meanwhile but the request waiting (docs/benchmarks/write-back-thread.md).
+    /// Off in the library by default (tests count evictions where they
+    /// happen); the mount daemon turns it on.
+    pub background_write_back: bool,
     /// Bytes of messages one turn of background flushing moves down with
     /// the tree lock held (a leaf takes them at roughly 300-500 MB/s:
     /// 1 MiB is 2-3 ms). Tests make it small to interleave many turns.
@@ -164,6 +175,7 @@ impl Default for Options {
             checkpoint_turn_hook: None,
             checkpoint_piece_bytes: 512 << 10,
             background_flush: false,
+            background_write_back: false,
             flush_turn_bytes: 1 << 20,
             flush_turn_hook: None,
             settle_step_hook: None,
@@ -267,7 +279,17 @@ struct BackgroundState {
     /// A root's buffers hold more than a node's worth: the tree flusher
     /// has work.
     tree_flush_wanted: bool,
+    /// The node cache is over its budget: the write-back thread has work.
+    write_back_wanted: bool,
 }
+
+/// With the write-back thread ([`Options::background_write_back`]): how
+/// far below its budget, in nodes, the thread keeps the node cache, and
+/// how far past it the cache may go before a writer writes dirty nodes
+/// back itself. The thread starts before writers would have, so the
+/// cache, and the daemon's memory, stay where they were; the writer's
+/// own write-back is for a thread that falls behind.
+pub const WRITE_BACK_HEADROOM_NODES: usize = 1;
 
 /// What opening a store found in its log and superblocks.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -325,6 +347,10 @@ struct Inner {
     /// The tree flusher runs: writers may leave messages in the roots and
     /// wait for it past the backlog bound.
     tree_flusher_running: std::sync::atomic::AtomicBool,
+    /// Wakes the write-back thread (with `background_write_back`).
+    write_back_wake: Condvar,
+    /// The write-back thread runs: writers leave dirty nodes to it.
+    write_back_running: std::sync::atomic::AtomicBool,
     /// Batches logged but not yet applied to the trees, and the next
     /// sequence number (`store/staging.rs`). Taken inside the tree lock,
     /// never the other way round.
@@ -365,6 +391,7 @@ pub struct Store {
     inner: Arc<Inner>,
     worker: Option<JoinHandle<()>>,
     tree_flusher: Option<JoinHandle<()>>,
+    write_back_thread: Option<JoinHandle<()>>,
     read_ahead_threads: Vec<JoinHandle<()>>,
     closed: bool,
 }
@@ -611,6 +638,8 @@ impl Store {
             tree_flush_wake: Condvar::new(),
             flush_progress: TreeEvent::default(),
             tree_flusher_running: std::sync::atomic::AtomicBool::new(false),
+            write_back_wake: Condvar::new(),
+            write_back_running: std::sync::atomic::AtomicBool::new(false),
             staging: parking_lot::RwLock::new(staging),
             space_ample: std::sync::atomic::AtomicBool::new(false),
         });
@@ -643,10 +672,16 @@ impl Store {
         } else {
             None
         };
+        let write_back_thread = if inner.options.background_write_back && !inner.options.read_only {
+            start_write_back(&inner)
+        } else {
+            None
+        };
         Store {
             inner,
             worker,
             tree_flusher,
+            write_back_thread,
             read_ahead_threads,
             closed: false,
         }
@@ -924,10 +959,17 @@ impl Store {
             }
         }
         let (worker, tree_flusher) = (self.worker.take(), self.tree_flusher.take());
-        if worker.is_some() || tree_flusher.is_some() {
+        let write_back = self.write_back_thread.take();
+        if worker.is_some() || tree_flusher.is_some() || write_back.is_some() {
             self.inner.lock_background().shutdown = true;
             self.inner.wake.notify_all();
             self.inner.tree_flush_wake.notify_all();
+            self.inner.write_back_wake.notify_all();
+        }
+        if let Some(thread) = write_back {
+            if thread.join().is_err() {
+                tracing::error!("write-back thread panicked");
+            }
         }
         if let Some(worker) = worker {
             if worker.join().is_err() {

@@ -62,6 +62,15 @@ fn admit(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<Admission> 
 /// into the staged batches and their key map first.
 const STAGED_BATCH_MAX_BYTES: usize = 64 << 10;
 
+/// Who runs an eviction ([`Inner::evict_in_steps`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Evictor {
+    /// A writer whose batch took the cache over budget, in its request.
+    Writer,
+    /// The write-back thread ([`Options::background_write_back`]).
+    WriteBackThread,
+}
+
 impl Inner {
     pub(super) fn write(&self, batch: &WriteBatch, reservation: Reservation) -> EngineResult<u64> {
         self.check_writable()?;
@@ -390,7 +399,19 @@ impl Inner {
         if flushing == Flushing::Stepwise {
             self.settle_in_steps(tree)?;
         }
-        self.evict_in_steps(tree)?;
+        if self.write_back_running.load(Ordering::SeqCst) {
+            // Clean nodes go at once (no IO); dirty ones to the write-back
+            // thread, unless the cache is already well past its budget.
+            tree.evict_clean_if_needed();
+            let headroom = self.write_back_headroom();
+            if tree.cache_excess(0) > headroom {
+                self.evict_in_steps(tree, Evictor::Writer)?;
+            } else if tree.cache_excess(headroom) > 0 {
+                self.want_write_back();
+            }
+        } else {
+            self.evict_in_steps(tree, Evictor::Writer)?;
+        }
         self.note_space(tree);
         Ok(flushing == Flushing::Background && tree.flush_backlog() > tree.flush_low_water())
     }
@@ -527,18 +548,31 @@ impl Inner {
     /// Counted: the steps that let others in, and the longest hold of the
     /// lock (`evict_micros_max`: choosing and encoding, or taking the
     /// written node in).
-    fn evict_in_steps(&self, tree: &mut TreeGuard<'_>) -> EngineResult<()> {
+    pub(super) fn evict_in_steps(
+        &self,
+        tree: &mut TreeGuard<'_>,
+        evictor: Evictor,
+    ) -> EngineResult<()> {
         let mut continuing = false;
         loop {
             let evicting = Instant::now();
             // Choosing and copying allocates nothing: no space is not an
             // error of this part.
-            let copy = tree.evict_step(continuing).map_err(|e| self.poison(e))?;
+            let headroom = match evictor {
+                Evictor::Writer => 0,
+                Evictor::WriteBackThread => self.write_back_headroom(),
+            };
+            let copy = tree
+                .evict_step(continuing, headroom)
+                .map_err(|e| self.poison(e))?;
             record_max(&self.stats.evict_micros_max, evicting.elapsed());
             let Some(copy) = copy else {
                 return Ok(());
             };
             add(&self.stats.eviction_steps, 1);
+            if evictor == Evictor::WriteBackThread {
+                add(&self.stats.background_eviction_steps, 1);
+            }
             continuing = true;
             // The image is encoded with the lock let go (fairly), as it is
             // written: a leaf of a few MiB took up to 14 ms to encode.
@@ -574,6 +608,13 @@ impl Inner {
             }
             record_max(&self.stats.evict_micros_max, finishing.elapsed());
         }
+    }
+
+    /// How far below its budget the write-back thread keeps the node
+    /// cache, and how far past it a writer lets it go before it writes
+    /// back itself ([`WRITE_BACK_HEADROOM_NODES`]).
+    fn write_back_headroom(&self) -> usize {
+        WRITE_BACK_HEADROOM_NODES * self.options.node_size
     }
 
     /// Between two steps of a writer's work: the lock goes fairly to

@@ -223,6 +223,13 @@ impl Tree {
             .max(4 * self.opts.node_size)
     }
 
+    /// Bytes the node cache holds past its budget less `headroom` (0
+    /// within it).
+    pub fn cache_excess(&self, headroom: usize) -> usize {
+        self.cache_bytes
+            .saturating_sub(self.cache_budget().saturating_sub(headroom))
+    }
+
     /// The budget for clean nodes: the cache's, less what a checkpoint in
     /// flight holds in images, what the allocator holds beyond the bytes
     /// allocated (`Store::allocator_overhead`) and what the log's buffer
@@ -275,7 +282,7 @@ impl Tree {
         } else {
             DirtyNodes::Keep
         };
-        self.evict_within(dirty, false).map(|_| ())
+        self.evict_within(dirty, false, 0).map(|_| ())
     }
 
     /// One step of a writer's eviction: [`Tree::evict`] as far as dropping
@@ -290,7 +297,14 @@ impl Tree {
     /// an eviction writes back down to the target the first step aimed
     /// at, as one eviction would, though the cache is under budget by
     /// then.
-    pub fn evict_step(&mut self, continuing: bool) -> EngineResult<Option<WriteBackCopy>> {
+    ///
+    /// `headroom`: the step works as if the budget were that much
+    /// smaller (the write-back thread starts before writers would).
+    pub fn evict_step(
+        &mut self,
+        continuing: bool,
+        headroom: usize,
+    ) -> EngineResult<Option<WriteBackCopy>> {
         let victim = self.evict_within(
             if self.read_only {
                 DirtyNodes::Keep
@@ -298,6 +312,7 @@ impl Tree {
                 DirtyNodes::HandOut
             },
             continuing,
+            headroom,
         )?;
         victim.map(|num| self.copy_for_write_back(num)).transpose()
     }
@@ -323,8 +338,13 @@ impl Tree {
     /// [`Tree::evict`], dirty nodes written back (`WriteAll`), kept, or
     /// the first one due handed out to be written back (`HandOut`: it
     /// stays cached and dirty, and the eviction stops there).
-    fn evict_within(&mut self, dirty: DirtyNodes, continuing: bool) -> EngineResult<Option<u64>> {
-        let budget = self.cache_budget();
+    fn evict_within(
+        &mut self,
+        dirty: DirtyNodes,
+        continuing: bool,
+        headroom: usize,
+    ) -> EngineResult<Option<u64>> {
+        let budget = self.cache_budget().saturating_sub(headroom);
         let clean_budget = self.clean_budget();
         let (clean_target, dirty_target) = (clean_budget / 10 * 9, budget / 10 * 9);
         let over = if continuing { dirty_target } else { budget };
