@@ -12,90 +12,145 @@ use super::*;
 /// Starts the thread that moves messages down the trees in turns and
 /// tells the tree to leave them in the roots' buffers for it.
 pub(super) fn start_tree_flusher(inner: &Arc<Inner>) -> Option<JoinHandle<()>> {
-    inner.tree_flusher_running.store(true, Ordering::SeqCst);
-    let worker = inner.clone();
-    let spawned = std::thread::Builder::new()
-        .name("betreefs-tree-flush".into())
-        .spawn(move || worker.run_tree_flusher());
-    match spawned {
-        Ok(handle) => Some(handle),
-        Err(e) => {
-            inner.tree_flusher_running.store(false, Ordering::SeqCst);
-            tracing::warn!("could not start the tree flusher: {e}; writers flush themselves");
-            None
-        }
-    }
+    start_on_demand(
+        inner,
+        OnDemand::TreeFlusher,
+        "betreefs-tree-flush",
+        Inner::run_tree_flusher,
+    )
 }
 
 /// Starts the thread that writes dirty nodes back when the node cache
 /// goes over its budget ([`Options::background_write_back`]).
 pub(super) fn start_write_back(inner: &Arc<Inner>) -> Option<JoinHandle<()>> {
-    inner.write_back_running.store(true, Ordering::SeqCst);
+    start_on_demand(
+        inner,
+        OnDemand::WriteBack,
+        "betreefs-write-back",
+        Inner::run_write_back,
+    )
+}
+
+/// The threads that writers wake when there is work for them, and do the
+/// work themselves while the thread does not run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OnDemand {
+    TreeFlusher,
+    WriteBack,
+}
+
+/// Starts `thread` (named `name`, running `run`), marked as running first
+/// (writers leave it work from then on); None, and unmarked, if it could
+/// not start.
+fn start_on_demand(
+    inner: &Arc<Inner>,
+    thread: OnDemand,
+    name: &str,
+    run: fn(&Inner),
+) -> Option<JoinHandle<()>> {
+    inner.running(thread).store(true, Ordering::SeqCst);
     let worker = inner.clone();
     let spawned = std::thread::Builder::new()
-        .name("betreefs-write-back".into())
-        .spawn(move || worker.run_write_back());
+        .name(name.into())
+        .spawn(move || run(&worker));
     match spawned {
         Ok(handle) => Some(handle),
         Err(e) => {
-            inner.write_back_running.store(false, Ordering::SeqCst);
-            tracing::warn!("could not start the write-back thread: {e}; writers write back");
+            inner.running(thread).store(false, Ordering::SeqCst);
+            tracing::warn!("could not start {name}: {e}; writers do its work");
             None
         }
     }
 }
 
 impl Inner {
-    /// Wakes the write-back thread.
-    pub(super) fn want_write_back(&self) {
-        let mut state = self.lock_background();
-        if !state.write_back_wanted {
-            state.write_back_wanted = true;
-            self.write_back_wake.notify_all();
+    /// Whether `thread` runs (writers leave it work).
+    fn running(&self, thread: OnDemand) -> &std::sync::atomic::AtomicBool {
+        match thread {
+            OnDemand::TreeFlusher => &self.tree_flusher_running,
+            OnDemand::WriteBack => &self.write_back_running,
         }
     }
 
+    /// What wakes `thread`.
+    fn wake_of(&self, thread: OnDemand) -> &Condvar {
+        match thread {
+            OnDemand::TreeFlusher => &self.tree_flush_wake,
+            OnDemand::WriteBack => &self.write_back_wake,
+        }
+    }
+
+    /// The flag that says `thread` has work.
+    fn wanted(state: &mut BackgroundState, thread: OnDemand) -> &mut bool {
+        match thread {
+            OnDemand::TreeFlusher => &mut state.tree_flush_wanted,
+            OnDemand::WriteBack => &mut state.write_back_wanted,
+        }
+    }
+
+    /// Wakes `thread` for work.
+    fn want(&self, thread: OnDemand) {
+        let mut state = self.lock_background();
+        let wanted = Inner::wanted(&mut state, thread);
+        if !*wanted {
+            *wanted = true;
+            self.wake_of(thread).notify_all();
+        }
+    }
+
+    /// What `thread` does between two pieces of work: sleeps until it is
+    /// wanted (and takes the want), false once the store shuts down.
+    fn wait_until_wanted(&self, thread: OnDemand) -> bool {
+        let mut state = self.lock_background();
+        while !state.shutdown && !*Inner::wanted(&mut state, thread) {
+            state = self
+                .wake_of(thread)
+                .wait_timeout(state, Duration::from_secs(1))
+                .map(|(s, _)| s)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        if state.shutdown {
+            return false;
+        }
+        *Inner::wanted(&mut state, thread) = false;
+        true
+    }
+
+    /// Wakes the write-back thread.
+    pub(super) fn want_write_back(&self) {
+        self.want(OnDemand::WriteBack);
+    }
+
     /// The write-back thread: woken by a writer that took the node cache
-    /// over its budget, it writes dirty nodes back a step at a time as a
+    /// near its budget, it writes dirty nodes back a step at a time as a
     /// writer's eviction does ([`Inner::evict_in_steps`]: the encoding and
     /// the device write with the tree lock let go), down to 90% of the
-    /// budget, while the writers' requests go on.
+    /// budget less the headroom, while the writers' requests go on.
     fn run_write_back(&self) {
-        loop {
-            {
-                let mut state = self.lock_background();
-                while !state.shutdown && !state.write_back_wanted {
-                    state = self
-                        .write_back_wake
-                        .wait_timeout(state, Duration::from_secs(1))
-                        .map(|(s, _)| s)
-                        .unwrap_or_else(|e| e.into_inner().0);
-                }
-                if state.shutdown {
-                    break;
-                }
-                state.write_back_wanted = false;
-            }
-            if self.check_failed().is_err() {
-                continue;
-            }
-            let mut tree = self.lock_tree();
-            if let Err(e) = self.evict_in_steps(&mut tree, Evictor::WriteBackThread) {
+        // Writers write back for themselves once it stops.
+        self.serve_on_demand(OnDemand::WriteBack, |inner| {
+            let mut tree = inner.lock_tree();
+            if let Err(e) = inner.evict_in_steps(&mut tree, Evictor::WriteBackThread) {
                 // Poisoned by the step that failed: writes report it.
                 tracing::error!("background write-back failed: {e}");
             }
+        });
+    }
+
+    /// The life of `thread`: `work` each time it is wanted (not on a store
+    /// that failed), until the store shuts down; then it no longer runs.
+    fn serve_on_demand(&self, thread: OnDemand, work: impl Fn(&Inner)) {
+        while self.wait_until_wanted(thread) {
+            if self.check_failed().is_ok() {
+                work(self);
+            }
         }
-        // Writers write back for themselves from now on.
-        self.write_back_running.store(false, Ordering::SeqCst);
+        self.running(thread).store(false, Ordering::SeqCst);
     }
 
     /// Wakes the tree flusher.
     pub(super) fn want_tree_flush(&self) {
-        let mut state = self.lock_background();
-        if !state.tree_flush_wanted {
-            state.tree_flush_wanted = true;
-            self.tree_flush_wake.notify_all();
-        }
+        self.want(OnDemand::TreeFlusher);
     }
 
     /// The tree flusher: woken when a root's buffers hold more than a
@@ -104,27 +159,7 @@ impl Inner {
     /// lock on fairly in between so that requests go on (docs/design.md,
     /// "Background flushing").
     fn run_tree_flusher(&self) {
-        loop {
-            {
-                let mut state = self.lock_background();
-                while !state.shutdown && !state.tree_flush_wanted {
-                    state = self
-                        .tree_flush_wake
-                        .wait_timeout(state, Duration::from_secs(1))
-                        .map(|(s, _)| s)
-                        .unwrap_or_else(|e| e.into_inner().0);
-                }
-                if state.shutdown {
-                    break;
-                }
-                state.tree_flush_wanted = false;
-            }
-            if self.check_failed().is_err() {
-                continue;
-            }
-            while self.flush_turn() {}
-        }
-        self.tree_flusher_running.store(false, Ordering::SeqCst);
+        self.serve_on_demand(OnDemand::TreeFlusher, |inner| while inner.flush_turn() {});
         // Writers waiting for it settle in their own thread from now on.
         let _guard = self.lock_tree();
         self.flush_progress.notify_all();
