@@ -223,6 +223,17 @@ impl MessageBuffer {
     pub fn message_count(&self) -> usize {
         self.points.len() + self.ranges.len()
     }
+    /// The lowest key a message of the buffer concerns (a point's, or
+    /// where a range delete begins).
+    pub fn first_key(&self) -> Option<&[u8]> {
+        let point = self.points.keys().next().map(Vec::as_slice);
+        let range = self.ranges.keys().next().map(Vec::as_slice);
+        match (point, range) {
+            (Some(p), Some(r)) => Some(p.min(r)),
+            (p, r) => p.or(r),
+        }
+    }
+
     pub fn points(&self) -> &BTreeMap<Vec<u8>, PointMsg> {
         &self.points
     }
@@ -373,25 +384,36 @@ impl MessageBuffer {
     }
 
     /// Takes the messages below a key chosen so that about `limit.bytes`
-    /// bytes, and at most `limit.points` point messages, go, leaving the
-    /// rest (a range delete straddling the key is cut in two); the whole
-    /// buffer when it is within both or no point lies past the cut.
-    /// Background flushing moves a large buffer down in such parts, one per
-    /// turn of the tree lock, and a writer's settling one per step.
-    pub fn take_first(&mut self, limit: PartLimit) -> MessageBuffer {
+    /// bytes, and at most `limit.points` point messages, go, and none at
+    /// or past `before`, leaving the rest (a range delete straddling the
+    /// key is cut in two); the whole buffer when it is within all three or
+    /// no point lies past the cut. Background flushing moves a large
+    /// buffer down in such parts, one per turn of the tree lock, and a
+    /// writer's settling one per step.
+    pub fn take_first(&mut self, limit: PartLimit, before: Option<&[u8]>) -> MessageBuffer {
         assert!(limit.points > 0, "a part of no point messages");
-        if self.bytes <= limit.bytes && self.points.len() <= limit.points {
+        let within_before = before.is_none_or(|b| {
+            self.points
+                .keys()
+                .next_back()
+                .is_none_or(|k| k.as_slice() < b)
+                && self.ranges.values().all(|r| r.end.as_slice() <= b)
+        });
+        if self.bytes <= limit.bytes && self.points.len() <= limit.points && within_before {
             return std::mem::take(self);
         }
         let (mut taken, mut count) = (0, 0);
         let cut = self.points.iter().find_map(|(key, msg)| {
-            if taken >= limit.bytes || count >= limit.points {
+            let past = before.is_some_and(|b| key.as_slice() >= b);
+            if taken >= limit.bytes || count >= limit.points || past {
                 return Some(key.clone());
             }
             taken += msg.bytes(key.len());
             count += 1;
             None
         });
+        // Every point below `before`, a range delete past it: cut there.
+        let cut = cut.or_else(|| before.filter(|_| !within_before).map(<[u8]>::to_vec));
         match cut {
             Some(cut) => {
                 let rest = self.split_counted(&cut, Some(taken));
@@ -565,14 +587,17 @@ mod tests {
         }
         let whole = b.clone();
         let mut few = b.clone();
-        let seven = few.take_first(PartLimit {
-            bytes: usize::MAX,
-            points: 7,
-        });
+        let seven = few.take_first(
+            PartLimit {
+                bytes: usize::MAX,
+                points: 7,
+            },
+            None,
+        );
         assert_eq!(seven.points().len(), 7);
         assert_eq!(seven.bytes() + few.bytes(), whole.bytes());
         let per_point = PointMsg::put(0, vec![1; 100]).bytes(5);
-        let first = b.take_first(PartLimit::bytes(30 * per_point));
+        let first = b.take_first(PartLimit::bytes(30 * per_point), None);
         let keys = |b: &MessageBuffer| b.points().keys().cloned().collect::<Vec<_>>();
         assert_eq!(
             keys(&first),
@@ -583,7 +608,7 @@ mod tests {
         assert!(first.ranges().is_empty());
         // k0030..k0039, k0045, k0046: the cut falls at k0047, inside the
         // range delete.
-        let second = b.take_first(PartLimit::bytes(12 * per_point));
+        let second = b.take_first(PartLimit::bytes(12 * per_point), None);
         assert_eq!(second.points().len(), 12);
         let range = |b: &MessageBuffer| {
             b.ranges()
@@ -594,7 +619,7 @@ mod tests {
         assert_eq!(range(&second), vec![(k("k0040"), k("k0047"), 200)]);
         assert_eq!(range(&b), vec![(k("k0047"), k("k0060"), 200)]);
         assert_eq!(keys(&b).first(), Some(&k("k0047")));
-        let rest = b.take_first(PartLimit::ALL);
+        let rest = b.take_first(PartLimit::ALL, None);
         assert!(b.is_empty() && b.bytes() == 0);
         for part in [&first, &second, &rest] {
             assert_eq!(part.bytes(), part.counted_bytes());
@@ -603,6 +628,23 @@ mod tests {
         rejoined.absorb_disjoint(second);
         rejoined.absorb_disjoint(rest);
         assert_eq!(rejoined.points(), whole.points());
+        // No message at or past `before`: the cut falls there, inside the
+        // range delete.
+        let mut above = whole.clone();
+        let below = above.take_first(PartLimit::ALL, Some(&k("k0047")));
+        assert_eq!(keys(&below).last(), Some(&k("k0046")));
+        assert_eq!(keys(&above).first(), Some(&k("k0047")));
+        assert_eq!(range(&below), vec![(k("k0040"), k("k0047"), 200)]);
+        assert_eq!(range(&above), vec![(k("k0047"), k("k0060"), 200)]);
+        for part in [&below, &above] {
+            assert_eq!(part.bytes(), part.counted_bytes());
+        }
+        // Every point below it, a range delete past it: cut all the same.
+        let mut ranged = MessageBuffer::default();
+        ranged.insert_range_delete(k("a"), k("z"), 1);
+        let part = ranged.take_first(PartLimit::ALL, Some(&k("m")));
+        assert_eq!(range(&part), vec![(k("a"), k("m"), 1)]);
+        assert_eq!(range(&ranged), vec![(k("m"), k("z"), 1)]);
     }
 
     /// A range delete eats the points it covers, whether few (removed one

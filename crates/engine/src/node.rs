@@ -276,8 +276,9 @@ impl Leaf {
         Some(b.entries.as_ref()?.get(key))
     }
 
-    /// Applies a flushed buffer, rewriting only the basements it touches.
-    /// Requires every basement loaded. `Err(id)` names an unknown merge function.
+    /// Applies a flushed buffer, rewriting only the basements it touches;
+    /// returns how many it rewrote. Requires every basement loaded.
+    /// `Err(id)` names an unknown merge function.
     // Reviewed exception (indexing): a leaf has one pivot fewer than
     // basements and an interior node as many buffers as children, checked
     // on every load (validate::check_leaf, check_interior) and kept by
@@ -288,7 +289,7 @@ impl Leaf {
         &mut self,
         buffer: MessageBuffer,
         merges: &MergeRegistry,
-    ) -> Result<(), u8> {
+    ) -> Result<usize, u8> {
         assert!(
             self.is_fully_loaded(),
             "messages applied to a partly loaded leaf"
@@ -298,6 +299,7 @@ impl Leaf {
             .iter()
             .map(|(s, r)| (s.as_slice(), r.end.as_slice()))
             .collect();
+        let mut merged_basements = 0;
         for bi in 0..self.basements.len() {
             let lo = if bi == 0 {
                 None
@@ -320,10 +322,11 @@ impl Leaf {
             let Some(old) = b.entries.as_ref() else {
                 unreachable!("checked fully loaded")
             };
+            merged_basements += 1;
             let merged = merge_basement(old, &rs, &pts, merges)?;
             *b = Basement::from_entries(merged);
         }
-        Ok(())
+        Ok(merged_basements)
     }
 
     /// Splits oversized basements and drops empty ones, leaving the rest.

@@ -100,10 +100,12 @@ pub struct Stats {
     /// A writer's settling in steps (`Flushing::Stepwise`): the steps
     /// after which it let waiting requests take the lock, the longest
     /// step (the longest anyone waited for a writer's flushes), and the
-    /// most messages a step moved down.
+    /// most messages a step moved down, and the most basements of a leaf
+    /// a step rewrote.
     pub settle_steps: AtomicU64,
     pub settle_step_micros_max: AtomicU64,
     pub settle_step_messages_max: AtomicU64,
+    pub settle_step_basements_max: AtomicU64,
     /// A writer's eviction in steps: the write-backs after which it let
     /// waiting requests take the lock; `evict_micros_max` is the longest
     /// step.
@@ -227,6 +229,7 @@ pub struct StatsSnapshot {
     pub settle_steps: u64,
     pub settle_step_micros_max: u64,
     pub settle_step_messages_max: u64,
+    pub settle_step_basements_max: u64,
     pub eviction_steps: u64,
     pub background_eviction_steps: u64,
     pub evict_micros_max: u64,
@@ -326,6 +329,7 @@ impl Stats {
             settle_steps: get(&self.settle_steps),
             settle_step_micros_max: get(&self.settle_step_micros_max),
             settle_step_messages_max: get(&self.settle_step_messages_max),
+            settle_step_basements_max: get(&self.settle_step_basements_max),
             eviction_steps: get(&self.eviction_steps),
             background_eviction_steps: get(&self.background_eviction_steps),
             evict_micros_max: get(&self.evict_micros_max),

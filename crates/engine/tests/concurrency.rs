@@ -518,6 +518,38 @@ fn a_settle_step_moves_no_more_messages_than_its_bound() {
     assert_store_holds(&store, &model);
 }
 
+/// A step into a leaf rewrites no more of its basements than a quarter
+/// node fills (here 4 KiB of 2 KiB basements: two), however widely its
+/// messages spread over the leaf (uniform keys rewrote every basement of
+/// a leaf in one step), and the trees still hold everything written.
+#[test]
+fn a_settle_step_rewrites_a_bounded_span_of_a_leaf() {
+    let options = Options {
+        cache_bytes: 8 << 20,
+        ..small_options()
+    };
+    let span = (options.node_size / 4 / options.basement_size) as u64;
+    let (_dev, store) = common::mem_store(32 << 20, options);
+    let mut model = BTreeMap::new();
+    put_numbered(&store, &mut model, 2000);
+    let mut rng = SmallRng::seed_from_u64(5);
+    for _ in 0..20_000 {
+        let i = rng.gen_range(0..2000);
+        store
+            .put(KeySpace::Data, &numbered(i), &value_of(i, 2))
+            .unwrap();
+        model.insert(numbered(i), value_of(i, 2));
+    }
+    let stats = store.stats();
+    assert!(stats.settle_steps > 0);
+    assert!(
+        (1..=span).contains(&stats.settle_step_basements_max),
+        "a step rewrote {} basements of a leaf",
+        stats.settle_step_basements_max
+    );
+    assert_store_holds(&store, &model);
+}
+
 /// With the write-back thread (`Options::background_write_back`), writers
 /// that take the cache over its budget leave the dirty nodes to it: while
 /// the thread is held in a write-back, a write and a query complete and
