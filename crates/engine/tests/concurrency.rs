@@ -530,16 +530,11 @@ fn a_settle_step_rewrites_a_bounded_span_of_a_leaf() {
     };
     let span = (options.node_size / 4 / options.basement_size) as u64;
     let (_dev, store) = common::mem_store(32 << 20, options);
+    let store = Arc::new(store);
     let mut model = BTreeMap::new();
     put_numbered(&store, &mut model, 2000);
-    let mut rng = SmallRng::seed_from_u64(5);
-    for _ in 0..20_000 {
-        let i = rng.gen_range(0..2000);
-        store
-            .put(KeySpace::Data, &numbered(i), &value_of(i, 2))
-            .unwrap();
-        model.insert(numbered(i), value_of(i, 2));
-    }
+    // Overwrites of keys drawn uniformly over every leaf.
+    model.extend(overwrite_until_evicting(&store).join().unwrap());
     let stats = store.stats();
     assert!(stats.settle_steps > 0);
     assert!(
@@ -686,9 +681,9 @@ fn store_evicting_in_steps(
     (dev, store, model)
 }
 
-/// A thread overwriting keys spread over every leaf, until the dirty ones
-/// take the cache over budget (a hook then holds it in a write-back);
-/// joined, what it wrote.
+/// A thread overwriting keys drawn uniformly over every leaf, 20,000 of
+/// them (enough to take the cache over budget, where a hook may hold it
+/// in a write-back); joined, what it wrote.
 fn overwrite_until_evicting(
     store: &Arc<Store>,
 ) -> std::thread::JoinHandle<BTreeMap<Vec<u8>, Vec<u8>>> {
