@@ -56,23 +56,25 @@ pub struct RangeDel {
 }
 
 /// How much one flush of part of a buffer moves
-/// ([`MessageBuffer::take_first`]): about `bytes` bytes, and no more than
-/// `points` point messages.
+/// ([`MessageBuffer::take_first`]): about `bytes` bytes, no more than
+/// `points` point messages, and nothing at or past `before`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PartLimit {
+pub struct PartLimit<'a> {
     pub bytes: usize,
     pub points: usize,
+    pub before: Option<&'a [u8]>,
 }
 
-impl PartLimit {
+impl PartLimit<'static> {
     /// The whole buffer.
-    pub const ALL: PartLimit = PartLimit::bytes(usize::MAX);
+    pub const ALL: PartLimit<'static> = PartLimit::bytes(usize::MAX);
 
     /// About `bytes` bytes, however many messages that is.
-    pub const fn bytes(bytes: usize) -> PartLimit {
+    pub const fn bytes(bytes: usize) -> PartLimit<'static> {
         PartLimit {
             bytes,
             points: usize::MAX,
+            before: None,
         }
     }
 }
@@ -385,19 +387,25 @@ impl MessageBuffer {
 
     /// Takes the messages below a key chosen so that about `limit.bytes`
     /// bytes, and at most `limit.points` point messages, go, and none at
-    /// or past `before`, leaving the rest (a range delete straddling the
-    /// key is cut in two); the whole buffer when it is within all three or
-    /// no point lies past the cut. Background flushing moves a large
-    /// buffer down in such parts, one per turn of the tree lock, and a
-    /// writer's settling one per step.
-    pub fn take_first(&mut self, limit: PartLimit, before: Option<&[u8]>) -> MessageBuffer {
+    /// or past `limit.before`, leaving the rest (a range delete straddling
+    /// the key is cut in two); the whole buffer when it is within all
+    /// three or no point lies past the cut. Background flushing moves a
+    /// large buffer down in such parts, one per turn of the tree lock, and
+    /// a writer's settling one per step.
+    pub fn take_first(&mut self, limit: PartLimit<'_>) -> MessageBuffer {
         assert!(limit.points > 0, "a part of no point messages");
+        let before = limit.before;
+        // Range deletes coalesce: the last one ends past every other.
         let within_before = before.is_none_or(|b| {
             self.points
                 .keys()
                 .next_back()
                 .is_none_or(|k| k.as_slice() < b)
-                && self.ranges.values().all(|r| r.end.as_slice() <= b)
+                && self
+                    .ranges
+                    .values()
+                    .next_back()
+                    .is_none_or(|r| r.end.as_slice() <= b)
         });
         if self.bytes <= limit.bytes && self.points.len() <= limit.points && within_before {
             return std::mem::take(self);
@@ -587,17 +595,14 @@ mod tests {
         }
         let whole = b.clone();
         let mut few = b.clone();
-        let seven = few.take_first(
-            PartLimit {
-                bytes: usize::MAX,
-                points: 7,
-            },
-            None,
-        );
+        let seven = few.take_first(PartLimit {
+            points: 7,
+            ..PartLimit::ALL
+        });
         assert_eq!(seven.points().len(), 7);
         assert_eq!(seven.bytes() + few.bytes(), whole.bytes());
         let per_point = PointMsg::put(0, vec![1; 100]).bytes(5);
-        let first = b.take_first(PartLimit::bytes(30 * per_point), None);
+        let first = b.take_first(PartLimit::bytes(30 * per_point));
         let keys = |b: &MessageBuffer| b.points().keys().cloned().collect::<Vec<_>>();
         assert_eq!(
             keys(&first),
@@ -608,7 +613,7 @@ mod tests {
         assert!(first.ranges().is_empty());
         // k0030..k0039, k0045, k0046: the cut falls at k0047, inside the
         // range delete.
-        let second = b.take_first(PartLimit::bytes(12 * per_point), None);
+        let second = b.take_first(PartLimit::bytes(12 * per_point));
         assert_eq!(second.points().len(), 12);
         let range = |b: &MessageBuffer| {
             b.ranges()
@@ -619,7 +624,7 @@ mod tests {
         assert_eq!(range(&second), vec![(k("k0040"), k("k0047"), 200)]);
         assert_eq!(range(&b), vec![(k("k0047"), k("k0060"), 200)]);
         assert_eq!(keys(&b).first(), Some(&k("k0047")));
-        let rest = b.take_first(PartLimit::ALL, None);
+        let rest = b.take_first(PartLimit::ALL);
         assert!(b.is_empty() && b.bytes() == 0);
         for part in [&first, &second, &rest] {
             assert_eq!(part.bytes(), part.counted_bytes());
@@ -631,7 +636,10 @@ mod tests {
         // No message at or past `before`: the cut falls there, inside the
         // range delete.
         let mut above = whole.clone();
-        let below = above.take_first(PartLimit::ALL, Some(&k("k0047")));
+        let below = above.take_first(PartLimit {
+            before: Some(&k("k0047")),
+            ..PartLimit::ALL
+        });
         assert_eq!(keys(&below).last(), Some(&k("k0046")));
         assert_eq!(keys(&above).first(), Some(&k("k0047")));
         assert_eq!(range(&below), vec![(k("k0040"), k("k0047"), 200)]);
@@ -642,7 +650,10 @@ mod tests {
         // Every point below it, a range delete past it: cut all the same.
         let mut ranged = MessageBuffer::default();
         ranged.insert_range_delete(k("a"), k("z"), 1);
-        let part = ranged.take_first(PartLimit::ALL, Some(&k("m")));
+        let part = ranged.take_first(PartLimit {
+            before: Some(&k("m")),
+            ..PartLimit::ALL
+        });
         assert_eq!(range(&part), vec![(k("a"), k("m"), 1)]);
         assert_eq!(range(&ranged), vec![(k("m"), k("z"), 1)]);
     }

@@ -45,11 +45,17 @@ impl Entries {
         self.data.capacity() + self.index.capacity() * std::mem::size_of::<Slot>() + 48
     }
 
-    // Reviewed exception (indexing): every slot is written by `push_parts`
-    // together with the bytes it points at, and callers pass i < len.
+    // Reviewed exception (indexing): callers pass i < len.
     #[allow(clippy::indexing_slicing)]
     pub fn key(&self, i: usize) -> &[u8] {
-        let s = self.index[i];
+        self.slot_key(&self.index[i])
+    }
+
+    /// The key a slot of this index points at.
+    // Reviewed exception (indexing): every slot is written by `push_parts`
+    // together with the bytes it points at.
+    #[allow(clippy::indexing_slicing)]
+    fn slot_key(&self, s: &Slot) -> &[u8] {
         &self.data[s.offset as usize..(s.offset + s.key_len) as usize]
     }
 
@@ -83,21 +89,13 @@ impl Entries {
     }
 
     /// Binary search by key.
-    // Reviewed exception (indexing): every slot is written by `push_parts`
-    // together with the bytes it points at, and callers pass i < len.
-    #[allow(clippy::indexing_slicing)]
     pub fn search(&self, key: &[u8]) -> Result<usize, usize> {
-        self.index.binary_search_by(|s| {
-            let k = &self.data[s.offset as usize..(s.offset + s.key_len) as usize];
-            k.cmp(key)
-        })
+        self.index.binary_search_by(|s| self.slot_key(s).cmp(key))
     }
 
     /// Index of the first key not less than `key`.
     pub fn lower_bound(&self, key: &[u8]) -> usize {
-        match self.search(key) {
-            Ok(i) | Err(i) => i,
-        }
+        self.lower_bound_in(0, self.len(), key)
     }
 
     pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
@@ -151,13 +149,10 @@ impl Entries {
 
     /// Index of the first key not less than `key` among entries
     /// [from, to) (`to` if there is none).
-    // Reviewed exception (indexing): callers pass from <= to <= len, and
-    // every slot points at bytes `push_parts` wrote with it.
+    // Reviewed exception (indexing): callers pass from <= to <= len.
     #[allow(clippy::indexing_slicing)]
     pub fn lower_bound_in(&self, from: usize, to: usize, key: &[u8]) -> usize {
-        from + self.index[from..to].partition_point(|s| {
-            &self.data[s.offset as usize..(s.offset + s.key_len) as usize] < key
-        })
+        from + self.index[from..to].partition_point(|s| self.slot_key(s) < key)
     }
 
     /// Appends entries [from, to) of `other`, whose keys must all follow

@@ -158,9 +158,14 @@ pub(crate) fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
+/// Raises a maximum to `n`, if that is more.
+pub(crate) fn note_max(max: &AtomicU64, n: u64) {
+    max.fetch_max(n, Ordering::Relaxed);
+}
+
 /// Raises a maximum kept in microseconds.
 pub(crate) fn record_max(max: &AtomicU64, took: std::time::Duration) {
-    max.fetch_max(took.as_micros() as u64, Ordering::Relaxed);
+    note_max(max, took.as_micros() as u64);
 }
 
 pub(crate) fn level(height: u32) -> usize {

@@ -334,6 +334,14 @@ fn requests_go_on_while_a_query_reads_a_basement() {
 /// A hook that, once armed, holds the thread that calls it (announcing
 /// it on the receiver) until the sender is dropped; it disarms itself.
 fn hook_that_holds_once() -> (TurnHook, Arc<AtomicBool>, Receiver<()>, Sender<()>) {
+    hook_that_holds_once_on(|| true)
+}
+
+/// [`hook_that_holds_once`], holding only a thread for which `here` says
+/// so.
+fn hook_that_holds_once_on(
+    here: fn() -> bool,
+) -> (TurnHook, Arc<AtomicBool>, Receiver<()>, Sender<()>) {
     let (arrived, held) = channel();
     let (go, wait) = channel::<()>();
     let armed = Arc::new(AtomicBool::new(false));
@@ -341,7 +349,7 @@ fn hook_that_holds_once() -> (TurnHook, Arc<AtomicBool>, Receiver<()>, Sender<()
         let armed = armed.clone();
         let (arrived, wait) = (Mutex::new(arrived), Mutex::new(wait));
         move || {
-            if armed.swap(false, Ordering::SeqCst) {
+            if here() && armed.swap(false, Ordering::SeqCst) {
                 let _ = arrived.lock().unwrap().send(());
                 let _ = wait.lock().unwrap().recv();
             }
@@ -553,22 +561,12 @@ fn a_settle_step_rewrites_a_bounded_span_of_a_leaf() {
 /// reopening.
 #[test]
 fn the_write_back_thread_writes_dirty_nodes_back_for_the_writers() {
-    let (arrived, held) = channel();
-    let (go, wait) = channel::<()>();
-    let hold = {
-        let once = AtomicBool::new(true);
-        let (arrived, wait) = (Mutex::new(arrived), Mutex::new(wait));
-        move || {
-            let on_the_thread = std::thread::current().name() == Some("betreefs-write-back");
-            if on_the_thread && once.swap(false, Ordering::SeqCst) {
-                let _ = arrived.lock().unwrap().send(());
-                let _ = wait.lock().unwrap().recv();
-            }
-        }
-    };
+    let (hold, armed, held, go) =
+        hook_that_holds_once_on(|| std::thread::current().name() == Some("betreefs-write-back"));
+    armed.store(true, Ordering::SeqCst);
     let options = Options {
         background_write_back: true,
-        evict_step_hook: Some(TurnHook(Arc::new(hold))),
+        evict_step_hook: Some(hold),
         ..small_options()
     };
     let (dev, store, mut model) = store_evicting_in_steps(options.clone());

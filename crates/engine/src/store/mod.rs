@@ -36,7 +36,7 @@ use crate::error::{EngineError, EngineResult};
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, WriteBatch};
 use crate::node::Node;
-use crate::stats::{add, record_max, Stats, StatsSnapshot};
+use crate::stats::{add, note_max, record_max, Stats, StatsSnapshot};
 use crate::tree::readahead::{read_leaf, LeafOnDisk, ReadFor};
 use crate::tree::{Flushing, Shared, SharedBuffer, Tree, TreeOptions, VerifyReport, Want};
 use crate::validate::{check_batch, check_message};
@@ -102,10 +102,10 @@ pub struct Options {
     /// root's buffers hold more than the backlog bound.
     pub background_flush: bool,
     /// Dirty nodes the node cache must give up are written back on a
-    /// thread of their own: a writer that takes the cache over its budget
-    /// drops clean nodes and wakes the thread, and writes dirty ones back
-    /// itself only past [`WRITE_BACK_HEADROOM_NODES`] nodes over the budget
-    /// (the thread starts as far below it).
+    /// thread of their own: a writer that takes the cache to within
+    /// [`WRITE_BACK_HEADROOM_NODES`] nodes of its budget drops clean nodes
+    /// and wakes the thread, and writes dirty ones back itself only as far
+    /// past the budget.
     /// A writer's own write-back took its request 13-24 ms (encoding and
     /// writing a few 4 MiB leaves) during an untar, the lock let go
     /// meanwhile but the request waiting (docs/benchmarks/write-back-thread.md).
@@ -958,27 +958,20 @@ impl Store {
                 tracing::error!("read-ahead thread panicked");
             }
         }
-        let (worker, tree_flusher) = (self.worker.take(), self.tree_flusher.take());
-        let write_back = self.write_back_thread.take();
-        if worker.is_some() || tree_flusher.is_some() || write_back.is_some() {
+        let threads = [
+            (self.write_back_thread.take(), "write-back thread"),
+            (self.worker.take(), "background flusher"),
+            (self.tree_flusher.take(), "tree flusher"),
+        ];
+        if threads.iter().any(|(thread, _)| thread.is_some()) {
             self.inner.lock_background().shutdown = true;
             self.inner.wake.notify_all();
             self.inner.tree_flush_wake.notify_all();
             self.inner.write_back_wake.notify_all();
         }
-        if let Some(thread) = write_back {
-            if thread.join().is_err() {
-                tracing::error!("write-back thread panicked");
-            }
-        }
-        if let Some(worker) = worker {
-            if worker.join().is_err() {
-                tracing::error!("background flusher panicked");
-            }
-        }
-        if let Some(flusher) = tree_flusher {
-            if flusher.join().is_err() {
-                tracing::error!("tree flusher panicked");
+        for (thread, name) in threads {
+            if thread.is_some_and(|t| t.join().is_err()) {
+                tracing::error!("{name} panicked");
             }
         }
     }

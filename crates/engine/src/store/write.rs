@@ -270,9 +270,7 @@ impl Inner {
         if !staged.is_empty() {
             add(&self.stats.staged_applications, 1);
             let bytes: usize = staged.iter().map(|(_, b)| b.body_len()).sum();
-            self.stats
-                .staged_application_bytes_max
-                .fetch_max(bytes as u64, Ordering::Relaxed);
+            note_max(&self.stats.staged_application_bytes_max, bytes as u64);
         }
         let applying = Instant::now();
         let batches = staged.iter().map(|(seq, b)| (*seq, b)).chain(last);
@@ -553,15 +551,16 @@ impl Inner {
         tree: &mut TreeGuard<'_>,
         evictor: Evictor,
     ) -> EngineResult<()> {
+        // The thread works as if the budget were a headroom smaller.
+        let headroom = match evictor {
+            Evictor::Writer => 0,
+            Evictor::WriteBackThread => self.write_back_headroom(),
+        };
         let mut continuing = false;
         loop {
             let evicting = Instant::now();
             // Choosing and copying allocates nothing: no space is not an
             // error of this part.
-            let headroom = match evictor {
-                Evictor::Writer => 0,
-                Evictor::WriteBackThread => self.write_back_headroom(),
-            };
             let copy = tree
                 .evict_step(continuing, headroom)
                 .map_err(|e| self.poison(e))?;

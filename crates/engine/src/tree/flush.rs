@@ -7,7 +7,6 @@
 use super::*;
 use crate::buffer::PartLimit;
 use crate::tree::readahead::LeafOnDisk;
-use std::sync::atomic::Ordering;
 
 /// What a step of a writer's settling works on ([`Tree::settle_target`]).
 pub enum SettleTarget {
@@ -131,7 +130,7 @@ impl Tree {
         parent: u64,
         i: usize,
         parent_bounds: &Bounds,
-        limit: PartLimit,
+        limit: PartLimit<'_>,
         cascade: Cascade,
     ) -> EngineResult<usize> {
         let int = self.interior(parent);
@@ -156,8 +155,12 @@ impl Tree {
             Cascade::OneLevel => self.step_key_bound(parent, i, child),
             Cascade::Down => None,
         };
+        let limit = PartLimit {
+            before: before.as_deref().or(limit.before),
+            ..limit
+        };
         let batch = self.with_interior(parent, |int| {
-            Arc::make_mut(&mut int.buffers[i]).take_first(limit, before.as_deref())
+            Arc::make_mut(&mut int.buffers[i]).take_first(limit)
         });
         let moved = batch.bytes();
         let count = batch.message_count() as u64;
@@ -169,9 +172,7 @@ impl Tree {
                 leaf.rebalance_basements(self.opts.basement_size);
                 r.map(|rewritten| {
                     if cascade == Cascade::OneLevel {
-                        self.stats
-                            .settle_step_basements_max
-                            .fetch_max(rewritten as u64, Ordering::Relaxed);
+                        note_max(&self.stats.settle_step_basements_max, rewritten as u64);
                     }
                 })
                 .map_err(EngineError::UnknownMergeFunction)
@@ -185,6 +186,9 @@ impl Tree {
         node.dirty = true;
         self.put(child, node);
         result?;
+        if cascade == Cascade::OneLevel {
+            note_max(&self.stats.settle_step_messages_max, count);
+        }
         add(&self.stats.flushes, 1);
         add(&self.stats.messages_flushed, count);
         let splits = match cascade {
@@ -250,17 +254,6 @@ impl Tree {
     /// thus steps of a bounded part each, and the store lets waiting
     /// requests in between them (docs/design.md, "Settling in steps").
     pub fn settle_step(&mut self, target: SettleTarget) -> EngineResult<()> {
-        let flushed = self.stats.messages_flushed.load(Ordering::Relaxed);
-        self.settle_step_on(target)?;
-        let moved = self.stats.messages_flushed.load(Ordering::Relaxed) - flushed;
-        self.stats
-            .settle_step_messages_max
-            .fetch_max(moved, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// [`Tree::settle_step`]'s work.
-    fn settle_step_on(&mut self, target: SettleTarget) -> EngineResult<()> {
         match target {
             SettleTarget::Root(ks) => {
                 let root = self.roots[ks.index()];
@@ -304,10 +297,11 @@ impl Tree {
 
     /// How much of a buffer one step's flush moves: a quarter node, and
     /// no more than [`TreeOptions::settle_step_messages`] point messages.
-    fn flush_step_limit(&self) -> PartLimit {
+    fn flush_step_limit(&self) -> PartLimit<'static> {
         PartLimit {
             bytes: self.opts.node_size / 4,
             points: self.opts.settle_step_messages,
+            before: None,
         }
     }
 

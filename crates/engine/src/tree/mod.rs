@@ -49,7 +49,7 @@ use crate::format::{
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, RangeRename, WriteBatch, KEY_SPACES};
 use crate::node::{min_end, BasementLoc, Bounds, Interior, Leaf, Node, NodeBody};
-use crate::stats::{add, level, record_max, Stats};
+use crate::stats::{add, level, note_max, record_max, Stats};
 use crate::validate;
 
 /// An interior node read in part is read whole once queries through it
