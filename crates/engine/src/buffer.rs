@@ -15,10 +15,12 @@
 
 use std::collections::{btree_map, BTreeMap};
 use std::ops::Bound;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
 use crate::merge::MergeRegistry;
+use crate::point_map::PointMap;
 
 /// A put or delete, the "base" that hides everything older for its key.
 ///
@@ -204,14 +206,12 @@ fn range_bytes(ranges: &BTreeMap<Vec<u8>, RangeDel>) -> usize {
         .sum()
 }
 
-/// A range delete removes the points it covers one by one while they are
-/// fewer than 1/16 of the buffer's, and by splitting the map beyond.
-const RANGE_DELETE_REBUILD_RATIO: usize = 16;
-
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MessageBuffer {
-    points: BTreeMap<Vec<u8>, PointMsg>,
-    ranges: BTreeMap<Vec<u8>, RangeDel>,
+    /// Chunks shared copy-on-write with copies of the buffer.
+    points: PointMap,
+    /// Shared with copies of the buffer until one of them changes it.
+    ranges: Arc<BTreeMap<Vec<u8>, RangeDel>>,
     bytes: usize,
 }
 
@@ -228,7 +228,7 @@ impl MessageBuffer {
     /// The lowest key a message of the buffer concerns (a point's, or
     /// where a range delete begins).
     pub fn first_key(&self) -> Option<&[u8]> {
-        let point = self.points.keys().next().map(Vec::as_slice);
+        let point = self.points.first_key().map(Vec::as_slice);
         let range = self.ranges.keys().next().map(Vec::as_slice);
         match (point, range) {
             (Some(p), Some(r)) => Some(p.min(r)),
@@ -236,8 +236,13 @@ impl MessageBuffer {
         }
     }
 
-    pub fn points(&self) -> &BTreeMap<Vec<u8>, PointMsg> {
+    pub fn points(&self) -> &PointMap {
         &self.points
+    }
+    /// Copies the chunks of point messages named that another copy of the
+    /// buffer shares ([`PointMap::unshare_chunks`]).
+    pub fn unshare_point_chunks(&mut self, chunks: &[usize]) -> usize {
+        self.points.unshare_chunks(chunks)
     }
     pub fn ranges(&self) -> &BTreeMap<Vec<u8>, RangeDel> {
         &self.ranges
@@ -249,7 +254,7 @@ impl MessageBuffer {
             return 0;
         }
         self.points
-            .range::<[u8], _>((Bound::Included(lo), Bound::Excluded(hi)))
+            .range((Bound::Included(lo), Bound::Excluded(hi)))
             .map(|(k, m)| m.bytes(k.len()))
             .sum()
     }
@@ -268,35 +273,13 @@ impl MessageBuffer {
         if start >= end {
             return 0;
         }
-        let inside = (
-            Bound::Included(start.as_slice()),
-            Bound::Excluded(end.as_slice()),
-        );
-        let mut eaten = self.points.range::<[u8], _>(inside).count();
-        if eaten.saturating_mul(RANGE_DELETE_REBUILD_RATIO) < self.points.len() {
-            // A few points of a large buffer: removed one by one in
-            // O(eaten · log n). Splitting the map and appending the rest
-            // back rebuilds all of it (O(n)): with a root buffer of a
-            // hundred thousand messages that made each small range delete
-            // (every copied rename has two) cost about a millisecond.
-            while let Some(key) = self
-                .points
-                .range::<[u8], _>(inside)
-                .next()
-                .map(|(k, _)| k.clone())
-            {
-                if let Some(m) = self.points.remove(&key) {
-                    self.bytes -= m.bytes(key.len());
-                }
-            }
-        } else {
-            let mut in_range = self.points.split_off(&start);
-            let mut after = in_range.split_off(&end);
-            self.points.append(&mut after);
-            for (k, m) in &in_range {
-                self.bytes -= m.bytes(k.len());
-            }
-        }
+        let mut eaten = 0;
+        let mut freed = 0;
+        self.points.remove_range(&start, &end, |k, m| {
+            eaten += 1;
+            freed += m.bytes(k.len());
+        });
+        self.bytes -= freed;
         let (mut new_start, mut new_end, mut new_seq) = (start, end, seq);
         let touching: Vec<Vec<u8>> = self
             .ranges
@@ -306,7 +289,7 @@ impl MessageBuffer {
             .map(|(s, _)| s.clone())
             .collect();
         for s in touching {
-            if let Some(r) = self.ranges.remove(&s) {
+            if let Some(r) = Arc::make_mut(&mut self.ranges).remove(&s) {
                 self.bytes -= s.len() + r.end.len() + MESSAGE_OVERHEAD_BYTES;
                 eaten += 1;
                 if s < new_start {
@@ -319,7 +302,7 @@ impl MessageBuffer {
             }
         }
         self.bytes += new_start.len() + new_end.len() + MESSAGE_OVERHEAD_BYTES;
-        self.ranges.insert(
+        Arc::make_mut(&mut self.ranges).insert(
             new_start,
             RangeDel {
                 end: new_end,
@@ -336,7 +319,8 @@ impl MessageBuffer {
         let covering_seq = self.covering(&key).map(|(_, r)| r.seq);
         // One search of the map, whatever the case: this runs for every
         // message a write or a flush puts in a buffer.
-        match self.points.entry(key) {
+        let bytes = &mut self.bytes;
+        self.points.update(key, |entry| match entry {
             btree_map::Entry::Occupied(mut slot) => {
                 let old = slot.get_mut();
                 if !msg.hides_older() && old.base.is_none() {
@@ -344,11 +328,11 @@ impl MessageBuffer {
                     // this buffer (a hot counter): append, and account only
                     // for what was added, so that each insert stays O(1)
                     // however long the chain grows.
-                    self.bytes += msg.upserts.iter().map(|u| u.arg.len() + 10).sum::<usize>();
+                    *bytes += msg.upserts.iter().map(|u| u.arg.len() + 10).sum::<usize>();
                     old.upserts.extend(msg.upserts);
                     return 1;
                 }
-                self.bytes -= old.bytes(key_len);
+                *bytes -= old.bytes(key_len);
                 let mut entry = if msg.hides_older() {
                     msg
                 } else {
@@ -357,7 +341,7 @@ impl MessageBuffer {
                     merged
                 };
                 entry.collapse(merges);
-                self.bytes += entry.bytes(key_len);
+                *bytes += entry.bytes(key_len);
                 *old = entry;
                 1
             }
@@ -368,21 +352,20 @@ impl MessageBuffer {
                     fresh.base = Some(Base::Delete { seq });
                 }
                 fresh.collapse(merges);
-                self.bytes += fresh.bytes(key_len);
+                *bytes += fresh.bytes(key_len);
                 slot.insert(fresh);
                 0
             }
-        }
+        })
     }
 
     /// Adds the messages of a buffer over a disjoint key range (a sibling's).
     pub fn absorb_disjoint(&mut self, other: MessageBuffer) {
         debug_assert!(other.points.keys().all(|k| !self.points.contains_key(k)));
         self.bytes += other.bytes;
-        let mut points = other.points;
-        self.points.append(&mut points);
-        let mut ranges = other.ranges;
-        self.ranges.append(&mut ranges);
+        self.points.append(other.points);
+        let mut ranges = Arc::unwrap_or_clone(other.ranges);
+        Arc::make_mut(&mut self.ranges).append(&mut ranges);
     }
 
     /// Takes the messages below a key chosen so that about `limit.bytes`
@@ -397,10 +380,7 @@ impl MessageBuffer {
         let before = limit.before;
         // Range deletes coalesce: the last one ends past every other.
         let within_before = before.is_none_or(|b| {
-            self.points
-                .keys()
-                .next_back()
-                .is_none_or(|k| k.as_slice() < b)
+            self.points.last_key().is_none_or(|k| k.as_slice() < b)
                 && self
                     .ranges
                     .values()
@@ -446,15 +426,15 @@ impl MessageBuffer {
         let all_points = self.point_bytes();
         let mut right = MessageBuffer {
             points: self.points.split_off(pivot),
-            ranges: self.ranges.split_off(pivot),
+            ranges: Arc::new(Arc::make_mut(&mut self.ranges).split_off(pivot)),
             bytes: 0,
         };
-        if let Some((start, r)) = self.ranges.iter_mut().next_back() {
+        if let Some((start, r)) = Arc::make_mut(&mut self.ranges).iter_mut().next_back() {
             if r.end.as_slice() > pivot {
                 let right_end = std::mem::replace(&mut r.end, pivot.to_vec());
                 let seq = r.seq;
                 debug_assert!(start.as_slice() < pivot);
-                right.ranges.insert(
+                Arc::make_mut(&mut right.ranges).insert(
                     pivot.to_vec(),
                     RangeDel {
                         end: right_end,
@@ -491,7 +471,7 @@ impl MessageBuffer {
     /// Whether any message concerns a key of [lo, hi).
     pub fn touches(&self, lo: &[u8], hi: &[u8]) -> bool {
         let inside = (Bound::Included(lo), Bound::Excluded(hi));
-        self.points.range::<[u8], _>(inside).next().is_some()
+        self.points.range(inside).next().is_some()
             || self.covering(lo).is_some()
             || self.ranges.range::<[u8], _>(inside).next().is_some()
     }
@@ -500,7 +480,7 @@ impl MessageBuffer {
     /// (a range rename's mapping of one prefix to another does).
     pub fn rekeyed(self, rekey: impl Fn(&[u8]) -> Vec<u8>) -> MessageBuffer {
         let mut out = MessageBuffer::default();
-        for (start, r) in self.ranges {
+        for (start, r) in Arc::unwrap_or_clone(self.ranges) {
             let end = rekey(&r.end);
             out.push_decoded_range(rekey(&start), RangeDel { end, seq: r.seq });
         }
@@ -531,12 +511,12 @@ impl MessageBuffer {
 
     pub(crate) fn push_decoded_range(&mut self, start: Vec<u8>, r: RangeDel) {
         self.bytes += start.len() + r.end.len() + MESSAGE_OVERHEAD_BYTES;
-        self.ranges.insert(start, r);
+        Arc::make_mut(&mut self.ranges).insert(start, r);
     }
 
     /// Consumes the buffer into its ranges and points.
-    pub fn into_parts(self) -> (BTreeMap<Vec<u8>, RangeDel>, BTreeMap<Vec<u8>, PointMsg>) {
-        (self.ranges, self.points)
+    pub fn into_parts(self) -> (BTreeMap<Vec<u8>, RangeDel>, PointMap) {
+        (Arc::unwrap_or_clone(self.ranges), self.points)
     }
 }
 
@@ -563,7 +543,10 @@ mod tests {
         );
         let copy = buf.clone();
         let shared = |key: &str| {
-            let (a, b) = (&buf.points()[&k(key)], &copy.points()[&k(key)]);
+            let (a, b) = (
+                buf.points().get(&k(key)).unwrap(),
+                copy.points().get(&k(key)).unwrap(),
+            );
             match (&a.base, &b.base) {
                 (Some(Base::Put { value: x, .. }), Some(Base::Put { value: y, .. })) => {
                     x.as_ptr() == y.as_ptr()
@@ -709,7 +692,10 @@ mod tests {
             PointMsg::upsert(6, MERGE_PATCH, patch_arg(1, b"z")),
             &merges,
         );
-        assert_eq!(b.points()[&k("b")], PointMsg::put(6, k("\0z")));
+        assert_eq!(
+            *b.points().get(&k("b")).unwrap(),
+            PointMsg::put(6, k("\0z"))
+        );
         // A put hides an older upsert chain.
         b.insert_point(
             k("q"),
@@ -721,9 +707,9 @@ mod tests {
             PointMsg::upsert(8, MERGE_PATCH, patch_arg(1, b"2")),
             &merges,
         );
-        assert_eq!(b.points()[&k("q")].upserts.len(), 2);
+        assert_eq!(b.points().get(&k("q")).unwrap().upserts.len(), 2);
         b.insert_point(k("q"), PointMsg::delete(9), &merges);
-        assert_eq!(b.points()[&k("q")], PointMsg::delete(9));
+        assert_eq!(*b.points().get(&k("q")).unwrap(), PointMsg::delete(9));
         let bytes = b.bytes();
         assert_eq!(b.counted_bytes(), bytes);
     }

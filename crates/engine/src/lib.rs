@@ -22,6 +22,7 @@ pub mod format;
 pub mod merge;
 pub mod message;
 pub mod node;
+pub mod point_map;
 pub mod stats;
 mod tree;
 pub mod validate;

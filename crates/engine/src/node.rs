@@ -309,7 +309,7 @@ impl Leaf {
             let hi = self.pivots.get(bi).map(|p| p.as_slice());
             let lower = lo.map_or(Bound::Unbounded, Bound::Included);
             let upper = hi.map_or(Bound::Unbounded, Bound::Excluded);
-            let pts: Vec<(&Vec<u8>, &PointMsg)> = points.range::<[u8], _>((lower, upper)).collect();
+            let pts: Vec<(&Vec<u8>, &PointMsg)> = points.range((lower, upper)).collect();
             let rs: Vec<(&[u8], &[u8])> = ranges
                 .iter()
                 .filter(|(s, e)| lo.is_none_or(|lo| *e > lo) && hi.is_none_or(|hi| *s < hi))

@@ -169,10 +169,12 @@ impl Tree {
     /// change and that another holder shares: the checkpoint in flight's
     /// copy of the root (the root is copied for it here if it waits for
     /// its image). Changed under the tree lock, each would be copied there
-    /// first (`Arc::make_mut`): the copy of a metadata buffer of 30K small
-    /// messages took 20-33 ms of an untar's longest holds. The caller
-    /// copies them with the lock let go ([`SharedBuffer::copy`]) and puts
-    /// the copies in place ([`Tree::adopt_buffer_copies`]).
+    /// first (`Arc::make_mut`), and with it each chunk of point messages
+    /// the change reaches ([`crate::point_map`]): one chunk for keys that
+    /// arrive together, every chunk for keys spread over the buffer. The
+    /// caller makes those copies with the lock let go
+    /// ([`SharedBuffer::copy`]) and puts them in place
+    /// ([`Tree::adopt_buffer_copies`]).
     pub fn shared_root_buffers<'k>(
         &mut self,
         ks: KeySpace,
@@ -189,18 +191,21 @@ impl Tree {
         }
         self.copy_for_checkpoint_now(root);
         let int = self.interior(root);
-        let mut touched = vec![false; int.children.len()];
+        let mut touched: Vec<Vec<&[u8]>> = vec![Vec::new(); int.children.len()];
         for key in keys {
-            touched[int.child_index(key)] = true;
+            if let Some(keys) = touched.get_mut(int.child_index(key)) {
+                keys.push(key);
+            }
         }
         touched
-            .iter()
+            .into_iter()
             .zip(&int.buffers)
             .enumerate()
-            .filter(|(_, (touched, buffer))| **touched && Arc::strong_count(buffer) > 1)
-            .map(|(child, (_, buffer))| SharedBuffer {
+            .filter(|(_, (keys, buffer))| !keys.is_empty() && Arc::strong_count(buffer) > 1)
+            .map(|(child, (keys, buffer))| SharedBuffer {
                 ks,
                 child,
+                chunks: buffer.points().chunks_of(keys),
                 buffer: buffer.clone(),
             })
             .collect()
@@ -332,16 +337,21 @@ impl Tree {
 }
 
 /// A root buffer shared with another holder that the batches about to be
-/// applied will change ([`Tree::shared_root_buffers`]).
+/// applied will change ([`Tree::shared_root_buffers`]), and the chunks of
+/// its point messages they will change.
 pub struct SharedBuffer {
     ks: KeySpace,
     child: usize,
+    chunks: Vec<usize>,
     buffer: Arc<MessageBuffer>,
 }
 
 impl SharedBuffer {
-    /// A copy of the buffer, made without the tree lock.
+    /// A copy of the buffer, made without the tree lock, that shares
+    /// every chunk but those the batches will change.
     pub fn copy(&self) -> MessageBuffer {
-        MessageBuffer::clone(&self.buffer)
+        let mut copy = MessageBuffer::clone(&self.buffer);
+        copy.unshare_point_chunks(&self.chunks);
+        copy
     }
 }

@@ -140,10 +140,7 @@ fn restricted(buffer: &MessageBuffer, lo: &[u8], hi: Option<&[u8]>) -> MessageBu
         let end = min_end(Some(&r.end), hi).unwrap_or(&r.end).to_vec();
         out.push_decoded_range(start.clone(), RangeDel { end, seq: r.seq });
     }
-    for (k, m) in buffer
-        .points()
-        .range::<[u8], _>((Bound::Included(lo), upper))
-    {
+    for (k, m) in buffer.points().range((Bound::Included(lo), upper)) {
         out.push_decoded_point(k.clone(), m.clone());
     }
     out
