@@ -861,3 +861,56 @@ fn staged_batches_are_applied_a_quarter_bound_per_hold() {
     );
     assert_store_holds(&store, &model);
 }
+
+/// A checkpoint in flight does not keep the log from being written: with
+/// the background thread held between two of its checkpoint's turns,
+/// writers buffer more of the log than the eager bound (short of the
+/// bound at which they write it themselves), and the log flusher writes
+/// it meanwhile. Before the log flusher, the background thread did both,
+/// and the log waited for the checkpoint: writers then flushed it in
+/// their own requests, behind the checkpoint's writes.
+#[test]
+fn the_log_flusher_writes_the_log_while_a_checkpoint_is_in_flight() {
+    let (hold, armed, held, go) = hook_that_holds_once();
+    let options = Options {
+        checkpoint_turn_hook: Some(hold),
+        checkpoint_interval: Some(Duration::from_millis(10)),
+        // A node per turn: any checkpoint stops at the hook.
+        checkpoint_turn_bytes: 1,
+        log_bytes: Some(16 << 20),
+        ..small_options()
+    };
+    // This cache's eager bound is its floor (1 MiB); writers write the log
+    // themselves past twice that.
+    let eager = 1u64 << 20;
+    let (_dev, store) = common::mem_store(64 << 20, options);
+    // Let go before the store on a failure: its drop joins the thread held.
+    let go = go;
+    armed.store(true, Ordering::SeqCst);
+    // Dirty nodes for a checkpoint of several turns.
+    for i in 0..500 {
+        store
+            .put(KeySpace::Data, &numbered(i), &value_of(i, 1))
+            .unwrap();
+    }
+    held.recv_timeout(Duration::from_secs(20))
+        .expect("a background checkpoint stops between its turns");
+    let value = vec![7u8; 1000];
+    for i in 0..1500 {
+        store.put(KeySpace::Meta, &numbered(i), &value).unwrap();
+    }
+    common::wait_until("the log written while the checkpoint is held", || {
+        store.stats().log_unflushed_bytes < eager
+    });
+    assert_eq!(
+        store.stats().writes_flushed_log,
+        0,
+        "no writer wrote the log itself"
+    );
+    drop(go);
+    store.sync().unwrap();
+    assert_eq!(
+        store.get(KeySpace::Meta, &numbered(1499)).unwrap(),
+        Some(value)
+    );
+}

@@ -47,7 +47,7 @@ mod read;
 mod staging;
 mod write;
 
-use background::{start_tree_flusher, start_write_back};
+use background::{start_log_flusher, start_tree_flusher, start_write_back};
 use read::start_read_ahead;
 pub use read::RangeIter;
 use staging::{StagedAnswer, Staging};
@@ -251,7 +251,7 @@ impl Options {
 /// 215-235 → 279-321 MB/s (docs/benchmarks/log-flush-bound.md).
 const LOG_FLUSH_EAGER_MAX_BYTES: u64 = 16 << 20;
 
-/// Unflushed log bytes at which the background thread flushes without
+/// Unflushed log bytes at which the log flusher writes the log without
 /// waiting for its interval: bounds the memory a burst of writes holds,
 /// which the cache's clean nodes make room for (`Tree::clean_budget`) —
 /// but in a sequential write nearly every node is dirty, so the buffer
@@ -263,8 +263,8 @@ fn log_flush_eager_bytes(cache_bytes: usize) -> u64 {
 }
 
 /// Unflushed log bytes at which a writer flushes the log itself (twice
-/// the eager bound): the background thread is behind (it writes a
-/// checkpoint, which takes seconds on a busy disk), and the log's buffer
+/// the eager bound): the log flusher is behind (the device is busy with
+/// a checkpoint's writes, or the store has no log flusher), and the log's buffer
 /// would otherwise grow by everything written meanwhile — hundreds of MiB
 /// in a sequential write.
 fn log_flush_writer_bytes(cache_bytes: usize) -> u64 {
@@ -281,6 +281,9 @@ struct BackgroundState {
     tree_flush_wanted: bool,
     /// The node cache is over its budget: the write-back thread has work.
     write_back_wanted: bool,
+    /// Writers buffered more of the log than the eager bound: the log
+    /// flusher has work.
+    log_flush_wanted: bool,
 }
 
 /// With the write-back thread ([`Options::background_write_back`]): how
@@ -351,6 +354,10 @@ struct Inner {
     write_back_wake: Condvar,
     /// The write-back thread runs: writers leave dirty nodes to it.
     write_back_running: std::sync::atomic::AtomicBool,
+    /// Wakes the log flusher.
+    log_flush_wake: Condvar,
+    /// The log flusher runs: writers leave eager log flushes to it.
+    log_flusher_running: std::sync::atomic::AtomicBool,
     /// Batches logged but not yet applied to the trees, and the next
     /// sequence number (`store/staging.rs`). Taken inside the tree lock,
     /// never the other way round.
@@ -392,6 +399,7 @@ pub struct Store {
     worker: Option<JoinHandle<()>>,
     tree_flusher: Option<JoinHandle<()>>,
     write_back_thread: Option<JoinHandle<()>>,
+    log_flusher: Option<JoinHandle<()>>,
     read_ahead_threads: Vec<JoinHandle<()>>,
     closed: bool,
 }
@@ -640,6 +648,8 @@ impl Store {
             tree_flusher_running: std::sync::atomic::AtomicBool::new(false),
             write_back_wake: Condvar::new(),
             write_back_running: std::sync::atomic::AtomicBool::new(false),
+            log_flush_wake: Condvar::new(),
+            log_flusher_running: std::sync::atomic::AtomicBool::new(false),
             staging: parking_lot::RwLock::new(staging),
             space_ample: std::sync::atomic::AtomicBool::new(false),
         });
@@ -677,11 +687,17 @@ impl Store {
         } else {
             None
         };
+        let log_flusher = if needs_worker {
+            start_log_flusher(&inner)
+        } else {
+            None
+        };
         Store {
             inner,
             worker,
             tree_flusher,
             write_back_thread,
+            log_flusher,
             read_ahead_threads,
             closed: false,
         }
@@ -962,12 +978,14 @@ impl Store {
             (self.write_back_thread.take(), "write-back thread"),
             (self.worker.take(), "background flusher"),
             (self.tree_flusher.take(), "tree flusher"),
+            (self.log_flusher.take(), "log flusher"),
         ];
         if threads.iter().any(|(thread, _)| thread.is_some()) {
             self.inner.lock_background().shutdown = true;
             self.inner.wake.notify_all();
             self.inner.tree_flush_wake.notify_all();
             self.inner.write_back_wake.notify_all();
+            self.inner.log_flush_wake.notify_all();
         }
         for (thread, name) in threads {
             if thread.is_some_and(|t| t.join().is_err()) {

@@ -437,11 +437,12 @@ impl Inner {
         // with room to spare while the checkpoint runs.
         let wants_checkpoint = self.log.used() > self.log.capacity() / 3;
         let wants_flush = unflushed > log_flush_eager_bytes(self.options.cache_bytes);
-        if wants_checkpoint || wants_flush {
-            let mut state = self.lock_background();
-            state.checkpoint_wanted |= wants_checkpoint;
-            state.flush_wanted |= wants_flush;
+        if wants_checkpoint {
+            self.lock_background().checkpoint_wanted = true;
             self.wake.notify_all();
+        }
+        if wants_flush {
+            self.want_log_flush();
         }
         if wants_tree_flush {
             self.want_tree_flush();
