@@ -153,8 +153,8 @@ impl Inner {
         });
     }
 
-    /// Asks for the log's buffered bytes to be written: of the log
-    /// flusher if it runs, else of the background thread (between its
+    /// Asks for the log's buffered bytes to be written: by the log
+    /// flusher if it runs, else by the background thread (between its
     /// checkpoints).
     pub(super) fn want_log_flush(&self) {
         if self.log_flusher_running.load(Ordering::SeqCst) {

@@ -10,14 +10,16 @@
 //! flush with group commit) never waits for tree work, and writers only
 //! wait for a flush when the log region is full. A background thread
 //! flushes the log at least once a `log_flush_interval` and checkpoints
-//! every `checkpoint_interval` or when a third of the log is in use;
+//! every `checkpoint_interval` or when a third of the log is in use; the
+//! log flusher writes the log whenever writers have buffered enough;
 //! checkpoints encode dirty nodes in turns under the lock and write them
 //! without it (docs/design.md, "Checkpoints that do not stop the world").
 //!
 //! Parts: `write` (a batch's admission, logging, staging, application
 //! and the settling after it), `staging` (the staged batches), `read`
 //! (leaf visits, range iterators, read-ahead), `checkpoint`, `background`
-//! (the log flusher and checkpointer, the tree flusher); this file holds
+//! (the checkpointer, the log flusher, the tree flusher, the write-back
+//! thread); this file holds
 //! the options, the public API and the state they share.
 
 use std::collections::HashSet;
@@ -243,7 +245,7 @@ impl Options {
     }
 }
 
-/// The most unflushed log bytes at which the background thread flushes
+/// The most unflushed log bytes at which the log flusher writes the log
 /// without waiting for its interval (see [`log_flush_eager_bytes`]). Each
 /// flush ends with a device cache flush, ~10 ms on the reference
 /// machine's loop device behind a checkpoint's writes: at 4 MiB a 2 GiB
