@@ -241,7 +241,7 @@ impl MessageBuffer {
     }
     /// Copies the chunks of point messages named that another copy of the
     /// buffer shares ([`PointMap::unshare_chunks`]).
-    pub fn unshare_point_chunks(&mut self, chunks: &[usize]) -> usize {
+    pub fn unshare_point_chunks(&mut self, chunks: &[usize]) {
         self.points.unshare_chunks(chunks)
     }
     pub fn ranges(&self) -> &BTreeMap<Vec<u8>, RangeDel> {

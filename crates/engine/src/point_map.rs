@@ -91,7 +91,6 @@ impl PointMap {
 
     /// The messages with keys within the bounds, in key order.
     pub fn range(&self, (lower, upper): (Bound<&[u8]>, Bound<&[u8]>)) -> Range<'_> {
-        let last = self.chunks.len().saturating_sub(1);
         if self.chunks.is_empty() || bounds_are_empty(lower, upper) {
             return Range::default();
         }
@@ -101,7 +100,7 @@ impl PointMap {
         };
         let last = match upper {
             Bound::Included(k) | Bound::Excluded(k) => self.chunk_index(k),
-            Bound::Unbounded => last,
+            Bound::Unbounded => self.chunks.len() - 1,
         };
         match (self.chunks.get(first), self.chunks.get(last)) {
             (Some(only), _) if first == last => Range {
@@ -166,18 +165,13 @@ impl PointMap {
 
     /// Copies the chunks named (from [`PointMap::chunks_of`] on this map
     /// as it is) that another copy shares, so that changing them later
-    /// copies nothing. Returns how many were copied.
-    pub fn unshare_chunks(&mut self, chunks: &[usize]) -> usize {
-        let mut copied = 0;
+    /// copies nothing.
+    pub fn unshare_chunks(&mut self, chunks: &[usize]) {
         for &i in chunks {
             if let Some(chunk) = self.chunks.get_mut(i) {
-                if Arc::strong_count(&chunk.map) > 1 {
-                    Arc::make_mut(&mut chunk.map);
-                    copied += 1;
-                }
+                Arc::make_mut(&mut chunk.map);
             }
         }
-        copied
     }
 
     /// Inserts a message, returning the one it replaced.
@@ -188,16 +182,6 @@ impl PointMap {
                 slot.insert(msg);
                 None
             }
-        })
-    }
-
-    pub fn remove(&mut self, key: &[u8]) -> Option<PointMsg> {
-        if !self.contains_key(key) {
-            return None;
-        }
-        self.update(key.to_vec(), |entry| match entry {
-            btree_map::Entry::Occupied(slot) => Some(slot.remove()),
-            btree_map::Entry::Vacant(_) => None,
         })
     }
 
@@ -307,30 +291,40 @@ impl PointMap {
         right
     }
 
-    /// Moves every message of `other`, whose keys are all below or all
-    /// above this map's (a sibling's buffer), into this map.
-    pub fn append(&mut self, mut other: PointMap) {
-        let (Some(last), Some(other_first)) = (self.last_key(), other.first_key()) else {
-            if self.is_empty() {
-                *self = other;
-            }
+    /// Moves every message of `other`, a map over a key range disjoint
+    /// from this one's (a sibling's buffer, a segment of a buffer read in
+    /// part), into this map: cut where `other` begins, the three joined
+    /// in key order.
+    pub fn append(&mut self, other: PointMap) {
+        let Some(first) = other.first_key() else {
             return;
         };
-        if other_first <= last {
-            if other.last_key().is_some_and(|l| Some(l) < self.first_key()) {
-                std::mem::swap(self, &mut other);
-                return self.append(other);
-            }
-            // Interleaved keys: not a sibling's; one at a time.
-            for (k, m) in other {
-                self.insert(k, m);
-            }
+        if self.last_key().is_some_and(|last| last >= first) {
+            let right = self.split_off(first);
+            debug_assert!(
+                right.first_key().is_none_or(|r| other.last_key() < Some(r)),
+                "point map invariant: appended key ranges overlap"
+            );
+            self.append_after(other);
+            self.append_after(right);
+        } else {
+            self.append_after(other);
+        }
+    }
+
+    /// [`PointMap::append`] of a map whose keys all follow this one's: its
+    /// chunks go after these.
+    fn append_after(&mut self, mut other: PointMap) {
+        let Some(first) = other.first_key().cloned() else {
+            return;
+        };
+        if self.is_empty() {
+            *self = other;
             return;
         }
         let joint = self.chunks.len();
-        let lo = other_first.clone();
         if let Some(c) = other.chunks.first_mut() {
-            c.lo = lo;
+            c.lo = first;
         }
         self.len += other.len;
         self.chunks.append(&mut other.chunks);
@@ -527,6 +521,10 @@ mod tests {
         /// Split at a key, then put the two halves back together (in
         /// either order).
         SplitAndAppend(u16, bool),
+        /// Cut out the keys in [a, a + n), put the rest back together,
+        /// then the middle (a segment of a buffer read in part, loaded
+        /// after its neighbours).
+        AppendMiddleLast(u16, u16),
         /// Copy the map (sharing its chunks), change the copy, and check
         /// that the original is as it was.
         CopyAndChange(u16),
@@ -547,8 +545,17 @@ mod tests {
             3 => k.clone().prop_map(Op::Remove),
             1 => (k.clone(), 0u16..800).prop_map(|(s, n)| Op::RemoveRange(s, s.saturating_add(n))),
             1 => (k.clone(), any::<bool>()).prop_map(|(p, b)| Op::SplitAndAppend(p, b)),
+            1 => (k.clone(), 1u16..800).prop_map(|(a, n)| Op::AppendMiddleLast(a, n)),
             1 => k.prop_map(Op::CopyAndChange),
         ]
+    }
+
+    /// A removal as a buffer's change makes it: through the entry.
+    fn remove(map: &mut PointMap, key: &[u8]) -> Option<PointMsg> {
+        map.update(key.to_vec(), |entry| match entry {
+            btree_map::Entry::Occupied(slot) => Some(slot.remove()),
+            btree_map::Entry::Vacant(_) => None,
+        })
     }
 
     fn same(map: &PointMap, model: &BTreeMap<Vec<u8>, PointMsg>) {
@@ -581,7 +588,7 @@ mod tests {
                     Op::Insert(k) => {
                         assert_eq!(map.insert(key(k), msg(seq)), model.insert(key(k), msg(seq)));
                     }
-                    Op::Remove(k) => assert_eq!(map.remove(&key(k)), model.remove(&key(k))),
+                    Op::Remove(k) => assert_eq!(remove(&mut map, &key(k)), model.remove(&key(k))),
                     Op::RemoveRange(s, e) => {
                         let (s, e) = (key(s), key(e));
                         let mut seen = Vec::new();
@@ -602,6 +609,12 @@ mod tests {
                         map.append(right);
                         let mut model_right = model_right;
                         model.append(&mut model_right);
+                    }
+                    Op::AppendMiddleLast(a, n) => {
+                        let mut middle = map.split_off(&key(a));
+                        let right = middle.split_off(&key(a.saturating_add(n)));
+                        map.append(right);
+                        map.append(middle);
                     }
                     Op::CopyAndChange(k) => {
                         let original = model.clone();

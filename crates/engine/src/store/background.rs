@@ -173,14 +173,18 @@ impl Inner {
     /// writes of an untar that waited 28-78 ms in their request for a
     /// log write queued behind the checkpoint's (docs/benchmarks/log-flusher.md).
     fn run_log_flusher(&self) {
-        self.serve_on_demand(OnDemand::LogFlusher, |inner| {
-            if inner.log.has_unflushed() {
-                if let Err(e) = inner.flush_log(false) {
-                    tracing::error!("log flush failed: {e}");
-                    inner.poison(e.into());
-                }
+        self.serve_on_demand(OnDemand::LogFlusher, Inner::write_unflushed_log);
+    }
+
+    /// Writes what the log holds unwritten, nobody waiting for it (a
+    /// background thread's flush); a failure poisons the store.
+    fn write_unflushed_log(&self) {
+        if self.log.has_unflushed() {
+            if let Err(e) = self.flush_log(false) {
+                tracing::error!("background log flush failed: {e}");
+                self.poison(e.into());
             }
-        });
+        }
     }
 
     /// The life of `thread`: `work` each time it is wanted (not on a store
@@ -275,12 +279,7 @@ impl Inner {
                 .log_flush_interval
                 .is_some_and(|i| last_flush.elapsed() >= i);
             if flush_wanted || interval_due {
-                if self.log.has_unflushed() {
-                    if let Err(e) = self.flush_log(false) {
-                        tracing::error!("background log flush failed: {e}");
-                        self.poison(e.into());
-                    }
-                }
+                self.write_unflushed_log();
                 last_flush = Instant::now();
             }
             let due = self
