@@ -171,22 +171,11 @@ impl FileSystem {
             Ok(None) => return Err("the root directory's record is missing".into()),
             Err(e) => return Err(format!("reading the root directory: {e}")),
         };
-        let mut nodes = rustc_hash::FxHashMap::default();
-        nodes.insert(
-            ROOT_INO,
-            Box::new(Node::new(
-                ROOT_INO,
-                Vec::new(),
-                root,
-                Vec::new(),
-                Home::Path,
-            )),
-        );
         let memory = TableMemory::new(store.memory_beside_cache());
         let fs = FileSystem {
             store,
             state: Mutex::new(State {
-                nodes,
+                nodes: rustc_hash::FxHashMap::default(),
                 absent: HashMap::new(),
                 absent_count: 0,
                 handles: HashMap::new(),
@@ -201,6 +190,16 @@ impl FileSystem {
             atime,
             kernel_places_appends: std::sync::atomic::AtomicBool::new(false),
         };
+        fs.lock().insert_node(
+            ROOT_INO,
+            Box::new(Node::new(
+                ROOT_INO,
+                Vec::new(),
+                root,
+                Vec::new(),
+                Home::Path,
+            )),
+        );
         // Read-only, orphans stay until a read-write mount removes them,
         // and the format is not upgraded.
         if !fs.store.is_read_only() {

@@ -162,12 +162,12 @@ impl FileSystem {
         st.commit(plan);
         st.note_added(parent, name);
         st.add_lookup(parent, name, attr.clone(), target.to_vec(), Home::Path);
-        if let Some(n) = st.nodes.get_mut(&attr.ino) {
+        st.resize_node(attr.ino, |n| {
             n.has_xattrs = Some(inherited_acls);
             if is_dir {
                 n.child_names = Some(Default::default());
             }
-        }
+        });
         Ok(attr)
     }
 
@@ -392,15 +392,18 @@ impl FileSystem {
         new_parent: Ino,
         new_name: &[u8],
     ) {
-        let Some(n) = st.nodes.get_mut(&ino) else {
+        let moved_from = st.resize_node(ino, |n| {
+            if n.home == Home::Inode {
+                return None;
+            }
+            let old_parent = n.parent;
+            n.parent = new_parent;
+            n.name = new_name.to_vec();
+            Some(old_parent)
+        });
+        let Some(Some(old_parent)) = moved_from else {
             return;
         };
-        if n.home == Home::Inode {
-            return;
-        }
-        let old_parent = n.parent;
-        n.parent = new_parent;
-        n.name = new_name.to_vec();
         st.key_moves += 1;
         st.move_pin(old_parent, new_parent);
     }

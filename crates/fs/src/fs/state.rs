@@ -59,6 +59,17 @@ pub(super) struct Node {
 }
 
 impl Node {
+    /// The memory this entry holds: its box and what its fields own.
+    pub(super) fn bytes(&self) -> usize {
+        std::mem::size_of::<Node>()
+            + self.name.capacity()
+            + self.target.capacity()
+            + self
+                .child_names
+                .as_ref()
+                .map_or(0, |c| c.capacity() * (std::mem::size_of::<u64>() + 1))
+    }
+
     /// A node the kernel has just been given one reference to.
     pub(super) fn new(parent: Ino, name: Vec<u8>, attr: Attr, target: Vec<u8>, home: Home) -> Node {
         Node {
@@ -115,49 +126,86 @@ pub(super) struct State {
     pub(super) memory: TableMemory,
 }
 
-/// The inode table's memory as last reported to the engine.
+/// The inode table's memory, reported to the engine.
 pub(super) struct TableMemory {
     gauge: MemoryBesideCache,
-    /// The table's length when it was last measured.
-    len: usize,
+    /// The sum of the entries' [`Node::bytes`].
+    entry_bytes: usize,
+    /// Changes counted, for the check against a walk of the table.
+    #[cfg(debug_assertions)]
+    changes: u64,
 }
-
-/// Entries added or dropped before the table's memory is measured again
-/// (measuring walks the whole table).
-const TABLE_MEASURE_STEP: usize = 4096;
 
 impl TableMemory {
     pub(super) fn new(gauge: MemoryBesideCache) -> TableMemory {
-        TableMemory { gauge, len: 0 }
+        TableMemory {
+            gauge,
+            entry_bytes: 0,
+            #[cfg(debug_assertions)]
+            changes: 0,
+        }
     }
 }
 
 impl State {
-    /// Measures the table again, and reports it, when it has grown or
-    /// shrunk by a step. (Not on every change of the map's capacity: a
-    /// removal that leaves a tombstone lowers it by one, and measuring on
-    /// every removal made `rm -rf` quadratic — 4.3 s became 13 s.)
+    /// Reports the table's memory: its slots and the entries' own bytes,
+    /// which every change of an entry's size keeps counted
+    /// ([`State::insert_node`], [`State::remove_node`],
+    /// [`State::resize_node`]). Counted, not measured: a walk of the
+    /// table every 4,096 entries was 5-6% of the daemon's CPU creating
+    /// 100,000 files (and walking on every change of the map's capacity
+    /// made `rm -rf` quadratic before that).
     fn account_table(&mut self) {
-        let len = self.nodes.len();
-        if len.abs_diff(self.memory.len) < TABLE_MEASURE_STEP {
-            return;
+        let slots = self.nodes.capacity() * (std::mem::size_of::<(Ino, Box<Node>)>() + 1);
+        self.memory
+            .gauge
+            .set((slots + self.memory.entry_bytes) as u64);
+        #[cfg(debug_assertions)]
+        {
+            self.memory.changes += 1;
+            if self.memory.changes % 256 == 0 {
+                let walked: usize = self.nodes.values().map(|n| n.bytes()).sum();
+                assert_eq!(
+                    walked, self.memory.entry_bytes,
+                    "the inode table's entries hold other than the bytes counted"
+                );
+            }
         }
-        let capacity = self.nodes.capacity();
-        let slots = capacity * (std::mem::size_of::<(Ino, Box<Node>)>() + 1);
-        let nodes: usize = self
-            .nodes
-            .values()
-            .map(|n| {
-                std::mem::size_of::<Node>()
-                    + n.name.capacity()
-                    + n.target.capacity()
-                    + n.child_names
-                        .as_ref()
-                        .map_or(0, |c| c.capacity() * (std::mem::size_of::<u64>() + 1))
-            })
-            .sum();
-        self.memory.gauge.set((slots + nodes) as u64);
-        self.memory.len = len;
+    }
+
+    /// Adds an entry to the table, counting its memory.
+    pub(super) fn insert_node(&mut self, ino: Ino, node: Box<Node>) {
+        self.memory.entry_bytes += node.bytes();
+        if let Some(old) = self.nodes.insert(ino, node) {
+            self.memory.entry_bytes -= old.bytes();
+        }
+        self.account_table();
+    }
+
+    /// Removes an entry from the table, counting its memory.
+    pub(super) fn remove_node(&mut self, ino: Ino) -> Option<Box<Node>> {
+        let node = self.nodes.remove(&ino)?;
+        self.memory.entry_bytes -= node.bytes();
+        self.account_table();
+        Some(node)
+    }
+
+    /// Changes entry `ino` by `change`, counting what it gains or loses
+    /// in memory (a new name, a set of child names grown or dropped).
+    pub(super) fn resize_node<T>(
+        &mut self,
+        ino: Ino,
+        change: impl FnOnce(&mut Node) -> T,
+    ) -> Option<T> {
+        let node = self.nodes.get_mut(&ino)?;
+        let before = node.bytes();
+        let value = change(node);
+        let after = node.bytes();
+        self.memory.entry_bytes = self.memory.entry_bytes - before + after;
+        if before != after {
+            self.account_table();
+        }
+        Some(value)
     }
 
     pub(super) fn node(&self, ino: Ino) -> FsResult<&Node> {
@@ -252,15 +300,16 @@ impl State {
                 self.absent_count -= 1;
             }
         }
-        if let Some(node) = self.nodes.get_mut(&parent) {
+        let hash = name_hash(name);
+        self.resize_node(parent, |node| {
             if let Some(names) = &mut node.child_names {
                 if names.len() >= CHILD_NAMES_MAX {
                     node.child_names = None;
                 } else {
-                    names.insert(name_hash(name));
+                    names.insert(hash);
                 }
             }
-        }
+        });
     }
 
     /// Whether `name` is known not to exist in `parent`, without a query.
@@ -293,27 +342,36 @@ impl State {
         home: Home,
     ) {
         let ino = attr.ino;
-        if let Some(node) = self.nodes.get_mut(&ino) {
+        let moved = self.resize_node(ino, |node| {
             node.lookups += 1;
             if home == Home::Path || node.parent == parent {
-                if node.parent != parent || node.name != name {
-                    self.key_moves += 1;
-                }
+                let moved = node.parent != parent || node.name != name;
                 let old_parent = node.parent;
                 node.parent = parent;
-                node.name = name.to_vec();
+                if node.name != name {
+                    node.name = name.to_vec();
+                }
+                Some((moved, old_parent))
+            } else {
+                None
+            }
+        });
+        match moved {
+            Some(Some((moved, old_parent))) => {
+                if moved {
+                    self.key_moves += 1;
+                }
                 self.move_pin(old_parent, parent);
             }
-            return;
+            Some(None) => {}
+            None => {
+                let node = Node::new(parent, name.to_vec(), attr, target, home);
+                self.insert_node(ino, Box::new(node));
+                if let Some(p) = self.nodes.get_mut(&parent) {
+                    p.children += 1;
+                }
+            }
         }
-        self.nodes.insert(
-            ino,
-            Box::new(Node::new(parent, name.to_vec(), attr, target, home)),
-        );
-        if let Some(p) = self.nodes.get_mut(&parent) {
-            p.children += 1;
-        }
-        self.account_table();
     }
 
     /// Adds `ino` to the table without a kernel reference (an ancestor
@@ -359,8 +417,7 @@ impl State {
                 return;
             }
             let parent = node.parent;
-            self.nodes.remove(&ino);
-            self.account_table();
+            self.remove_node(ino);
             match self.nodes.get_mut(&parent) {
                 Some(p) => p.children = p.children.saturating_sub(1),
                 None => return,
