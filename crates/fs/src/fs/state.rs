@@ -163,7 +163,7 @@ impl State {
         #[cfg(debug_assertions)]
         {
             self.memory.changes += 1;
-            if self.memory.changes % 256 == 0 {
+            if self.memory.changes.is_multiple_of(256) {
                 let walked: usize = self.nodes.values().map(|n| n.bytes()).sum();
                 assert_eq!(
                     walked, self.memory.entry_bytes,
