@@ -140,6 +140,8 @@ pub struct Stats {
     pub staged_application_turns: AtomicU64,
     pub staged_application_bytes_max: AtomicU64,
     pub queries_answered_staged: AtomicU64,
+    /// Writes' work done after their replies (`Store::work_after_reply`).
+    pub work_after_reply: AtomicU64,
     pub log_replayed_records: AtomicU64,
     /// Memory the log's buffer holds (a gauge the store sets after each
     /// append and each log write, `LogWriter::buffer_use`): clean
@@ -246,6 +248,7 @@ pub struct StatsSnapshot {
     pub flush_wait_micros_max: u64,
     pub flush_wait_micros_total: u64,
     pub writes_staged: u64,
+    pub work_after_reply: u64,
     pub staged_applications: u64,
     pub staged_application_turns: u64,
     pub staged_application_bytes_max: u64,
@@ -346,6 +349,7 @@ impl Stats {
             flush_wait_micros_max: get(&self.flush_wait_micros_max),
             flush_wait_micros_total: get(&self.flush_wait_micros_total),
             writes_staged: get(&self.writes_staged),
+            work_after_reply: get(&self.work_after_reply),
             staged_applications: get(&self.staged_applications),
             staged_application_turns: get(&self.staged_application_turns),
             staged_application_bytes_max: get(&self.staged_application_bytes_max),

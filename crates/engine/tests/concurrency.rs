@@ -40,7 +40,16 @@ fn share_one_store(round: u64) {
             std::thread::spawn(move || {
                 let mut rng = SmallRng::seed_from_u64(t as u64 + 100 * round);
                 let mut mine = BTreeMap::new();
+                // Half the threads leave their writes' work for after
+                // each operation, as a FUSE serving thread does.
+                let works_after_reply = t % 2 == 0;
+                if works_after_reply {
+                    store.work_after_replies_on_this_thread();
+                }
                 for i in 0..3000u32 {
+                    if works_after_reply && store.has_work_after_reply() {
+                        store.work_after_reply().unwrap();
+                    }
                     let key = [t, rng.gen_range(0..200u8), rng.gen()].to_vec();
                     match rng.gen_range(0..10) {
                         0..=5 => {
@@ -859,6 +868,89 @@ fn staged_batches_are_applied_a_quarter_bound_per_hold() {
         "one hold applied {} staged bytes",
         stats.staged_application_bytes_max
     );
+    assert_store_holds(&store, &model);
+}
+
+/// A writer on a thread that works after its replies (a FUSE serving
+/// thread) leaves the application of what is staged past the bound, and
+/// the settling after a write under the tree lock, for
+/// `Store::work_after_reply`; one such piece of work at most waits (the
+/// next writer past the bound applies in its own call), and the store
+/// answers as the model does before and after the work is done.
+#[test]
+fn writes_leave_their_work_for_after_the_reply() {
+    let options = Options {
+        log_flush_interval: None,
+        checkpoint_interval: None,
+        read_ahead: false,
+        staged_write_bytes: 64 << 10,
+        ..Options::default()
+    };
+    let (_dev, store) = common::mem_store(64 << 20, options);
+    store.work_after_replies_on_this_thread();
+    let mut model = BTreeMap::new();
+    // The first write finds the space not yet judged ample: it takes the
+    // tree lock, and leaves its settling (which judges the space).
+    store.put(KeySpace::Data, b"first", b"1").unwrap();
+    model.insert(b"first".to_vec(), b"1".to_vec());
+    assert!(store.has_work_after_reply());
+    store.work_after_reply().unwrap();
+    assert!(!store.has_work_after_reply());
+    let applications = store.stats().staged_applications;
+    let mut i = 0;
+    // About 0.5 KiB a batch: past the 64 KiB bound after ~130.
+    while !store.has_work_after_reply() {
+        assert!(i < 1000, "no work left after {i} writes");
+        let (key, value) = (numbered(i), value_of(i, 1));
+        store.put(KeySpace::Data, &key, &value).unwrap();
+        model.insert(key, value);
+        i += 1;
+    }
+    let stats = store.stats();
+    assert_eq!(stats.staged_applications, applications);
+    assert!(stats.writes_staged > 10, "{stats:?}");
+    // Point queries read the staged batches (a scan would apply them).
+    for (key, value) in &model {
+        assert_eq!(
+            store.get(KeySpace::Data, key).unwrap().as_ref(),
+            Some(value)
+        );
+    }
+    // The next writer past the bound applies in its own call.
+    let (key, value) = (numbered(i), value_of(i, 1));
+    store.put(KeySpace::Data, &key, &value).unwrap();
+    model.insert(key, value);
+    assert!(store.stats().staged_applications > applications);
+    assert!(store.has_work_after_reply());
+    store.work_after_reply().unwrap();
+    assert!(!store.has_work_after_reply());
+    assert_eq!(store.stats().work_after_reply, 2);
+    assert_store_holds(&store, &model);
+    // A write under the tree lock leaves its settling.
+    let mut range_delete = WriteBatch::new();
+    range_delete.range_delete(KeySpace::Data, &numbered(10), &numbered(20));
+    store.write(&range_delete).unwrap();
+    model.retain(|k, _| !(numbered(10)..numbered(20)).contains(k));
+    assert!(store.has_work_after_reply());
+    assert_store_holds(&store, &model);
+    store.work_after_reply().unwrap();
+    assert_eq!(store.stats().work_after_reply, 3);
+    // On another thread nothing is left.
+    let store = Arc::new(store);
+    let writer = store.clone();
+    std::thread::spawn(move || {
+        for i in 2000..2400 {
+            writer
+                .put(KeySpace::Data, &numbered(i), &value_of(i, 2))
+                .unwrap();
+        }
+    })
+    .join()
+    .unwrap();
+    assert!(!store.has_work_after_reply());
+    for i in 2000..2400 {
+        model.insert(numbered(i), value_of(i, 2));
+    }
     assert_store_holds(&store, &model);
 }
 

@@ -246,4 +246,18 @@ pub trait Operations: Send + Sync + 'static {
     fn removexattr(&self, ino: Ino, name: &[u8]) -> FsResult<()>;
     /// The kernel's writeback cache is on: it places O_APPEND writes itself.
     fn set_kernel_places_appends(&self, _on: bool) {}
+    /// Called once on each thread of a transport before it serves: the
+    /// thread calls [`Operations::work_after_reply`] whenever
+    /// [`Operations::has_work_after_reply`] says so, once the replies to
+    /// the requests it served are sent, so requests served on it may
+    /// leave work for then.
+    fn serving_thread_started(&self) {}
+    /// Whether a request left work for after its reply.
+    fn has_work_after_reply(&self) -> bool {
+        false
+    }
+    /// Does the work requests left for after their replies (a write's
+    /// application of what is staged, settling, eviction: its client goes
+    /// on meanwhile).
+    fn work_after_reply(&self) {}
 }

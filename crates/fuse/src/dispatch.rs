@@ -138,6 +138,32 @@ impl<F: Operations> Dispatcher<F> {
         &self.stats
     }
 
+    /// Called by each serving thread before it serves: it does the work
+    /// requests leave for after their replies
+    /// ([`Dispatcher::work_after_replies`]).
+    pub fn serving_thread_started(&self) {
+        self.fs.serving_thread_started();
+    }
+
+    /// Whether a request left work for after its reply.
+    pub fn has_work_after_reply(&self) -> bool {
+        !self.guard.failed() && self.fs.has_work_after_reply()
+    }
+
+    /// Does the work requests left for after their replies, once these
+    /// are sent; a panic in it fails the mount as one in a request does.
+    pub fn work_after_replies(&self) {
+        if self.has_work_after_reply() {
+            let _ = self.guard.run(
+                || "the work after replies".to_string(),
+                || {
+                    self.fs.work_after_reply();
+                    Ok(())
+                },
+            );
+        }
+    }
+
     /// What INIT settled, once it has been answered.
     pub fn negotiated(&self) -> Option<Negotiated> {
         self.negotiated.get().copied()

@@ -41,6 +41,11 @@ impl RequestGuard {
         RequestGuard::new(|_| {})
     }
 
+    /// Whether serving has stopped (every request gets EIO).
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
     /// The panic that stopped serving, if one did.
     pub fn failure(&self) -> Option<String> {
         self.failure

@@ -283,6 +283,7 @@ pub(crate) fn write_reply(fd: RawFd, unique: u64, reply: &Reply) -> io::Result<(
 fn serve_device<F: Operations>(fd: &OwnedFd, dispatcher: &Dispatcher<F>) {
     let raw = fd.as_raw_fd();
     let mut buf = vec![0u8; READ_BUFFER];
+    dispatcher.serving_thread_started();
     loop {
         let n = match read_request(raw, &mut buf) {
             Ok(Some(n)) => n,
@@ -309,6 +310,7 @@ fn serve_device<F: Operations>(fd: &OwnedFd, dispatcher: &Dispatcher<F>) {
         if let Err(e) = write_reply(raw, unique, &reply) {
             tracing::warn!("replying to the kernel: {e}");
         }
+        dispatcher.work_after_replies();
     }
 }
 

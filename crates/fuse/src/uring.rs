@@ -425,6 +425,7 @@ fn serve_queue<F: Operations>(
     if failed {
         return;
     }
+    dispatcher.serving_thread_started();
     let mut live = q.entries.len();
     let mut done = Vec::new();
     // Why entries were lost other than by unmounting, if any were.
@@ -479,6 +480,18 @@ fn serve_queue<F: Operations>(
                     live -= 1;
                 }
             }
+        }
+        // Work the requests left for after their replies: the replies go
+        // now (the commits were pushed, not submitted), their clients go
+        // on while this thread does it.
+        if broken.is_none() && dispatcher.has_work_after_reply() {
+            if let Err(e) = q.ring.submit() {
+                if e.raw_os_error() != Some(libc::EINTR) {
+                    broken = Some(e.to_string());
+                    break;
+                }
+            }
+            dispatcher.work_after_replies();
         }
     }
     // A queue that stops while the mount lives would leave its CPU's

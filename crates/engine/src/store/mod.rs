@@ -368,6 +368,11 @@ struct Inner {
     /// the tree's space check: set by whoever applies batches, under the
     /// tree lock, with the staged bytes' worth to spare.
     space_ample: std::sync::atomic::AtomicBool,
+    /// A write on a thread that works after its replies
+    /// ([`Store::work_after_replies_on_this_thread`]) left work for then:
+    /// the staged batches past the bound to apply, the buffers to settle
+    /// and the cache to evict ([`Store::work_after_reply`]).
+    work_after_reply: std::sync::atomic::AtomicBool,
 }
 
 /// Where a leaf to read ahead begins, and in which tree.
@@ -654,6 +659,7 @@ impl Store {
             log_flusher_running: std::sync::atomic::AtomicBool::new(false),
             staging: parking_lot::RwLock::new(staging),
             space_ample: std::sync::atomic::AtomicBool::new(false),
+            work_after_reply: std::sync::atomic::AtomicBool::new(false),
         });
         let read_ahead_threads = if inner.options.read_ahead {
             start_read_ahead(&inner)
@@ -728,6 +734,31 @@ impl Store {
     /// flush interval).
     pub fn write(&self, batch: &WriteBatch) -> EngineResult<u64> {
         self.inner.write(batch, Reservation::default())
+    }
+
+    /// Writes made on the calling thread from now on leave the work that
+    /// follows a write in the writer's request — applying the staged
+    /// batches once past their bound, settling the buffers, evicting — to
+    /// [`Store::work_after_reply`], which the thread promises to call once
+    /// the replies to the requests it served are on their way (a FUSE
+    /// serving thread): the client goes on with its next request while
+    /// the daemon applies. A write leaves at most one such piece of work
+    /// pending; the next one past it does its work itself, as do writes
+    /// on every other thread, so the buffers stay bounded.
+    pub fn work_after_replies_on_this_thread(&self) {
+        write::work_after_replies_on_this_thread();
+    }
+
+    /// Whether a write left work for [`Store::work_after_reply`].
+    pub fn has_work_after_reply(&self) -> bool {
+        self.inner.work_after_reply.load(Ordering::Acquire)
+    }
+
+    /// Does the work writes left for after their replies, if any (see
+    /// [`Store::work_after_replies_on_this_thread`]). An error is the
+    /// store's failure, which later writes and syncs report too.
+    pub fn work_after_reply(&self) -> EngineResult<()> {
+        self.inner.work_after_reply()
     }
 
     /// [`Store::write`] that also changes the space promised to later

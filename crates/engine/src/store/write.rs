@@ -2,10 +2,21 @@
 //! number and log record, its application to the trees, and the settling
 //! and eviction that follow it in steps.
 
+use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use super::staging;
 use super::*;
+
+thread_local! {
+    /// Whether writes on this thread leave their work for after the
+    /// reply ([`Store::work_after_replies_on_this_thread`]).
+    static WORKS_AFTER_REPLY: Cell<bool> = const { Cell::new(false) };
+}
+
+pub(super) fn work_after_replies_on_this_thread() {
+    WORKS_AFTER_REPLY.with(|w| w.set(true));
+}
 
 /// Bytes a batch that deletes may also add (a file system's unlink rewrites
 /// its parent directory's record) and still be let into the reserve when
@@ -145,7 +156,10 @@ impl Inner {
         };
         add(&self.stats.writes_staged, 1);
         let mut wants_tree_flush = false;
-        if staged_bytes > bound {
+        if staged_bytes > bound && self.leave_work_for_after_reply() {
+            // The staging lock's bound (twice this) still holds the
+            // writers back if the work is not done soon.
+        } else if staged_bytes > bound {
             let mut tree = self.lock_tree();
             self.wait_for_flush_backlog(&mut tree);
             // A store that failed since keeps what is staged for the
@@ -249,8 +263,40 @@ impl Inner {
         // (through the tree lock, or a lock the caller held across it)
         // reads the count moved.
         self.batches_applied.fetch_add(1, Ordering::Release);
-        let wants_tree_flush = self.settle_and_evict(&mut tree, flushing)?;
+        let wants_tree_flush = if self.leave_work_for_after_reply() {
+            // What settle_and_evict would have told the stagers.
+            self.note_space(&tree);
+            false
+        } else {
+            self.settle_and_evict(&mut tree, flushing)?
+        };
         Ok((seq, wants_tree_flush))
+    }
+
+    /// Whether this writer leaves the work that follows its write for
+    /// after its reply: on a thread that works after its replies, when no
+    /// work is left pending already (so one write's worth at most waits).
+    fn leave_work_for_after_reply(&self) -> bool {
+        WORKS_AFTER_REPLY.with(Cell::get) && !self.work_after_reply.swap(true, Ordering::AcqRel)
+    }
+
+    /// The work writes left for after their replies: the staged batches
+    /// applied, the buffers settled and the cache evicted, as the writer
+    /// would have in its request.
+    pub(super) fn work_after_reply(&self) -> EngineResult<()> {
+        if !self.work_after_reply.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        add(&self.stats.work_after_reply, 1);
+        let wants_tree_flush = {
+            let mut tree = self.lock_tree();
+            self.wait_for_flush_backlog(&mut tree);
+            // A store that failed keeps what is staged (see stage).
+            self.check_failed()?;
+            self.apply_staged(&mut tree)?
+        };
+        self.after_write(wants_tree_flush);
+        Ok(())
     }
 
     /// Applies the staged batches `staged` (in sequence order, taken from

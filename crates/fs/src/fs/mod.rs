@@ -513,4 +513,20 @@ impl Operations for FileSystem {
         self.kernel_places_appends
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
+
+    fn serving_thread_started(&self) {
+        self.store.work_after_replies_on_this_thread();
+    }
+
+    fn has_work_after_reply(&self) -> bool {
+        self.store.has_work_after_reply()
+    }
+
+    fn work_after_reply(&self) {
+        // A failure here is the store's: it refuses writes from now on and
+        // the next sync reports it to the client.
+        if let Err(e) = self.store.work_after_reply() {
+            tracing::error!("applying writes after their replies: {e}");
+        }
+    }
 }
