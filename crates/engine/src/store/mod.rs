@@ -4,8 +4,8 @@
 //! Concurrency: one reader-writer lock guards the trees (cache, block
 //! table, allocator). Point queries whose path is cached share it; one
 //! whose leaf is not cached reads it holding no lock; everything else
-//! holds it exclusively — but writes of point messages are logged and
-//! staged under a small lock of their own and reach the trees in groups
+//! holds it exclusively — but writes of point messages and range
+//! deletes are logged and staged under a small lock of their own and reach the trees in groups
 //! (`staging`). The redo log has its own lock, so `sync` (a log
 //! flush with group commit) never waits for tree work, and writers only
 //! wait for a flush when the log region is full. A background thread
@@ -140,8 +140,8 @@ pub struct Options {
     /// Called while a writer's eviction encodes a dirty node's image,
     /// without the tree lock (tests change the node there).
     pub evict_encode_hook: Option<TurnHook>,
-    /// Writes of point messages (puts, deletes, upserts) are logged and
-    /// staged without the tree lock, and applied to the trees together
+    /// Writes of point messages (puts, deletes, upserts) and range deletes
+    /// are logged and staged without the tree lock, and applied to the trees together
     /// under one hold of it once this many bytes are staged (or sooner,
     /// when a query or checkpoint needs them there): queries run beside
     /// writers (`store/staging.rs`). At most a quarter node counts; 0:

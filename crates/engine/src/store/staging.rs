@@ -1,13 +1,15 @@
 //! Staged writes: batches that are logged, numbered and visible to point
 //! queries, but not yet applied to the trees.
 //!
-//! A batch of point messages (puts, deletes, upserts) is logged and staged
+//! A batch of point messages (puts, deletes, upserts) and range deletes
+//! — not range renames or clones — is logged and staged
 //! under the staging lock alone — the tree lock is not taken — and the
 //! staged batches are applied together, in sequence order, under one
 //! exclusive hold of the tree lock once they pass a bound, or as soon as
 //! anything needs the trees to hold them: a write of any other kind, a
 //! range visit, a checkpoint. A point query reads the staged batches
-//! before the trees. Without staging every write held the tree lock
+//! before the trees: a key's newest staged message, or a staged range
+//! delete over it that is newer, decides it. Without staging every write held the tree lock
 //! exclusively, so a query never ran beside a write; with it, queries run
 //! beside the writes and wait only for the applications (docs/design.md,
 //! "Staged writes").
@@ -69,7 +71,31 @@ struct KeyEntry {
     /// The sequence number of the newest staged batch that touches the
     /// key: once the batches up to it are applied, the trees answer.
     seq: u64,
+    /// Where the newest message to the key stands among every staged
+    /// message (a range delete in the same batch before or after it
+    /// decides against or for it).
+    order: u64,
 }
+
+/// A staged range delete: every key in [`start`, `end`).
+#[derive(Clone, Debug)]
+struct StagedRange {
+    start: Vec<u8>,
+    end: Vec<u8>,
+    seq: u64,
+    order: u64,
+}
+
+impl StagedRange {
+    fn covers(&self, key: &[u8]) -> bool {
+        self.start.as_slice() <= key && key < self.end.as_slice()
+    }
+}
+
+/// The most range deletes staged at once: a point query compares its key
+/// with each of them. A batch that would pass it is applied under the
+/// tree lock instead.
+pub(super) const STAGED_RANGES_MAX: usize = 64;
 
 /// The staged batches, guarded by the store's staging lock.
 #[derive(Debug)]
@@ -81,6 +107,10 @@ pub(super) struct Staging {
     batches: VecDeque<(u64, WriteBatch)>,
     /// Per key space, what the staged batches leave of each key they touch.
     keys: [HashMap<Vec<u8>, KeyEntry>; KEY_SPACES],
+    /// Per key space, the staged range deletes, oldest first.
+    ranges: [Vec<StagedRange>; KEY_SPACES],
+    /// The order of the next staged message ([`KeyEntry::order`]).
+    next_order: u64,
     /// The staged batches' payloads and their keys' entries, about.
     bytes: usize,
     /// The staged batches' payloads alone.
@@ -97,6 +127,8 @@ impl Staging {
             next_seq,
             batches: VecDeque::new(),
             keys: Default::default(),
+            ranges: Default::default(),
+            next_order: 0,
             bytes: 0,
             batch_bytes: 0,
         }
@@ -111,10 +143,17 @@ impl Staging {
         self.bytes
     }
 
+    /// How many range deletes are staged (at most [`STAGED_RANGES_MAX`]).
+    pub fn range_count(&self) -> usize {
+        self.ranges.iter().map(Vec::len).sum()
+    }
+
     /// Stages `batch`, logged with sequence number `seq`; `messages` are
     /// its messages, decoded (the writer's admission decoded them). Only
-    /// batches of point messages are staged (a range message's effect on
-    /// a key cannot be read from the staged batches).
+    /// batches of point messages and range deletes are staged (a rename's
+    /// or clone's effect on a key cannot be read from the staged batches),
+    /// and no more than [`STAGED_RANGES_MAX`] range deletes (the caller
+    /// checks).
     pub fn push(
         &mut self,
         seq: u64,
@@ -127,23 +166,36 @@ impl Staging {
         self.bytes += batch.body_len();
         self.batch_bytes += batch.body_len();
         for (ks, msg) in messages {
+            let order = self.next_order;
+            self.next_order += 1;
             let (key, staged) = match msg {
                 Message::Put { key, value } => (key, Staged::Value(value)),
                 Message::Delete { key } => (key, Staged::Deleted),
                 Message::Upsert { key, func, arg } => {
-                    let staged = match self.keys_of(ks).get(&key).map(|e| &e.staged) {
+                    let staged = match self.newest_staged(ks, &key) {
                         Some(Staged::Value(old)) => merged(merges, func, Some(old), &arg),
                         Some(Staged::Deleted) => merged(merges, func, None, &arg),
                         Some(Staged::OnTrees) | None => Staged::OnTrees,
                     };
                     (key, staged)
                 }
-                other => panic!("staging invariant: only point messages are staged, not {other:?}"),
+                Message::RangeDelete { start, end } => {
+                    self.bytes += start.len() + end.len() + KEY_OVERHEAD_BYTES;
+                    self.ranges_of_mut(ks).push(StagedRange {
+                        start,
+                        end,
+                        seq,
+                        order,
+                    });
+                    continue;
+                }
+                other => panic!("staging invariant: range messages other than deletes are not staged, not {other:?}"),
             };
             let key_len = key.len();
             self.bytes += entry_bytes(key_len, &staged);
             // A key staged again keeps one entry: the old value goes.
-            let replaced = self.keys_of_mut(ks).insert(key, KeyEntry { staged, seq });
+            let entry = KeyEntry { staged, seq, order };
+            let replaced = self.keys_of_mut(ks).insert(key, entry);
             if let Some(replaced) = replaced {
                 self.bytes -= entry_bytes(key_len, &replaced.staged);
             }
@@ -151,18 +203,37 @@ impl Staging {
         self.batches.push_back((seq, batch));
     }
 
-    /// The keys of `ks` the staged batches touch.
+    /// The keys of `ks` the staged batches touch, and where their range
+    /// deletes begin.
     pub fn keys(&self, ks: KeySpace) -> impl Iterator<Item = &[u8]> {
-        self.keys_of(ks).keys().map(Vec::as_slice)
+        let starts = self.ranges_of(ks).iter().map(|r| r.start.as_slice());
+        self.keys_of(ks).keys().map(Vec::as_slice).chain(starts)
     }
 
     /// What the staged batches say of `key`.
     pub fn lookup(&self, ks: KeySpace, key: &[u8]) -> StagedAnswer {
-        match self.keys_of(ks).get(key).map(|e| &e.staged) {
+        match self.newest_staged(ks, key) {
             None => StagedAnswer::NotStaged,
             Some(Staged::Value(v)) => StagedAnswer::Found(Some(v.clone())),
             Some(Staged::Deleted) => StagedAnswer::Found(None),
             Some(Staged::OnTrees) => StagedAnswer::NeedsTrees,
+        }
+    }
+
+    /// What the newest staged message to `key` leaves of it: its entry,
+    /// or a delete when a staged range delete over it is newer.
+    fn newest_staged(&self, ks: KeySpace, key: &[u8]) -> Option<&Staged> {
+        let entry = self.keys_of(ks).get(key);
+        let newest_range = self
+            .ranges_of(ks)
+            .iter()
+            .rev()
+            .find(|r| r.covers(key))
+            .map(|r| r.order);
+        match (entry, newest_range) {
+            (Some(e), Some(range)) if range > e.order => Some(&Staged::Deleted),
+            (None, Some(_)) => Some(&Staged::Deleted),
+            (entry, _) => entry.map(|e| &e.staged),
         }
     }
 
@@ -179,10 +250,25 @@ impl Staging {
         &mut self.keys[ks.index()]
     }
 
+    // Reviewed exception (indexing): as in `keys_of`.
+    #[allow(clippy::indexing_slicing)]
+    fn ranges_of(&self, ks: KeySpace) -> &[StagedRange] {
+        &self.ranges[ks.index()]
+    }
+
+    // Reviewed exception (indexing): as in `keys_of`.
+    #[allow(clippy::indexing_slicing)]
+    fn ranges_of_mut(&mut self, ks: KeySpace) -> &mut Vec<StagedRange> {
+        &mut self.ranges[ks.index()]
+    }
+
     /// Takes every staged batch, in sequence order, for the trees.
     pub fn take(&mut self) -> Vec<(u64, WriteBatch)> {
         for keys in &mut self.keys {
             keys.clear();
+        }
+        for ranges in &mut self.ranges {
+            ranges.clear();
         }
         self.bytes = 0;
         self.batch_bytes = 0;
@@ -194,12 +280,14 @@ impl Staging {
     /// nothing when all of them fit: the caller takes those in the hold
     /// that needs them all applied ([`Staging::take`]).
     ///
-    /// A key whose newest staged batch is taken leaves the map: the trees
-    /// answer for it once they hold the batches taken. A key staged again
-    /// later keeps its entry, which still answers rightly: a value or a
-    /// delete decides the key whatever the trees hold (the taken batches
-    /// included), and upserts onto the trees' value send the query to
-    /// the trees with every staged batch applied.
+    /// A key whose newest staged batch is taken leaves the map, and a
+    /// range delete taken leaves the list: the trees answer for them once
+    /// they hold the batches taken. A key staged again later keeps its
+    /// entry, which still answers rightly: a value or a delete decides the
+    /// key whatever the trees hold (the taken batches included), and
+    /// upserts onto the trees' value send the query to the trees with
+    /// every staged batch applied; a range delete left is newer than
+    /// everything taken.
     pub fn take_oldest(&mut self, max_bytes: usize) -> Vec<(u64, WriteBatch)> {
         if self.batch_bytes <= max_bytes {
             return Vec::new();
@@ -226,6 +314,15 @@ impl Staging {
                 keep
             });
         }
+        for ranges in &mut self.ranges {
+            ranges.retain(|r| {
+                let keep = r.seq > newest_taken;
+                if !keep {
+                    freed += r.start.len() + r.end.len() + KEY_OVERHEAD_BYTES;
+                }
+                keep
+            });
+        }
         self.batch_bytes -= taken_bytes;
         self.bytes -= freed;
         taken
@@ -247,11 +344,16 @@ fn merged(merges: &MergeRegistry, func: u8, old: Option<&[u8]>, arg: &[u8]) -> S
     }
 }
 
-/// Whether a batch holding `message` may be staged: point messages only.
+/// Whether a batch holding `message` may be staged: point messages and
+/// range deletes (a rename or clone of a range moves keys a point query
+/// cannot follow in the staged batches).
 pub(super) fn is_stageable(message: &Message) -> bool {
     matches!(
         message,
-        Message::Put { .. } | Message::Delete { .. } | Message::Upsert { .. }
+        Message::Put { .. }
+            | Message::Delete { .. }
+            | Message::Upsert { .. }
+            | Message::RangeDelete { .. }
     )
 }
 
@@ -373,17 +475,69 @@ mod tests {
     }
 
     #[test]
-    fn only_point_messages_are_stageable() {
+    fn point_messages_and_range_deletes_are_stageable() {
         let ks = KeySpace::Meta;
         let stageable = |b: &WriteBatch| b.messages().all(|(_, m)| is_stageable(&m));
         assert!(stageable(
-            WriteBatch::new().put(ks, b"a", b"1").delete(ks, b"b")
+            WriteBatch::new()
+                .put(ks, b"a", b"1")
+                .delete(ks, b"b")
+                .range_delete(ks, b"a", b"b")
         ));
         assert!(!stageable(
             WriteBatch::new()
                 .put(ks, b"a", b"1")
-                .range_delete(ks, b"a", b"b")
+                .range_rename(ks, b"a", b"b", 0, b"c")
         ));
+        assert!(!stageable(
+            WriteBatch::new().range_clone(ks, b"a", b"b", 0, b"c")
+        ));
+    }
+
+    /// A range delete decides the keys it covers against older messages in
+    /// the staged batches and for newer ones — in one batch too, where
+    /// the order of its messages decides — and an upsert after it merges
+    /// onto nothing; the trees answer again once it is taken.
+    #[test]
+    fn a_staged_range_delete_decides_the_keys_it_covers() {
+        let merges = registry();
+        let mut staging = Staging::new(1);
+        let ks = KeySpace::Data;
+        let mut batch = WriteBatch::new();
+        batch.put(ks, b"b", b"old");
+        batch.range_delete(ks, b"a", b"m");
+        batch.put(ks, b"c", b"new");
+        stage(&mut staging, 1, batch, &merges);
+        let patch = patch_arg(0, b"xy");
+        stage(
+            &mut staging,
+            2,
+            WriteBatch::new()
+                .upsert(ks, b"d", MERGE_PATCH, &patch)
+                .clone(),
+            &merges,
+        );
+        assert_eq!(staging.lookup(ks, b"b"), StagedAnswer::Found(None));
+        assert_eq!(staging.lookup(ks, b"a"), StagedAnswer::Found(None));
+        assert_eq!(staging.lookup(ks, b"l"), StagedAnswer::Found(None));
+        assert_eq!(
+            staging.lookup(ks, b"c"),
+            StagedAnswer::Found(Some(b"new".to_vec()))
+        );
+        let on_nothing = merges.apply(MERGE_PATCH, None, &patch);
+        assert_eq!(staging.lookup(ks, b"d"), StagedAnswer::Found(on_nothing));
+        // The end is not covered, nor the other key space.
+        assert_eq!(staging.lookup(ks, b"m"), StagedAnswer::NotStaged);
+        assert_eq!(
+            staging.lookup(KeySpace::Meta, b"b"),
+            StagedAnswer::NotStaged
+        );
+        assert_eq!(staging.range_count(), 1);
+        let taken = staging.take_oldest(1);
+        assert_eq!(taken.len(), 1);
+        assert_eq!(staging.range_count(), 0);
+        assert_eq!(staging.lookup(ks, b"b"), StagedAnswer::NotStaged);
+        assert!(staging.keys(ks).eq([&b"d"[..]]));
     }
 
     #[test]
@@ -422,7 +576,7 @@ mod tests {
         #[test]
         fn the_oldest_batches_taken_leave_the_rest_answering(
             ops in proptest::collection::vec(
-                (0u8..12, 0u8..3, 0u8..255, 0usize..4),
+                (0u8..12, 0u8..6, 0u8..255, 0usize..4),
                 1..150,
             ),
         ) {
@@ -442,16 +596,30 @@ mod tests {
                                 None => map.remove(&key[0]),
                             };
                         }
+                        Message::RangeDelete { start, end } => {
+                            map.retain(|k, _| !(start[0]..end[0]).contains(k));
+                        }
                         other => panic!("not staged: {other:?}"),
                     }
                 }
             };
             for (seq, &(k, kind, v, take)) in (1u64..).zip(&ops) {
                 let mut batch = WriteBatch::new();
+                let span = [k, k.saturating_add(1 + v % 4)];
                 match kind {
                     0 => batch.put(KeySpace::Meta, &[k], &[v]),
                     1 => batch.delete(KeySpace::Meta, &[k]),
-                    _ => batch.upsert(KeySpace::Meta, &[k], MERGE_PATCH, &patch_arg(0, &[v])),
+                    2 => batch.upsert(KeySpace::Meta, &[k], MERGE_PATCH, &patch_arg(0, &[v])),
+                    3 => batch.range_delete(KeySpace::Meta, &span[..1], &span[1..]),
+                    // A range delete and a message to a key it covers, in
+                    // either order within one batch.
+                    4 => batch
+                        .range_delete(KeySpace::Meta, &span[..1], &span[1..])
+                        .put(KeySpace::Meta, &[k], &[v]),
+                    _ => batch
+                        .upsert(KeySpace::Meta, &[k], MERGE_PATCH, &patch_arg(0, &[v]))
+                        .range_delete(KeySpace::Meta, &span[..1], &span[1..])
+                        .upsert(KeySpace::Meta, &[k.wrapping_add(1)], MERGE_PATCH, &patch_arg(0, &[v])),
                 };
                 apply(&mut everything, &batch);
                 staged_sizes.push_back(batch.body_len());

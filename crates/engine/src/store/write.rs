@@ -30,7 +30,7 @@ struct Admission {
     /// Key and value bytes (write amplification's denominator).
     user_bytes: u64,
     /// The messages, decoded, of a batch that may be staged (point
-    /// messages only, [`staging::is_stageable`], and at most
+    /// messages and range deletes, [`staging::is_stageable`], and at most
     /// [`STAGED_BATCH_MAX_BYTES`]): what the staged batches' map takes,
     /// so a staged batch is decoded once on its way in.
     stageable: Option<Vec<(KeySpace, Message)>>,
@@ -66,6 +66,14 @@ fn admit(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<Admission> 
         user_bytes,
         stageable,
     })
+}
+
+/// Whether the settling and eviction after a write have work to do: a
+/// node that holds more than it may, or a cache over its budget (else
+/// they only take note of the space, which is not worth leaving for after
+/// the reply).
+fn settling_due(tree: &mut Tree, flushing: Flushing) -> bool {
+    (flushing == Flushing::Stepwise && tree.settle_target().is_some()) || tree.cache_excess(0) > 0
 }
 
 /// The largest batch staged: a bigger one (a file's data in a write of
@@ -115,8 +123,8 @@ impl Inner {
         Ok(seq)
     }
 
-    /// Logs and stages `batch` (of point messages only; `messages`, its
-    /// messages decoded) holding the staging lock alone, if it may be
+    /// Logs and stages `batch` (of point messages and range deletes only;
+    /// `messages`, its messages decoded) holding the staging lock alone, if it may be
     /// (`store/staging.rs`): a batch small beside the bound, no more than
     /// twice the bound staged already, space ample, room in the log. Past
     /// the bound the writer applies what is staged. Returns the sequence
@@ -133,7 +141,13 @@ impl Inner {
         }
         let (seq, staged_bytes) = {
             let mut staging = self.staging.write();
-            if staging.bytes() > 2 * bound {
+            let ranges = messages
+                .iter()
+                .filter(|(_, m)| matches!(m, Message::RangeDelete { .. }))
+                .count();
+            if staging.bytes() > 2 * bound
+                || staging.range_count() + ranges > staging::STAGED_RANGES_MAX
+            {
                 return Ok(None);
             }
             // Under the staging lock: the checkpoint of a remount
@@ -263,13 +277,14 @@ impl Inner {
         // (through the tree lock, or a lock the caller held across it)
         // reads the count moved.
         self.batches_applied.fetch_add(1, Ordering::Release);
-        let wants_tree_flush = if self.leave_work_for_after_reply() {
-            // What settle_and_evict would have told the stagers.
-            self.note_space(&tree);
-            false
-        } else {
-            self.settle_and_evict(&mut tree, flushing)?
-        };
+        let wants_tree_flush =
+            if settling_due(&mut tree, flushing) && self.leave_work_for_after_reply() {
+                // What settle_and_evict would have told the stagers.
+                self.note_space(&tree);
+                false
+            } else {
+                self.settle_and_evict(&mut tree, flushing)?
+            };
         Ok((seq, wants_tree_flush))
     }
 
