@@ -105,6 +105,17 @@ fn share_one_store(round: u64) {
     assert_eq!(all, expected);
 }
 
+/// No intervals, no read-ahead, a 64 KiB staging bound.
+fn staging_64k_options() -> Options {
+    Options {
+        log_flush_interval: None,
+        checkpoint_interval: None,
+        read_ahead: false,
+        staged_write_bytes: 64 << 10,
+        ..Options::default()
+    }
+}
+
 /// A batch that cannot be staged and changes nothing: a range rename of
 /// keys the tests never write.
 fn empty_range_rename() -> WriteBatch {
@@ -834,15 +845,8 @@ fn without_staging_a_write_waits_for_the_tree_lock() {
 /// checkpoint — and the store still answers as the model does.
 #[test]
 fn staged_batches_are_applied_a_quarter_bound_per_hold() {
-    let options = Options {
-        log_flush_interval: None,
-        checkpoint_interval: None,
-        read_ahead: false,
-        staged_write_bytes: 64 << 10,
-        ..Options::default()
-    };
     let per_hold = (64 << 10) / 4;
-    let (_dev, store) = common::mem_store(64 << 20, options);
+    let (_dev, store) = common::mem_store(64 << 20, staging_64k_options());
     let mut model = BTreeMap::new();
     // About 0.5 KiB a batch: a hundred stay under the bound.
     let put = |store: &Store, model: &mut BTreeMap<_, _>, keys: std::ops::Range<u32>| {
@@ -877,21 +881,13 @@ fn staged_batches_are_applied_a_quarter_bound_per_hold() {
 }
 
 /// A writer on a thread that works after its replies (a FUSE serving
-/// thread) leaves the application of what is staged past the bound, and
-/// the settling after a write under the tree lock, for
+/// thread) leaves the application of what is staged past the bound for
 /// `Store::work_after_reply`; one such piece of work at most waits (the
 /// next writer past the bound applies in its own call), and the store
 /// answers as the model does before and after the work is done.
 #[test]
 fn writes_leave_their_work_for_after_the_reply() {
-    let options = Options {
-        log_flush_interval: None,
-        checkpoint_interval: None,
-        read_ahead: false,
-        staged_write_bytes: 64 << 10,
-        ..Options::default()
-    };
-    let (_dev, store) = common::mem_store(64 << 20, options);
+    let (_dev, store) = common::mem_store(64 << 20, staging_64k_options());
     store.work_after_replies_on_this_thread();
     let mut model = BTreeMap::new();
     // The first write finds the space not yet judged ample: it takes the
