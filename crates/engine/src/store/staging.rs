@@ -90,6 +90,11 @@ impl StagedRange {
     fn covers(&self, key: &[u8]) -> bool {
         self.start.as_slice() <= key && key < self.end.as_slice()
     }
+
+    /// About the memory it holds.
+    fn bytes(&self) -> usize {
+        self.start.len() + self.end.len() + KEY_OVERHEAD_BYTES
+    }
 }
 
 /// The most range deletes staged at once: a point query compares its key
@@ -180,13 +185,14 @@ impl Staging {
                     (key, staged)
                 }
                 Message::RangeDelete { start, end } => {
-                    self.bytes += start.len() + end.len() + KEY_OVERHEAD_BYTES;
-                    self.ranges_of_mut(ks).push(StagedRange {
+                    let range = StagedRange {
                         start,
                         end,
                         seq,
                         order,
-                    });
+                    };
+                    self.bytes += range.bytes();
+                    self.ranges_of_mut(ks).push(range);
                     continue;
                 }
                 other => panic!("staging invariant: range messages other than deletes are not staged, not {other:?}"),
@@ -318,7 +324,7 @@ impl Staging {
             ranges.retain(|r| {
                 let keep = r.seq > newest_taken;
                 if !keep {
-                    freed += r.start.len() + r.end.len() + KEY_OVERHEAD_BYTES;
+                    freed += r.bytes();
                 }
                 keep
             });

@@ -169,21 +169,28 @@ impl Inner {
             (seq, staging.bytes())
         };
         add(&self.stats.writes_staged, 1);
-        let mut wants_tree_flush = false;
-        if staged_bytes > bound && self.leave_work_for_after_reply() {
-            // The staging lock's bound (twice this) still holds the
-            // writers back if the work is not done soon.
-        } else if staged_bytes > bound {
-            let mut tree = self.lock_tree();
-            self.wait_for_flush_backlog(&mut tree);
-            // A store that failed since keeps what is staged for the
-            // queries (and the log for recovery); this write was taken
-            // before the failure, which the next sync reports.
-            if self.check_failed().is_ok() {
-                wants_tree_flush = self.apply_staged(&mut tree)?;
-            }
-        }
+        // Left for after the reply, the staging lock's bound (twice this)
+        // still holds the writers back if the work is not done soon.
+        let wants_tree_flush = if staged_bytes > bound && !self.leave_work_for_after_reply() {
+            self.apply_staged_past_bound()?
+        } else {
+            false
+        };
         Ok(Some((seq, wants_tree_flush)))
+    }
+
+    /// Applies what is staged for a writer that took it past the bound
+    /// (in its request, or after its reply); returns whether the tree
+    /// flusher is wanted. A store that failed since keeps what is staged
+    /// for the queries (and the log for recovery); the write was taken
+    /// before the failure, which the next sync reports.
+    fn apply_staged_past_bound(&self) -> EngineResult<bool> {
+        let mut tree = self.lock_tree();
+        self.wait_for_flush_backlog(&mut tree);
+        if self.check_failed().is_err() {
+            return Ok(false);
+        }
+        self.apply_staged(&mut tree)
     }
 
     /// A write under the tree lock: a batch that cannot be staged (range
@@ -303,13 +310,7 @@ impl Inner {
             return Ok(());
         }
         add(&self.stats.work_after_reply, 1);
-        let wants_tree_flush = {
-            let mut tree = self.lock_tree();
-            self.wait_for_flush_backlog(&mut tree);
-            // A store that failed keeps what is staged (see stage).
-            self.check_failed()?;
-            self.apply_staged(&mut tree)?
-        };
+        let wants_tree_flush = self.apply_staged_past_bound()?;
         self.after_write(wants_tree_flush);
         Ok(())
     }

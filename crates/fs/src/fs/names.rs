@@ -401,7 +401,7 @@ impl FileSystem {
             n.name = new_name.to_vec();
             Some(old_parent)
         });
-        let Some(Some(old_parent)) = moved_from else {
+        let Some(old_parent) = moved_from.flatten() else {
             return;
         };
         st.key_moves += 1;

@@ -87,14 +87,14 @@ impl FileSystem {
         // (EFBIG), before anything is written.
         self.store.write(&batch)?;
         st.commit(plan);
-        st.node(dst)?;
         st.resize_node(dst, |node| {
             node.attr = attr.clone();
             node.dir_version += 1;
             node.has_xattrs = None;
             node.has_capability = None;
             node.child_names = None;
-        });
+        })
+        .ok_or(Errno::ESTALE)?;
         Ok(attr)
     }
 
