@@ -10,7 +10,8 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use betreefs_engine::{KeySpace, Options, Store, TurnHook, WriteBatch};
+use betreefs_engine::merge::patch_arg;
+use betreefs_engine::{KeySpace, Options, Store, TurnHook, WriteBatch, MERGE_PATCH};
 use betreefs_store::{finishes_within, HeldReads, MemDevice};
 use common::small_options;
 use rand::{rngs::SmallRng, Rng, SeedableRng};
@@ -908,7 +909,7 @@ fn writes_leave_their_work_for_after_the_reply() {
     let stats = store.stats();
     assert_eq!(stats.staged_applications, applications);
     assert!(stats.writes_staged > 10, "{stats:?}");
-    // Point queries read the staged batches (a scan would apply them).
+    // Point queries read the staged batches.
     for (key, value) in &model {
         assert_eq!(
             store.get(KeySpace::Data, key).unwrap().as_ref(),
@@ -951,6 +952,154 @@ fn writes_leave_their_work_for_after_the_reply() {
     for i in 2000..2400 {
         model.insert(numbered(i), value_of(i, 2));
     }
+    assert_store_holds(&store, &model);
+}
+
+/// Range deletes staged past half their limit count as past the bound:
+/// the writer that passes it leaves the application for after its reply,
+/// and no later one takes the tree lock for passing the limit (a file
+/// system's unlinks stage one range delete each).
+#[test]
+fn staged_range_deletes_past_half_their_limit_leave_work_after_the_reply() {
+    let (_dev, store) = common::mem_store(64 << 20, staging_64k_options());
+    store.work_after_replies_on_this_thread();
+    // The first write finds the space not yet judged ample (see
+    // writes_leave_their_work_for_after_the_reply).
+    store.put(KeySpace::Data, b"first", b"1").unwrap();
+    let staged = store.stats().writes_staged;
+    let mut deletes = 0;
+    while !store.has_work_after_reply() {
+        assert!(deletes < 64, "no work left after {deletes} range deletes");
+        let (start, end) = (numbered(2 * deletes), numbered(2 * deletes + 1));
+        store
+            .write(WriteBatch::new().range_delete(KeySpace::Data, &start, &end))
+            .unwrap();
+        deletes += 1;
+    }
+    assert_eq!(deletes, 33);
+    assert_eq!(store.stats().writes_staged, staged + 33);
+    store.work_after_reply().unwrap();
+    assert_eq!(store.stats().work_after_reply, 1);
+    // Applied: room for as many again, all staged.
+    for i in 100..164 {
+        store
+            .write(WriteBatch::new().range_delete(
+                KeySpace::Data,
+                &numbered(2 * i),
+                &numbered(2 * i + 1),
+            ))
+            .unwrap();
+        store.work_after_reply().unwrap();
+    }
+    assert_eq!(store.stats().writes_staged, staged + 33 + 64);
+    assert_eq!(
+        store.get(KeySpace::Data, b"first").unwrap().as_deref(),
+        Some(&b"1"[..])
+    );
+}
+
+/// A range visit merges what is staged in its range over the trees'
+/// pairs, across leaves, and applies nothing (before, every visit applied
+/// what was staged, in its call); only upserts onto the trees' values
+/// staged in its range make it apply first.
+#[test]
+fn range_visits_merge_what_is_staged_without_applying_it() {
+    let options = Options {
+        node_size: 64 << 10,
+        basement_size: 4 << 10,
+        cache_bytes: 4 << 20,
+        ..staging_64k_options()
+    };
+    let (_dev, store) = common::mem_store(64 << 20, options);
+    let mut model = BTreeMap::new();
+    for i in 0..400 {
+        store
+            .put(KeySpace::Data, &numbered(i), &value_of(i, 1))
+            .unwrap();
+        model.insert(numbered(i), value_of(i, 1));
+    }
+    // Everything in the trees, across many leaves.
+    store.checkpoint().unwrap();
+    let (applications, staged) = {
+        let stats = store.stats();
+        (stats.staged_applications, stats.writes_staged)
+    };
+    let mut writes = 0;
+    let mut write = |batch: &WriteBatch| {
+        store.write(batch).unwrap();
+        writes += 1;
+    };
+    let between = |i: u32| format!("key{i:05}+").into_bytes();
+    for i in (5..400).step_by(40) {
+        // A new key between two of the trees', a changed one, a deleted one.
+        write(WriteBatch::new().put(KeySpace::Data, &between(i), b"new"));
+        model.insert(between(i), b"new".to_vec());
+        write(WriteBatch::new().put(KeySpace::Data, &numbered(i + 1), b"changed"));
+        model.insert(numbered(i + 1), b"changed".to_vec());
+        write(WriteBatch::new().delete(KeySpace::Data, &numbered(i + 2)));
+        model.remove(&numbered(i + 2));
+    }
+    // A range delete, and a key put in its range after it.
+    write(WriteBatch::new().range_delete(KeySpace::Data, &numbered(100), &numbered(150)));
+    model.retain(|k, _| !(numbered(100)..numbered(150)).contains(k));
+    write(WriteBatch::new().put(KeySpace::Data, &numbered(120), b"after"));
+    model.insert(numbered(120), b"after".to_vec());
+    assert_eq!(store.stats().writes_staged, staged + writes);
+    let visited = |from: &[u8], end: &[u8]| {
+        let mut pairs = Vec::new();
+        store
+            .visit_range(KeySpace::Data, from, end, &mut |k, v| {
+                pairs.push((k.to_vec(), v.to_vec()))
+            })
+            .unwrap();
+        pairs
+    };
+    let modelled = |model: &BTreeMap<Vec<u8>, Vec<u8>>, from: &[u8], end: &[u8]| -> Vec<_> {
+        model
+            .range(from.to_vec()..end.to_vec())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    for (from, end) in [
+        (0, 400),
+        (3, 7),
+        (99, 151),
+        (120, 121),
+        (121, 150),
+        (250, 380),
+    ] {
+        let (from, end) = (numbered(from), numbered(end));
+        assert_eq!(visited(&from, &end), modelled(&model, &from, &end));
+        let ranged: Vec<_> = store
+            .range(KeySpace::Data, &from, Some(&end))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(ranged, modelled(&model, &from, &end));
+    }
+    assert_eq!(
+        common::scan_all(&store, KeySpace::Data),
+        modelled(&model, b"", b"~")
+    );
+    assert_eq!(store.stats().staged_applications, applications);
+    // An upsert onto a tree value: a visit of another range still merges,
+    // one over its key applies first.
+    let patch = patch_arg(0, b"P");
+    store
+        .write(WriteBatch::new().upsert(KeySpace::Data, &numbered(300), MERGE_PATCH, &patch))
+        .unwrap();
+    if let Some(v) = model.get_mut(&numbered(300)) {
+        v[0] = b'P';
+    }
+    assert_eq!(
+        visited(&numbered(0), &numbered(299)),
+        modelled(&model, &numbered(0), &numbered(299))
+    );
+    assert_eq!(store.stats().staged_applications, applications);
+    assert_eq!(
+        visited(&numbered(290), &numbered(310)),
+        modelled(&model, &numbered(290), &numbered(310))
+    );
+    assert!(store.stats().staged_applications > applications);
     assert_store_holds(&store, &model);
 }
 

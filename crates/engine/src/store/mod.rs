@@ -40,7 +40,9 @@ use crate::message::{KeySpace, Message, WriteBatch};
 use crate::node::Node;
 use crate::stats::{add, note_max, record_max, Stats, StatsSnapshot};
 use crate::tree::readahead::{read_leaf, LeafOnDisk, ReadFor};
-use crate::tree::{Flushing, Shared, SharedBuffer, Tree, TreeOptions, VerifyReport, Want};
+use crate::tree::{
+    Flushing, LeafVisited, Shared, SharedBuffer, Tree, TreeOptions, VerifyReport, Want,
+};
 use crate::validate::{check_batch, check_message};
 
 mod background;

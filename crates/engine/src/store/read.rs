@@ -118,8 +118,15 @@ impl Inner {
     /// Visits [from, end) within the leaf holding `from` (see
     /// [`Store::visit_range`]): on the shared tree lock if it and the path
     /// to it are cached, else on the exclusive one, loading what is
-    /// missing. Returns where the next leaf begins; tells the read-ahead
-    /// thread when the visit read on across basements.
+    /// missing. What is staged in the range is merged over the trees'
+    /// pairs, read in the same hold of the tree lock (`staging.rs`,
+    /// [`StagedOverlay`]; the staging lock exclusively, for a moment: the
+    /// first visit after an application orders the staged keys): a visit
+    /// does not apply the staged batches, which
+    /// stay for the writers to apply in their own time — unless upserts
+    /// onto the trees' values are staged in the range. Returns where the
+    /// next leaf begins; tells the read-ahead thread when the visit read
+    /// on across basements.
     pub(super) fn visit_one_leaf(
         &self,
         ks: KeySpace,
@@ -127,24 +134,32 @@ impl Inner {
         end: Option<&[u8]>,
         visit: &mut dyn FnMut(&[u8], &[u8]),
     ) -> EngineResult<Option<Vec<u8>>> {
-        // A visit reads the trees alone: what is staged goes there first.
-        self.apply_staged_before_visit()?;
         self.wait_for_read_ahead(ks, from);
-        let shared = self.tree.read().visit_leaf_cached(ks, from, end, visit);
+        let shared = {
+            let tree = self.tree.read();
+            let overlay = self.staging.write().overlay(ks, from, end);
+            match overlay {
+                Some(overlay) => {
+                    let mut merge = overlay.merge(visit);
+                    let shared =
+                        tree.visit_leaf_cached(ks, from, end, &mut |k, v| merge.tree_pair(k, v));
+                    if let Shared::Answer(Ok(visited)) = &shared {
+                        merge.finish(visited.next.as_deref());
+                    }
+                    shared
+                }
+                None => Shared::Exclusive,
+            }
+        };
         let visited = match shared {
             Shared::Answer(visited) => visited,
             Shared::ReadLeaf(place) => {
                 let want = Want::Range(from, end);
-                let mut tree = self.read_leaf_unlocked(&place, want, ReadFor::Query);
-                let visited = tree.visit_leaf(ks, from, end, visit);
-                tree.evict_clean_if_needed();
-                visited
+                let tree = self.read_leaf_unlocked(&place, want, ReadFor::Query);
+                self.visit_leaf_exclusively(tree, ks, from, end, visit)?
             }
             Shared::Exclusive => {
-                let mut tree = self.lock_tree();
-                let visited = tree.visit_leaf(ks, from, end, visit);
-                tree.evict_clean_if_needed();
-                visited
+                self.visit_leaf_exclusively(self.lock_tree(), ks, from, end, visit)?
             }
         };
         let visited = visited.map_err(|e| self.read_failed(e))?;
@@ -152,6 +167,38 @@ impl Inner {
             self.read_ahead_from(ks, read_on);
         }
         Ok(visited.next)
+    }
+
+    /// [`Inner::visit_one_leaf`] on the exclusive tree lock: what is staged
+    /// in the range read in this hold, upserts onto the trees' values
+    /// applied first (their settling lets the lock go between steps: read
+    /// again). The outer error is the application's, the inner the visit's.
+    fn visit_leaf_exclusively(
+        &self,
+        mut tree: TreeGuard<'_>,
+        ks: KeySpace,
+        from: &[u8],
+        end: Option<&[u8]>,
+        visit: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> EngineResult<EngineResult<LeafVisited>> {
+        let overlay = loop {
+            let overlay = self.staging.write().overlay(ks, from, end);
+            match overlay {
+                Some(overlay) => break overlay,
+                None => {
+                    if self.apply_staged(&mut tree)? {
+                        self.want_tree_flush();
+                    }
+                }
+            }
+        };
+        let mut merge = overlay.merge(visit);
+        let visited = tree.visit_leaf(ks, from, end, &mut |k, v| merge.tree_pair(k, v));
+        if let Ok(visited) = &visited {
+            merge.finish(visited.next.as_deref());
+        }
+        tree.evict_clean_if_needed();
+        Ok(visited)
     }
 
     /// The tree lock, exclusively — after reading, holding no lock, what

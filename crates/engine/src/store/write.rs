@@ -139,7 +139,7 @@ impl Inner {
         if bound == 0 || batch.body_len() > bound / 4 || !self.space_ample.load(Ordering::Acquire) {
             return Ok(None);
         }
-        let (seq, staged_bytes) = {
+        let (seq, past_bound) = {
             let mut staging = self.staging.write();
             let ranges = messages
                 .iter()
@@ -166,12 +166,18 @@ impl Inner {
             // Counted in the same hold: a query ordered after this write
             // finds it staged and reads the count moved.
             self.batches_applied.fetch_add(1, Ordering::Release);
-            (seq, staging.bytes())
+            // Half the range deletes allowed count as the bound too: the
+            // writers that would pass the most apply in their requests,
+            // and one that passes half of it can leave the work for after
+            // its reply (a file system's unlinks stage one each).
+            let past_bound =
+                staging.bytes() > bound || staging.range_count() > staging::STAGED_RANGES_MAX / 2;
+            (seq, past_bound)
         };
         add(&self.stats.writes_staged, 1);
-        // Left for after the reply, the staging lock's bound (twice this)
-        // still holds the writers back if the work is not done soon.
-        let wants_tree_flush = if staged_bytes > bound && !self.leave_work_for_after_reply() {
+        // Left for after the reply, the staging lock's bounds (twice these)
+        // still hold the writers back if the work is not done soon.
+        let wants_tree_flush = if past_bound && !self.leave_work_for_after_reply() {
             self.apply_staged_past_bound()?
         } else {
             false
@@ -435,21 +441,6 @@ impl Inner {
         });
         let adopted = tree.adopt_buffer_copies(copies);
         add(&self.stats.root_buffers_copied_unlocked, adopted);
-    }
-
-    /// Applies the staged batches, if there are any, for a visit of the
-    /// trees about to begin (taking the tree lock only then).
-    pub(super) fn apply_staged_before_visit(&self) -> EngineResult<()> {
-        if self.staging.read().is_empty() {
-            return Ok(());
-        }
-        let mut tree = self.lock_tree();
-        let wants_tree_flush = self.apply_staged(&mut tree)?;
-        drop(tree);
-        if wants_tree_flush {
-            self.want_tree_flush();
-        }
-        Ok(())
     }
 
     /// What follows the application of batches with the tree lock held:

@@ -354,7 +354,7 @@ mod verify;
 mod writeback;
 pub use apply::SharedBuffer;
 pub(crate) use flush::Flushing;
-pub(crate) use query::Shared;
+pub(crate) use query::{LeafVisited, Shared};
 pub(crate) use writeback::{encode_snapshots, NodeWrites, SnapshotImages};
 
 #[cfg(test)]
