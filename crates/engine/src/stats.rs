@@ -86,6 +86,10 @@ pub struct Stats {
     /// change one, or by a turn) and encoded by its thread without the
     /// tree lock.
     pub checkpoint_node_copies: AtomicU64,
+    /// The most content bytes of such copies a turn handed to the
+    /// checkpoint's thread at once (a turn's budget and one node at most:
+    /// their images are in memory together).
+    pub checkpoint_copies_handed_bytes_max: AtomicU64,
     /// Node images a checkpoint encoded with the tree lock held: those of
     /// a checkpoint run under the lock (close, a full log, space
     /// reclaim), and copies still waiting at the seal. A background
@@ -230,6 +234,7 @@ pub struct StatsSnapshot {
     pub apply_micros_max: u64,
     pub checkpoint_image_micros_max: u64,
     pub checkpoint_node_copies: u64,
+    pub checkpoint_copies_handed_bytes_max: u64,
     pub checkpoint_images_locked: u64,
     pub root_buffers_copied_unlocked: u64,
     pub root_buffers_copied_locked: u64,
@@ -331,6 +336,7 @@ impl Stats {
             apply_micros_max: get(&self.apply_micros_max),
             checkpoint_image_micros_max: get(&self.checkpoint_image_micros_max),
             checkpoint_node_copies: get(&self.checkpoint_node_copies),
+            checkpoint_copies_handed_bytes_max: get(&self.checkpoint_copies_handed_bytes_max),
             checkpoint_images_locked: get(&self.checkpoint_images_locked),
             root_buffers_copied_unlocked: get(&self.root_buffers_copied_unlocked),
             root_buffers_copied_locked: get(&self.root_buffers_copied_locked),

@@ -658,3 +658,76 @@ fn writers_bound_the_unflushed_log_while_the_background_checkpoints() {
     drop(go);
     common::assert_matches(&store, &model);
 }
+
+/// Requests that change many of a checkpoint's pending leaves between two
+/// of its turns copy each of them; the next turns hand those copies to the
+/// checkpoint's thread a turn's budget at a time (a node more at most),
+/// not all at once (their images are in memory together).
+#[test]
+fn a_checkpoint_turn_hands_over_a_budget_of_copies() {
+    let node = 16 << 10;
+    let store_slot: Arc<std::sync::OnceLock<std::sync::Weak<Store>>> = Arc::default();
+    let changed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut options = small_options();
+    options.checkpoint_turn_bytes = node;
+    options.cache_bytes = 8 << 20;
+    let (slot, once) = (store_slot.clone(), changed.clone());
+    // Between the first two turns, every key is written again in batches
+    // too big to stage: the flushes they cause change most leaves.
+    options.checkpoint_turn_hook = Some(TurnHook(Arc::new(move || {
+        if once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let store = slot.get().and_then(std::sync::Weak::upgrade).unwrap();
+        for chunk in (0..600u32).collect::<Vec<_>>().chunks(20) {
+            let mut batch = betreefs_engine::WriteBatch::default();
+            for i in chunk {
+                batch.put(KeySpace::Data, format!("k{i:05}").as_bytes(), &[2; 300]);
+            }
+            store.write(&batch).unwrap();
+        }
+    })));
+    let mem = MemDevice::new(64 << 20);
+    let store = Arc::new(Store::create_on(Arc::new(mem.clone()), options).unwrap());
+    store_slot.set(Arc::downgrade(&store)).unwrap();
+    let mut model = Model::default();
+    for chunk in (0..600u32).collect::<Vec<_>>().chunks(20) {
+        let mut batch = betreefs_engine::WriteBatch::default();
+        for i in chunk {
+            batch.put(KeySpace::Data, format!("k{i:05}").as_bytes(), &[1; 300]);
+        }
+        store.write(&batch).unwrap();
+        model.apply(&batch);
+    }
+    let copies = store.stats().checkpoint_node_copies;
+    store.checkpoint().unwrap();
+    assert!(changed.load(std::sync::atomic::Ordering::SeqCst));
+    let stats = store.stats();
+    assert!(
+        stats.checkpoint_node_copies > copies + 8,
+        "few pending nodes changed: {stats:?}"
+    );
+    assert!(
+        stats.checkpoint_copies_handed_bytes_max <= 2 * node as u64,
+        "{stats:?}"
+    );
+    // Every key as the hook's writes left it, in the store and after a
+    // reopen from the checkpoint and the log.
+    for i in 0..600u32 {
+        let mut batch = betreefs_engine::WriteBatch::default();
+        batch.put(KeySpace::Data, format!("k{i:05}").as_bytes(), &[2; 300]);
+        model.apply(&batch);
+    }
+    common::assert_matches(&store, &model);
+    store.sync().unwrap();
+    drop(store);
+    let reopened = Store::open_on(
+        Arc::new(MemDevice::from_image(
+            mem.crash_image(CrashMode::DropUnsynced),
+        )),
+        small_options(),
+    )
+    .unwrap();
+    common::assert_matches(&reopened, &model);
+    reopened.verify().unwrap();
+}

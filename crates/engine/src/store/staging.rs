@@ -122,7 +122,7 @@ pub(super) struct Staging {
     /// kept by the pushes after it, dropped when batches are taken. Point
     /// queries and pushes are the hot path (a create stages three or four
     /// keys, a visit after writes is rarer): a map in key order instead of
-    /// the hash map cost tokubench 4-8% (docs/benchmarks/staged-visits.md).
+    /// the hash map cost tokubench 4-8% (docs/benchmarks/visits-and-copies.md).
     ordered: [Option<BTreeSet<Vec<u8>>>; KEY_SPACES],
     /// Per key space, the staged range deletes, oldest first.
     ranges: [Vec<StagedRange>; KEY_SPACES],

@@ -481,7 +481,13 @@ impl Tree {
             return Ok((true, Vec::new(), Vec::new()));
         };
         cp.images.extend(encoded.0);
-        let mut bytes = 0;
+        // Copies waiting for the checkpoint's thread count: a turn with a
+        // budget of them copies no more.
+        let mut bytes: usize = if copy_nodes {
+            cp.snapshots.iter().map(|s| s.node.content_bytes()).sum()
+        } else {
+            0
+        };
         if !copy_nodes {
             for snap in std::mem::take(&mut cp.snapshots) {
                 let img = snap.encode();
@@ -507,7 +513,19 @@ impl Tree {
                 cp.images.push((num, node.height(), img));
             }
         }
-        let done = cp.order.is_empty();
+        // At most a budget of copies handed over (at least one): the
+        // images the checkpoint's thread makes of them are in memory
+        // until the next turn's are written, and requests copy every
+        // pending node they change — during a large write, tens of
+        // megabytes of leaves between two turns, all encoded at once
+        // before (docs/benchmarks/visits-and-copies.md).
+        let snapshots = cp.take_snapshots(budget);
+        let handed: usize = snapshots.iter().map(|s| s.node.content_bytes()).sum();
+        note_max(
+            &self.stats.checkpoint_copies_handed_bytes_max,
+            handed as u64,
+        );
+        let done = cp.order.is_empty() && cp.snapshots.is_empty();
         let mut writes = Vec::with_capacity(cp.images.len());
         for (num, height, img) in std::mem::take(&mut cp.images) {
             let Some(extent) = self.alloc.allocate(img.len) else {
@@ -527,7 +545,6 @@ impl Tree {
                 basement_locs: img.basement_locs,
             });
         }
-        let snapshots = std::mem::take(&mut cp.snapshots);
         self.checkpoint = Some(cp);
         Ok((done, writes, snapshots))
     }
@@ -831,8 +848,9 @@ pub(super) struct CheckpointInProgress {
     /// a leaf's basements, so it costs a pointer per child or basement):
     /// a request that changes one, or a turn, holds
     /// the lock for the copy only, and the checkpoint's thread encodes it
-    /// without the lock ([`Tree::checkpoint_turn`]). What is left here at
-    /// the seal (copies made since the last turn) is encoded there.
+    /// without the lock ([`Tree::checkpoint_turn`]), a turn's budget of
+    /// them at a time, oldest first. What is left here at the seal (copies
+    /// made since the last turn) is encoded there.
     snapshots: Vec<NodeSnapshot>,
     /// Images given an extent (their bytes written, or being written).
     placed: Vec<PlacedImage>,
@@ -849,6 +867,22 @@ impl CheckpointInProgress {
     fn copy_node(&mut self, num: u64, node: &Node, stats: &Stats) {
         add(&stats.checkpoint_node_copies, 1);
         self.snapshots.push(NodeSnapshot::of(num, node));
+    }
+
+    /// The oldest copies, as many as `budget` bytes of their nodes' content
+    /// (at least one, if there is any), for the checkpoint's thread.
+    fn take_snapshots(&mut self, budget: usize) -> Vec<NodeSnapshot> {
+        let mut bytes = 0;
+        let count = self
+            .snapshots
+            .iter()
+            .take_while(|snap| {
+                let first = bytes == 0;
+                bytes += snap.node.content_bytes().max(1);
+                first || bytes <= budget
+            })
+            .count();
+        self.snapshots.drain(..count).collect()
     }
 }
 
