@@ -120,8 +120,8 @@ impl Inner {
     /// to it are cached, else on the exclusive one, loading what is
     /// missing. What is staged in the range is merged over the trees'
     /// pairs, read in the same hold of the tree lock (`staging.rs`,
-    /// [`StagedOverlay`]; the staging lock exclusively, for a moment: the
-    /// first visit after an application orders the staged keys): a visit
+    /// [`StagedOverlay`]; on the shared staging lock, but for the first
+    /// visit after an application, which orders the staged keys): a visit
     /// does not apply the staged batches, which
     /// stay for the writers to apply in their own time — unless upserts
     /// onto the trees' values are staged in the range. Returns where the
@@ -137,7 +137,7 @@ impl Inner {
         self.wait_for_read_ahead(ks, from);
         let shared = {
             let tree = self.tree.read();
-            let overlay = self.staging.write().overlay(ks, from, end);
+            let overlay = self.staged_overlay(ks, from, end);
             match overlay {
                 Some(overlay) => {
                     let mut merge = overlay.merge(visit);
@@ -182,7 +182,7 @@ impl Inner {
         visit: &mut dyn FnMut(&[u8], &[u8]),
     ) -> EngineResult<EngineResult<LeafVisited>> {
         let overlay = loop {
-            let overlay = self.staging.write().overlay(ks, from, end);
+            let overlay = self.staged_overlay(ks, from, end);
             match overlay {
                 Some(overlay) => break overlay,
                 None => {
@@ -199,6 +199,27 @@ impl Inner {
         }
         tree.evict_clean_if_needed();
         Ok(visited)
+    }
+
+    /// What is staged in [from, end) of `ks` ([`Staging::overlay`]), for
+    /// a visit holding the tree lock: on the shared staging lock — point
+    /// queries and other visits go on — unless the staged keys must be
+    /// ordered first.
+    fn staged_overlay(
+        &self,
+        ks: KeySpace,
+        from: &[u8],
+        end: Option<&[u8]>,
+    ) -> Option<StagedOverlay> {
+        {
+            let staging = self.staging.read();
+            if staging.keys_ordered(ks) {
+                return staging.overlay(ks, from, end);
+            }
+        }
+        let mut staging = self.staging.write();
+        staging.order_keys(ks);
+        staging.overlay(ks, from, end)
     }
 
     /// The tree lock, exclusively — after reading, holding no lock, what

@@ -248,17 +248,16 @@ impl Staging {
     /// What the staged batches leave of [`from`, `end`) of `ks`, for a
     /// range visit that merges it over the trees ([`StagedOverlay`]); None
     /// when upserts onto the trees' values are staged there (the visit
-    /// needs the staged batches applied). The caller holds the tree lock:
-    /// the trees hold no batch staged here, and none is applied until the
+    /// needs the staged batches applied). The keys must be ordered
+    /// ([`Staging::keys_ordered`]). The caller holds the tree lock: the
+    /// trees hold no batch staged here, and none is applied until the
     /// visit is over.
-    pub fn overlay(
-        &mut self,
-        ks: KeySpace,
-        from: &[u8],
-        end: Option<&[u8]>,
-    ) -> Option<StagedOverlay> {
+    pub fn overlay(&self, ks: KeySpace, from: &[u8], end: Option<&[u8]>) -> Option<StagedOverlay> {
+        debug_assert!(
+            self.keys_ordered(ks),
+            "staging invariant: keys ordered for a visit"
+        );
         let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
-        self.order_keys(ks);
         let mut points = Vec::new();
         let ordered = self.ordered_of(ks);
         for key in ordered
@@ -311,10 +310,17 @@ impl Staging {
         &mut self.keys[ks.index()]
     }
 
+    /// Whether a visit of `ks` can read the staged keys in order without
+    /// ordering them first ([`Staging::order_keys`]): they are ordered, or
+    /// there are none.
+    pub fn keys_ordered(&self, ks: KeySpace) -> bool {
+        self.ordered_of(ks).is_some() || self.keys_of(ks).is_empty()
+    }
+
     /// Makes `ks`'s ordered keys if there are none.
     // Reviewed exception (indexing): as in `keys_of`.
     #[allow(clippy::indexing_slicing)]
-    fn order_keys(&mut self, ks: KeySpace) {
+    pub fn order_keys(&mut self, ks: KeySpace) {
         let (keys, ordered) = (&self.keys[ks.index()], &mut self.ordered[ks.index()]);
         if ordered.is_none() {
             *ordered = Some(keys.keys().cloned().collect());
@@ -421,7 +427,7 @@ impl Staging {
 /// range deletes over it. Every staged batch is newer than the trees: a
 /// staged key decides itself, and a tree key under a staged range delete
 /// is gone.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct StagedOverlay {
     points: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     deletes: Vec<(Vec<u8>, Vec<u8>)>,
@@ -817,6 +823,7 @@ mod tests {
                 let mut visited = Vec::new();
                 let mut whole = true;
                 for (from, end) in [(lo, split), (split, hi)] {
+                    staging.order_keys(KeySpace::Meta);
                     let Some(overlay) = staging.overlay(KeySpace::Meta, &[from], Some(&[hi])) else {
                         whole = false;
                         break;

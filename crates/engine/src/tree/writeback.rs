@@ -519,8 +519,7 @@ impl Tree {
         // pending node they change — during a large write, tens of
         // megabytes of leaves between two turns, all encoded at once
         // before (docs/benchmarks/visits-and-copies.md).
-        let snapshots = cp.take_snapshots(budget);
-        let handed: usize = snapshots.iter().map(|s| s.node.content_bytes()).sum();
+        let (snapshots, handed) = cp.take_snapshots(budget);
         note_max(
             &self.stats.checkpoint_copies_handed_bytes_max,
             handed as u64,
@@ -870,19 +869,19 @@ impl CheckpointInProgress {
     }
 
     /// The oldest copies, as many as `budget` bytes of their nodes' content
-    /// (at least one, if there is any), for the checkpoint's thread.
-    fn take_snapshots(&mut self, budget: usize) -> Vec<NodeSnapshot> {
-        let mut bytes = 0;
-        let count = self
-            .snapshots
-            .iter()
-            .take_while(|snap| {
-                let first = bytes == 0;
-                bytes += snap.node.content_bytes().max(1);
-                first || bytes <= budget
-            })
-            .count();
-        self.snapshots.drain(..count).collect()
+    /// (at least one, if there is any), for the checkpoint's thread, and
+    /// their bytes.
+    fn take_snapshots(&mut self, budget: usize) -> (Vec<NodeSnapshot>, usize) {
+        let (mut count, mut bytes) = (0, 0);
+        for snap in &self.snapshots {
+            let size = snap.node.content_bytes();
+            if count > 0 && bytes + size > budget {
+                break;
+            }
+            count += 1;
+            bytes += size;
+        }
+        (self.snapshots.drain(..count).collect(), bytes)
     }
 }
 
