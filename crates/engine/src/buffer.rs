@@ -81,6 +81,25 @@ impl PartLimit<'static> {
     }
 }
 
+/// Where a part of a buffer ends ([`MessageBuffer::part_cut`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PartCut {
+    /// The part is the whole buffer.
+    Whole,
+    /// The part is the messages below `key`; its point messages make
+    /// `point_bytes`.
+    Below { key: Vec<u8>, point_bytes: usize },
+}
+
+/// A part of a buffer, borrowed ([`MessageBuffer::part`]): its range
+/// deletes, sorted and disjoint, as (start, end), and its point messages,
+/// those of `points` below `below` (all of them when None).
+pub struct BufferPart<'a> {
+    pub ranges: Vec<(&'a [u8], &'a [u8])>,
+    pub points: &'a PointMap,
+    pub below: Option<&'a [u8]>,
+}
+
 /// Per-message overhead counted in buffer sizes (tag, lengths, sequence
 /// number), close to what the message takes on disk.
 pub const MESSAGE_OVERHEAD_BYTES: usize = 16;
@@ -376,6 +395,20 @@ impl MessageBuffer {
     /// large buffer down in such parts, one per turn of the tree lock, and
     /// a writer's settling one per step.
     pub fn take_first(&mut self, limit: PartLimit<'_>) -> MessageBuffer {
+        match self.part_cut(limit) {
+            PartCut::Whole => std::mem::take(self),
+            PartCut::Below { key, point_bytes } => {
+                let rest = self.split_counted(&key, Some(point_bytes));
+                std::mem::replace(self, rest)
+            }
+        }
+    }
+
+    /// Where [`MessageBuffer::take_first`] with `limit` cuts this buffer,
+    /// without taking anything: a step's merge into a leaf is worked out
+    /// from the buffer as it stands ([`MessageBuffer::part`]) before the
+    /// step takes the same part out.
+    pub fn part_cut(&self, limit: PartLimit<'_>) -> PartCut {
         assert!(limit.points > 0, "a part of no point messages");
         let before = limit.before;
         // Range deletes coalesce: the last one ends past every other.
@@ -388,7 +421,7 @@ impl MessageBuffer {
                     .is_none_or(|r| r.end.as_slice() <= b)
         });
         if self.bytes <= limit.bytes && self.points.len() <= limit.points && within_before {
-            return std::mem::take(self);
+            return PartCut::Whole;
         }
         let (mut taken, mut count) = (0, 0);
         let cut = self.points.iter().find_map(|(key, msg)| {
@@ -403,11 +436,39 @@ impl MessageBuffer {
         // Every point below `before`, a range delete past it: cut there.
         let cut = cut.or_else(|| before.filter(|_| !within_before).map(<[u8]>::to_vec));
         match cut {
-            Some(cut) => {
-                let rest = self.split_counted(&cut, Some(taken));
-                std::mem::replace(self, rest)
-            }
-            None => std::mem::take(self),
+            Some(key) => PartCut::Below {
+                key,
+                point_bytes: taken,
+            },
+            None => PartCut::Whole,
+        }
+    }
+
+    /// The messages of the part `cut` marks ([`MessageBuffer::part_cut`]),
+    /// borrowed: the range deletes as (start, end) with the one straddling
+    /// the cut ended there, as [`MessageBuffer::take_first`] would leave
+    /// them, and the bound below which the part's point messages lie.
+    pub fn part<'a>(&'a self, cut: &'a PartCut) -> BufferPart<'a> {
+        let below = match cut {
+            PartCut::Whole => None,
+            PartCut::Below { key, .. } => Some(key.as_slice()),
+        };
+        let upper = below.map_or(Bound::Unbounded, Bound::Excluded);
+        let ranges = self
+            .ranges
+            .range::<[u8], _>((Bound::Unbounded, upper))
+            .map(|(start, r)| {
+                let end = match below {
+                    Some(cut) if r.end.as_slice() > cut => cut,
+                    _ => r.end.as_slice(),
+                };
+                (start.as_slice(), end)
+            })
+            .collect();
+        BufferPart {
+            ranges,
+            points: &self.points,
+            below,
         }
     }
 
@@ -557,6 +618,30 @@ mod tests {
         assert!(shared("a") && shared("b"));
     }
 
+    /// What [`MessageBuffer::part`] describes of the cut `limit` makes is
+    /// what [`MessageBuffer::take_first`] with it takes: the same range
+    /// deletes, ends cut alike, and the same point messages.
+    fn assert_part_is_what_is_taken(b: &MessageBuffer, limit: PartLimit<'_>) {
+        let cut = b.part_cut(limit);
+        let part = b.part(&cut);
+        let taken = b.clone().take_first(limit);
+        let described: Vec<_> = part
+            .ranges
+            .iter()
+            .map(|(s, e)| (s.to_vec(), e.to_vec()))
+            .collect();
+        let ranges: Vec<_> = taken
+            .ranges()
+            .iter()
+            .map(|(s, r)| (s.clone(), r.end.clone()))
+            .collect();
+        assert_eq!(described, ranges);
+        let upper = part.below.map_or(Bound::Unbounded, Bound::Excluded);
+        let described: Vec<_> = part.points.range((Bound::Unbounded, upper)).collect();
+        let points: Vec<_> = taken.points().iter().collect();
+        assert_eq!(described, points);
+    }
+
     /// A part taken from the front holds the lowest keys, about the bytes
     /// asked for; the parts together are the buffer, a range delete
     /// straddling a cut is cut in two, and a small buffer goes whole.
@@ -578,13 +663,16 @@ mod tests {
         }
         let whole = b.clone();
         let mut few = b.clone();
-        let seven = few.take_first(PartLimit {
+        let seven_limit = PartLimit {
             points: 7,
             ..PartLimit::ALL
-        });
+        };
+        assert_part_is_what_is_taken(&few, seven_limit);
+        let seven = few.take_first(seven_limit);
         assert_eq!(seven.points().len(), 7);
         assert_eq!(seven.bytes() + few.bytes(), whole.bytes());
         let per_point = PointMsg::put(0, vec![1; 100]).bytes(5);
+        assert_part_is_what_is_taken(&b, PartLimit::bytes(30 * per_point));
         let first = b.take_first(PartLimit::bytes(30 * per_point));
         let keys = |b: &MessageBuffer| b.points().keys().cloned().collect::<Vec<_>>();
         assert_eq!(
@@ -596,6 +684,7 @@ mod tests {
         assert!(first.ranges().is_empty());
         // k0030..k0039, k0045, k0046: the cut falls at k0047, inside the
         // range delete.
+        assert_part_is_what_is_taken(&b, PartLimit::bytes(12 * per_point));
         let second = b.take_first(PartLimit::bytes(12 * per_point));
         assert_eq!(second.points().len(), 12);
         let range = |b: &MessageBuffer| {
@@ -607,6 +696,7 @@ mod tests {
         assert_eq!(range(&second), vec![(k("k0040"), k("k0047"), 200)]);
         assert_eq!(range(&b), vec![(k("k0047"), k("k0060"), 200)]);
         assert_eq!(keys(&b).first(), Some(&k("k0047")));
+        assert_part_is_what_is_taken(&b, PartLimit::ALL);
         let rest = b.take_first(PartLimit::ALL);
         assert!(b.is_empty() && b.bytes() == 0);
         for part in [&first, &second, &rest] {
@@ -619,10 +709,12 @@ mod tests {
         // No message at or past `before`: the cut falls there, inside the
         // range delete.
         let mut above = whole.clone();
-        let below = above.take_first(PartLimit {
+        let before_k0047 = PartLimit {
             before: Some(&k("k0047")),
             ..PartLimit::ALL
-        });
+        };
+        assert_part_is_what_is_taken(&above, before_k0047);
+        let below = above.take_first(before_k0047);
         assert_eq!(keys(&below).last(), Some(&k("k0046")));
         assert_eq!(keys(&above).first(), Some(&k("k0047")));
         assert_eq!(range(&below), vec![(k("k0040"), k("k0047"), 200)]);
@@ -633,10 +725,12 @@ mod tests {
         // Every point below it, a range delete past it: cut all the same.
         let mut ranged = MessageBuffer::default();
         ranged.insert_range_delete(k("a"), k("z"), 1);
-        let part = ranged.take_first(PartLimit {
+        let before_m = PartLimit {
             before: Some(&k("m")),
             ..PartLimit::ALL
-        });
+        };
+        assert_part_is_what_is_taken(&ranged, before_m);
+        let part = ranged.take_first(before_m);
         assert_eq!(range(&part), vec![(k("a"), k("m"), 1)]);
         assert_eq!(range(&ranged), vec![(k("m"), k("z"), 1)]);
     }

@@ -11,7 +11,7 @@ use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::buffer::{Base, MessageBuffer, PointMsg};
+use crate::buffer::{Base, BufferPart, MessageBuffer, PartCut, PointMsg};
 use crate::entries::Entries;
 use crate::merge::MergeRegistry;
 
@@ -279,38 +279,47 @@ impl Leaf {
     /// Applies a flushed buffer, rewriting only the basements it touches;
     /// returns how many it rewrote. Requires every basement loaded.
     /// `Err(id)` names an unknown merge function.
-    // Reviewed exception (indexing): a leaf has one pivot fewer than
-    // basements and an interior node as many buffers as children, checked
-    // on every load (validate::check_leaf, check_interior) and kept by
-    // split, merge and rebalance; indices come from basement_for,
-    // child_index or a loop over those counts.
-    #[allow(clippy::indexing_slicing)]
     pub fn apply_buffer(
         &mut self,
         buffer: MessageBuffer,
         merges: &MergeRegistry,
     ) -> Result<usize, u8> {
+        let cut = PartCut::Whole;
+        let merged = self.merged_basements(&buffer.part(&cut), merges)?;
+        Ok(self.install_basements(merged))
+    }
+
+    /// The basements that the messages of `part` rewrite, merged with
+    /// them, by index; the leaf is left as it is ([`Leaf::install_basements`]
+    /// puts them in place). Reads the leaf only: a writer's step works
+    /// this out while queries read the leaf beside it. Requires every
+    /// basement loaded. `Err(id)` names an unknown merge function.
+    // Reviewed exception (indexing): a leaf has one pivot fewer than
+    // basements, checked on every load (validate::check_leaf) and kept by
+    // split, merge and rebalance; `bi` loops over the basements.
+    #[allow(clippy::indexing_slicing)]
+    pub fn merged_basements(
+        &self,
+        part: &BufferPart<'_>,
+        merges: &MergeRegistry,
+    ) -> Result<Vec<(usize, Entries)>, u8> {
         assert!(
             self.is_fully_loaded(),
             "messages applied to a partly loaded leaf"
         );
-        let (ranges, points) = buffer.into_parts();
-        let ranges: Vec<(&[u8], &[u8])> = ranges
-            .iter()
-            .map(|(s, r)| (s.as_slice(), r.end.as_slice()))
-            .collect();
-        let mut merged_basements = 0;
+        let mut merged = Vec::new();
         for bi in 0..self.basements.len() {
             let lo = if bi == 0 {
                 None
             } else {
                 Some(self.pivots[bi - 1].as_slice())
             };
-            let hi = self.pivots.get(bi).map(|p| p.as_slice());
+            let hi = min_end(self.pivots.get(bi).map(|p| p.as_slice()), part.below);
             let lower = lo.map_or(Bound::Unbounded, Bound::Included);
             let upper = hi.map_or(Bound::Unbounded, Bound::Excluded);
-            let pts: Vec<(&Vec<u8>, &PointMsg)> = points.range((lower, upper)).collect();
-            let rs: Vec<(&[u8], &[u8])> = ranges
+            let pts: Vec<(&Vec<u8>, &PointMsg)> = part.points.range((lower, upper)).collect();
+            let rs: Vec<(&[u8], &[u8])> = part
+                .ranges
                 .iter()
                 .filter(|(s, e)| lo.is_none_or(|lo| *e > lo) && hi.is_none_or(|hi| *s < hi))
                 .copied()
@@ -318,15 +327,25 @@ impl Leaf {
             if pts.is_empty() && rs.is_empty() {
                 continue;
             }
-            let b = &mut self.basements[bi];
-            let Some(old) = b.entries.as_ref() else {
+            let Some(old) = self.basements[bi].entries.as_ref() else {
                 unreachable!("checked fully loaded")
             };
-            merged_basements += 1;
-            let merged = merge_basement(old, &rs, &pts, merges)?;
-            *b = Basement::from_entries(merged);
+            merged.push((bi, merge_basement(old, &rs, &pts, merges)?));
         }
-        Ok(merged_basements)
+        Ok(merged)
+    }
+
+    /// Puts basements merged by [`Leaf::merged_basements`] from this leaf
+    /// as it is in place; returns how many.
+    pub fn install_basements(&mut self, merged: Vec<(usize, Entries)>) -> usize {
+        let count = merged.len();
+        for (bi, entries) in merged {
+            match self.basements.get_mut(bi) {
+                Some(b) => *b = Basement::from_entries(entries),
+                None => panic!("store invariant: a merged basement {bi} of a leaf of fewer"),
+            }
+        }
+        count
     }
 
     /// Splits oversized basements and drops empty ones, leaving the rest.
@@ -954,6 +973,7 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::buffer::PartLimit;
 
     use proptest::collection::{btree_map, btree_set, vec};
     use proptest::prelude::*;
@@ -1017,6 +1037,60 @@ mod tests {
                 .map(|(k, v)| k.len() + v.len() + crate::entries::ENTRY_OVERHEAD_BYTES)
                 .sum();
             prop_assert_eq!(merged.bytes(), counted);
+        }
+    }
+
+    proptest! {
+        /// A merge worked out from part of a buffer as it stands
+        /// (`merged_basements` of `MessageBuffer::part`), put in place,
+        /// leaves the leaf as applying the same part taken out does: a
+        /// writer's step prepares the one and takes the other out.
+        #[test]
+        fn a_merge_prepared_from_a_part_is_the_part_applied(
+            old in btree_map(small_key(), small_value(), 0..60),
+            ranges in btree_set(small_key(), 0..6),
+            points in btree_map(small_key(), proptest::option::of(small_value()), 1..20),
+            part_points in 1usize..20,
+            before in proptest::option::of(small_key()),
+        ) {
+            let merges = MergeRegistry::default();
+            let mut entries = Entries::default();
+            for (k, v) in &old {
+                entries.push(k, v);
+            }
+            // Basements of a few entries each.
+            let leaf = Leaf::from_sorted(&entries, 24);
+            let mut buffer = MessageBuffer::default();
+            let ranges: Vec<Vec<u8>> = ranges.into_iter().collect();
+            for pair in ranges.chunks_exact(2) {
+                buffer.insert_range_delete(pair[0].clone(), pair[1].clone(), 1);
+            }
+            for (seq, (k, v)) in (2..).zip(points) {
+                let msg = match v {
+                    Some(v) => PointMsg::put(seq, v),
+                    None => PointMsg::delete(seq),
+                };
+                buffer.insert_point(k, msg, &merges);
+            }
+            let limit = PartLimit {
+                bytes: usize::MAX,
+                points: part_points,
+                before: before.as_deref(),
+            };
+            let mut prepared = leaf.clone();
+            let cut = buffer.part_cut(limit);
+            let merged = leaf.merged_basements(&buffer.part(&cut), &merges).unwrap();
+            prepared.install_basements(merged);
+            let mut applied = leaf.clone();
+            applied.apply_buffer(buffer.clone().take_first(limit), &merges).unwrap();
+            let pairs = |leaf: &Leaf| -> Vec<(Vec<u8>, Vec<u8>)> {
+                leaf.basements
+                    .iter()
+                    .flat_map(|b| b.entries.as_deref().into_iter().flat_map(Entries::iter))
+                    .map(|(k, v)| (k.to_vec(), v.to_vec()))
+                    .collect()
+            };
+            prop_assert_eq!(pairs(&prepared), pairs(&applied));
         }
     }
 

@@ -110,6 +110,10 @@ pub struct Stats {
     pub settle_step_micros_max: AtomicU64,
     pub settle_step_messages_max: AtomicU64,
     pub settle_step_basements_max: AtomicU64,
+    /// Steps whose merge into a leaf was worked out before the step, with
+    /// queries let in (`PreparedMerge`, tree/flush.rs), and the longest such merge.
+    pub step_merges_beside_queries: AtomicU64,
+    pub step_merge_micros_max: AtomicU64,
     /// A writer's eviction in steps: the write-backs after which it let
     /// waiting requests take the lock; `evict_micros_max` is the longest
     /// step.
@@ -242,6 +246,8 @@ pub struct StatsSnapshot {
     pub settle_step_micros_max: u64,
     pub settle_step_messages_max: u64,
     pub settle_step_basements_max: u64,
+    pub step_merges_beside_queries: u64,
+    pub step_merge_micros_max: u64,
     pub eviction_steps: u64,
     pub background_eviction_steps: u64,
     pub evict_micros_max: u64,
@@ -344,6 +350,8 @@ impl Stats {
             settle_step_micros_max: get(&self.settle_step_micros_max),
             settle_step_messages_max: get(&self.settle_step_messages_max),
             settle_step_basements_max: get(&self.settle_step_basements_max),
+            step_merges_beside_queries: get(&self.step_merges_beside_queries),
+            step_merge_micros_max: get(&self.step_merge_micros_max),
             eviction_steps: get(&self.eviction_steps),
             background_eviction_steps: get(&self.background_eviction_steps),
             evict_micros_max: get(&self.evict_micros_max),

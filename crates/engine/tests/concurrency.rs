@@ -524,6 +524,59 @@ fn requests_go_on_between_the_steps_of_a_writers_flushes() {
     assert_store_holds(&store, &model);
 }
 
+/// A step of a writer's settling works out its merge into a leaf, most of
+/// its work, with queries let in beside it (other writers wait): while a
+/// writer is held in that merge, a query completes; let go, the step puts
+/// the merge in place, and everything reads back as written.
+#[test]
+fn queries_go_on_while_a_step_merges_into_a_leaf() {
+    let (hold, armed, held, go) = hook_that_holds_once();
+    let options = Options {
+        cache_bytes: 8 << 20,
+        step_merge_hook: Some(hold),
+        ..small_options()
+    };
+    let (_dev, store) = common::mem_store(32 << 20, options);
+    let store = Arc::new(store);
+    let mut model = BTreeMap::new();
+    put_numbered(&store, &mut model, 400);
+    let merges_before = store.stats().step_merges_beside_queries;
+
+    armed.store(true, Ordering::SeqCst);
+    let writer = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            for round in 2..=20u8 {
+                for i in 0..400 {
+                    store
+                        .put(KeySpace::Data, &numbered(i), &value_of(i, round))
+                        .unwrap();
+                }
+            }
+        })
+    };
+    held.recv_timeout(Duration::from_secs(20))
+        .expect("a write's settling merges into a leaf");
+    let got = {
+        let store = store.clone();
+        finishes_within(Duration::from_secs(20), move || {
+            store.get(KeySpace::Data, &numbered(7)).unwrap()
+        })
+        .expect("a query waited for a step's merge")
+    };
+    assert!(
+        (1..=20).any(|round| got == Some(value_of(7, round))),
+        "the query read {got:?}"
+    );
+    drop(go);
+    writer.join().unwrap();
+    for i in 0..400 {
+        model.insert(numbered(i), value_of(i, 20));
+    }
+    assert!(store.stats().step_merges_beside_queries > merges_before);
+    assert_store_holds(&store, &model);
+}
+
 /// A step of a writer's settling moves at most `settle_step_messages`
 /// point messages down, however few bytes they make (a quarter node of
 /// small messages took milliseconds of the lock to merge into a leaf),

@@ -126,6 +126,10 @@ pub struct Options {
     /// Called between two steps of a writer's settling, without the tree
     /// lock (tests run other requests there).
     pub settle_step_hook: Option<TurnHook>,
+    /// Called while a writer works out a step's merge into a leaf, with
+    /// the tree lock held upgradable: queries go on, writers wait (tests
+    /// run queries there).
+    pub step_merge_hook: Option<TurnHook>,
     /// Most point messages one step of a writer's settling moves down (a
     /// step moves a quarter node's bytes otherwise). A quarter node of
     /// small messages (file creations, attribute updates: 20-22K of them)
@@ -183,6 +187,7 @@ impl Default for Options {
             flush_turn_bytes: 1 << 20,
             flush_turn_hook: None,
             settle_step_hook: None,
+            step_merge_hook: None,
             settle_step_messages: 6 << 10,
             evict_step_hook: None,
             evict_encode_hook: None,
@@ -1073,6 +1078,39 @@ impl MemoryBesideCache {
 }
 
 type TreeGuard<'a> = parking_lot::RwLockWriteGuard<'a, Tree>;
+
+/// Runs `f` on the trees with the exclusive hold of `tree` turned into an
+/// upgradable one for its length: queries take the lock shared beside it,
+/// every other writer (and a query that must change the cache) waits, and
+/// the hold is exclusive again when `f` returns — nothing changed the
+/// trees meanwhile, so what `f` worked out from them still holds. (The
+/// `parking_lot` guard types offer the way from upgradable to exclusive
+/// and back, `with_upgraded`, but not this one, from exclusive to
+/// upgradable and back without letting go.)
+fn with_writers_shut_out<R>(tree: &mut TreeGuard<'_>, f: impl FnOnce(&Tree) -> R) -> R {
+    use parking_lot::lock_api::{RawRwLockUpgrade, RawRwLockUpgradeDowngrade};
+    /// Makes the hold exclusive again when dropped, also when `f` panics:
+    /// the write guard then unlocks an exclusive hold, as it expects.
+    struct Reupgrade<'a>(&'a parking_lot::RawRwLock);
+    impl Drop for Reupgrade<'_> {
+        fn drop(&mut self) {
+            // SAFETY: this thread holds the lock upgradable: it turned its
+            // exclusive hold into that below, and nothing lets it go before
+            // this drop.
+            unsafe { self.0.upgrade() }
+        }
+    }
+    let lock = parking_lot::RwLockWriteGuard::rwlock(tree);
+    // SAFETY: `tree` holds the lock exclusively, which is what downgrading
+    // requires; `Reupgrade` makes it exclusive again before `tree` can be
+    // used or dropped, and `f` sees the trees only shared, as the queries
+    // beside it do.
+    let _reupgrade = unsafe {
+        lock.raw().downgrade_to_upgradable();
+        Reupgrade(lock.raw())
+    };
+    f(tree)
+}
 
 /// Something about the trees that a holder of the exclusive tree lock
 /// waits for, giving the lock up meanwhile (a condition variable for a

@@ -587,7 +587,22 @@ impl Inner {
             let Some(target) = target else {
                 return Ok(());
             };
-            tree.settle_step(target).map_err(|e| self.poison(e))?;
+            // The step's merge into a leaf, most of its work, is made with
+            // queries let in beside it; the step then holds the lock alone
+            // to take its messages out and put the merge in place.
+            let merging = Instant::now();
+            let prepared = with_writers_shut_out(tree, |tree| {
+                if let Some(hook) = &self.options.step_merge_hook {
+                    (hook.0)();
+                }
+                tree.prepare_step_merge(&target)
+            });
+            if prepared.is_some() {
+                record_max(&self.stats.step_merge_micros_max, merging.elapsed());
+                stepping = Instant::now();
+            }
+            tree.settle_step(target, prepared)
+                .map_err(|e| self.poison(e))?;
             record_max(&self.stats.settle_step_micros_max, stepping.elapsed());
             add(&self.stats.settle_steps, 1);
             self.hand_on(tree, &self.options.settle_step_hook);

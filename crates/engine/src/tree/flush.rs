@@ -22,6 +22,39 @@ pub enum SettleTarget {
     },
 }
 
+/// A step's merge of part of a buffer into a leaf, worked out before the
+/// step with other writers shut out and queries let in
+/// ([`Tree::prepare_step_merge`]): the step, holding the tree lock
+/// alone, takes the same part out of the buffer and puts the merged
+/// basements in place. The merge was most of a step's hold of the lock
+/// (a quarter node of messages into a few basements), during which every
+/// query waited.
+pub struct PreparedMerge {
+    /// The leaf merged into.
+    leaf: u64,
+    /// Its basements' entries as they were merged from: the step checks
+    /// that the leaf still has these before it takes the merge.
+    from: Vec<Option<Arc<Entries>>>,
+    /// The basements rewritten, by index.
+    merged: Vec<(usize, Entries)>,
+}
+
+impl PreparedMerge {
+    /// Whether this merge was made from `leaf` as it is now (node `num`).
+    fn made_from(&self, num: u64, leaf: &Leaf) -> bool {
+        self.leaf == num
+            && self.from.len() == leaf.basements.len()
+            && self
+                .from
+                .iter()
+                .zip(&leaf.basements)
+                .all(|(from, b)| match (from, &b.entries) {
+                    (Some(from), Some(now)) => Arc::ptr_eq(from, now),
+                    _ => false,
+                })
+    }
+}
+
 /// Whether a flush of up to `limit` bytes out of buffer `i` of `int`
 /// (its child under `child_bounds`) drops that child's subtree unread: the
 /// buffer is within the flush's bytes and a range delete in it covers the
@@ -99,6 +132,7 @@ impl Tree {
                 bounds,
                 PartLimit::bytes(left),
                 Cascade::Down,
+                None,
             )?;
             left = left.saturating_sub(moved.max(1));
         }
@@ -114,8 +148,16 @@ impl Tree {
         i: usize,
         parent_bounds: &Bounds,
     ) -> EngineResult<()> {
-        self.flush_part(ks, parent, i, parent_bounds, PartLimit::ALL, Cascade::Down)
-            .map(|_| ())
+        self.flush_part(
+            ks,
+            parent,
+            i,
+            parent_bounds,
+            PartLimit::ALL,
+            Cascade::Down,
+            None,
+        )
+        .map(|_| ())
     }
 
     /// [`Tree::flush_child`] of only the messages of the lowest keys in
@@ -123,7 +165,10 @@ impl Tree {
     /// background flushing's step): the child, settled after, passes on
     /// about what it took. Returns the bytes moved. With
     /// [`Cascade::OneLevel`] an interior child is not settled (only split,
-    /// if it has too many children).
+    /// if it has too many children). A leaf child takes `prepared`, the
+    /// merge of the same part into it worked out beforehand, if it was
+    /// made from the leaf as it is.
+    #[allow(clippy::too_many_arguments)]
     fn flush_part(
         &mut self,
         ks: KeySpace,
@@ -132,6 +177,7 @@ impl Tree {
         parent_bounds: &Bounds,
         limit: PartLimit<'_>,
         cascade: Cascade,
+        prepared: Option<PreparedMerge>,
     ) -> EngineResult<usize> {
         let int = self.interior(parent);
         let child_bounds = int.child_bounds(i, parent_bounds);
@@ -168,7 +214,13 @@ impl Tree {
         let mut node = self.take(child);
         let result = match &mut node.body {
             NodeBody::Leaf(leaf) => {
-                let r = leaf.apply_buffer(batch, &merges);
+                let r = match prepared {
+                    Some(prepared) if prepared.made_from(child, leaf) => {
+                        add(&self.stats.step_merges_beside_queries, 1);
+                        Ok(leaf.install_basements(prepared.merged))
+                    }
+                    _ => leaf.apply_buffer(batch, &merges),
+                };
                 leaf.rebalance_basements(self.opts.basement_size);
                 r.map(|rewritten| {
                     if cascade == Cascade::OneLevel {
@@ -253,11 +305,17 @@ impl Tree {
     /// buffers down to leaves, the leaves and then the node split) is
     /// thus steps of a bounded part each, and the store lets waiting
     /// requests in between them (docs/design.md, "Settling in steps").
-    pub fn settle_step(&mut self, target: SettleTarget) -> EngineResult<()> {
+    /// A step into a leaf takes `prepared`, its merge worked out
+    /// beforehand ([`Tree::prepare_step_merge`]), if it still fits.
+    pub fn settle_step(
+        &mut self,
+        target: SettleTarget,
+        prepared: Option<PreparedMerge>,
+    ) -> EngineResult<()> {
         match target {
             SettleTarget::Root(ks) => {
                 let root = self.roots[ks.index()];
-                self.flush_step(ks, root, &Bounds::full())?;
+                self.flush_step(ks, root, &Bounds::full(), prepared)?;
                 self.settle_root_shape(ks)
             }
             SettleTarget::Below {
@@ -268,7 +326,7 @@ impl Tree {
             } => {
                 let child = self.private_child(ks, parent, i, &parent_bounds)?;
                 let bounds = self.interior(parent).child_bounds(i, &parent_bounds);
-                self.flush_step(ks, child, &bounds)?;
+                self.flush_step(ks, child, &bounds, prepared)?;
                 let splits = self.split_if_needed(ks, child, &bounds)?;
                 self.adopt_splits(parent, i, splits);
                 self.maybe_merge(ks, parent, i, &parent_bounds)
@@ -281,12 +339,89 @@ impl Tree {
     /// buffer goes one level down. The lowest keys' messages first, as the
     /// flusher's turns move them: the buffer invariant holds between
     /// steps.
-    fn flush_step(&mut self, ks: KeySpace, num: u64, bounds: &Bounds) -> EngineResult<()> {
+    fn flush_step(
+        &mut self,
+        ks: KeySpace,
+        num: u64,
+        bounds: &Bounds,
+        prepared: Option<PreparedMerge>,
+    ) -> EngineResult<()> {
         if let Some(i) = self.flush_step_buffer(num) {
             let part = self.flush_step_limit();
-            self.flush_part(ks, num, i, bounds, part, Cascade::OneLevel)?;
+            self.flush_part(ks, num, i, bounds, part, Cascade::OneLevel, prepared)?;
         }
         Ok(())
+    }
+
+    /// The merge into a leaf that the step on `target` will make, worked
+    /// out from the tree as it is without changing it: for the writer to
+    /// make with other writers shut out but queries let in, before the
+    /// step ([`PreparedMerge`]). None when the step does not merge into a
+    /// leaf that is cached whole and private (it splits, flushes into an
+    /// interior node, drops a subtree, reads or copies the leaf first), or
+    /// the merge fails (the step fails the same way).
+    pub fn prepare_step_merge(&self, target: &SettleTarget) -> Option<PreparedMerge> {
+        let (num, bounds) = match target {
+            SettleTarget::Root(ks) => (self.roots[ks.index()], Bounds::full()),
+            SettleTarget::Below {
+                parent,
+                i,
+                parent_bounds,
+                ..
+            } => {
+                let int = self.interior(*parent);
+                let child = int.children[*i];
+                if !self.is_private(child) {
+                    return None;
+                }
+                (child, int.child_bounds(*i, parent_bounds))
+            }
+        };
+        let Some(Node {
+            body: NodeBody::Interior(int),
+            ..
+        }) = self.cache.get(&num)
+        else {
+            return None;
+        };
+        if int.height != 1 || int.is_partial() {
+            return None;
+        }
+        let i = self.flush_step_buffer(num)?;
+        let limit = self.flush_step_limit();
+        if drops_child_unread(int, i, &int.child_bounds(i, &bounds), limit.bytes) {
+            return None;
+        }
+        let child = int.children[i];
+        if !self.is_private(child) {
+            return None;
+        }
+        let Some(Node {
+            body: NodeBody::Leaf(leaf),
+            ..
+        }) = self.cache.get(&child)
+        else {
+            return None;
+        };
+        if !leaf.is_fully_loaded() {
+            return None;
+        }
+        // The part the step will take: flush_part's, with a leaf child.
+        let before = self.step_key_bound(num, i, child);
+        let limit = PartLimit {
+            before: before.as_deref(),
+            ..limit
+        };
+        let buffer = &int.buffers[i];
+        let cut = buffer.part_cut(limit);
+        let merged = leaf
+            .merged_basements(&buffer.part(&cut), &self.merges)
+            .ok()?;
+        Some(PreparedMerge {
+            leaf: child,
+            from: leaf.basements.iter().map(|b| b.entries.clone()).collect(),
+            merged,
+        })
     }
 
     /// The buffer of interior node `num` a step's flush empties part of
