@@ -10,11 +10,53 @@ struct Slot {
     value_len: u32,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct Entries {
     data: Vec<u8>,
     index: Vec<Slot>,
+    /// Made by the first search that needs them, once the entries are
+    /// complete (a basement is replaced, never changed, once cached);
+    /// dropped by every change.
+    heads: std::sync::OnceLock<KeyHeads>,
 }
+
+/// What a search compares before it reads a key: the length of the
+/// prefix every key shares, and each key's next four bytes after it
+/// ([`key_head`]). A search of a basement of hundreds of entries read a
+/// key at a random place of its 128 KiB at every step (a cache miss
+/// each, and a compare of the shared prefix: a full path in the file
+/// system's keys); the heads lie together, four bytes an entry, and a
+/// search reads one key, or the few whose heads are equal.
+#[derive(Clone, Debug)]
+struct KeyHeads {
+    shared: usize,
+    heads: Box<[u32]>,
+}
+
+/// The four bytes of `key` from `from` on as a big-endian number, short
+/// keys padded with zeros: a head below another's is a key below the
+/// other's (padding sorts a key before every longer one it begins); equal
+/// heads say nothing.
+fn key_head(key: &[u8], from: usize) -> u32 {
+    let mut head = [0u8; 4];
+    let rest = key.get(from..).unwrap_or_default();
+    let n = rest.len().min(4);
+    if let (Some(to), Some(from)) = (head.get_mut(..n), rest.get(..n)) {
+        to.copy_from_slice(from);
+    }
+    u32::from_be_bytes(head)
+}
+
+/// Entries fewer than this are searched by their keys alone.
+const HEADS_FROM_ENTRIES: usize = 16;
+
+impl PartialEq for Entries {
+    fn eq(&self, other: &Entries) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Entries {}
 
 /// Per-entry overhead counted in serialised sizes (two varint lengths).
 pub const ENTRY_OVERHEAD_BYTES: usize = 4;
@@ -24,6 +66,7 @@ impl Entries {
         Entries {
             data: Vec::with_capacity(bytes),
             index: Vec::with_capacity(entries),
+            heads: std::sync::OnceLock::new(),
         }
     }
 
@@ -40,9 +83,13 @@ impl Entries {
         self.data.len() + self.index.len() * ENTRY_OVERHEAD_BYTES
     }
 
-    /// Heap memory held.
+    /// Heap memory held, the search heads counted whether made yet or
+    /// not: the count must not change while the entries do not (the cache
+    /// counts a node's memory when it is put in and taken out).
     pub fn mem_bytes(&self) -> usize {
-        self.data.capacity() + self.index.capacity() * std::mem::size_of::<Slot>() + 48
+        self.data.capacity()
+            + self.index.capacity() * (std::mem::size_of::<Slot>() + std::mem::size_of::<u32>())
+            + 48
     }
 
     // Reviewed exception (indexing): callers pass i < len.
@@ -90,7 +137,60 @@ impl Entries {
 
     /// Binary search by key.
     pub fn search(&self, key: &[u8]) -> Result<usize, usize> {
-        self.index.binary_search_by(|s| self.slot_key(s).cmp(key))
+        let Some((heads, head)) = self.heads_for(key) else {
+            return self.index.binary_search_by(|s| self.slot_key(s).cmp(key));
+        };
+        let shared = heads.shared;
+        let rest = key.get(shared..).unwrap_or_default();
+        // Equal heads: the keys after their shared prefix decide.
+        let mut at = 0;
+        let mut size = self.len();
+        while size > 0 {
+            let half = size / 2;
+            let mid = at + half;
+            let order = match heads.heads.get(mid) {
+                Some(h) if *h != head => h.cmp(&head),
+                _ => self.key(mid).get(shared..).unwrap_or_default().cmp(rest),
+            };
+            match order {
+                std::cmp::Ordering::Less => {
+                    at = mid + 1;
+                    size -= half + 1;
+                }
+                std::cmp::Ordering::Greater => size = half,
+                std::cmp::Ordering::Equal => return Ok(mid),
+            }
+        }
+        Err(at)
+    }
+
+    /// The search heads, made if need be, and `key`'s head, when they
+    /// serve: enough entries, and `key` begins with the prefix they all
+    /// share (else the plain search finds it below or above them all
+    /// within a compare or two).
+    fn heads_for(&self, key: &[u8]) -> Option<(&KeyHeads, u32)> {
+        if self.len() < HEADS_FROM_ENTRIES {
+            return None;
+        }
+        let heads = self.heads.get_or_init(|| self.make_heads());
+        let first = self.first_key()?;
+        (key.get(..heads.shared)? == first.get(..heads.shared)?)
+            .then(|| (heads, key_head(key, heads.shared)))
+    }
+
+    fn make_heads(&self) -> KeyHeads {
+        let (first, last) = (
+            self.first_key().unwrap_or_default(),
+            self.last_key().unwrap_or_default(),
+        );
+        // Sorted keys: what the first and last share, all share.
+        let shared = first.iter().zip(last).take_while(|(a, b)| a == b).count();
+        KeyHeads {
+            shared,
+            heads: (0..self.len())
+                .map(|i| key_head(self.key(i), shared))
+                .collect(),
+        }
     }
 
     /// Index of the first key not less than `key`.
@@ -105,6 +205,7 @@ impl Entries {
     /// Appends an entry whose key is `prefix ++ suffix`; keys must arrive in
     /// increasing order.
     pub fn push_parts(&mut self, prefix: &[u8], suffix: &[u8], value: &[u8]) {
+        self.heads.take();
         let offset = self.data.len() as u32;
         self.data.extend_from_slice(prefix);
         self.data.extend_from_slice(suffix);
@@ -130,6 +231,7 @@ impl Entries {
     /// a copy of its values — otherwise by rebuilding.
     pub fn replace_prefix(&mut self, old_len: usize, new_prefix: &[u8]) {
         if new_prefix.len() == old_len {
+            self.heads.take();
             for s in &self.index {
                 let at = s.offset as usize;
                 debug_assert!(s.key_len as usize >= old_len);
@@ -183,6 +285,7 @@ impl Entries {
                 .sum::<usize>(),
             "entries not packed in order"
         );
+        self.heads.take();
         let base = self.data.len() as u32;
         self.data
             .extend_from_slice(&other.data[start as usize..end]);
@@ -197,6 +300,33 @@ impl Entries {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::collection::{btree_set, vec};
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A search by the heads finds what a search by the keys alone
+        /// does, for keys that share a prefix, end inside or just past
+        /// the heads' four bytes, or hold zeros (padding's value), and
+        /// for keys searched for that lack the prefix or end within it.
+        #[test]
+        fn a_search_by_heads_finds_what_a_search_by_keys_does(
+            prefix in vec(0u8..3, 0..6),
+            suffixes in btree_set(vec(prop_oneof![Just(0u8), Just(1), Just(255)], 0..7), 0..60),
+            probes in vec((vec(0u8..3, 0..7), vec(prop_oneof![Just(0u8), Just(1), Just(255)], 0..7)), 1..30),
+        ) {
+            let mut e = Entries::default();
+            for suffix in &suffixes {
+                e.push_parts(&prefix, suffix, suffix);
+            }
+            let keys: Vec<Vec<u8>> = e.iter().map(|(k, _)| k.to_vec()).collect();
+            let probes = probes.into_iter().map(|(a, b)| [a, b].concat());
+            for probe in keys.clone().into_iter().chain(probes) {
+                let want = keys.binary_search(&probe);
+                prop_assert_eq!(e.search(&probe), want, "{:?}", probe);
+                prop_assert_eq!(e.get(&probe).is_some(), want.is_ok());
+            }
+        }
+    }
 
     #[test]
     fn packed_entries() {
