@@ -387,6 +387,27 @@ fn hook_that_holds_once_on(
     (TurnHook(Arc::new(hold)), armed, held, go)
 }
 
+/// A thread overwriting keys 0..400 ([`numbered`]) in rounds 2 to 20,
+/// round `r` writing `value_of(i, r)`: enough for cascades of settling
+/// in a store of [`small_options`] holding those keys.
+fn overwrite_numbered_in_rounds(store: &Arc<Store>) -> std::thread::JoinHandle<()> {
+    let store = store.clone();
+    std::thread::spawn(move || {
+        for round in 2..=20u8 {
+            for i in 0..400 {
+                store
+                    .put(KeySpace::Data, &numbered(i), &value_of(i, round))
+                    .unwrap();
+            }
+        }
+    })
+}
+
+/// What [`overwrite_numbered_in_rounds`] leaves: its last round.
+fn last_round_of_overwrites() -> impl Iterator<Item = (Vec<u8>, Vec<u8>)> {
+    (0..400).map(|i| (numbered(i), value_of(i, 20)))
+}
+
 /// A put of `key` and a query of it, each on a thread of its own, complete
 /// (while a writer is held somewhere) and agree.
 fn a_write_and_a_query_complete(store: &Arc<Store>, key: &[u8]) {
@@ -496,29 +517,16 @@ fn requests_go_on_between_the_steps_of_a_writers_flushes() {
     let steps_before = store.stats().settle_steps;
 
     armed.store(true, Ordering::SeqCst);
-    let writer = {
-        let store = store.clone();
-        std::thread::spawn(move || {
-            // Overwrites until one of them sets off a cascade; the hook
-            // holds this thread after its first step.
-            for round in 2..=20u8 {
-                for i in 0..400 {
-                    store
-                        .put(KeySpace::Data, &numbered(i), &value_of(i, round))
-                        .unwrap();
-                }
-            }
-        })
-    };
+    // Overwrites until one of them sets off a cascade; the hook holds
+    // the writer after its first step.
+    let writer = overwrite_numbered_in_rounds(&store);
     held.recv_timeout(Duration::from_secs(20))
         .expect("a write settles in steps");
     let key = b"between steps".to_vec();
     a_write_and_a_query_complete(&store, &key);
     drop(go);
     writer.join().unwrap();
-    for i in 0..400 {
-        model.insert(numbered(i), value_of(i, 20));
-    }
+    model.extend(last_round_of_overwrites());
     model.insert(key, b"written".to_vec());
     assert!(store.stats().settle_steps > steps_before);
     assert_store_holds(&store, &model);
@@ -543,18 +551,7 @@ fn queries_go_on_while_a_step_merges_into_a_leaf() {
     let merges_before = store.stats().step_merges_beside_queries;
 
     armed.store(true, Ordering::SeqCst);
-    let writer = {
-        let store = store.clone();
-        std::thread::spawn(move || {
-            for round in 2..=20u8 {
-                for i in 0..400 {
-                    store
-                        .put(KeySpace::Data, &numbered(i), &value_of(i, round))
-                        .unwrap();
-                }
-            }
-        })
-    };
+    let writer = overwrite_numbered_in_rounds(&store);
     held.recv_timeout(Duration::from_secs(20))
         .expect("a write's settling merges into a leaf");
     let got = {
@@ -570,9 +567,7 @@ fn queries_go_on_while_a_step_merges_into_a_leaf() {
     );
     drop(go);
     writer.join().unwrap();
-    for i in 0..400 {
-        model.insert(numbered(i), value_of(i, 20));
-    }
+    model.extend(last_round_of_overwrites());
     assert!(store.stats().step_merges_beside_queries > merges_before);
     assert_store_holds(&store, &model);
 }
