@@ -100,6 +100,15 @@ pub struct BufferPart<'a> {
     pub below: Option<&'a [u8]>,
 }
 
+impl BufferPart<'_> {
+    /// Its point messages and range deletes, counted as
+    /// [`MessageBuffer::message_count`] counts them.
+    pub fn message_count(&self) -> usize {
+        let upper = self.below.map_or(Bound::Unbounded, Bound::Excluded);
+        self.points.range((Bound::Unbounded, upper)).count() + self.ranges.len()
+    }
+}
+
 /// Per-message overhead counted in buffer sizes (tag, lengths, sequence
 /// number), close to what the message takes on disk.
 pub const MESSAGE_OVERHEAD_BYTES: usize = 16;
@@ -640,6 +649,7 @@ mod tests {
         let described: Vec<_> = part.points.range((Bound::Unbounded, upper)).collect();
         let points: Vec<_> = taken.points().iter().collect();
         assert_eq!(described, points);
+        assert_eq!(part.message_count(), taken.message_count());
     }
 
     /// A part taken from the front holds the lowest keys, about the bytes

@@ -342,7 +342,10 @@ impl Leaf {
         for (bi, entries) in merged {
             match self.basements.get_mut(bi) {
                 Some(b) => *b = Basement::from_entries(entries),
-                None => panic!("store invariant: a merged basement {bi} of a leaf of fewer"),
+                None => panic!(
+                    "tree invariant: merged basement {bi} lies past the leaf's {}",
+                    self.basements.len()
+                ),
             }
         }
         count

@@ -37,12 +37,17 @@ pub struct PreparedMerge {
     from: Vec<Option<Arc<Entries>>>,
     /// The basements rewritten, by index.
     merged: Vec<(usize, Entries)>,
+    /// The messages of the part merged: the step checks that it takes as
+    /// many out of the buffer.
+    messages: usize,
 }
 
 impl PreparedMerge {
-    /// Whether this merge was made from `leaf` as it is now (node `num`).
-    fn made_from(&self, num: u64, leaf: &Leaf) -> bool {
+    /// Whether this merge was made from `leaf` as it is now (node `num`)
+    /// and the part `taken` out of the buffer.
+    fn made_from(&self, num: u64, leaf: &Leaf, taken: &MessageBuffer) -> bool {
         self.leaf == num
+            && self.messages == taken.message_count()
             && self.from.len() == leaf.basements.len()
             && self
                 .from
@@ -215,7 +220,7 @@ impl Tree {
         let result = match &mut node.body {
             NodeBody::Leaf(leaf) => {
                 let r = match prepared {
-                    Some(prepared) if prepared.made_from(child, leaf) => {
+                    Some(prepared) if prepared.made_from(child, leaf, &batch) => {
                         add(&self.stats.step_merges_beside_queries, 1);
                         Ok(leaf.install_basements(prepared.merged))
                     }
@@ -414,13 +419,13 @@ impl Tree {
         };
         let buffer = &int.buffers[i];
         let cut = buffer.part_cut(limit);
-        let merged = leaf
-            .merged_basements(&buffer.part(&cut), &self.merges)
-            .ok()?;
+        let part = buffer.part(&cut);
+        let merged = leaf.merged_basements(&part, &self.merges).ok()?;
         Some(PreparedMerge {
             leaf: child,
             from: leaf.basements.iter().map(|b| b.entries.clone()).collect(),
             merged,
+            messages: part.message_count(),
         })
     }
 
