@@ -137,14 +137,25 @@ impl Entries {
 
     /// Binary search by key.
     pub fn search(&self, key: &[u8]) -> Result<usize, usize> {
+        self.search_in(0, self.len(), key)
+    }
+
+    /// Binary search by key among entries [from, to): by the heads where
+    /// they serve ([`KeyHeads`]), else by the keys.
+    // Reviewed exception (indexing): callers pass from <= to <= len.
+    #[allow(clippy::indexing_slicing)]
+    fn search_in(&self, from: usize, to: usize, key: &[u8]) -> Result<usize, usize> {
         let Some((heads, head)) = self.heads_for(key) else {
-            return self.index.binary_search_by(|s| self.slot_key(s).cmp(key));
+            return self.index[from..to]
+                .binary_search_by(|s| self.slot_key(s).cmp(key))
+                .map(|i| from + i)
+                .map_err(|i| from + i);
         };
         let shared = heads.shared;
         let rest = key.get(shared..).unwrap_or_default();
         // Equal heads: the keys after their shared prefix decide.
-        let mut at = 0;
-        let mut size = self.len();
+        let mut at = from;
+        let mut size = to - from;
         while size > 0 {
             let half = size / 2;
             let mid = at + half;
@@ -250,11 +261,10 @@ impl Entries {
     }
 
     /// Index of the first key not less than `key` among entries
-    /// [from, to) (`to` if there is none).
-    // Reviewed exception (indexing): callers pass from <= to <= len.
-    #[allow(clippy::indexing_slicing)]
+    /// [from, to) (`to` if there is none); callers pass from <= to <= len.
     pub fn lower_bound_in(&self, from: usize, to: usize, key: &[u8]) -> usize {
-        from + self.index[from..to].partition_point(|s| self.slot_key(s) < key)
+        // Keys are unique: where one equals `key`, it is the first not less.
+        self.search_in(from, to, key).unwrap_or_else(|at| at)
     }
 
     /// Appends entries [from, to) of `other`, whose keys must all follow
@@ -320,10 +330,15 @@ mod tests {
             }
             let keys: Vec<Vec<u8>> = e.iter().map(|(k, _)| k.to_vec()).collect();
             let probes = probes.into_iter().map(|(a, b)| [a, b].concat());
-            for probe in keys.clone().into_iter().chain(probes) {
+            for (n, probe) in keys.clone().into_iter().chain(probes).enumerate() {
                 let want = keys.binary_search(&probe);
                 prop_assert_eq!(e.search(&probe), want, "{:?}", probe);
                 prop_assert_eq!(e.get(&probe).is_some(), want.is_ok());
+                // Within a window of the entries too, as merges search.
+                let to = keys.len() - (n % 2).min(keys.len());
+                let from = (n % (keys.len() + 1)).min(to);
+                let in_window = from + keys[from..to].partition_point(|k| *k < probe);
+                prop_assert_eq!(e.lower_bound_in(from, to, &probe), in_window, "{:?} in [{}, {})", probe, from, to);
             }
         }
     }
