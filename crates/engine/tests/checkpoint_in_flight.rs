@@ -679,11 +679,7 @@ fn a_checkpoint_turn_hands_over_a_budget_of_copies() {
             return;
         }
         let store = slot.get().and_then(std::sync::Weak::upgrade).unwrap();
-        for chunk in (0..600u32).collect::<Vec<_>>().chunks(20) {
-            let mut batch = betreefs_engine::WriteBatch::default();
-            for i in chunk {
-                batch.put(KeySpace::Data, format!("k{i:05}").as_bytes(), &[2; 300]);
-            }
+        for batch in every_key_in_batches(2) {
             store.write(&batch).unwrap();
         }
     })));
@@ -691,11 +687,7 @@ fn a_checkpoint_turn_hands_over_a_budget_of_copies() {
     let store = Arc::new(Store::create_on(Arc::new(mem.clone()), options).unwrap());
     store_slot.set(Arc::downgrade(&store)).unwrap();
     let mut model = Model::default();
-    for chunk in (0..600u32).collect::<Vec<_>>().chunks(20) {
-        let mut batch = betreefs_engine::WriteBatch::default();
-        for i in chunk {
-            batch.put(KeySpace::Data, format!("k{i:05}").as_bytes(), &[1; 300]);
-        }
+    for batch in every_key_in_batches(1) {
         store.write(&batch).unwrap();
         model.apply(&batch);
     }
@@ -713,9 +705,7 @@ fn a_checkpoint_turn_hands_over_a_budget_of_copies() {
     );
     // Every key as the hook's writes left it, in the store and after a
     // reopen from the checkpoint and the log.
-    for i in 0..600u32 {
-        let mut batch = betreefs_engine::WriteBatch::default();
-        batch.put(KeySpace::Data, format!("k{i:05}").as_bytes(), &[2; 300]);
+    for batch in every_key_in_batches(2) {
         model.apply(&batch);
     }
     common::assert_matches(&store, &model);
@@ -730,4 +720,20 @@ fn a_checkpoint_turn_hands_over_a_budget_of_copies() {
     .unwrap();
     common::assert_matches(&reopened, &model);
     reopened.verify().unwrap();
+}
+
+/// Keys k00000..k00599, twenty to a batch — too big to stage — each put
+/// with 300 bytes of `fill`.
+fn every_key_in_batches(fill: u8) -> Vec<betreefs_engine::WriteBatch> {
+    (0..600u32)
+        .collect::<Vec<_>>()
+        .chunks(20)
+        .map(|chunk| {
+            let mut batch = betreefs_engine::WriteBatch::default();
+            for i in chunk {
+                batch.put(KeySpace::Data, format!("k{i:05}").as_bytes(), &[fill; 300]);
+            }
+            batch
+        })
+        .collect()
 }

@@ -387,6 +387,16 @@ fn hook_that_holds_once_on(
     (TurnHook(Arc::new(hold)), armed, held, go)
 }
 
+/// A store made with `options` holding keys 0..400 ([`put_numbered`]),
+/// and the model of it: what [`overwrite_numbered_in_rounds`] rewrites.
+fn store_of_400_numbered(options: Options) -> (Arc<Store>, BTreeMap<Vec<u8>, Vec<u8>>) {
+    let (_dev, store) = common::mem_store(32 << 20, options);
+    let store = Arc::new(store);
+    let mut model = BTreeMap::new();
+    put_numbered(&store, &mut model, 400);
+    (store, model)
+}
+
 /// A thread overwriting keys 0..400 ([`numbered`]) in rounds 2 to 20,
 /// round `r` writing `value_of(i, r)`: enough for cascades of settling
 /// in a store of [`small_options`] holding those keys.
@@ -508,11 +518,8 @@ fn requests_go_on_between_the_steps_of_a_writers_flushes() {
         settle_step_hook: Some(hold),
         ..small_options()
     };
-    let (_dev, store) = common::mem_store(32 << 20, options);
-    let store = Arc::new(store);
     // Enough for a root over interior nodes over leaves.
-    let mut model = BTreeMap::new();
-    put_numbered(&store, &mut model, 400);
+    let (store, mut model) = store_of_400_numbered(options);
     assert!(store.stats().tree_heights[KeySpace::Data as usize] >= 2);
     let steps_before = store.stats().settle_steps;
 
@@ -544,10 +551,7 @@ fn queries_go_on_while_a_step_merges_into_a_leaf() {
         step_merge_hook: Some(hold),
         ..small_options()
     };
-    let (_dev, store) = common::mem_store(32 << 20, options);
-    let store = Arc::new(store);
-    let mut model = BTreeMap::new();
-    put_numbered(&store, &mut model, 400);
+    let (store, mut model) = store_of_400_numbered(options);
     let merges_before = store.stats().step_merges_beside_queries;
 
     armed.store(true, Ordering::SeqCst);
@@ -1060,12 +1064,7 @@ fn range_visits_merge_what_is_staged_without_applying_it() {
     };
     let (_dev, store) = common::mem_store(64 << 20, options);
     let mut model = BTreeMap::new();
-    for i in 0..400 {
-        store
-            .put(KeySpace::Data, &numbered(i), &value_of(i, 1))
-            .unwrap();
-        model.insert(numbered(i), value_of(i, 1));
-    }
+    put_numbered(&store, &mut model, 400);
     // Everything in the trees, across many leaves.
     store.checkpoint().unwrap();
     let (applications, staged) = {

@@ -60,6 +60,17 @@ impl PreparedMerge {
     }
 }
 
+/// A step that flushes part of buffer `i` of interior node `node` into
+/// its leaf child `leaf`, reached under `leaf_bounds`, in tree `ks`
+/// ([`Tree::step_into_leaf`]).
+struct StepIntoLeaf {
+    ks: KeySpace,
+    node: u64,
+    i: usize,
+    leaf: u64,
+    leaf_bounds: Bounds,
+}
+
 /// Whether a flush of up to `limit` bytes out of buffer `i` of `int`
 /// (its child under `child_bounds`) drops that child's subtree unread: the
 /// buffer is within the flush's bytes and a range delete in it covers the
@@ -366,66 +377,74 @@ impl Tree {
     /// interior node, drops a subtree, reads or copies the leaf first), or
     /// the merge fails (the step fails the same way).
     pub fn prepare_step_merge(&self, target: &SettleTarget) -> Option<PreparedMerge> {
-        let (num, bounds) = match target {
-            SettleTarget::Root(ks) => (self.roots[ks.index()], Bounds::full()),
-            SettleTarget::Below {
-                parent,
-                i,
-                parent_bounds,
-                ..
-            } => {
-                let int = self.interior(*parent);
-                let child = int.children[*i];
-                if !self.is_private(child) {
-                    return None;
-                }
-                (child, int.child_bounds(*i, parent_bounds))
-            }
-        };
-        let Some(Node {
-            body: NodeBody::Interior(int),
-            ..
-        }) = self.cache.get(&num)
-        else {
-            return None;
-        };
-        if int.height != 1 || int.is_partial() {
+        let step = self.step_into_leaf(target)?;
+        // A node below a root that others share is copied by the step
+        // first (`private_child`), and so is a shared leaf.
+        let below_root = matches!(target, SettleTarget::Below { .. });
+        if (below_root && !self.is_private(step.node)) || !self.is_private(step.leaf) {
             return None;
         }
-        let i = self.flush_step_buffer(num)?;
-        let limit = self.flush_step_limit();
-        if drops_child_unread(int, i, &int.child_bounds(i, &bounds), limit.bytes) {
-            return None;
-        }
-        let child = int.children[i];
-        if !self.is_private(child) {
-            return None;
-        }
+        let int = self.interior(step.node);
         let Some(Node {
             body: NodeBody::Leaf(leaf),
             ..
-        }) = self.cache.get(&child)
+        }) = self.cache.get(&step.leaf)
         else {
             return None;
         };
-        if !leaf.is_fully_loaded() {
+        if int.is_partial() || !leaf.is_fully_loaded() {
             return None;
         }
         // The part the step will take: flush_part's, with a leaf child.
-        let before = self.step_key_bound(num, i, child);
+        let before = self.step_key_bound(step.node, step.i, step.leaf);
         let limit = PartLimit {
             before: before.as_deref(),
-            ..limit
+            ..self.flush_step_limit()
         };
-        let buffer = &int.buffers[i];
+        let buffer = &int.buffers[step.i];
         let cut = buffer.part_cut(limit);
         let part = buffer.part(&cut);
         let merged = leaf.merged_basements(&part, &self.merges).ok()?;
         Some(PreparedMerge {
-            leaf: child,
+            leaf: step.leaf,
             from: leaf.basements.iter().map(|b| b.entries.clone()).collect(),
             merged,
             messages: part.message_count(),
+        })
+    }
+
+    /// Where the step on `target` flushes into a leaf: None when it
+    /// flushes into an interior node, splits, or drops the child unread
+    /// (what [`Tree::settle_step_leaf`] and [`Tree::prepare_step_merge`]
+    /// both look for, as the step itself will find it).
+    fn step_into_leaf(&self, target: &SettleTarget) -> Option<StepIntoLeaf> {
+        let (ks, node, bounds) = match target {
+            SettleTarget::Root(ks) => (*ks, self.roots[ks.index()], Bounds::full()),
+            SettleTarget::Below {
+                ks,
+                parent,
+                i,
+                parent_bounds,
+            } => {
+                let int = self.interior(*parent);
+                (*ks, int.children[*i], int.child_bounds(*i, parent_bounds))
+            }
+        };
+        let int = self.interior(node);
+        if int.height != 1 {
+            return None;
+        }
+        let i = self.flush_step_buffer(node)?;
+        let leaf_bounds = int.child_bounds(i, &bounds);
+        if drops_child_unread(int, i, &leaf_bounds, self.flush_step_limit().bytes) {
+            return None;
+        }
+        Some(StepIntoLeaf {
+            ks,
+            node,
+            i,
+            leaf: int.children[i],
+            leaf_bounds,
         })
     }
 
@@ -470,35 +489,19 @@ impl Tree {
     /// otherwise read it with every other request shut out. None when the
     /// step reads no leaf.
     pub fn settle_step_leaf(&self, target: &SettleTarget) -> Option<LeafOnDisk> {
-        let (ks, num, bounds) = match target {
-            SettleTarget::Root(ks) => (*ks, self.roots[ks.index()], Bounds::full()),
-            SettleTarget::Below {
-                ks,
-                parent,
-                i,
-                parent_bounds,
-            } => {
-                let int = self.interior(*parent);
-                (*ks, int.children[*i], int.child_bounds(*i, parent_bounds))
-            }
-        };
-        let int = self.interior(num);
-        if int.height != 1 {
-            return None;
-        }
-        let i = self.flush_step_buffer(num)?;
-        let child_bounds = int.child_bounds(i, &bounds);
-        if drops_child_unread(int, i, &child_bounds, self.flush_step_limit().bytes) {
-            return None;
-        }
-        let child = int.children[i];
-        match self.cache.get(&child) {
-            None => self.leaf_on_disk(ks, child, child_bounds),
+        let StepIntoLeaf {
+            ks,
+            leaf,
+            leaf_bounds,
+            ..
+        } = self.step_into_leaf(target)?;
+        match self.cache.get(&leaf) {
+            None => self.leaf_on_disk(ks, leaf, leaf_bounds),
             Some(Node {
-                body: NodeBody::Leaf(leaf),
+                body: NodeBody::Leaf(cached),
                 ..
-            }) if leaf.basements.iter().any(|b| b.entries.is_none()) => {
-                self.basements_on_disk(ks, child, &child_bounds)
+            }) if cached.basements.iter().any(|b| b.entries.is_none()) => {
+                self.basements_on_disk(ks, leaf, &leaf_bounds)
             }
             Some(_) => None,
         }
