@@ -211,6 +211,54 @@ fn every_opcode_through_each_transport() {
     }
 }
 
+/// Removed files' inodes reach the daemon as forgets, through either
+/// transport; with the io_uring queues carrying every other request, the
+/// `/dev/fuse` readers let forgets gather and take them as batches
+/// (`FORGET_GATHERING`): hundreds of removed files, a few reads.
+#[test]
+fn forgets_of_removed_files_arrive_and_gather_in_batches() {
+    if !fuse_available() {
+        return;
+    }
+    const FILES: u64 = 400;
+    let forgotten = |m: &Mount| stats_json(&m.dir)["fuse"]["forgotten_inodes"].as_u64();
+    for transport in transports() {
+        let (_s, m) = mounted("forgets", &[transport]);
+        fs::create_dir(m.path("d")).unwrap();
+        for i in 0..FILES {
+            File::create(m.path(&format!("d/f{i}"))).unwrap();
+        }
+        let before = request_counts(&m.dir);
+        let forgotten_before = forgotten(&m).expect("forgotten_inodes in the stats");
+        for i in 0..FILES {
+            fs::remove_file(m.path(&format!("d/f{i}"))).unwrap();
+        }
+        // Each removed inode is evicted and forgotten; forgets are sent in
+        // the background: wait for them.
+        let mut arrived = 0;
+        for _ in 0..250 {
+            arrived = forgotten(&m).unwrap() - forgotten_before;
+            if arrived >= FILES {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            arrived >= FILES,
+            "{transport}: {arrived} of {FILES} removed inodes forgotten"
+        );
+        let delta = request_delta(&before, &request_counts(&m.dir));
+        let requests = count(&delta, "forget") + count(&delta, "batch_forget");
+        if transport == "transport=uring" {
+            assert!(
+                requests <= FILES / 4,
+                "{transport}: {FILES} forgets came in {requests} requests: {delta:?}"
+            );
+        }
+        m.unmount();
+    }
+}
+
 extern "C" fn ignore_signal(_: libc::c_int) {}
 
 /// A signal to a thread waiting for a request makes the kernel send

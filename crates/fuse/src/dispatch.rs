@@ -88,6 +88,10 @@ pub struct Dispatcher<F> {
     destroyed: AtomicBool,
     /// The connection's number (its directory under fusectl), once mounted.
     connection: OnceLock<u64>,
+    /// Set once the io_uring queues carry the requests: `/dev/fuse` then
+    /// carries only FORGET and INTERRUPT, and its readers gather forgets
+    /// ([`Dispatcher::gathers_forgets`]).
+    requests_on_queues: AtomicBool,
 }
 
 /// The flags this front end asks for (module documentation of the crate
@@ -130,6 +134,7 @@ impl<F: Operations> Dispatcher<F> {
             negotiated: OnceLock::new(),
             destroyed: AtomicBool::new(false),
             connection: OnceLock::new(),
+            requests_on_queues: AtomicBool::new(false),
         }
     }
 
@@ -171,6 +176,19 @@ impl<F: Operations> Dispatcher<F> {
 
     pub fn destroyed(&self) -> bool {
         self.destroyed.load(Ordering::Relaxed)
+    }
+
+    /// Notes that the io_uring queues took over the requests.
+    pub(crate) fn set_requests_on_queues(&self) {
+        self.requests_on_queues.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a `/dev/fuse` reader that served a forget should wait
+    /// before reading again ([`crate::session::FORGET_GATHERING`]): only
+    /// when nothing but FORGET and INTERRUPT comes that way, so that no
+    /// other request waits for it.
+    pub(crate) fn gathers_forgets(&self) -> bool {
+        self.requests_on_queues.load(Ordering::Relaxed)
     }
 
     /// Notes the connection's number, for [`Dispatcher::abandon`].
@@ -261,6 +279,7 @@ impl<F: Operations> Dispatcher<F> {
         let h = &req.header;
         let reply = match &req.op {
             Op::Forget { nlookup } => {
+                self.stats.forgotten(1);
                 self.guarded(h.nodeid, opcode::FORGET, |fs| {
                     fs.forget(h.nodeid, *nlookup);
                     Ok(())
@@ -269,6 +288,7 @@ impl<F: Operations> Dispatcher<F> {
                 Reply::None
             }
             Op::BatchForget { forgets } => {
+                self.stats.forgotten(forgets.len() as u64);
                 for &(ino, nlookup) in forgets {
                     self.guarded(ino, opcode::BATCH_FORGET, |fs| {
                         fs.forget(ino, nlookup);

@@ -12,6 +12,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use betreefs_fs::Operations;
 
@@ -29,6 +30,17 @@ const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
 /// The read buffer: the largest write with its headers, and never less
 /// than the kernel's minimum.
 pub(crate) const READ_BUFFER: usize = MAX_REQUEST as usize + 4096;
+
+/// How long a `/dev/fuse` reader waits after serving a forget, when the
+/// io_uring queues carry every other request. The kernel queues a
+/// forget for each inode it evicts and hands a reader everything queued
+/// as one BATCH_FORGET; read at once, each comes alone, a wake-up, a
+/// read and a turn of the table's lock apiece. `rm -rf` of the kernel
+/// tree (78K files) made 78K such reads, a third of the daemon's CPU
+/// (docs/benchmarks/forget-gathering.md). A forget frees memory only,
+/// and nothing else waits on this thread then, so a short wait costs
+/// nothing.
+pub(crate) const FORGET_GATHERING: Duration = Duration::from_millis(2);
 
 /// A served mount; [`Session::join`] returns once it is unmounted.
 pub struct Session {
@@ -180,7 +192,10 @@ fn start_workers<F: Operations>(
     let transport = match queues {
         None => ActiveTransport::DevFuse,
         Some(queues) => match uring::start(queues, &fd, dispatcher, &mut workers) {
-            Ok(queues) => ActiveTransport::Uring { queues },
+            Ok(queues) => {
+                dispatcher.set_requests_on_queues();
+                ActiveTransport::Uring { queues }
+            }
             Err(e) if config.transport == Transport::Uring => {
                 return Err(io::Error::other(format!(
                     "transport=uring: the io_uring queues did not register: {e}"
@@ -294,8 +309,12 @@ fn serve_device<F: Operations>(fd: &OwnedFd, dispatcher: &Dispatcher<F>) {
             }
         };
         let data = buf.get(..n).unwrap_or_default();
+        let mut forgets = false;
         let (unique, reply) = match Request::parse(data) {
-            Ok(req) => (req.header.unique, serve_one(dispatcher, &req, Via::Device)),
+            Ok(req) => {
+                forgets = matches!(req.op, Op::Forget { .. } | Op::BatchForget { .. });
+                (req.header.unique, serve_one(dispatcher, &req, Via::Device))
+            }
             Err(_) => match abi::InHeader::parse(&mut abi::Reader::new(data)) {
                 Ok(h) => {
                     tracing::warn!("malformed {} request", opcode::name(h.opcode));
@@ -311,6 +330,9 @@ fn serve_device<F: Operations>(fd: &OwnedFd, dispatcher: &Dispatcher<F>) {
             tracing::warn!("replying to the kernel: {e}");
         }
         dispatcher.work_after_replies();
+        if forgets && dispatcher.gathers_forgets() {
+            std::thread::sleep(FORGET_GATHERING);
+        }
     }
 }
 

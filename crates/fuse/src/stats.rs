@@ -155,6 +155,8 @@ struct StatsShard {
     /// Requests that came through each transport.
     via_device: AtomicU64,
     via_uring: AtomicU64,
+    /// Inodes in the FORGET and BATCH_FORGET requests.
+    forgotten: AtomicU64,
 }
 
 impl Default for StatsShard {
@@ -166,6 +168,7 @@ impl Default for StatsShard {
                 .collect(),
             via_device: AtomicU64::new(0),
             via_uring: AtomicU64::new(0),
+            forgotten: AtomicU64::new(0),
         }
     }
 }
@@ -251,6 +254,20 @@ impl RequestStats {
             .collect()
     }
 
+    /// Counts inodes the kernel forgot (one per FORGET, each of a
+    /// BATCH_FORGET).
+    pub fn forgotten(&self, inodes: u64) {
+        self.shard().forgotten.fetch_add(inodes, Ordering::Relaxed);
+    }
+
+    /// Inodes the kernel forgot so far.
+    pub fn forgotten_inodes(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.forgotten.load(Ordering::Relaxed))
+            .sum()
+    }
+
     /// Names the transport the mount serves with.
     pub fn set_transport(&self, transport: String) {
         let _ = self.transport.set(transport);
@@ -268,7 +285,8 @@ impl RequestStats {
 
     /// `{"lookup": {"count": n, "nanos": t}, ...}`, plus `"total"`, the
     /// transport: `"transport": {"name": ..., "devfuse": n, "uring": n}`,
-    /// and `"latency"` ([`LatencyHistogram::to_json`]).
+    /// `"forgotten_inodes": n` ([`RequestStats::forgotten_inodes`]) and
+    /// `"latency"` ([`LatencyHistogram::to_json`]).
     pub fn to_json(&self) -> String {
         let snapshot = self.snapshot();
         let total = snapshot
@@ -291,6 +309,10 @@ impl RequestStats {
         let name = self.transport.get().map(String::as_str).unwrap_or("");
         out.push_str(&format!(
             ",\"transport\":{{\"name\":\"{name}\",\"devfuse\":{device},\"uring\":{uring}}}"
+        ));
+        out.push_str(&format!(
+            ",\"forgotten_inodes\":{}",
+            self.forgotten_inodes()
         ));
         out.push_str(&format!(",\"latency\":{}}}", self.latency().to_json()));
         out
