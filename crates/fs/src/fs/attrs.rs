@@ -2,6 +2,7 @@
 
 use betreefs_engine::{KeySpace, WriteBatch};
 
+use super::locking::Table;
 use super::planned::Planned;
 use super::reservations::ReservedBlocks;
 use super::state::Home;
@@ -43,7 +44,7 @@ pub fn mode_without_privileges(mode: u32, file_gid: u32, caller: Caller) -> u32 
 
 impl FileSystem {
     pub(super) fn set_attributes(&self, ino: Ino, set: &SetAttr) -> FsResult<Attr> {
-        let mut st = self.lock();
+        let mut st = self.writer();
         let now = Timespec::now();
         let before = st.node(ino)?.attr.clone();
         // Immutable: nothing changes. Append-only: times may be set to
@@ -160,7 +161,7 @@ impl FileSystem {
             plan.put_record_at(&st, &mut batch, key, ino)?;
         }
         let reservation = ReservedBlocks::released(released).reservation();
-        self.store.write_reserving(&batch, reservation)?;
+        st.write_reserving(&batch, reservation)?;
         st.commit(plan);
         Ok(after)
     }
@@ -172,7 +173,7 @@ impl FileSystem {
         if flags & !INODE_FLAGS != 0 {
             return Err(Errno::EOPNOTSUPP);
         }
-        let mut st = self.lock();
+        let mut st = self.writer();
         let node = st.node(ino)?;
         if node.attr.flags & INODE_FLAGS == flags {
             return Ok(());
@@ -188,7 +189,7 @@ impl FileSystem {
         if let Some(key) = key {
             let mut batch = WriteBatch::new();
             plan.put_record_at(&st, &mut batch, &key, ino)?;
-            self.store.write(&batch)?;
+            st.write(&batch)?;
         }
         st.commit(plan);
         Ok(())
@@ -239,9 +240,37 @@ impl FileSystem {
         Ok(present)
     }
 
-    pub(super) fn note_access(&self, st: &mut State, ino: Ino) -> FsResult<()> {
+    /// Marks the access of a read or a listing of `ino`, if its access
+    /// time is due (`self.atime`). Takes the table the read held and lets
+    /// it go: an update is a write, made in the write order.
+    pub(super) fn note_access(&self, st: Table<'_>, ino: Ino) -> FsResult<()> {
+        if !self.access_due(&st, ino)? {
+            return Ok(());
+        }
+        drop(st);
+        let mut st = self.writer();
+        // Again: another read may have marked it meanwhile.
+        if !self.access_due(&st, ino)? {
+            return Ok(());
+        }
+        let mut plan = Planned::new();
+        plan.attr_mut(&st, ino)?.atime = Timespec::now();
+        let mut batch = WriteBatch::new();
+        plan.put_record(&st, &mut batch, ino)?;
+        // An access time that cannot be stored (a full device) must not
+        // fail the read that caused it.
+        match st.write(&batch) {
+            Ok(_) => st.commit(plan),
+            Err(e) => tracing::debug!("access time of {ino} not updated: {e}"),
+        }
+        Ok(())
+    }
+
+    /// Whether an access of `ino` now updates its access time.
+    fn access_due(&self, st: &State, ino: Ino) -> FsResult<bool> {
         let now = Timespec::now();
-        let a = &st.node(ino)?.attr;
+        let node = st.node(ino)?;
+        let a = &node.attr;
         let due = match self.atime {
             _ if a.flags & FS_NOATIME_FL != 0 => false,
             AtimePolicy::Noatime => false,
@@ -250,19 +279,6 @@ impl FileSystem {
                 a.atime <= a.mtime || a.atime <= a.ctime || now.sec - a.atime.sec >= RELATIME_SECS
             }
         };
-        if !due || st.node(ino)?.home == Home::Gone {
-            return Ok(());
-        }
-        let mut plan = Planned::new();
-        plan.attr_mut(st, ino)?.atime = now;
-        let mut batch = WriteBatch::new();
-        plan.put_record(st, &mut batch, ino)?;
-        // An access time that cannot be stored (a full device) must not
-        // fail the read that caused it.
-        match self.store.write(&batch) {
-            Ok(_) => st.commit(plan),
-            Err(e) => tracing::debug!("access time of {ino} not updated: {e}"),
-        }
-        Ok(())
+        Ok(due && node.home != Home::Gone)
     }
 }

@@ -4,6 +4,7 @@
 use betreefs_engine::merge::patch_arg;
 use betreefs_engine::{KeySpace, WriteBatch, MERGE_PATCH};
 
+use super::locking::Writer;
 use super::planned::Planned;
 use super::reservations::{self, ReservedBlocks};
 use super::state::{Home, OpenFile, State};
@@ -65,28 +66,54 @@ impl FileSystem {
         Self::add_file_handle(&mut st, ino, flags)
     }
 
-    /// The last close of an unlinked file frees it.
+    /// The last close of an unlinked file frees it. The table alone
+    /// otherwise: an unlink of the file in flight, planned while it was
+    /// open, finds it closed once its batch is in and frees it itself
+    /// ([`FileSystem::free_if_closed`]).
     pub(super) fn release_file(&self, fh: u64) -> FsResult<()> {
-        let mut st = self.lock();
+        let mut st = self.lock_table();
         let Some(OpenFile { ino, .. }) = st.handles.remove(&fh) else {
             return Err(Errno::EBADF);
         };
         let node = st.node_mut(ino)?;
         node.opens = node.opens.saturating_sub(1);
-        if node.opens == 0 && node.attr.nlink == 0 && node.home == Home::Inode {
-            let attr = node.attr.clone();
-            let mut batch = WriteBatch::new();
-            let file = schema::inode_key(ino);
-            let released = self.release_all_reservations(&mut batch, Some(&attr), &file)?;
-            purge_file(&mut batch, &file);
-            batch.delete(KeySpace::Meta, &schema::orphan_key(ino));
-            count_update(&mut batch, -1);
-            self.store.write_reserving(&batch, released.reservation())?;
-            st.node_mut(ino)?.home = Home::Gone;
-            st.key_moves += 1;
+        if Self::unlinked_and_closed(&st, ino) {
+            drop(st);
+            let mut st = self.writer();
+            self.free_if_closed(&mut st, ino)?;
+            st.drop_if_unused(ino);
+        } else {
+            st.drop_if_unused(ino);
         }
-        st.drop_if_unused(ino);
         Ok(())
+    }
+
+    /// Frees `ino` if it has no name left and no open handle, its data
+    /// still under its inode key: at its last close, or at the end of an
+    /// unlink that a last close raced with.
+    pub(super) fn free_if_closed(&self, st: &mut Writer<'_>, ino: Ino) -> FsResult<()> {
+        if !Self::unlinked_and_closed(st, ino) {
+            return Ok(());
+        }
+        let attr = st.node(ino)?.attr.clone();
+        let mut batch = WriteBatch::new();
+        let file = schema::inode_key(ino);
+        let released = self.release_all_reservations(&mut batch, Some(&attr), &file)?;
+        purge_file(&mut batch, &file);
+        batch.delete(KeySpace::Meta, &schema::orphan_key(ino));
+        count_update(&mut batch, -1);
+        st.write_reserving(&batch, released.reservation())?;
+        st.node_mut(ino)?.home = Home::Gone;
+        st.key_moves += 1;
+        Ok(())
+    }
+
+    /// Whether `ino` has no name left and no open handle, its data still
+    /// under its inode key: the last close frees it.
+    fn unlinked_and_closed(st: &State, ino: Ino) -> bool {
+        st.nodes
+            .get(&ino)
+            .is_some_and(|n| n.opens == 0 && n.attr.nlink == 0 && n.home == Home::Inode)
     }
 
     /// Reads into `out` from `offset`; returns the bytes read (fewer at the
@@ -96,7 +123,9 @@ impl FileSystem {
     /// size, key and `data_version` and the table's `key_moves` are taken
     /// under it, the blocks read without it, and the read stands if
     /// neither count moved meanwhile — the key was the file's and its data
-    /// unchanged throughout. Otherwise (a write, truncate or rename raced
+    /// unchanged throughout (both are taken with no write in flight, and
+    /// a write moves them when it updates the table: `super::locking`).
+    /// Otherwise (a write, truncate or rename raced
     /// with it) it is made again with the lock held, as every read was
     /// before: a cached `getattr` or a read of another file no longer
     /// waits for this one's device reads.
@@ -107,7 +136,7 @@ impl FileSystem {
             (span, (st.node(ino)?.data_version, st.key_moves))
         };
         self.copy_span(&span, offset, out)?;
-        let mut st = self.lock();
+        let st = self.lock();
         let now = st.nodes.get(&ino).map(|n| (n.data_version, st.key_moves));
         let len = if now == Some(seen) {
             span.len
@@ -116,7 +145,7 @@ impl FileSystem {
             self.copy_span(&span, offset, out)?;
             span.len
         };
-        self.note_access(&mut st, ino)?;
+        self.note_access(st, ino)?;
         Ok(len)
     }
 
@@ -175,7 +204,7 @@ impl FileSystem {
         data: &[u8],
         kill: Option<Caller>,
     ) -> FsResult<u32> {
-        let mut st = self.lock();
+        let mut st = self.writer();
         let kernel_places = self
             .kernel_places_appends
             .load(std::sync::atomic::Ordering::Relaxed);
@@ -249,7 +278,7 @@ impl FileSystem {
             attr.ctime = now;
             plan.put_record_at(&st, &mut batch, &key, ino)?;
             let reservation = ReservedBlocks::released(released).reservation();
-            match self.store.write_reserving(&batch, reservation) {
+            match st.write_reserving(&batch, reservation) {
                 Ok(_) => st.commit(plan),
                 // What went in before stays: a short write.
                 Err(e) if chunk_start > 0 && e.is_no_space() => return Ok(chunk_start as u32),
@@ -296,7 +325,7 @@ impl FileSystem {
         if end > FILE_SIZE_MAX {
             return Err(Errno::EFBIG);
         }
-        let mut st = self.lock();
+        let mut st = self.writer();
         let before = st.node(ino)?.attr.clone();
         if before.is_dir() {
             return Err(Errno::EISDIR);
@@ -359,7 +388,7 @@ impl FileSystem {
         attr.ctime = now;
         attr.mtime = now;
         plan.put_record_at(&st, &mut batch, &key, ino)?;
-        self.store.write_reserving(&batch, changed.reservation())?;
+        st.write_reserving(&batch, changed.reservation())?;
         st.commit(plan);
         Ok(())
     }
@@ -475,7 +504,7 @@ impl FileSystem {
         len: u64,
         kill: Option<Caller>,
     ) -> FsResult<bool> {
-        let mut st = self.lock();
+        let mut st = self.writer();
         let source = st.node(ino_in)?.attr.clone();
         let before = st.node(ino_out)?.attr.clone();
         let end = off_in + len;
@@ -516,7 +545,7 @@ impl FileSystem {
         attr.mtime = now;
         attr.ctime = now;
         plan.put_record_at(&st, &mut batch, &key_out, ino_out)?;
-        self.store.write(&batch)?;
+        st.write(&batch)?;
         st.commit(plan);
         Ok(true)
     }
@@ -531,27 +560,37 @@ impl FileSystem {
     /// with the blocks a file that may have holes stores, counted at most
     /// once per change of its data.
     pub(super) fn attr_for_kernel(&self, st: &mut State, ino: Ino) -> FsResult<Attr> {
+        if let Some(attr) = Self::attr_in_table(st, ino)? {
+            return Ok(attr);
+        }
+        let node = st.node(ino)?;
+        let mut attr = node.attr.clone();
+        let version = node.data_version;
+        let counted = self.count_stored_blocks(&attr, &st.file_key(ino)?)?;
+        if let Some(blocks) = counted {
+            st.node_mut(ino)?.stored_blocks = Some((version, blocks));
+        }
+        attr.stored_blocks = counted;
+        Ok(attr)
+    }
+
+    /// [`FileSystem::attr_for_kernel`] when the table alone has it: for
+    /// every inode but a file that may have holes whose stored blocks
+    /// were not counted since its data last changed.
+    pub(super) fn attr_in_table(st: &State, ino: Ino) -> FsResult<Option<Attr>> {
         let node = st.node(ino)?;
         let mut attr = node.attr.clone();
         let may_have_holes = attr.flags & SPARSE_FL != 0 && attr.file_type() == S_IFREG;
         if !may_have_holes || node.home == Home::Gone {
-            return Ok(attr);
+            return Ok(Some(attr));
         }
-        let cached = node
-            .stored_blocks
-            .filter(|&(version, _)| version == node.data_version);
-        let version = node.data_version;
-        attr.stored_blocks = match cached {
-            Some((_, blocks)) => Some(blocks),
-            None => {
-                let counted = self.count_stored_blocks(&attr, &st.file_key(ino)?)?;
-                if let Some(blocks) = counted {
-                    st.node_mut(ino)?.stored_blocks = Some((version, blocks));
-                }
-                counted
+        match node.stored_blocks {
+            Some((version, blocks)) if version == node.data_version => {
+                attr.stored_blocks = Some(blocks);
+                Ok(Some(attr))
             }
-        };
-        Ok(attr)
+            _ => Ok(None),
+        }
     }
 
     /// The data blocks stored of a file that may have holes (a scan of

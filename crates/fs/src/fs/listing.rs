@@ -116,10 +116,11 @@ impl FileSystem {
     ///
     /// The first entries are read without the table's lock (a cold
     /// directory waits for the device with the lock free) and given to
-    /// `add` only if no batch was written meanwhile (every write holds
-    /// the table's lock: `Store::batches_applied`, as lookups do); else,
-    /// and for what lies past them, the entries are read with the lock
-    /// held, as they all were before.
+    /// `add` only if no batch was written meanwhile
+    /// (`Store::batches_applied`, taken and checked with no write in
+    /// flight, as lookups do: `super::locking`); else, and for what lies
+    /// past them, the entries are read with the lock held, as they all
+    /// were before.
     pub(super) fn list_dir(
         &self,
         ino: Ino,
@@ -161,7 +162,7 @@ impl FileSystem {
             Ok((entries, rest)) if self.store.batches_applied() == seen => {
                 for listed in entries {
                     if self.give_entry(&mut st, ino, &dir, listed, plus, add)? {
-                        return self.note_access(&mut st, ino);
+                        return self.note_access(st, ino);
                     }
                 }
                 if let Some(from) = rest {
@@ -178,7 +179,7 @@ impl FileSystem {
                 self.fill_from(&mut st, ino, &dir, &from, &hi, plus, add)?;
             }
         }
-        self.note_access(&mut st, ino)
+        self.note_access(st, ino)
     }
 
     /// The key a listing from `offset` starts at (past "." and "..").

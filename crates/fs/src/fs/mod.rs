@@ -37,6 +37,7 @@
 mod attrs;
 mod data;
 mod listing;
+mod locking;
 mod names;
 mod planned;
 mod reservations;
@@ -45,9 +46,9 @@ mod tree_clone;
 mod xattr;
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
 
 use betreefs_engine::{KeySpace, Store, WriteBatch};
+use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Errno, FsResult};
 use crate::ops::Operations;
@@ -105,7 +106,13 @@ pub enum AtimePolicy {
 /// A mounted betreefs: the engine plus the inode table.
 pub struct FileSystem {
     store: Store,
+    /// The inode table ([`locking`] says who holds it when).
     state: Mutex<State>,
+    /// The write order: held by an operation that writes, from its plan
+    /// to its table update.
+    writes: Mutex<()>,
+    /// Told when a write in flight is in (`State::write_in_flight`).
+    settled: Condvar,
     atime: AtimePolicy,
     /// The kernel caches writes and places O_APPEND writes itself (FUSE
     /// writeback cache): offsets of writes are then final.
@@ -186,7 +193,10 @@ impl FileSystem {
                 ino_reserved: info.ino_reserved,
                 created: info.created,
                 memory,
+                write_in_flight: false,
             }),
+            writes: Mutex::new(()),
+            settled: Condvar::new(),
             atime,
             kernel_places_appends: std::sync::atomic::AtomicBool::new(false),
         };
@@ -247,10 +257,6 @@ impl FileSystem {
     pub fn close(self) -> Result<(), betreefs_engine::EngineError> {
         self.store.close()
     }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 impl Operations for FileSystem {
@@ -267,7 +273,9 @@ impl Operations for FileSystem {
     }
 
     fn forget(&self, ino: Ino, count: u64) {
-        let mut st = self.lock();
+        // The table alone: a node a request in flight names is one the
+        // kernel holds, never forgotten meanwhile.
+        let mut st = self.lock_table();
         if let Some(node) = st.nodes.get_mut(&ino) {
             node.lookups = node.lookups.saturating_sub(count);
             st.drop_if_unused(ino);
@@ -275,7 +283,11 @@ impl Operations for FileSystem {
     }
 
     fn getattr(&self, ino: Ino) -> FsResult<Attr> {
-        self.attr_for_kernel(&mut self.lock(), ino)
+        let st = self.lock_table();
+        if let Some(attr) = Self::attr_in_table(&st, ino)? {
+            return Ok(attr);
+        }
+        self.attr_for_kernel(&mut self.settle(st), ino)
     }
 
     fn mknod(
@@ -291,12 +303,12 @@ impl Operations for FileSystem {
         if mode & S_IFMT == S_IFDIR || mode & S_IFMT == S_IFLNK {
             return Err(Errno::EINVAL);
         }
-        self.make_node(&mut self.lock(), parent, name, mode, rdev, &[], caller)
+        self.make_node(&mut self.writer(), parent, name, mode, rdev, &[], caller)
     }
 
     fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> FsResult<Attr> {
         let mode = S_IFDIR | (mode & 0o7777);
-        self.make_node(&mut self.lock(), parent, name, mode, 0, &[], caller)
+        self.make_node(&mut self.writer(), parent, name, mode, 0, &[], caller)
     }
 
     fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], caller: Caller) -> FsResult<Attr> {
@@ -307,7 +319,7 @@ impl Operations for FileSystem {
             return Err(Errno::ENAMETOOLONG);
         }
         self.make_node(
-            &mut self.lock(),
+            &mut self.writer(),
             parent,
             name,
             S_IFLNK | 0o777,
@@ -318,7 +330,7 @@ impl Operations for FileSystem {
     }
 
     fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
-        let st = self.lock();
+        let st = self.lock_table();
         let node = st.node(ino)?;
         if node.attr.file_type() != S_IFLNK {
             return Err(Errno::EINVAL);
@@ -335,7 +347,7 @@ impl Operations for FileSystem {
         flags: i32,
         caller: Caller,
     ) -> FsResult<(Attr, u64)> {
-        let mut st = self.lock();
+        let mut st = self.writer();
         let mode = S_IFREG | (mode & 0o7777);
         let attr = self.make_node(&mut st, parent, name, mode, 0, &[], caller)?;
         let fh = Self::add_file_handle(&mut st, attr.ino, flags)?;
@@ -347,7 +359,7 @@ impl Operations for FileSystem {
     }
 
     fn unlink(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
-        let mut st = self.lock();
+        let mut st = self.writer();
         let found = self.find(&st, parent, name)?.ok_or(Errno::ENOENT)?;
         if found.is_dir() {
             return Err(Errno::EISDIR);
@@ -356,7 +368,7 @@ impl Operations for FileSystem {
     }
 
     fn rmdir(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
-        let mut st = self.lock();
+        let mut st = self.writer();
         let found = self.find(&st, parent, name)?.ok_or(Errno::ENOENT)?;
         if !found.is_dir() {
             return Err(Errno::ENOTDIR);
@@ -425,7 +437,7 @@ impl Operations for FileSystem {
     }
 
     fn inode_flags(&self, ino: Ino) -> FsResult<u32> {
-        Ok(self.lock().node(ino)?.attr.flags & crate::record::INODE_FLAGS)
+        Ok(self.lock_table().node(ino)?.attr.flags & crate::record::INODE_FLAGS)
     }
 
     fn set_inode_flags(&self, ino: Ino, flags: u32) -> FsResult<()> {

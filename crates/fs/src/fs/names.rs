@@ -3,6 +3,7 @@
 
 use betreefs_engine::{KeySpace, WriteBatch};
 
+use super::locking::Writer;
 use super::planned::Planned;
 use super::reservations::ReservedBlocks;
 use super::state::{Home, State};
@@ -122,7 +123,7 @@ impl FileSystem {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn make_node(
         &self,
-        st: &mut State,
+        st: &mut Writer<'_>,
         parent: Ino,
         name: &[u8],
         mode: u32,
@@ -158,7 +159,7 @@ impl FileSystem {
         plan.touch_dir(st, parent, now, if is_dir { 1 } else { 0 })?;
         plan.put_record_at(st, &mut batch, &parent_key, parent)?;
         count_update(&mut batch, 1);
-        self.store.write(&batch)?;
+        st.write(&batch)?;
         st.commit(plan);
         st.note_added(parent, name);
         st.add_lookup(parent, name, attr.clone(), target.to_vec(), Home::Path);
@@ -233,7 +234,7 @@ impl FileSystem {
         flags: i32,
         caller: Caller,
     ) -> FsResult<(Attr, u64)> {
-        let mut st = self.lock();
+        let mut st = self.writer();
         if !st.node(parent)?.attr.is_dir() {
             return Err(Errno::ENOTDIR);
         }
@@ -257,7 +258,7 @@ impl FileSystem {
         batch.put(KeySpace::Meta, &key, &inode_record(&attr, &[]));
         batch.put(KeySpace::Meta, &schema::orphan_key(ino), &[]);
         count_update(&mut batch, 1);
-        self.store.write(&batch)?;
+        st.write(&batch)?;
         st.commit(plan);
         st.add_lookup(parent, &[], attr.clone(), Vec::new(), Home::Inode);
         st.node_mut(ino)?.has_xattrs = Some(acls);
@@ -345,7 +346,7 @@ impl FileSystem {
 
     pub(super) fn remove_and_commit(
         &self,
-        st: &mut State,
+        st: &mut Writer<'_>,
         parent: Ino,
         name: &[u8],
         found: Found,
@@ -360,10 +361,11 @@ impl FileSystem {
         let released = self.remove_entry(st, &mut plan, &mut batch, &found, &sub, now, true)?;
         plan.touch_dir(st, parent, now, if is_dir { -1 } else { 0 })?;
         plan.put_record_at(st, &mut batch, &dir_record_key(&found.dir), parent)?;
-        self.store.write_reserving(&batch, released.reservation())?;
+        st.write_reserving(&batch, released.reservation())?;
         st.commit(plan);
         st.remember_absent(parent, name);
-        Ok(())
+        // A last close while the batch went in saw the file still named.
+        self.free_if_closed(st, found.ino())
     }
 
     pub(super) fn dir_is_empty(&self, dir: &[u8]) -> FsResult<bool> {
@@ -408,20 +410,24 @@ impl FileSystem {
         st.move_pin(old_parent, new_parent);
     }
 
-    /// lookup(2)'s half in the daemon. The entry (and the inode a hard
-    /// link names) is read without the table's lock, so that a lookup
-    /// waiting for the device holds up no other request; what it found
-    /// stands if no batch was written meanwhile (every write holds the
-    /// table's lock: `Store::batches_applied`), else it is read again
-    /// with the lock held — from the cache by then.
+    /// lookup(2)'s half in the daemon. A name the table knows absent is
+    /// answered from the table alone (the kernel holds the directory
+    /// locked while a name in it is made, so no write in flight can be
+    /// making this one). Otherwise the entry (and the inode a hard link
+    /// names) is read without the table's lock, so that a lookup waiting
+    /// for the device holds up no other request; what it found stands if
+    /// no batch was written meanwhile (`Store::batches_applied`, taken and
+    /// checked with no write in flight: `super::locking`), else it is read
+    /// again with the lock held — from the cache by then.
     pub(super) fn lookup_entry(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         name_check(name)?;
         let (dir, seen) = {
-            let mut st = self.lock();
+            let mut st = self.lock_table();
             if st.known_absent(parent, name) {
                 st.remember_absent(parent, name);
                 return Err(Errno::ENOENT);
             }
+            let st = self.settle(st);
             (st.dir_key(parent)?, self.store.batches_applied())
         };
         let unlocked = self.query_entry(dir, name).and_then(|found| match found {
@@ -547,7 +553,7 @@ impl FileSystem {
     }
 
     pub(super) fn link_entry(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> FsResult<Attr> {
-        let mut st = self.lock();
+        let mut st = self.writer();
         let node = st.node(ino)?;
         if node.attr.is_dir() {
             return Err(Errno::EPERM);
@@ -603,7 +609,7 @@ impl FileSystem {
         );
         plan.touch_dir(&st, new_parent, now, 0)?;
         plan.put_record_at(&st, &mut batch, &parent_key, new_parent)?;
-        self.store.write(&batch)?;
+        st.write(&batch)?;
         st.commit(plan);
         st.note_added(new_parent, new_name);
         let node = st.node(ino)?;
@@ -620,7 +626,7 @@ impl FileSystem {
         new_name: &[u8],
         flags: RenameFlags,
     ) -> FsResult<()> {
-        let mut st = self.lock();
+        let mut st = self.writer();
         if flags.exchange && (flags.noreplace || flags.whiteout.is_some()) {
             return Err(Errno::EINVAL);
         }
@@ -783,10 +789,14 @@ impl FileSystem {
         if new_parent != parent {
             plan.put_record_at(&st, &mut batch, &dir_record_key(&dst_dir), new_parent)?;
         }
-        self.store.write_reserving(&batch, released.reservation())?;
+        st.write_reserving(&batch, released.reservation())?;
         st.commit(plan);
         // The table follows: names move, a replaced node is gone.
         let dst_ino = dst.as_ref().map(Found::ino);
+        if let (Some(replaced), false) = (dst_ino, flags.exchange) {
+            // A last close while the batch went in saw it still named.
+            self.free_if_closed(&mut st, replaced)?;
+        }
         self.rename_in_table(&mut st, src_ino, new_parent, new_name);
         if flags.exchange {
             if let Some(d) = dst_ino {

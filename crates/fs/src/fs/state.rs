@@ -124,6 +124,10 @@ pub(super) struct State {
     /// Where the table's memory is reported: the engine's node cache
     /// makes room for it (one budget, `cache=`, covers both).
     pub(super) memory: TableMemory,
+    /// A writer's batch is going into the store with the table's lock let
+    /// go: the store may be ahead of the table until it is installed
+    /// (`super::locking`).
+    pub(super) write_in_flight: bool,
 }
 
 /// The inode table's memory, reported to the engine.

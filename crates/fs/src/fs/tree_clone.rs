@@ -45,7 +45,7 @@ impl FileSystem {
         if caller.uid != 0 {
             return Err(Errno::EPERM);
         }
-        let mut st = self.lock();
+        let mut st = self.writer();
         self.load_by_number(&mut st, src)?;
         if !st.node(src)?.attr.is_dir() || !st.node(dst)?.attr.is_dir() {
             return Err(Errno::ENOTDIR);
@@ -85,7 +85,7 @@ impl FileSystem {
         count_update(&mut batch, made as i64);
         // A tree whose records exceed one log record is refused here
         // (EFBIG), before anything is written.
-        self.store.write(&batch)?;
+        st.write(&batch)?;
         st.commit(plan);
         st.resize_node(dst, |node| {
             node.attr = attr.clone();

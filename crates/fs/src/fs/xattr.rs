@@ -30,7 +30,7 @@ impl FileSystem {
         if value.len() > XATTR_SIZE_MAX {
             return Err(Errno::E2BIG);
         }
-        let mut st = self.lock();
+        let mut st = self.writer();
         st.check_attributes_change(ino)?;
         let key = schema::xattr_key(&st.file_key(ino)?, name);
         // ACLs (the kernel enforces them) keep the mode in step; an access
@@ -79,7 +79,7 @@ impl FileSystem {
         if name == CAPABILITY_XATTR {
             st.node_mut(ino)?.has_capability = None;
         }
-        self.store.write(&batch)?;
+        st.write(&batch)?;
         st.commit(plan);
         if keep {
             st.node_mut(ino)?.has_xattrs = Some(true);
@@ -119,8 +119,15 @@ impl FileSystem {
         Ok(None)
     }
 
+    /// The table alone answers for a file known to have no extended
+    /// attribute (the `security.capability` asked before a new file's
+    /// first write, the ACLs asked on its first permission checks).
     pub(super) fn get_xattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
-        let mut st = self.lock();
+        let st = self.lock_table();
+        if st.node(ino)?.has_xattrs == Some(false) {
+            return Err(Errno::ENODATA);
+        }
+        let mut st = self.settle(st);
         self.stored_xattr(&mut st, ino, name)?.ok_or(Errno::ENODATA)
     }
 
@@ -139,7 +146,7 @@ impl FileSystem {
     }
 
     pub(super) fn remove_xattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
-        let mut st = self.lock();
+        let mut st = self.writer();
         st.check_attributes_change(ino)?;
         let key = schema::xattr_key(&st.file_key(ino)?, name);
         if self.store.get(KeySpace::Data, &key)?.is_none() {
@@ -153,7 +160,7 @@ impl FileSystem {
         let mut batch = WriteBatch::new();
         batch.delete(KeySpace::Data, &key);
         plan.put_record(&st, &mut batch, ino)?;
-        self.store.write(&batch)?;
+        st.write(&batch)?;
         st.commit(plan);
         Ok(())
     }
