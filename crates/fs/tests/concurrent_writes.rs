@@ -5,8 +5,9 @@
 
 mod common;
 
-use std::sync::mpsc::{channel, TryRecvError};
+use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use betreefs_engine::Store;
@@ -20,6 +21,42 @@ fn big_contents() -> Vec<u8> {
     (0..256 << 10).map(|i| (i / 4096) as u8).collect()
 }
 
+/// A file system holding a 1 MiB file (a data tree of a root over
+/// leaves) and `files`, mounted again with nothing cached on a device
+/// whose reads a thread can hold.
+fn cold_mount(files: &[(&[u8], &[u8])]) -> (Arc<HeldReads>, Arc<FileSystem>) {
+    let dev = MemDevice::new(64 << 20);
+    let store = Store::create_on(Arc::new(dev.clone()), common::options()).unwrap();
+    FileSystem::format(&store, ME).unwrap();
+    let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
+    common::write_file(&fs, ROOT_INO, b"filler", &vec![7; 1 << 20]);
+    for (name, data) in files {
+        common::write_file(&fs, ROOT_INO, name, data);
+    }
+    fs.close().unwrap();
+    let device = Arc::new(HeldReads::new(dev));
+    let store = Store::open_on(device.clone(), common::options()).unwrap();
+    let fs = Arc::new(FileSystem::mount(store, AtimePolicy::Relatime).unwrap());
+    (device, fs)
+}
+
+/// Runs `f` on a thread whose device reads are each held until the
+/// returned sender is dropped (announced on the receiver).
+fn spawn_held<T: Send + 'static>(
+    device: &Arc<HeldReads>,
+    fs: &Arc<FileSystem>,
+    f: impl FnOnce(&FileSystem) -> T + Send + 'static,
+) -> (JoinHandle<T>, Receiver<u64>, Sender<()>) {
+    let (arrived, held) = channel();
+    let (go, wait) = channel::<()>();
+    let (fs, device) = (fs.clone(), device.clone());
+    let thread = std::thread::spawn(move || {
+        device.hold_reads_of_this_thread(arrived, wait);
+        f(&fs)
+    });
+    (thread, held, go)
+}
+
 /// A writer held inside the store's write (at a device read of the
 /// node its batch goes into, on a cold mount): a getattr, a release, a
 /// lookup of a name the table knows absent and a getxattr of a file known
@@ -27,31 +64,15 @@ fn big_contents() -> Vec<u8> {
 /// waits, and once the writer is let go finds what it wrote.
 #[test]
 fn table_requests_go_on_while_a_writers_batch_goes_in() {
-    let dev = MemDevice::new(64 << 20);
-    let store = Store::create_on(Arc::new(dev.clone()), common::options()).unwrap();
-    FileSystem::format(&store, ME).unwrap();
-    let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
-    // A data tree of a root over leaves.
-    common::write_file(&fs, ROOT_INO, b"filler", &vec![7; 1 << 20]);
-    fs.close().unwrap();
-
-    let device = Arc::new(HeldReads::new(dev));
-    let store = Store::open_on(device.clone(), common::options()).unwrap();
-    let fs = Arc::new(FileSystem::mount(store, AtimePolicy::Relatime).unwrap());
+    let (device, fs) = cold_mount(&[]);
     let small = common::write_file(&fs, ROOT_INO, b"small", b"0123");
     let dir = fs.mkdir(ROOT_INO, b"dir", 0o755, ME).unwrap().ino;
     let (big, big_fh) = fs.create(ROOT_INO, b"big", 0o644, 0, ME).unwrap();
     let small_fh = fs.open(small, libc::O_RDONLY, None).unwrap();
 
-    let (arrived, held) = channel();
-    let (go, wait) = channel::<()>();
-    let writer = {
-        let (fs, device) = (fs.clone(), device.clone());
-        std::thread::spawn(move || {
-            device.hold_reads_of_this_thread(arrived, wait);
-            fs.write(big.ino, big_fh, 0, &big_contents(), None)
-        })
-    };
+    let (writer, held, go) = spawn_held(&device, &fs, move |fs| {
+        fs.write(big.ino, big_fh, 0, &big_contents(), None)
+    });
     held.recv_timeout(WAIT)
         .expect("the big write reads a node of the data tree");
 
@@ -108,30 +129,12 @@ fn table_requests_go_on_while_a_writers_batch_goes_in() {
 /// file closed and frees it: nothing of it is left, no orphan counted.
 #[test]
 fn a_last_close_racing_an_unlink_leaves_nothing_behind() {
-    let dev = MemDevice::new(64 << 20);
-    let store = Store::create_on(Arc::new(dev.clone()), common::options()).unwrap();
-    FileSystem::format(&store, ME).unwrap();
-    let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
-    common::write_file(&fs, ROOT_INO, b"filler", &vec![7; 1 << 20]);
-    common::write_file(&fs, ROOT_INO, b"victim", &[9; 64 << 10]);
-    fs.close().unwrap();
-
-    let device = Arc::new(HeldReads::new(dev));
-    let store = Store::open_on(device.clone(), common::options()).unwrap();
-    let fs = Arc::new(FileSystem::mount(store, AtimePolicy::Relatime).unwrap());
+    let (device, fs) = cold_mount(&[(b"victim", &[9; 64 << 10])]);
     let victim = fs.lookup(ROOT_INO, b"victim").unwrap().ino;
     let fh = fs.open(victim, libc::O_RDONLY, None).unwrap();
     let files_before = fs.statfs().inodes;
 
-    let (arrived, held) = channel();
-    let (go, wait) = channel::<()>();
-    let unlink = {
-        let (fs, device) = (fs.clone(), device.clone());
-        std::thread::spawn(move || {
-            device.hold_reads_of_this_thread(arrived, wait);
-            fs.unlink(ROOT_INO, b"victim")
-        })
-    };
+    let (unlink, held, go) = spawn_held(&device, &fs, |fs| fs.unlink(ROOT_INO, b"victim"));
     held.recv_timeout(WAIT)
         .expect("the unlink's batch (a move of the open file's data) reads a node");
     let released = {

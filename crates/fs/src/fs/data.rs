@@ -77,14 +77,14 @@ impl FileSystem {
         };
         let node = st.node_mut(ino)?;
         node.opens = node.opens.saturating_sub(1);
-        if Self::unlinked_and_closed(&st, ino) {
-            drop(st);
-            let mut st = self.writer();
-            self.free_if_closed(&mut st, ino)?;
+        if !Self::unlinked_and_closed(&st, ino) {
             st.drop_if_unused(ino);
-        } else {
-            st.drop_if_unused(ino);
+            return Ok(());
         }
+        drop(st);
+        let mut st = self.writer();
+        self.free_if_closed(&mut st, ino)?;
+        st.drop_if_unused(ino);
         Ok(())
     }
 
@@ -125,10 +125,10 @@ impl FileSystem {
     /// neither count moved meanwhile — the key was the file's and its data
     /// unchanged throughout (both are taken with no write in flight, and
     /// a write moves them when it updates the table: `super::locking`).
-    /// Otherwise (a write, truncate or rename raced
-    /// with it) it is made again with the lock held, as every read was
-    /// before: a cached `getattr` or a read of another file no longer
-    /// waits for this one's device reads.
+    /// Otherwise (a write, truncate or rename raced with it) it is made
+    /// again with the lock held, as every read was before: a cached
+    /// `getattr` or a read of another file no longer waits for this one's
+    /// device reads.
     pub(super) fn read_data(&self, ino: Ino, offset: u64, out: &mut [u8]) -> FsResult<usize> {
         let (span, seen) = {
             let st = self.lock();
