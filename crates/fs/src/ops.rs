@@ -97,6 +97,13 @@ pub trait Operations: Send + Sync + 'static {
     /// Finds `name` in `parent`; the kernel holds a reference until forget.
     fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr>;
     fn forget(&self, ino: Ino, count: u64);
+    /// [`Operations::forget`] of each (inode, count) of a BATCH_FORGET;
+    /// an implementation may take its locks once for all of them.
+    fn forget_many(&self, forgets: &[(Ino, u64)]) {
+        for &(ino, count) in forgets {
+            self.forget(ino, count);
+        }
+    }
     /// Finds an inode by number alone (a file handle being decoded: the
     /// kernel's LOOKUP of "." in it); the kernel holds a reference after.
     /// `ESTALE` when it is gone.

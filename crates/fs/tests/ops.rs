@@ -192,6 +192,30 @@ fn an_open_unlinked_file_stays_readable_until_closed() {
     assert_eq!(fs.statfs().inodes, inodes - 1, "orphan purged at mount");
 }
 
+/// The table keeps an inode while the kernel holds references to it:
+/// a batch of forgets drops each inode whose count reaches zero (and a
+/// directory only once no child in the table needs it for paths), one
+/// with references left stays; a forgotten file is found again by lookup.
+#[test]
+fn forgets_drop_what_the_kernel_no_longer_holds() {
+    let (_dev, fs) = fresh();
+    let dir = fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
+    let a = write_file(&fs, dir, b"a", b"1");
+    let b = write_file(&fs, dir, b"b", b"2");
+    assert_eq!(fs.lookup(dir, b"b").unwrap().ino, b, "b: two references");
+    fs.forget_many(&[(a, 1), (b, 1), (dir, 1)]);
+    // The directory stays: b still needs it for its path.
+    assert_eq!(fs.getattr(a), Err(Errno::ESTALE));
+    assert_eq!(fs.getattr(b).unwrap().ino, b);
+    assert_eq!(fs.getattr(dir).unwrap().ino, dir);
+    fs.forget(b, 1);
+    assert_eq!(fs.getattr(b), Err(Errno::ESTALE));
+    assert_eq!(fs.getattr(dir), Err(Errno::ESTALE));
+    let dir = fs.lookup(ROOT_INO, b"d").unwrap().ino;
+    assert_eq!(fs.lookup(dir, b"a").unwrap().ino, a);
+    assert_eq!(read_all(&fs, a), b"1");
+}
+
 /// Every offset a listing returned resumes right after its entry, in any
 /// order and from cookies long out of the recent window (seekdir to what
 /// telldir said, in a directory read in pieces).

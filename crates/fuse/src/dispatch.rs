@@ -289,13 +289,12 @@ impl<F: Operations> Dispatcher<F> {
             }
             Op::BatchForget { forgets } => {
                 self.stats.forgotten(forgets.len() as u64);
-                for &(ino, nlookup) in forgets {
-                    self.guarded(ino, opcode::BATCH_FORGET, |fs| {
-                        fs.forget(ino, nlookup);
-                        Ok(())
-                    })
-                    .ok();
-                }
+                let first = forgets.first().map_or(0, |&(ino, _)| ino);
+                self.guarded(first, opcode::BATCH_FORGET, |fs| {
+                    fs.forget_many(forgets);
+                    Ok(())
+                })
+                .ok();
                 Reply::None
             }
             Op::Interrupt { .. } => {

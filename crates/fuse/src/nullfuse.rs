@@ -151,11 +151,18 @@ impl Operations for NullFs {
     }
 
     fn forget(&self, ino: Ino, count: u64) {
+        self.forget_many(&[(ino, count)]);
+    }
+
+    /// One hold of the lock for a whole batch, as betreefs does.
+    fn forget_many(&self, forgets: &[(Ino, u64)]) {
         let mut st = self.lock();
-        if let Some(node) = st.nodes.get_mut(&ino) {
-            node.lookups = node.lookups.saturating_sub(count);
-            if node.lookups == 0 && node.attr.nlink == 0 {
-                st.nodes.remove(&ino);
+        for &(ino, count) in forgets {
+            if let Some(node) = st.nodes.get_mut(&ino) {
+                node.lookups = node.lookups.saturating_sub(count);
+                if node.lookups == 0 && node.attr.nlink == 0 {
+                    st.nodes.remove(&ino);
+                }
             }
         }
     }

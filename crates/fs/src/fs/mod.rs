@@ -273,12 +273,20 @@ impl Operations for FileSystem {
     }
 
     fn forget(&self, ino: Ino, count: u64) {
-        // The table alone: a node a request in flight names is one the
-        // kernel holds, never forgotten meanwhile.
+        self.forget_many(&[(ino, count)]);
+    }
+
+    /// One hold of the table for a whole batch (gathered forgets come
+    /// dozens at a time: `FORGET_GATHERING` in the FUSE front end). The
+    /// table alone: a node a request in flight names is one the kernel
+    /// holds, never forgotten meanwhile.
+    fn forget_many(&self, forgets: &[(Ino, u64)]) {
         let mut st = self.lock_table();
-        if let Some(node) = st.nodes.get_mut(&ino) {
-            node.lookups = node.lookups.saturating_sub(count);
-            st.drop_if_unused(ino);
+        for &(ino, count) in forgets {
+            if let Some(node) = st.nodes.get_mut(&ino) {
+                node.lookups = node.lookups.saturating_sub(count);
+                st.drop_if_unused(ino);
+            }
         }
     }
 
