@@ -987,6 +987,15 @@ mod tests {
         vec(0u8..4, 1..4)
     }
 
+    /// The entries of a map, in its (key) order.
+    fn entries_of(map: &std::collections::BTreeMap<Vec<u8>, Vec<u8>>) -> Entries {
+        let mut entries = Entries::default();
+        for (k, v) in map {
+            entries.push(k, v);
+        }
+        entries
+    }
+
     fn small_value() -> impl Strategy<Value = Vec<u8>> {
         vec(any::<u8>(), 0..6)
     }
@@ -1002,10 +1011,7 @@ mod tests {
             cuts in btree_set(small_key(), 0..8),
             points in btree_map(small_key(), proptest::option::of(small_value()), 0..12),
         ) {
-            let mut entries = Entries::default();
-            for (k, v) in &old {
-                entries.push(k, v);
-            }
+            let entries = entries_of(&old);
             // Disjoint ranges: every other pair of consecutive cuts.
             let cuts: Vec<Vec<u8>> = cuts.into_iter().collect();
             let ranges: Vec<(&[u8], &[u8])> = cuts
@@ -1057,10 +1063,7 @@ mod tests {
             before in proptest::option::of(small_key()),
         ) {
             let merges = MergeRegistry::default();
-            let mut entries = Entries::default();
-            for (k, v) in &old {
-                entries.push(k, v);
-            }
+            let entries = entries_of(&old);
             // Basements of a few entries each.
             let leaf = Leaf::from_sorted(&entries, 24);
             let mut buffer = MessageBuffer::default();

@@ -96,14 +96,13 @@ pub struct FsStats {
 pub trait Operations: Send + Sync + 'static {
     /// Finds `name` in `parent`; the kernel holds a reference until forget.
     fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr>;
-    fn forget(&self, ino: Ino, count: u64);
-    /// [`Operations::forget`] of each (inode, count) of a BATCH_FORGET;
-    /// an implementation may take its locks once for all of them.
-    fn forget_many(&self, forgets: &[(Ino, u64)]) {
-        for &(ino, count) in forgets {
-            self.forget(ino, count);
-        }
+    /// The kernel drops `count` references to `ino` (FORGET).
+    fn forget(&self, ino: Ino, count: u64) {
+        self.forget_many(&[(ino, count)]);
     }
+    /// [`Operations::forget`] of each (inode, count) of a BATCH_FORGET,
+    /// with the implementation's locks taken once for all of them.
+    fn forget_many(&self, forgets: &[(Ino, u64)]);
     /// Finds an inode by number alone (a file handle being decoded: the
     /// kernel's LOOKUP of "." in it); the kernel holds a reference after.
     /// `ESTALE` when it is gone.

@@ -150,10 +150,6 @@ impl Operations for NullFs {
         Ok(node.attr.clone())
     }
 
-    fn forget(&self, ino: Ino, count: u64) {
-        self.forget_many(&[(ino, count)]);
-    }
-
     /// One hold of the lock for a whole batch, as betreefs does.
     fn forget_many(&self, forgets: &[(Ino, u64)]) {
         let mut st = self.lock();

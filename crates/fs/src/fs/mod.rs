@@ -272,10 +272,6 @@ impl Operations for FileSystem {
         FileSystem::lookup_parent(self, ino)
     }
 
-    fn forget(&self, ino: Ino, count: u64) {
-        self.forget_many(&[(ino, count)]);
-    }
-
     /// One hold of the table for a whole batch (gathered forgets come
     /// dozens at a time: `FORGET_GATHERING` in the FUSE front end). The
     /// table alone: a node a request in flight names is one the kernel
