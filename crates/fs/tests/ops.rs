@@ -155,6 +155,58 @@ fn rename_flags_and_replacement() {
     fs.rmdir(ROOT_INO, b"x").unwrap();
 }
 
+/// Unlink, rmdir and rename take an entry the inode table holds from the
+/// table (no query of the store) and a directory's key from a cache: both
+/// must follow a rename of the entry, of a directory above it, a rename
+/// over it, and hard links (whose entries name the inode elsewhere).
+#[test]
+fn removals_found_in_the_table_follow_renames_and_links() {
+    let (dev, fs) = fresh();
+    let top = fs.mkdir(ROOT_INO, b"top", 0o755, ME).unwrap().ino;
+    let sub = fs.mkdir(top, b"sub", 0o755, ME).unwrap().ino;
+    write_file(&fs, sub, b"f", b"f");
+    write_file(&fs, sub, b"g", b"g");
+    // sub's key is built and remembered before its parent moves.
+    write_file(&fs, sub, b"warm", b"w");
+    fs.unlink(sub, b"warm").unwrap();
+    fs.rename(ROOT_INO, b"top", ROOT_INO, b"moved", RenameFlags::default())
+        .unwrap();
+    fs.unlink(sub, b"f").unwrap();
+    fs.rename(sub, b"g", sub, b"h", RenameFlags::default())
+        .unwrap();
+    assert_eq!(fs.unlink(sub, b"g"), Err(Errno::ENOENT));
+    let x = write_file(&fs, sub, b"x", b"xx");
+    fs.rename(sub, b"x", sub, b"h", RenameFlags::default())
+        .unwrap();
+    assert_eq!(fs.unlink(sub, b"x"), Err(Errno::ENOENT));
+    let l = write_file(&fs, sub, b"l", b"ll");
+    fs.link(l, sub, b"l1").unwrap();
+    fs.unlink(sub, b"l1").unwrap();
+    assert_eq!(fs.getattr(l).unwrap().nlink, 1);
+    assert_eq!(read_all(&fs, l), b"ll");
+    fs.link(l, sub, b"l2").unwrap();
+    fs.unlink(sub, b"l").unwrap();
+    assert_eq!(fs.getattr(l).unwrap().nlink, 1);
+    let empty = fs.mkdir(sub, b"empty", 0o755, ME).unwrap().ino;
+    fs.rename(sub, b"empty", top, b"emptied", RenameFlags::default())
+        .unwrap();
+    assert_eq!(fs.rmdir(sub, b"empty"), Err(Errno::ENOENT));
+    fs.rmdir(top, b"emptied").unwrap();
+    assert_eq!(fs.getattr(empty).map(|a| a.nlink), Ok(0));
+    assert_eq!(fs.lookup(sub, b"h").unwrap().ino, x);
+
+    let fs = remount(&dev, fs);
+    let top = fs.lookup(ROOT_INO, b"moved").unwrap().ino;
+    assert_eq!(fs.lookup(ROOT_INO, b"top"), Err(Errno::ENOENT));
+    assert_eq!(names(&fs, top), [&b"."[..], b"..", b"sub"]);
+    let sub = fs.lookup(top, b"sub").unwrap().ino;
+    assert_eq!(names(&fs, sub), [&b"."[..], b"..", b"h", b"l2"]);
+    assert_eq!(read_all(&fs, fs.lookup(sub, b"h").unwrap().ino), b"xx");
+    assert_eq!(read_all(&fs, fs.lookup(sub, b"l2").unwrap().ino), b"ll");
+    let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
+
 #[test]
 fn hard_links_share_data_and_count() {
     let (dev, fs) = fresh();

@@ -104,7 +104,7 @@ impl FileSystem {
         count_update(&mut batch, -1);
         st.write_reserving(&batch, released.reservation())?;
         st.node_mut(ino)?.home = Home::Gone;
-        st.key_moves += 1;
+        st.note_key_move(ino);
         Ok(())
     }
 

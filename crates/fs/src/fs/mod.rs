@@ -45,8 +45,6 @@ mod state;
 mod tree_clone;
 mod xattr;
 
-use std::collections::HashMap;
-
 use betreefs_engine::{KeySpace, Store, WriteBatch};
 use parking_lot::{Condvar, Mutex};
 
@@ -181,20 +179,7 @@ impl FileSystem {
         let memory = TableMemory::new(store.memory_beside_cache());
         let fs = FileSystem {
             store,
-            state: Mutex::new(State {
-                nodes: rustc_hash::FxHashMap::default(),
-                absent: HashMap::new(),
-                absent_count: 0,
-                handles: HashMap::new(),
-                cookies: Default::default(),
-                next_handle: 1,
-                key_moves: 0,
-                next_ino: info.ino_reserved,
-                ino_reserved: info.ino_reserved,
-                created: info.created,
-                memory,
-                write_in_flight: false,
-            }),
+            state: Mutex::new(State::new(memory, info.ino_reserved, info.created)),
             writes: Mutex::new(()),
             settled: Condvar::new(),
             atime,

@@ -41,7 +41,33 @@ impl FileSystem {
         if st.known_absent(parent, name) {
             return Ok(None);
         }
-        self.query_entry(st.dir_key(parent)?, name)
+        let dir = st.dir_key(parent)?;
+        if let Some(node) = st.named(parent, name) {
+            // What the kernel is about to unlink or rename it has looked
+            // up: the table has it, and the query of the store that was a
+            // quarter of an unlink's time in rm -rf is not needed.
+            let found = Found {
+                key: schema::entry_key(&dir, name),
+                dir,
+                record: Record::Inode {
+                    attr: Attr {
+                        stored_blocks: None,
+                        ..node.attr.clone()
+                    },
+                    target: node.target.clone(),
+                },
+            };
+            debug_assert_eq!(
+                self.query_entry(found.dir.clone(), name)
+                    .ok()
+                    .flatten()
+                    .map(|stored| stored.record),
+                Some(found.record.clone()),
+                "the table's record of {name:?} in {parent} is not the store's"
+            );
+            return Ok(Some(found));
+        }
+        self.query_entry(dir, name)
     }
 
     /// [`FileSystem::find`] when the caller already has the parent's key.
@@ -394,20 +420,12 @@ impl FileSystem {
         new_parent: Ino,
         new_name: &[u8],
     ) {
-        let moved_from = st.resize_node(ino, |n| {
-            if n.home == Home::Inode {
-                return None;
-            }
-            let old_parent = n.parent;
-            n.parent = new_parent;
-            n.name = new_name.to_vec();
-            Some(old_parent)
-        });
-        let Some(old_parent) = moved_from.flatten() else {
+        if st.nodes.get(&ino).is_none_or(|n| n.home == Home::Inode) {
             return;
-        };
-        st.key_moves += 1;
-        st.move_pin(old_parent, new_parent);
+        }
+        if let Some(old_parent) = st.move_node(ino, new_parent, new_name) {
+            st.move_pin(old_parent, new_parent);
+        }
     }
 
     /// lookup(2)'s half in the daemon. A name the table knows absent is

@@ -184,10 +184,14 @@ impl State {
     /// Installs what `plan` planned: its batch is in the store.
     pub(super) fn commit(&mut self, plan: Planned) {
         for planned in plan.nodes {
+            let rehomed = self
+                .nodes
+                .get(&planned.ino)
+                .is_some_and(|node| node.home != planned.home);
+            if rehomed {
+                self.note_key_move(planned.ino);
+            }
             if let Some(node) = self.nodes.get_mut(&planned.ino) {
-                if node.home != planned.home {
-                    self.key_moves += 1;
-                }
                 node.attr = planned.attr;
                 node.home = planned.home;
                 node.dir_version += u64::from(planned.listing_changed);

@@ -2,10 +2,12 @@
 //! (a path is found by walking up), its attributes, and the kernel's
 //! references; plus the names a lookup found absent and the open handles.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 
 use betreefs_engine::MemoryBesideCache;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHasher};
 
 use super::listing::dir_cookie as name_hash;
 use super::listing::CookieWindow;
@@ -14,6 +16,9 @@ use super::{Ino, NEGATIVE_CACHE_MAX, ROOT_INO};
 /// Names remembered per directory made during the mount; past this the
 /// directory's names are looked up in the store again.
 const CHILD_NAMES_MAX: usize = 1 << 16;
+/// Directory keys remembered ([`DirKeys`]): the few directories a run of
+/// requests works in (an untar's, an rm -rf's, two tokubench clients').
+const DIR_KEYS_CACHED: usize = 8;
 use crate::error::{Errno, FsResult};
 use crate::record::Attr;
 use crate::schema;
@@ -118,6 +123,16 @@ pub(super) struct State {
     /// this (and the file's `data_version`) afterwards to know that the
     /// key it read was the file's, and its data unchanged, throughout.
     pub(super) key_moves: u64,
+    /// Bumped whenever a directory's key may change (the part of
+    /// `key_moves` that moves whole subtrees): what [`DirKeys`] checks.
+    dir_moves: u64,
+    /// The keys of directories lately asked for ([`State::dir_key`]).
+    dir_keys: RefCell<DirKeys>,
+    /// Which inode each (parent, name) of the table names, by a hash of
+    /// the pair: an index checked against the node on every use
+    /// ([`State::named`]), so that a stale or colliding slot only costs a
+    /// query of the store.
+    named: FxHashMap<u64, Ino>,
     pub(super) next_ino: Ino,
     pub(super) ino_reserved: Ino,
     pub(super) created: i64,
@@ -151,7 +166,66 @@ impl TableMemory {
     }
 }
 
+/// Directory keys built lately, each with the `dir_moves` it was built
+/// at: a key stays right until some directory moves (a rename, a
+/// removal), which bumps it. Walking up to the root and escaping every
+/// name was 2% of the daemon's CPU in rm -rf (every unlink asks for its
+/// parent's key, twice).
+#[derive(Default)]
+struct DirKeys {
+    /// Most recently used last.
+    keys: Vec<(Ino, u64, Vec<u8>)>,
+}
+
+impl DirKeys {
+    fn get(&mut self, ino: Ino, moves: u64) -> Option<Vec<u8>> {
+        let at = self.keys.iter().rposition(|(i, _, _)| *i == ino)?;
+        let entry = self.keys.remove(at);
+        let key = (entry.1 == moves).then(|| entry.2.clone());
+        if key.is_some() {
+            self.keys.push(entry);
+        }
+        key
+    }
+
+    fn put(&mut self, ino: Ino, moves: u64, key: &[u8]) {
+        if self.keys.len() >= DIR_KEYS_CACHED {
+            self.keys.remove(0);
+        }
+        self.keys.push((ino, moves, key.to_vec()));
+    }
+}
+
+/// The index slot of the entry `name` in `parent` ([`State::named`]).
+fn name_slot(parent: Ino, name: &[u8]) -> u64 {
+    let mut h = FxHasher::default();
+    parent.hash(&mut h);
+    name.hash(&mut h);
+    h.finish()
+}
+
 impl State {
+    /// An empty table (the root is added by the caller).
+    pub(super) fn new(memory: TableMemory, next_ino: Ino, created: i64) -> State {
+        State {
+            nodes: FxHashMap::default(),
+            absent: HashMap::new(),
+            absent_count: 0,
+            handles: HashMap::new(),
+            cookies: CookieWindow::default(),
+            next_handle: 1,
+            key_moves: 0,
+            dir_moves: 0,
+            dir_keys: RefCell::default(),
+            named: FxHashMap::default(),
+            next_ino,
+            ino_reserved: next_ino,
+            created,
+            memory,
+            write_in_flight: false,
+        }
+    }
+
     /// Reports the table's memory: its slots and the entries' own bytes,
     /// which every change of an entry's size keeps counted
     /// ([`State::insert_node`], [`State::remove_node`],
@@ -160,7 +234,8 @@ impl State {
     /// 100,000 files (and walking on every change of the map's capacity
     /// made `rm -rf` quadratic before that).
     fn account_table(&mut self) {
-        let slots = self.nodes.capacity() * (std::mem::size_of::<(Ino, Box<Node>)>() + 1);
+        let slots = self.nodes.capacity() * (std::mem::size_of::<(Ino, Box<Node>)>() + 1)
+            + self.named.capacity() * (std::mem::size_of::<(u64, Ino)>() + 1);
         self.memory
             .gauge
             .set((slots + self.memory.entry_bytes) as u64);
@@ -180,8 +255,10 @@ impl State {
     /// Adds an entry to the table, counting its memory.
     pub(super) fn insert_node(&mut self, ino: Ino, node: Box<Node>) {
         self.memory.entry_bytes += node.bytes();
+        self.named.insert(name_slot(node.parent, &node.name), ino);
         if let Some(old) = self.nodes.insert(ino, node) {
             self.memory.entry_bytes -= old.bytes();
+            self.unindex(ino, name_slot(old.parent, &old.name));
         }
         self.account_table();
     }
@@ -190,8 +267,58 @@ impl State {
     pub(super) fn remove_node(&mut self, ino: Ino) -> Option<Box<Node>> {
         let node = self.nodes.remove(&ino)?;
         self.memory.entry_bytes -= node.bytes();
+        self.unindex(ino, name_slot(node.parent, &node.name));
         self.account_table();
         Some(node)
+    }
+
+    /// Drops index slot `slot` if it names `ino` (another inode may have
+    /// taken it since: a rename over, a colliding pair).
+    fn unindex(&mut self, ino: Ino, slot: u64) {
+        if self.named.get(&slot) == Some(&ino) {
+            self.named.remove(&slot);
+        }
+    }
+
+    /// The inode the table knows as `name` in `parent`, with its entry's
+    /// record at that path (home [`Home::Path`]): what the store holds
+    /// there, since every change of the table follows its batch into the
+    /// store (`super::planned`). None when the table does not know (a
+    /// hard link's entry names its inode elsewhere: the store is asked).
+    pub(super) fn named(&self, parent: Ino, name: &[u8]) -> Option<&Node> {
+        let ino = self.named.get(&name_slot(parent, name))?;
+        let node = self.nodes.get(ino)?;
+        (node.parent == parent && node.name == name && node.home == Home::Path).then_some(&**node)
+    }
+
+    /// Moves `ino` to `name` in `parent` in the table; returns its old
+    /// parent if it moved, else None.
+    pub(super) fn move_node(&mut self, ino: Ino, parent: Ino, name: &[u8]) -> Option<Ino> {
+        let node = self.nodes.get(&ino)?;
+        if node.parent == parent && node.name == name {
+            return None;
+        }
+        let old_slot = name_slot(node.parent, &node.name);
+        let old_parent = self.resize_node(ino, |node| {
+            let old_parent = node.parent;
+            node.parent = parent;
+            node.name = name.to_vec();
+            old_parent
+        })?;
+        self.unindex(ino, old_slot);
+        self.named.insert(name_slot(parent, name), ino);
+        self.note_key_move(ino);
+        self.account_table();
+        Some(old_parent)
+    }
+
+    /// `ino`'s key (and its subtree's, if a directory) may have changed:
+    /// a move, a new home.
+    pub(super) fn note_key_move(&mut self, ino: Ino) {
+        self.key_moves += 1;
+        if self.nodes.get(&ino).is_none_or(|n| n.attr.is_dir()) {
+            self.dir_moves += 1;
+        }
     }
 
     /// Changes entry `ino` by `change`, counting what it gains or loses
@@ -245,6 +372,23 @@ impl State {
 
     /// The encoded path of a directory.
     pub(super) fn dir_key(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        let in_place = self
+            .nodes
+            .get(&ino)
+            .is_some_and(|n| n.home == Home::Path && n.attr.is_dir());
+        if in_place {
+            if let Some(key) = self.dir_keys.borrow_mut().get(ino, self.dir_moves) {
+                debug_assert_eq!(Ok(&key), self.walk_dir_key(ino).as_ref());
+                return Ok(key);
+            }
+        }
+        let key = self.walk_dir_key(ino)?;
+        self.dir_keys.borrow_mut().put(ino, self.dir_moves, &key);
+        Ok(key)
+    }
+
+    /// [`State::dir_key`] from the names up to the root.
+    fn walk_dir_key(&self, ino: Ino) -> FsResult<Vec<u8>> {
         let mut names: Vec<&[u8]> = Vec::new();
         let mut cur = ino;
         while cur != ROOT_INO {
@@ -346,28 +490,17 @@ impl State {
         home: Home,
     ) {
         let ino = attr.ino;
-        let moved = self.resize_node(ino, |node| {
+        let known = self.nodes.get_mut(&ino).map(|node| {
             node.lookups += 1;
-            if home == Home::Path || node.parent == parent {
-                let moved = node.parent != parent || node.name != name;
-                let old_parent = node.parent;
-                node.parent = parent;
-                if node.name != name {
-                    node.name = name.to_vec();
-                }
-                Some((moved, old_parent))
-            } else {
-                None
-            }
+            home == Home::Path || node.parent == parent
         });
-        match moved {
-            Some(Some((moved, old_parent))) => {
-                if moved {
-                    self.key_moves += 1;
+        match known {
+            Some(true) => {
+                if let Some(old_parent) = self.move_node(ino, parent, name) {
+                    self.move_pin(old_parent, parent);
                 }
-                self.move_pin(old_parent, parent);
             }
-            Some(None) => {}
+            Some(false) => {}
             None => {
                 let node = Node::new(parent, name.to_vec(), attr, target, home);
                 self.insert_node(ino, Box::new(node));
