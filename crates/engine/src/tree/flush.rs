@@ -6,6 +6,7 @@
 
 use super::*;
 use crate::buffer::PartLimit;
+use crate::node::MergedBasement;
 use crate::tree::readahead::LeafOnDisk;
 
 /// What a step of a writer's settling works on ([`Tree::settle_target`]).
@@ -36,7 +37,7 @@ pub struct PreparedMerge {
     /// that the leaf still has these before it takes the merge.
     from: Vec<Option<Arc<Entries>>>,
     /// The basements rewritten, by index.
-    merged: Vec<(usize, Entries)>,
+    merged: Vec<MergedBasement>,
     /// The messages of the part merged: the step checks that it takes as
     /// many out of the buffer.
     messages: usize,
@@ -235,7 +236,7 @@ impl Tree {
                         add(&self.stats.step_merges_beside_queries, 1);
                         Ok(leaf.install_basements(prepared.merged))
                     }
-                    _ => leaf.apply_buffer(batch, &merges),
+                    _ => leaf.apply_buffer(batch, &merges, self.opts.basement_size),
                 };
                 leaf.rebalance_basements(self.opts.basement_size);
                 r.map(|rewritten| {
@@ -404,7 +405,9 @@ impl Tree {
         let buffer = &int.buffers[step.i];
         let cut = buffer.part_cut(limit);
         let part = buffer.part(&cut);
-        let merged = leaf.merged_basements(&part, &self.merges).ok()?;
+        let merged = leaf
+            .merged_basements(&part, &self.merges, self.opts.basement_size)
+            .ok()?;
         Some(PreparedMerge {
             leaf: step.leaf,
             from: leaf.basements.iter().map(|b| b.entries.clone()).collect(),
@@ -645,11 +648,15 @@ impl Tree {
         Ok(true)
     }
 
-    /// How many dirty bytes a reclaim step may make: half of what the
-    /// node-sized free runs hold, at least two nodes.
+    /// How many dirty bytes a reclaim step may make: a quarter of what the
+    /// node-sized free runs hold, at least two nodes. The dirty bytes
+    /// count what nodes hold, not their images, whose basements each
+    /// begin on a block: with basements of a few kilobytes the images
+    /// came to nearly twice the count, and a step budgeted at half the
+    /// runs made more than its checkpoint could place.
     pub fn reclaim_budget(&self) -> usize {
         let runs = self.node_sized_run_bytes();
-        ((runs / 2) as usize).max(2 * self.opts.node_size)
+        ((runs / 4) as usize).max(2 * self.opts.node_size)
     }
 
     pub(super) fn flush_subtree(
