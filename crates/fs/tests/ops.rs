@@ -207,6 +207,30 @@ fn removals_found_in_the_table_follow_renames_and_links() {
     assert!(report.is_clean(), "{:?}", report.problems);
 }
 
+/// A file written from its start with no gap has data everywhere and its
+/// one hole at the end (answered from its flags, without reading its
+/// blocks); extended by truncate, the new part is a hole.
+#[test]
+fn seeking_data_and_holes_of_a_file_without_gaps() {
+    let (_dev, fs) = fresh();
+    let f = write_file(&fs, ROOT_INO, b"dense", &[1; 10_000]);
+    assert_eq!(fs.seek_data_or_hole(f, 0, libc::SEEK_DATA), Ok(0));
+    assert_eq!(fs.seek_data_or_hole(f, 5_000, libc::SEEK_DATA), Ok(5_000));
+    assert_eq!(fs.seek_data_or_hole(f, 0, libc::SEEK_HOLE), Ok(10_000));
+    assert_eq!(fs.seek_data_or_hole(f, 9_999, libc::SEEK_HOLE), Ok(10_000));
+    assert_eq!(
+        fs.seek_data_or_hole(f, 10_000, libc::SEEK_DATA),
+        Err(Errno::ENXIO)
+    );
+    set_size(&fs, f, 100_000);
+    assert_eq!(fs.seek_data_or_hole(f, 0, libc::SEEK_HOLE), Ok(12_288));
+    assert_eq!(
+        fs.seek_data_or_hole(f, 12_288, libc::SEEK_DATA),
+        Err(Errno::ENXIO)
+    );
+    assert_eq!(fs.seek_data_or_hole(f, 50_000, libc::SEEK_HOLE), Ok(50_000));
+}
+
 #[test]
 fn hard_links_share_data_and_count() {
     let (dev, fs) = fresh();

@@ -628,6 +628,17 @@ impl FileSystem {
         if offset >= size {
             return Err(Errno::ENXIO);
         }
+        if attr.flags & (SPARSE_FL | PREALLOC_FL) == 0 {
+            // Every block up to the size is stored: data everywhere, the
+            // one hole at the end. GNU grep asks every file it reads for
+            // its first hole, and scanning the file's blocks to answer
+            // was a fifth of the daemon's time in grep -r of a source tree.
+            return match whence {
+                libc::SEEK_DATA => Ok(offset),
+                libc::SEEK_HOLE => Ok(size),
+                _ => Err(Errno::EINVAL),
+            };
+        }
         let key = st.file_key(ino)?;
         let first = offset / BLOCK_SIZE;
         let lo = schema::data_key(&key, first);
