@@ -255,11 +255,12 @@ impl State {
     /// Adds an entry to the table, counting its memory.
     pub(super) fn insert_node(&mut self, ino: Ino, node: Box<Node>) {
         self.memory.entry_bytes += node.bytes();
-        self.named.insert(name_slot(node.parent, &node.name), ino);
+        let slot = name_slot(node.parent, &node.name);
         if let Some(old) = self.nodes.insert(ino, node) {
             self.memory.entry_bytes -= old.bytes();
             self.unindex(ino, name_slot(old.parent, &old.name));
         }
+        self.named.insert(slot, ino);
         self.account_table();
     }
 
