@@ -197,18 +197,26 @@ fn merge_basement(
         } else {
             None
         };
-        match (&msg.base, msg.upserts.is_empty()) {
-            (Some(Base::Put { value, .. }), true) => out.push(key, value),
-            (Some(Base::Delete { .. }), true) => {}
-            _ => {
-                if let Some(v) = msg.apply(base, merges)? {
-                    out.push(key, &v);
-                }
-            }
+        if let Some(value) = value_after(msg, base, merges)? {
+            out.push(key, &value);
         }
     }
     deleted.copy_live(&mut out, old, i, old.len());
     Ok(out)
+}
+
+/// The value a key has after `msg` over `base` (None: deleted): a put's
+/// own bytes, not a copy, when no upsert follows it.
+fn value_after<'m>(
+    msg: &'m PointMsg,
+    base: Option<&[u8]>,
+    merges: &MergeRegistry,
+) -> Result<Option<std::borrow::Cow<'m, [u8]>>, u8> {
+    Ok(match (&msg.base, msg.upserts.is_empty()) {
+        (Some(Base::Put { value, .. }), true) => Some(std::borrow::Cow::Borrowed(&value[..])),
+        (Some(Base::Delete { .. }), true) => None,
+        _ => msg.apply(base, merges)?.map(std::borrow::Cow::Owned),
+    })
 }
 
 /// What a merge makes of one basement: the pieces that replace it, in
@@ -248,14 +256,8 @@ fn merge_into_pieces(
         pieces.extend_from(old);
     }
     for (key, msg) in points {
-        match (&msg.base, msg.upserts.is_empty()) {
-            (Some(Base::Put { value, .. }), true) => pieces.push(key, value),
-            (Some(Base::Delete { .. }), true) => {}
-            _ => {
-                if let Some(v) = msg.apply(None, merges)? {
-                    pieces.push(key, &v);
-                }
-            }
+        if let Some(value) = value_after(msg, None, merges)? {
+            pieces.push(key, &value);
         }
     }
     kept.extend(pieces.finish().into_iter().map(Arc::new));

@@ -1,8 +1,8 @@
 #!/bin/bash
-# toku.sh: tokubench (toku.c: 200-byte files, 128 per directory, NT=2 threads, N files) on a
+# toku.sh: tokubench (../table-lock/toku.c: 200-byte files, 128 per directory, NT=2 threads, N files) on a
 # fresh image; files/s, the daemon's CPU, the longest request.
 . "$(dirname "$0")/common.sh"
-[ -x $W/toku ] || cc -O2 -pthread -o $W/toku $HERE/toku.c
+[ -x $W/toku ] || cc -O2 -pthread -o $W/toku $HERE/../table-lock/toku.c
 IMG=$W/toku.img; MNT=$W/toku-mnt; rm -f $IMG
 mount_bt $IMG $MNT; c0=($(daemon_cpu))
 NT=${NT:-2} $W/toku $MNT ${N:-200000} | tail -1 | tr '\n' ';'
