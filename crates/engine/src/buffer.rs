@@ -114,7 +114,7 @@ impl BufferPart<'_> {
 pub const MESSAGE_OVERHEAD_BYTES: usize = 16;
 
 impl PointMsg {
-    pub fn put(seq: u64, value: impl Into<Bytes>) -> PointMsg {
+    pub fn put(seq: u64, value: Vec<u8>) -> PointMsg {
         PointMsg {
             base: Some(Base::Put {
                 seq,

@@ -41,12 +41,9 @@ impl KeySpace {
 /// One change to one key space.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Message {
-    /// The value is shared bytes: a staged batch's messages and the key
-    /// map that answers queries from them hold one copy, which goes on
-    /// into the root's buffer as it is.
     Put {
         key: Vec<u8>,
-        value: bytes::Bytes,
+        value: Vec<u8>,
     },
     Delete {
         key: Vec<u8>,
@@ -373,7 +370,7 @@ fn decode_message(d: &mut Decoder) -> DecodeResult<(KeySpace, Message)> {
     let m = match d.u8()? {
         TAG_PUT => Message::Put {
             key: d.bytes()?.to_vec(),
-            value: bytes::Bytes::copy_from_slice(d.bytes()?),
+            value: d.bytes()?.to_vec(),
         },
         TAG_DELETE => Message::Delete {
             key: d.bytes()?.to_vec(),

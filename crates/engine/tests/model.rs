@@ -44,15 +44,8 @@ fn ks_strategy() -> impl Strategy<Value = KeySpace> {
 
 fn message_strategy() -> impl Strategy<Value = (KeySpace, betreefs_engine::Message)> {
     use betreefs_engine::Message;
-    let put = (ks_strategy(), key_strategy(), value_strategy()).prop_map(|(ks, key, value)| {
-        (
-            ks,
-            Message::Put {
-                key,
-                value: value.into(),
-            },
-        )
-    });
+    let put = (ks_strategy(), key_strategy(), value_strategy())
+        .prop_map(|(ks, key, value)| (ks, Message::Put { key, value }));
     let delete =
         (ks_strategy(), key_strategy()).prop_map(|(ks, key)| (ks, Message::Delete { key }));
     let patch = (

@@ -30,17 +30,15 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
 
-use bytes::Bytes;
-
 use crate::merge::MergeRegistry;
-use crate::message::{KeySpace, Message, KEY_SPACES};
+use crate::message::{KeySpace, Message, WriteBatch, KEY_SPACES};
 
 /// What the staged batches leave of one key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Staged {
     /// Its value, whatever the trees hold (a put, or upserts on a put or
-    /// a delete): a put's shared with its message.
-    Value(Bytes),
+    /// a delete).
+    Value(Vec<u8>),
     /// Deleted, whatever the trees hold.
     Deleted,
     /// Upserts onto whatever the trees hold: the answer needs the trees
@@ -116,7 +114,7 @@ pub(super) struct Staging {
     /// `next_seq` is the next one they apply).
     pub next_seq: u64,
     /// Logged batches not yet applied, in sequence order.
-    batches: VecDeque<(u64, StagedBatch)>,
+    batches: VecDeque<(u64, WriteBatch)>,
     /// Per key space, what the staged batches leave of each key they touch.
     keys: [HashMap<Vec<u8>, KeyEntry>; KEY_SPACES],
     /// Per key space, the keys of `keys` in order, for range visits
@@ -134,17 +132,6 @@ pub(super) struct Staging {
     bytes: usize,
     /// The staged batches' payloads alone.
     batch_bytes: usize,
-}
-
-/// A staged batch as the trees will take it: its messages, decoded once
-/// when the writer was admitted (a put's value shared with the key map),
-/// and the size of its payload. Keeping the batch itself cost a copy of
-/// it per staged write, and decoding it again when applied another of
-/// every value.
-#[derive(Debug)]
-pub(super) struct StagedBatch {
-    pub messages: Vec<(KeySpace, Message)>,
-    pub body_len: usize,
 }
 
 /// Per staged key beside its key and value: the map's slot and the
@@ -189,33 +176,32 @@ impl Staging {
     pub fn push(
         &mut self,
         seq: u64,
-        body_len: usize,
-        messages: Vec<(KeySpace, Message)>,
+        batch: WriteBatch,
+        messages: impl IntoIterator<Item = (KeySpace, Message)>,
         merges: &MergeRegistry,
     ) {
         assert_eq!(seq, self.next_seq, "staging invariant: batches in order");
         self.next_seq = seq + 1;
-        self.bytes += body_len;
-        self.batch_bytes += body_len;
-        for (ks, msg) in &messages {
-            let ks = *ks;
+        self.bytes += batch.body_len();
+        self.batch_bytes += batch.body_len();
+        for (ks, msg) in messages {
             let order = self.next_order;
             self.next_order += 1;
             let (key, staged) = match msg {
-                Message::Put { key, value } => (key, Staged::Value(value.clone())),
+                Message::Put { key, value } => (key, Staged::Value(value)),
                 Message::Delete { key } => (key, Staged::Deleted),
                 Message::Upsert { key, func, arg } => {
-                    let staged = match self.newest_staged(ks, key) {
-                        Some(Staged::Value(old)) => merged(merges, *func, Some(old), arg),
-                        Some(Staged::Deleted) => merged(merges, *func, None, arg),
+                    let staged = match self.newest_staged(ks, &key) {
+                        Some(Staged::Value(old)) => merged(merges, func, Some(old), &arg),
+                        Some(Staged::Deleted) => merged(merges, func, None, &arg),
                         Some(Staged::OnTrees) | None => Staged::OnTrees,
                     };
                     (key, staged)
                 }
                 Message::RangeDelete { start, end } => {
                     let range = StagedRange {
-                        start: start.clone(),
-                        end: end.clone(),
+                        start,
+                        end,
                         seq,
                         order,
                     };
@@ -230,17 +216,16 @@ impl Staging {
             // A key staged again keeps one entry: the old value goes.
             let entry = KeyEntry { staged, seq, order };
             if let Some(ordered) = self.ordered_of_mut(ks) {
-                if !ordered.contains(key) {
+                if !ordered.contains(&key) {
                     ordered.insert(key.clone());
                 }
             }
-            let replaced = self.keys_of_mut(ks).insert(key.clone(), entry);
+            let replaced = self.keys_of_mut(ks).insert(key, entry);
             if let Some(replaced) = replaced {
                 self.bytes -= entry_bytes(key_len, &replaced.staged);
             }
         }
-        self.batches
-            .push_back((seq, StagedBatch { messages, body_len }));
+        self.batches.push_back((seq, batch));
     }
 
     /// The keys of `ks` the staged batches touch, and where their range
@@ -254,7 +239,7 @@ impl Staging {
     pub fn lookup(&self, ks: KeySpace, key: &[u8]) -> StagedAnswer {
         match self.newest_staged(ks, key) {
             None => StagedAnswer::NotStaged,
-            Some(Staged::Value(v)) => StagedAnswer::Found(Some(v.to_vec())),
+            Some(Staged::Value(v)) => StagedAnswer::Found(Some(v.clone())),
             Some(Staged::Deleted) => StagedAnswer::Found(None),
             Some(Staged::OnTrees) => StagedAnswer::NeedsTrees,
         }
@@ -280,7 +265,7 @@ impl Staging {
             .flat_map(|o| o.range::<[u8], _>((Bound::Included(from), upper)))
         {
             match self.newest_staged(ks, key) {
-                Some(Staged::Value(v)) => points.push((key.clone(), Some(v.to_vec()))),
+                Some(Staged::Value(v)) => points.push((key.clone(), Some(v.clone()))),
                 Some(Staged::Deleted) => points.push((key.clone(), None)),
                 Some(Staged::OnTrees) => return None,
                 None => unreachable!("staging invariant: an ordered key is staged"),
@@ -367,7 +352,7 @@ impl Staging {
     }
 
     /// Takes every staged batch, in sequence order, for the trees.
-    pub fn take(&mut self) -> Vec<(u64, StagedBatch)> {
+    pub fn take(&mut self) -> Vec<(u64, WriteBatch)> {
         for keys in &mut self.keys {
             keys.clear();
         }
@@ -393,16 +378,16 @@ impl Staging {
     /// upserts onto the trees' value send the query to the trees with
     /// every staged batch applied; a range delete left is newer than
     /// everything taken.
-    pub fn take_oldest(&mut self, max_bytes: usize) -> Vec<(u64, StagedBatch)> {
+    pub fn take_oldest(&mut self, max_bytes: usize) -> Vec<(u64, WriteBatch)> {
         if self.batch_bytes <= max_bytes {
             return Vec::new();
         }
         let (mut count, mut taken_bytes) = (0, 0);
         for (_, batch) in &self.batches {
-            if count > 0 && taken_bytes + batch.body_len > max_bytes {
+            if count > 0 && taken_bytes + batch.body_len() > max_bytes {
                 break;
             }
-            taken_bytes += batch.body_len;
+            taken_bytes += batch.body_len();
             count += 1;
         }
         let taken: Vec<_> = self.batches.drain(..count).collect();
@@ -522,7 +507,7 @@ fn entry_bytes(key_len: usize, staged: &Staged) -> usize {
 /// An upsert onto a value the staged batches know.
 fn merged(merges: &MergeRegistry, func: u8, old: Option<&[u8]>, arg: &[u8]) -> Staged {
     match merges.apply(func, old, arg) {
-        Some(value) => Staged::Value(value.into()),
+        Some(value) => Staged::Value(value),
         // Checked when the batch entered the store; the trees would
         // report it.
         None => Staged::OnTrees,
@@ -546,7 +531,6 @@ pub(super) fn is_stageable(message: &Message) -> bool {
 mod tests {
     use super::*;
     use crate::merge::{patch_arg, MERGE_PATCH};
-    use crate::message::WriteBatch;
     use std::collections::BTreeMap;
 
     fn registry() -> MergeRegistry {
@@ -556,7 +540,7 @@ mod tests {
     /// Stages `batch` with its messages decoded, as a writer does.
     fn stage(staging: &mut Staging, seq: u64, batch: WriteBatch, merges: &MergeRegistry) {
         let messages: Vec<_> = batch.messages().collect();
-        staging.push(seq, batch.body_len(), messages, merges);
+        staging.push(seq, batch, messages, merges);
     }
 
     #[test]
@@ -771,10 +755,10 @@ mod tests {
             let mut trees: BTreeMap<u8, Vec<u8>> = BTreeMap::new();
             let mut everything = trees.clone();
             let mut staged_sizes = VecDeque::new();
-            let apply = |map: &mut BTreeMap<u8, Vec<u8>>, messages: &[(KeySpace, Message)]| {
-                for (_, m) in messages.iter().cloned() {
+            let apply = |map: &mut BTreeMap<u8, Vec<u8>>, batch: &WriteBatch| {
+                for (_, m) in batch.messages() {
                     match m {
-                        Message::Put { key, value } => { map.insert(key[0], value.to_vec()); }
+                        Message::Put { key, value } => { map.insert(key[0], value); }
                         Message::Delete { key } => { map.remove(&key[0]); }
                         Message::Upsert { key, func, arg } => {
                             match merges.apply(func, map.get(&key[0]).map(|v| &v[..]), &arg) {
@@ -807,7 +791,7 @@ mod tests {
                         .range_delete(KeySpace::Meta, &span[..1], &span[1..])
                         .upsert(KeySpace::Meta, &[k.wrapping_add(1)], MERGE_PATCH, &patch_arg(0, &[v])),
                 };
-                apply(&mut everything, &batch.messages().collect::<Vec<_>>());
+                apply(&mut everything, &batch);
                 staged_sizes.push_back(batch.body_len());
                 stage(&mut staging, seq, batch, &merges);
                 if take > 0 {
@@ -816,7 +800,7 @@ mod tests {
                     let taken = staging.take_oldest(limit);
                     proptest::prop_assert_eq!(taken.is_empty(), left <= limit);
                     for (_, batch) in &taken {
-                        apply(&mut trees, &batch.messages);
+                        apply(&mut trees, batch);
                         staged_sizes.pop_front();
                     }
                 }
@@ -857,7 +841,7 @@ mod tests {
                 }
             }
             for (_, batch) in staging.take() {
-                apply(&mut trees, &batch.messages);
+                apply(&mut trees, &batch);
             }
             proptest::prop_assert_eq!(trees, everything);
             proptest::prop_assert_eq!(staging.bytes(), 0);

@@ -67,7 +67,7 @@ impl Model {
             let map = &mut self.spaces[ks.index()];
             match &m {
                 Message::Put { key, value } => {
-                    map.insert(key.clone(), value.to_vec());
+                    map.insert(key.clone(), value.clone());
                 }
                 Message::Delete { key } => {
                     map.remove(key);
