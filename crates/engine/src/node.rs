@@ -207,7 +207,7 @@ fn merge_basement(
 
 /// The value a key has after `msg` over `base` (None: deleted): a put's
 /// own bytes, not a copy, when no upsert follows it.
-fn value_after<'m>(
+pub(crate) fn value_after<'m>(
     msg: &'m PointMsg,
     base: Option<&[u8]>,
     merges: &MergeRegistry,

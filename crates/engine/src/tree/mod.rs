@@ -26,7 +26,7 @@
 // from disk goes through the bounds-checked decoders and `get` first.
 #![allow(clippy::indexing_slicing)]
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
