@@ -935,9 +935,10 @@ fn staged_batches_are_applied_a_quarter_bound_per_hold() {
 
 /// A writer on a thread that works after its replies (a FUSE serving
 /// thread) leaves the application of what is staged past the bound for
-/// `Store::work_after_reply`; one such piece of work at most waits (the
-/// next writer past the bound applies in its own call), and the store
-/// answers as the model does before and after the work is done.
+/// `Store::work_after_reply`, and so does the next one (one piece of
+/// pending work applies everything staged); past twice the bound a
+/// writer applies in its own call. The store answers as the model does
+/// before and after the work is done.
 #[test]
 fn writes_leave_their_work_for_after_the_reply() {
     let (_dev, store) = common::mem_store(64 << 20, staging_64k_options());
@@ -968,11 +969,26 @@ fn writes_leave_their_work_for_after_the_reply() {
             Some(value)
         );
     }
-    // The next writer past the bound applies in its own call.
-    let (key, value) = (numbered(i), value_of(i, 1));
-    store.put(KeySpace::Data, &key, &value).unwrap();
-    model.insert(key, value);
-    assert!(store.stats().staged_applications > applications);
+    // The writers after it leave theirs too, up to twice the bound; then
+    // one applies in its own call.
+    let left = i;
+    while store.stats().staged_applications == applications {
+        assert!(
+            i < left + 1000,
+            "no application after {} more writes",
+            i - left
+        );
+        let (key, value) = (numbered(i), value_of(i, 1));
+        store.put(KeySpace::Data, &key, &value).unwrap();
+        model.insert(key, value);
+        i += 1;
+    }
+    // Another bound's worth: about as many writes as reached the first.
+    assert!(
+        i - left > left / 2,
+        "applied after {} more writes ({left} reached the bound)",
+        i - left
+    );
     assert!(store.has_work_after_reply());
     store.work_after_reply().unwrap();
     assert!(!store.has_work_after_reply());
