@@ -156,21 +156,19 @@ impl Tree {
                 .map(move |i| (entries.key(i), entries.value(i)))
         });
         let entries = entries.take_while(|(k, _)| hi.is_none_or(|h| *k < h));
-        // Upper levels were restricted to their child's range, which is
-        // wider than this leaf's: cut them to the leaf's.
-        let levels: Vec<MessageBuffer> = walk
-            .levels
-            .iter()
-            .map(|l| restricted(l, start, hi))
-            .filter(|l| !l.is_empty())
-            .collect();
-        if levels.is_empty() {
+        // Upper levels were restricted to their child's range, which may
+        // be wider than this leaf's: the merge stops at the leaf's end.
+        let pending = walk.levels.iter().any(|l| match hi {
+            Some(h) => l.touches(start, h),
+            None => !l.is_empty(),
+        });
+        if !pending {
             // The common case: nothing pending here.
             for (k, v) in entries {
                 visit(k, v);
             }
         } else {
-            visit_with_pending(entries, &levels, &self.merges, visit)
+            visit_with_pending(entries, &walk.levels, hi, &self.merges, visit)
                 .map_err(EngineError::UnknownMergeFunction)?;
         }
         let next = match (&bounds.hi, end) {
@@ -313,9 +311,10 @@ impl RangeWalk {
     }
 }
 
-/// Hands `visit` the leaf's pairs `entries` (in key order) with the
-/// messages pending above them applied — `levels`, root first, each cut
-/// to the range visited — in key order, as one merge of sorted runs: per
+/// Hands `visit` the leaf's pairs `entries` (in key order, below `hi`)
+/// with the messages pending above them applied — `levels`, root first,
+/// each cut to begin where the visit does (they may reach past `hi`,
+/// where the merge stops) — in key order, as one merge of sorted runs: per
 /// key, the leaf's value (borrowed), then each level from the oldest (the
 /// one nearest the leaf) on, its range delete over the key first, then
 /// its message for the key. Collecting the range into a map of copies
@@ -326,6 +325,7 @@ impl RangeWalk {
 fn visit_with_pending<'a>(
     entries: impl Iterator<Item = (&'a [u8], &'a [u8])>,
     levels: &'a [MessageBuffer],
+    hi: Option<&[u8]>,
     merges: &MergeRegistry,
     visit: &mut dyn FnMut(&[u8], &[u8]),
 ) -> Result<(), u8> {
@@ -368,7 +368,7 @@ fn visit_with_pending<'a>(
                 }
             }
         }
-        let Some(key) = next else {
+        let Some(key) = next.filter(|k| hi.is_none_or(|h| *k < h)) else {
             return Ok(());
         };
         let mut value: Option<Cow<'a, [u8]>> = match entries.peek() {
@@ -440,8 +440,10 @@ mod tests {
                 }
                 buffers.insert(0, b);
             }
+            // Cut where the visit begins, as a walk does; the end is the
+            // merge's to keep.
             let levels: Vec<MessageBuffer> =
-                buffers.iter().map(|b| restricted(b, &lo, Some(&hi))).collect();
+                buffers.iter().map(|b| restricted(b, &lo, None)).collect();
             let pairs: Vec<(Vec<u8>, Vec<u8>)> = leaf
                 .iter()
                 .map(|(k, v)| (key(*k), v.clone()))
@@ -452,13 +454,14 @@ mod tests {
             visit_with_pending(
                 pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice())),
                 &levels,
+                Some(&hi),
                 &merges,
                 &mut |k, v| got.push((k.to_vec(), v.to_vec())),
             )
             .unwrap();
 
             let mut want: BTreeMap<Vec<u8>, Vec<u8>> = pairs.iter().cloned().collect();
-            for level in levels.iter().rev() {
+            for level in levels.iter().rev().map(|l| restricted(l, &lo, Some(&hi))) {
                 for (s, r) in level.ranges() {
                     want.retain(|k, _| !(k >= s && *k < r.end));
                 }
