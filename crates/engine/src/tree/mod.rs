@@ -123,29 +123,6 @@ fn separator(left: &[u8], right: &[u8]) -> Vec<u8> {
     right[..(common + 1).min(right.len())].to_vec()
 }
 
-/// The messages of `buffer` that concern [lo, hi), range deletes clamped.
-fn restricted(buffer: &MessageBuffer, lo: &[u8], hi: Option<&[u8]>) -> MessageBuffer {
-    let mut out = MessageBuffer::default();
-    let upper = hi.map_or(Bound::Unbounded, Bound::Excluded);
-    if let Some((start, r)) = buffer.covering(lo) {
-        if start.as_slice() < lo {
-            let end = min_end(Some(&r.end), hi).unwrap_or(&r.end).to_vec();
-            out.push_decoded_range(lo.to_vec(), RangeDel { end, seq: r.seq });
-        }
-    }
-    for (start, r) in buffer
-        .ranges()
-        .range::<[u8], _>((Bound::Included(lo), upper))
-    {
-        let end = min_end(Some(&r.end), hi).unwrap_or(&r.end).to_vec();
-        out.push_decoded_range(start.clone(), RangeDel { end, seq: r.seq });
-    }
-    for (k, m) in buffer.points().range((Bound::Included(lo), upper)) {
-        out.push_decoded_point(k.clone(), m.clone());
-    }
-    out
-}
-
 pub(crate) struct Tree {
     pub opts: TreeOptions,
     device: Arc<dyn Device>,

@@ -156,19 +156,24 @@ impl Tree {
                 .map(move |i| (entries.key(i), entries.value(i)))
         });
         let entries = entries.take_while(|(k, _)| hi.is_none_or(|h| *k < h));
-        // Upper levels were restricted to their child's range, which may
-        // be wider than this leaf's: the merge stops at the leaf's end.
-        let pending = walk.levels.iter().any(|l| match hi {
-            Some(h) => l.touches(start, h),
-            None => !l.is_empty(),
-        });
-        if !pending {
+        let mut levels: Vec<PendingLevel<'_>> = walk
+            .path
+            .iter()
+            .map(|(num, i, span)| {
+                let NodeBody::Interior(int) = &self.node(*num).body else {
+                    unreachable!("a range walk passes interior nodes above its leaf")
+                };
+                PendingLevel::of(int, *i, span.clone(), start)
+            })
+            .collect();
+        levels.retain_mut(|l| l.pending_before(hi));
+        if levels.is_empty() {
             // The common case: nothing pending here.
             for (k, v) in entries {
                 visit(k, v);
             }
         } else {
-            visit_with_pending(entries, &walk.levels, hi, &self.merges, visit)
+            visit_with_pending(entries, levels, hi, &self.merges, visit)
                 .map_err(EngineError::UnknownMergeFunction)?;
         }
         let next = match (&bounds.hi, end) {
@@ -268,7 +273,12 @@ struct RangeWalk {
     num: u64,
     bounds: Bounds,
     height: Option<u32>,
-    levels: Vec<MessageBuffer>,
+    /// The interior nodes passed, root first: each node, the child taken
+    /// and the segments of its buffer the range needs (a node read in
+    /// part). Their messages are read where they are when the leaf is
+    /// reached ([`PendingLevel::of`]); every node of the walk is cached
+    /// by then and nothing evicts it meanwhile.
+    path: Vec<(u64, usize, std::ops::Range<usize>)>,
 }
 
 impl RangeWalk {
@@ -277,7 +287,7 @@ impl RangeWalk {
             num: root,
             bounds: Bounds::full(),
             height: None,
-            levels: Vec::new(),
+            path: Vec::new(),
         }
     }
 
@@ -296,14 +306,8 @@ impl RangeWalk {
         let i = int.child_index(start);
         let child_bounds = int.child_bounds(i, &self.bounds);
         let hi = min_end(end, child_bounds.hi.as_deref());
-        let mut level = restricted(&int.buffers[i], start, hi);
-        // A node read in part: its buffer holds the range deletes, the
-        // segments loaded for the range its point messages.
         let (_, span) = int.segment_span(start, hi);
-        for points in int.segment_points(i, span) {
-            level.absorb_disjoint(restricted(points, start, hi));
-        }
-        self.levels.push(level);
+        self.path.push((self.num, i, span));
         self.height = Some(int.height - 1);
         self.num = int.children[i];
         self.bounds = child_bounds;
@@ -311,54 +315,96 @@ impl RangeWalk {
     }
 }
 
+/// A level's point messages in key order, from wherever they lie.
+type PendingPoints<'a> = Box<dyn Iterator<Item = (&'a Vec<u8>, &'a PointMsg)> + 'a>;
+
+/// The messages one interior node holds for a child, as a range visit
+/// reads them where they lie: its point messages from `start` on (a node
+/// read in part keeps them in segments, in key order) and its range
+/// deletes from the one covering `start` on. Copying each level's part
+/// of the buffer out for the visit (twice: once on the way down, once cut
+/// to the leaf) was most of what a visit of a leaf with messages above it
+/// cost besides the merge — every rmdir's emptiness check after its
+/// directory's unlinks.
+struct PendingLevel<'a> {
+    points: std::iter::Peekable<PendingPoints<'a>>,
+    ranges: std::iter::Peekable<std::collections::btree_map::Range<'a, Vec<u8>, RangeDel>>,
+}
+
+impl<'a> PendingLevel<'a> {
+    fn of(int: &'a Interior, i: usize, span: std::ops::Range<usize>, start: &'a [u8]) -> Self {
+        let from = (Bound::Included(start), Bound::Unbounded);
+        let segments = int
+            .segment_points(i, span)
+            .flat_map(move |p| p.points().range(from));
+        PendingLevel::with_points(&int.buffers[i], start, segments)
+    }
+
+    /// `buffer`'s messages from `start` on, and the point messages
+    /// `more` (sorted, after the buffer's own: a node read in part has
+    /// none of its own).
+    fn with_points(
+        buffer: &'a MessageBuffer,
+        start: &'a [u8],
+        more: impl Iterator<Item = (&'a Vec<u8>, &'a PointMsg)> + 'a,
+    ) -> Self {
+        let from = (Bound::Included(start), Bound::Unbounded);
+        let points: PendingPoints<'a> = Box::new(buffer.points().range(from).chain(more));
+        let first = buffer.covering(start).map_or(start, |(s, _)| s.as_slice());
+        PendingLevel {
+            points: points.peekable(),
+            ranges: buffer
+                .ranges()
+                .range::<[u8], _>((Bound::Included(first), Bound::Unbounded))
+                .peekable(),
+        }
+    }
+
+    /// Whether a message of this level lies before `hi` (where the visit
+    /// ends), from the visit's start.
+    fn pending_before(&mut self, hi: Option<&[u8]>) -> bool {
+        let before = |k: &[u8]| hi.is_none_or(|h| k < h);
+        self.points.peek().is_some_and(|(k, _)| before(k))
+            || self.ranges.peek().is_some_and(|(s, _)| before(s))
+    }
+
+    /// Whether a range delete of this level covers `key`; keys must be
+    /// asked in increasing order.
+    fn deletes(&mut self, key: &[u8]) -> bool {
+        while self
+            .ranges
+            .peek()
+            .is_some_and(|(_, r)| r.end.as_slice() <= key)
+        {
+            self.ranges.next();
+        }
+        self.ranges
+            .peek()
+            .is_some_and(|(start, _)| start.as_slice() <= key)
+    }
+}
+
 /// Hands `visit` the leaf's pairs `entries` (in key order, below `hi`)
 /// with the messages pending above them applied — `levels`, root first,
-/// each cut to begin where the visit does (they may reach past `hi`,
-/// where the merge stops) — in key order, as one merge of sorted runs: per
-/// key, the leaf's value (borrowed), then each level from the oldest (the
-/// one nearest the leaf) on, its range delete over the key first, then
-/// its message for the key. Collecting the range into a map of copies
-/// and editing it level by level, as before, copied every pair (a 4 KiB
-/// block twice on its way to a read's reply) and allocated a map node
-/// per key: the bulk of a range visit's time after an untar, when every
-/// leaf has messages above it. `Err(id)` names an unknown merge function.
+/// each from where the visit begins (they may reach past `hi`, where the
+/// merge stops) — in key order, as one merge of sorted runs: per key, the
+/// leaf's value (borrowed), then each level from the oldest (the one
+/// nearest the leaf) on, its range delete over the key first, then its
+/// message for the key. Collecting the range into a map of copies and
+/// editing it level by level, as before, copied every pair (a 4 KiB block
+/// twice on its way to a read's reply) and allocated a map node per key:
+/// the bulk of a range visit's time after an untar, when every leaf has
+/// messages above it. `Err(id)` names an unknown merge function.
 fn visit_with_pending<'a>(
     entries: impl Iterator<Item = (&'a [u8], &'a [u8])>,
-    levels: &'a [MessageBuffer],
+    mut levels: Vec<PendingLevel<'a>>,
     hi: Option<&[u8]>,
     merges: &MergeRegistry,
     visit: &mut dyn FnMut(&[u8], &[u8]),
 ) -> Result<(), u8> {
-    struct Level<'a> {
-        points: std::iter::Peekable<crate::point_map::Range<'a>>,
-        ranges: std::iter::Peekable<std::collections::btree_map::Iter<'a, Vec<u8>, RangeDel>>,
-    }
-    impl Level<'_> {
-        /// Whether a range delete of this level covers `key`; keys must be
-        /// asked in increasing order.
-        fn deletes(&mut self, key: &[u8]) -> bool {
-            while self
-                .ranges
-                .peek()
-                .is_some_and(|(_, r)| r.end.as_slice() <= key)
-            {
-                self.ranges.next();
-            }
-            self.ranges
-                .peek()
-                .is_some_and(|(start, _)| start.as_slice() <= key)
-        }
-    }
     let mut entries = entries.peekable();
     // Oldest first: the level nearest the leaf is the last of the walk.
-    let mut levels: Vec<Level<'a>> = levels
-        .iter()
-        .rev()
-        .map(|l| Level {
-            points: l.points().iter().peekable(),
-            ranges: l.ranges().iter().peekable(),
-        })
-        .collect();
+    levels.reverse();
     loop {
         let mut next: Option<&'a [u8]> = entries.peek().map(|(k, _)| *k);
         for level in &mut levels {
@@ -405,6 +451,31 @@ mod tests {
         vec![b'k', k]
     }
 
+    /// The messages of `buffer` that concern [lo, hi), range deletes
+    /// clamped: the model's cut of a level (how visits took their levels
+    /// before they read them in place).
+    fn restricted(buffer: &MessageBuffer, lo: &[u8], hi: Option<&[u8]>) -> MessageBuffer {
+        let mut out = MessageBuffer::default();
+        let upper = hi.map_or(Bound::Unbounded, Bound::Excluded);
+        if let Some((start, r)) = buffer.covering(lo) {
+            if start.as_slice() < lo {
+                let end = min_end(Some(&r.end), hi).unwrap_or(&r.end).to_vec();
+                out.push_decoded_range(lo.to_vec(), RangeDel { end, seq: r.seq });
+            }
+        }
+        for (start, r) in buffer
+            .ranges()
+            .range::<[u8], _>((Bound::Included(lo), upper))
+        {
+            let end = min_end(Some(&r.end), hi).unwrap_or(&r.end).to_vec();
+            out.push_decoded_range(start.clone(), RangeDel { end, seq: r.seq });
+        }
+        for (k, m) in buffer.points().range((Bound::Included(lo), upper)) {
+            out.push_decoded_point(k.clone(), m.clone());
+        }
+        out
+    }
+
     proptest! {
         /// A range visit with messages pending above the leaf hands out
         /// what applying every level, oldest first, to a map of the
@@ -440,20 +511,22 @@ mod tests {
                 }
                 buffers.insert(0, b);
             }
-            // Cut where the visit begins, as a walk does; the end is the
-            // merge's to keep.
-            let levels: Vec<MessageBuffer> =
-                buffers.iter().map(|b| restricted(b, &lo, None)).collect();
             let pairs: Vec<(Vec<u8>, Vec<u8>)> = leaf
                 .iter()
                 .map(|(k, v)| (key(*k), v.clone()))
                 .filter(|(k, _)| *k >= lo && *k < hi)
                 .collect();
+            // Read from where the visit begins, as a walk does; the end is
+            // the merge's to keep.
+            let levels: Vec<PendingLevel<'_>> = buffers
+                .iter()
+                .map(|b| PendingLevel::with_points(b, &lo, std::iter::empty()))
+                .collect();
 
             let mut got = Vec::new();
             visit_with_pending(
                 pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice())),
-                &levels,
+                levels,
                 Some(&hi),
                 &merges,
                 &mut |k, v| got.push((k.to_vec(), v.to_vec())),
@@ -461,7 +534,7 @@ mod tests {
             .unwrap();
 
             let mut want: BTreeMap<Vec<u8>, Vec<u8>> = pairs.iter().cloned().collect();
-            for level in levels.iter().rev().map(|l| restricted(l, &lo, Some(&hi))) {
+            for level in buffers.iter().rev().map(|b| restricted(b, &lo, Some(&hi))) {
                 for (s, r) in level.ranges() {
                     want.retain(|k, _| !(k >= s && *k < r.end));
                 }
