@@ -292,25 +292,29 @@ impl State {
         (node.parent == parent && node.name == name && node.home == Home::Path).then_some(&**node)
     }
 
-    /// Moves `ino` to `name` in `parent` in the table; returns its old
-    /// parent if it moved, else None.
-    pub(super) fn move_node(&mut self, ino: Ino, parent: Ino, name: &[u8]) -> Option<Ino> {
-        let node = self.nodes.get(&ino)?;
+    /// Moves `ino` to `name` in `parent` in the table (the new parent
+    /// pinned in place of the old).
+    pub(super) fn move_node(&mut self, ino: Ino, parent: Ino, name: &[u8]) {
+        let Some(node) = self.nodes.get(&ino) else {
+            return;
+        };
         if node.parent == parent && node.name == name {
-            return None;
+            return;
         }
         let old_slot = name_slot(node.parent, &node.name);
-        let old_parent = self.resize_node(ino, |node| {
+        let Some(old_parent) = self.resize_node(ino, |node| {
             let old_parent = node.parent;
             node.parent = parent;
             node.name = name.to_vec();
             old_parent
-        })?;
+        }) else {
+            return;
+        };
         self.unindex(ino, old_slot);
         self.named.insert(name_slot(parent, name), ino);
         self.note_key_move(ino);
         self.account_table();
-        Some(old_parent)
+        self.move_pin(old_parent, parent);
     }
 
     /// `ino`'s key (and its subtree's, if a directory) may have changed:
@@ -497,9 +501,7 @@ impl State {
         });
         match known {
             Some(true) => {
-                if let Some(old_parent) = self.move_node(ino, parent, name) {
-                    self.move_pin(old_parent, parent);
-                }
+                self.move_node(ino, parent, name);
             }
             Some(false) => {}
             None => {
@@ -532,7 +534,7 @@ impl State {
         }
     }
 
-    pub(super) fn move_pin(&mut self, from: Ino, to: Ino) {
+    fn move_pin(&mut self, from: Ino, to: Ino) {
         if from == to {
             return;
         }
