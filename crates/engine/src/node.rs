@@ -134,30 +134,24 @@ impl Basement {
     }
 }
 
-/// Walks sorted, disjoint range deletes ([start, end) pairs) alongside
-/// increasing keys: a merge into a basement, a range visit's levels.
-pub(crate) struct RangeCursor<'a, I: Iterator<Item = (&'a [u8], &'a [u8])>> {
-    ranges: std::iter::Peekable<I>,
+/// Walks sorted, disjoint range deletes alongside increasing keys.
+struct RangeCursor<'a> {
+    ranges: &'a [(&'a [u8], &'a [u8])],
+    at: usize,
 }
 
-impl<'a, I: Iterator<Item = (&'a [u8], &'a [u8])>> RangeCursor<'a, I> {
-    pub(crate) fn new(ranges: I) -> Self {
-        RangeCursor {
-            ranges: ranges.peekable(),
-        }
-    }
-
+impl<'a> RangeCursor<'a> {
     /// The first range not ended at `key` (it may begin past it); keys
     /// must be asked in increasing order.
-    pub(crate) fn first_not_ended(&mut self, key: &[u8]) -> Option<(&'a [u8], &'a [u8])> {
-        while self.ranges.peek().is_some_and(|r| r.1 <= key) {
-            self.ranges.next();
+    fn first_not_ended(&mut self, key: &[u8]) -> Option<(&'a [u8], &'a [u8])> {
+        while self.ranges.get(self.at).is_some_and(|r| r.1 <= key) {
+            self.at += 1;
         }
-        self.ranges.peek().copied()
+        self.ranges.get(self.at).copied()
     }
 
     /// Whether `key` is deleted; keys must be asked in increasing order.
-    pub(crate) fn covers(&mut self, key: &[u8]) -> bool {
+    fn covers(&mut self, key: &[u8]) -> bool {
         self.first_not_ended(key).is_some_and(|r| r.0 <= key)
     }
 
@@ -189,7 +183,7 @@ fn merge_basement(
 ) -> Result<Entries, u8> {
     let extra: usize = points.iter().map(|(k, m)| m.bytes(k.len())).sum();
     let mut out = Entries::with_capacity(old.len() + points.len(), old.bytes() + extra);
-    let mut deleted = RangeCursor::new(ranges.iter().copied());
+    let mut deleted = RangeCursor { ranges, at: 0 };
     let mut i = 0;
     for (key, msg) in points {
         let key = key.as_slice();
@@ -275,8 +269,7 @@ fn merge_into_pieces(
 }
 
 /// Entries in key order cut into pieces of at most about `size` bytes as
-/// they come (one copy each): a basement cut ([`chunk`]), appends made
-/// into basements of their own ([`merge_into_pieces`]).
+/// they come (one copy each).
 struct PieceBuilder {
     size: usize,
     pieces: Vec<Entries>,
@@ -288,54 +281,30 @@ impl PieceBuilder {
         PieceBuilder {
             size,
             pieces: Vec::new(),
-            current: Entries::default(),
-        }
-    }
-
-    /// Whether the piece being made would pass the size with `bytes`
-    /// more (a piece holds one entry at least).
-    fn full_with(&self, bytes: usize) -> bool {
-        !self.current.is_empty() && self.current.bytes() + bytes > self.size
-    }
-
-    fn cut(&mut self) {
-        if !self.current.is_empty() {
-            self.pieces.push(std::mem::take(&mut self.current));
+            current: Entries::with_capacity(0, size),
         }
     }
 
     fn push(&mut self, key: &[u8], value: &[u8]) {
-        if self.full_with(key.len() + value.len() + ENTRY_OVERHEAD_BYTES) {
-            self.cut();
-        }
-        if self.current.is_empty() {
-            // A piece of pushes will hold about this much: no regrowth.
-            self.current = Entries::with_capacity(0, self.size);
+        let bytes = key.len() + value.len() + ENTRY_OVERHEAD_BYTES;
+        if !self.current.is_empty() && self.current.bytes() + bytes > self.size {
+            let full = std::mem::replace(&mut self.current, Entries::with_capacity(0, self.size));
+            self.pieces.push(full);
         }
         self.current.push(key, value);
     }
 
-    /// Appends `entries` in runs, one copy of each run
-    /// ([`Entries::extend_from`]).
     fn extend_from(&mut self, entries: &Entries) {
-        let (mut start, mut run) = (0, 0);
-        for i in 0..entries.len() {
-            let bytes = entries.entry_bytes(i);
-            if i > start && self.current.bytes() + run + bytes > self.size {
-                self.current.extend_from(entries, start, i);
-                self.cut();
-                (start, run) = (i, 0);
-            } else if i == start && self.full_with(bytes) {
-                self.cut();
-            }
-            run += bytes;
+        for (key, value) in entries.iter() {
+            self.push(key, value);
         }
-        self.current.extend_from(entries, start, entries.len());
     }
 
-    /// The pieces, none empty (none if nothing was given).
+    /// The pieces, none empty (none if nothing was pushed).
     fn finish(mut self) -> Vec<Entries> {
-        self.cut();
+        if !self.current.is_empty() {
+            self.pieces.push(self.current);
+        }
         self.pieces
     }
 }
@@ -651,14 +620,26 @@ impl Leaf {
     }
 }
 
-/// Cuts sorted entries into pieces of about `size` serialised bytes (one
-/// empty piece for no entries).
+/// Cuts sorted entries into pieces of about `size` serialised bytes.
 fn chunk(entries: &Entries, size: usize) -> Vec<Entries> {
-    let mut pieces = PieceBuilder::new(size);
-    pieces.extend_from(entries);
-    let mut pieces = pieces.finish();
-    if pieces.is_empty() {
-        pieces.push(Entries::default());
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for i in 0..entries.len() {
+        let eb = entries.entry_bytes(i);
+        if bytes + eb > size && i > start {
+            let mut piece = Entries::with_capacity(i - start, bytes);
+            piece.extend_from(entries, start, i);
+            pieces.push(piece);
+            start = i;
+            bytes = 0;
+        }
+        bytes += eb;
+    }
+    if start < entries.len() || pieces.is_empty() {
+        let mut piece = Entries::with_capacity(entries.len() - start, bytes);
+        piece.extend_from(entries, start, entries.len());
+        pieces.push(piece);
     }
     pieces
 }

@@ -38,7 +38,7 @@ use betreefs_store::{
 };
 
 use crate::btt::{BlockTable, Slot};
-use crate::buffer::{MessageBuffer, PointMsg};
+use crate::buffer::{MessageBuffer, PointMsg, RangeDel};
 use crate::codec::DecodeError;
 use crate::entries::Entries;
 use crate::error::{EngineError, EngineResult};

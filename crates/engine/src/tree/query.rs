@@ -5,8 +5,6 @@
 
 use std::borrow::Cow;
 
-use crate::node::RangeCursor;
-
 use super::readahead::LeafOnDisk;
 use super::*;
 
@@ -168,7 +166,7 @@ impl Tree {
                 PendingLevel::of(int, *i, span.clone(), start)
             })
             .collect();
-        levels.retain_mut(|l| l.pending_before(start, hi));
+        levels.retain_mut(|l| l.pending_before(hi));
         if levels.is_empty() {
             // The common case: nothing pending here.
             for (k, v) in entries {
@@ -319,8 +317,6 @@ impl RangeWalk {
 
 /// A level's point messages in key order, from wherever they lie.
 type PendingPoints<'a> = Box<dyn Iterator<Item = (&'a Vec<u8>, &'a PointMsg)> + 'a>;
-/// A level's range deletes in order, as [start, end) pairs.
-type PendingRanges<'a> = Box<dyn Iterator<Item = (&'a [u8], &'a [u8])> + 'a>;
 
 /// The messages one interior node holds for a child, as a range visit
 /// reads them where they lie: its point messages from `start` on (a node
@@ -332,7 +328,7 @@ type PendingRanges<'a> = Box<dyn Iterator<Item = (&'a [u8], &'a [u8])> + 'a>;
 /// directory's unlinks.
 struct PendingLevel<'a> {
     points: std::iter::Peekable<PendingPoints<'a>>,
-    ranges: RangeCursor<'a, PendingRanges<'a>>,
+    ranges: std::iter::Peekable<std::collections::btree_map::Range<'a, Vec<u8>, RangeDel>>,
 }
 
 impl<'a> PendingLevel<'a> {
@@ -355,27 +351,36 @@ impl<'a> PendingLevel<'a> {
         let from = (Bound::Included(start), Bound::Unbounded);
         let points: PendingPoints<'a> = Box::new(buffer.points().range(from).chain(more));
         let first = buffer.covering(start).map_or(start, |(s, _)| s.as_slice());
-        let ranges: PendingRanges<'a> = Box::new(
-            buffer
-                .ranges()
-                .range::<[u8], _>((Bound::Included(first), Bound::Unbounded))
-                .map(|(s, r)| (s.as_slice(), r.end.as_slice())),
-        );
         PendingLevel {
             points: points.peekable(),
-            ranges: RangeCursor::new(ranges),
+            ranges: buffer
+                .ranges()
+                .range::<[u8], _>((Bound::Included(first), Bound::Unbounded))
+                .peekable(),
         }
     }
 
     /// Whether a message of this level lies before `hi` (where the visit
-    /// ends), from `start` (where it begins).
-    fn pending_before(&mut self, start: &[u8], hi: Option<&[u8]>) -> bool {
+    /// ends), from the visit's start.
+    fn pending_before(&mut self, hi: Option<&[u8]>) -> bool {
         let before = |k: &[u8]| hi.is_none_or(|h| k < h);
         self.points.peek().is_some_and(|(k, _)| before(k))
-            || self
-                .ranges
-                .first_not_ended(start)
-                .is_some_and(|(s, _)| before(s))
+            || self.ranges.peek().is_some_and(|(s, _)| before(s))
+    }
+
+    /// Whether a range delete of this level covers `key`; keys must be
+    /// asked in increasing order.
+    fn deletes(&mut self, key: &[u8]) -> bool {
+        while self
+            .ranges
+            .peek()
+            .is_some_and(|(_, r)| r.end.as_slice() <= key)
+        {
+            self.ranges.next();
+        }
+        self.ranges
+            .peek()
+            .is_some_and(|(start, _)| start.as_slice() <= key)
     }
 }
 
@@ -421,7 +426,7 @@ fn visit_with_pending<'a>(
             _ => None,
         };
         for level in &mut levels {
-            if level.ranges.covers(key) {
+            if level.deletes(key) {
                 value = None;
             }
             if let Some((_, msg)) = level.points.next_if(|(k, _)| k.as_slice() == key) {
@@ -437,7 +442,6 @@ fn visit_with_pending<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::buffer::RangeDel;
     use crate::merge::{patch_arg, MERGE_PATCH};
     use proptest::collection::{btree_map, vec};
     use proptest::prelude::*;

@@ -37,7 +37,37 @@ impl Found {
 impl FileSystem {
     /// The entry `name` of directory `parent`, if any.
     pub(super) fn find(&self, st: &State, parent: Ino, name: &[u8]) -> FsResult<Option<Found>> {
-        self.find_with(st, parent, None, name)
+        name_check(name)?;
+        if st.known_absent(parent, name) {
+            return Ok(None);
+        }
+        let dir = st.dir_key(parent)?;
+        if let Some(node) = st.named(parent, name) {
+            // What the kernel is about to unlink or rename it has looked
+            // up: the table has it, and the query of the store that was a
+            // quarter of an unlink's time in rm -rf is not needed.
+            let found = Found {
+                key: schema::entry_key(&dir, name),
+                dir,
+                record: Record::Inode {
+                    attr: Attr {
+                        stored_blocks: None,
+                        ..node.attr.clone()
+                    },
+                    target: node.target.clone(),
+                },
+            };
+            debug_assert_eq!(
+                self.query_entry(found.dir.clone(), name)
+                    .ok()
+                    .flatten()
+                    .map(|stored| stored.record),
+                Some(found.record.clone()),
+                "the table's record of {name:?} in {parent} is not the store's"
+            );
+            return Ok(Some(found));
+        }
+        self.query_entry(dir, name)
     }
 
     /// [`FileSystem::find`] when the caller already has the parent's key.
@@ -48,53 +78,11 @@ impl FileSystem {
         dir: Vec<u8>,
         name: &[u8],
     ) -> FsResult<Option<Found>> {
-        self.find_with(st, parent, Some(dir), name)
-    }
-
-    /// The entry `name` of `parent` (whose key is `dir`, or is looked up
-    /// if not given): none if the table knows it absent; from the table
-    /// if it holds the inode living there — what the kernel is about to
-    /// unlink, rename or replace it has looked up, and the query of the
-    /// store that was a quarter of an unlink's time in rm -rf is not
-    /// needed; else from the store.
-    fn find_with(
-        &self,
-        st: &State,
-        parent: Ino,
-        dir: Option<Vec<u8>>,
-        name: &[u8],
-    ) -> FsResult<Option<Found>> {
         name_check(name)?;
         if st.known_absent(parent, name) {
             return Ok(None);
         }
-        let dir = match dir {
-            Some(dir) => dir,
-            None => st.dir_key(parent)?,
-        };
-        let Some(node) = st.named(parent, name) else {
-            return self.query_entry(dir, name);
-        };
-        let found = Found {
-            key: schema::entry_key(&dir, name),
-            dir,
-            record: Record::Inode {
-                attr: Attr {
-                    stored_blocks: None,
-                    ..node.attr.clone()
-                },
-                target: node.target.clone(),
-            },
-        };
-        debug_assert_eq!(
-            self.query_entry(found.dir.clone(), name)
-                .ok()
-                .flatten()
-                .map(|stored| stored.record),
-            Some(found.record.clone()),
-            "the table's record of {name:?} in {parent} is not the store's"
-        );
-        Ok(Some(found))
+        self.query_entry(dir, name)
     }
 
     /// The stored entry `name` of the directory with key `dir`.
@@ -435,7 +423,9 @@ impl FileSystem {
         if st.nodes.get(&ino).is_none_or(|n| n.home == Home::Inode) {
             return;
         }
-        st.move_node(ino, new_parent, new_name);
+        if let Some(old_parent) = st.move_node(ino, new_parent, new_name) {
+            st.move_pin(old_parent, new_parent);
+        }
     }
 
     /// lookup(2)'s half in the daemon. A name the table knows absent is

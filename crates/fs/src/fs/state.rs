@@ -292,29 +292,25 @@ impl State {
         (node.parent == parent && node.name == name && node.home == Home::Path).then_some(&**node)
     }
 
-    /// Moves `ino` to `name` in `parent` in the table (the new parent
-    /// pinned in place of the old).
-    pub(super) fn move_node(&mut self, ino: Ino, parent: Ino, name: &[u8]) {
-        let Some(node) = self.nodes.get(&ino) else {
-            return;
-        };
+    /// Moves `ino` to `name` in `parent` in the table; returns its old
+    /// parent if it moved, else None.
+    pub(super) fn move_node(&mut self, ino: Ino, parent: Ino, name: &[u8]) -> Option<Ino> {
+        let node = self.nodes.get(&ino)?;
         if node.parent == parent && node.name == name {
-            return;
+            return None;
         }
         let old_slot = name_slot(node.parent, &node.name);
-        let Some(old_parent) = self.resize_node(ino, |node| {
+        let old_parent = self.resize_node(ino, |node| {
             let old_parent = node.parent;
             node.parent = parent;
             node.name = name.to_vec();
             old_parent
-        }) else {
-            return;
-        };
+        })?;
         self.unindex(ino, old_slot);
         self.named.insert(name_slot(parent, name), ino);
         self.note_key_move(ino);
         self.account_table();
-        self.move_pin(old_parent, parent);
+        Some(old_parent)
     }
 
     /// `ino`'s key (and its subtree's, if a directory) may have changed:
@@ -501,7 +497,9 @@ impl State {
         });
         match known {
             Some(true) => {
-                self.move_node(ino, parent, name);
+                if let Some(old_parent) = self.move_node(ino, parent, name) {
+                    self.move_pin(old_parent, parent);
+                }
             }
             Some(false) => {}
             None => {
@@ -534,7 +532,7 @@ impl State {
         }
     }
 
-    fn move_pin(&mut self, from: Ino, to: Ino) {
+    pub(super) fn move_pin(&mut self, from: Ino, to: Ino) {
         if from == to {
             return;
         }
