@@ -2,6 +2,12 @@
 //! leaf basement. One allocation for the bytes and one for a 12-byte index
 //! per entry, instead of two allocations per entry, keeps the node cache's
 //! memory close to the data it holds and makes (de)serialisation a copy.
+//! A basement decoded from the device keeps its values where they were
+//! read ([`Image`]): only its keys are copied.
+
+use std::sync::Arc;
+
+use betreefs_store::AlignedBuf;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Slot {
@@ -12,12 +18,45 @@ struct Slot {
 
 #[derive(Clone, Debug, Default)]
 pub struct Entries {
+    /// Each entry's key, then its value, packed in order; only the keys
+    /// when the values lie in `image`.
     data: Vec<u8>,
     index: Vec<Slot>,
+    image: Option<Image>,
     /// Made by the first search that needs them, once the entries are
     /// complete (a basement is replaced, never changed, once cached);
     /// dropped by every change.
     heads: std::sync::OnceLock<KeyHeads>,
+}
+
+/// The bytes a basement was read into, holding its values: a cold
+/// sequential read copied every basement it decoded (values included) out
+/// of the buffer the device filled, and that copy, with the page faults
+/// of the fresh memory it went to, was a fifth of the mount daemon's
+/// cycles (docs/design.md, "Values left where they were read"). Entries
+/// built by merges own their bytes; one that is changed is made to own
+/// them first ([`Entries::make_owned`]).
+#[derive(Clone)]
+struct Image {
+    bytes: Arc<AlignedBuf>,
+    /// Where each entry's value begins in `bytes`.
+    value_at: Vec<u32>,
+    /// The values' bytes, for the serialised size.
+    value_bytes: usize,
+    /// The memory of `bytes` these entries answer for: their share of
+    /// its allocation (the basements of one read share it).
+    charged: usize,
+}
+
+impl std::fmt::Debug for Image {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Image")
+            .field("bytes", &self.bytes.len())
+            .field("values", &self.value_at.len())
+            .field("value_bytes", &self.value_bytes)
+            .field("charged", &self.charged)
+            .finish()
+    }
 }
 
 /// What a search compares before it reads a key: the length of the
@@ -66,8 +105,90 @@ impl Entries {
         Entries {
             data: Vec::with_capacity(bytes),
             index: Vec::with_capacity(entries),
+            image: None,
             heads: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Empty entries whose values will lie in `image` ([`Entries::push_read`]),
+    /// answering for `charged` bytes of its memory.
+    pub fn in_image(
+        image: Arc<AlignedBuf>,
+        charged: usize,
+        entries: usize,
+        key_bytes: usize,
+    ) -> Entries {
+        Entries {
+            data: Vec::with_capacity(key_bytes),
+            index: Vec::with_capacity(entries),
+            image: Some(Image {
+                bytes: image,
+                value_at: Vec::with_capacity(entries),
+                value_bytes: 0,
+                charged,
+            }),
+            heads: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Appends an entry whose key is `prefix ++ suffix` and whose value is
+    /// the `value_len` bytes at `value_at` of the image these entries were
+    /// made with ([`Entries::in_image`]); keys must arrive in increasing
+    /// order. False (nothing appended) when the value is not within the
+    /// image or there is none.
+    pub fn push_read(
+        &mut self,
+        prefix: &[u8],
+        suffix: &[u8],
+        value_at: usize,
+        value_len: usize,
+    ) -> bool {
+        let Some(image) = &mut self.image else {
+            return false;
+        };
+        let (Ok(at), Ok(len)) = (u32::try_from(value_at), u32::try_from(value_len)) else {
+            return false;
+        };
+        if image.bytes.get(value_at..value_at + value_len).is_none() {
+            return false;
+        }
+        self.heads.take();
+        image.value_at.push(at);
+        image.value_bytes += value_len;
+        let offset = self.data.len() as u32;
+        self.data.extend_from_slice(prefix);
+        self.data.extend_from_slice(suffix);
+        self.index.push(Slot {
+            offset,
+            key_len: (prefix.len() + suffix.len()) as u32,
+            value_len: len,
+        });
+        debug_assert!(
+            self.len() < 2 || self.key(self.len() - 2) < self.key(self.len() - 1),
+            "entries out of order"
+        );
+        true
+    }
+
+    /// Whether the values lie in the bytes they were read into.
+    pub fn in_read_image(&self) -> bool {
+        self.image.is_some()
+    }
+
+    /// Copies the values out of the image they were read into, if they
+    /// lie in one, so that these entries own every byte they hold: before
+    /// a change, and where the basements that share an image part (a
+    /// merge replaces one of them: the image would stay for the others,
+    /// uncounted for the one gone).
+    pub fn make_owned(&mut self) {
+        if self.image.is_none() {
+            return;
+        }
+        let mut owned = Entries::with_capacity(self.len(), self.bytes());
+        for (k, v) in self.iter() {
+            owned.push_parts(&[], k, v);
+        }
+        *self = owned;
     }
 
     pub fn len(&self) -> usize {
@@ -80,15 +201,20 @@ impl Entries {
 
     /// Serialised size: keys, values and length fields.
     pub fn bytes(&self) -> usize {
-        self.data.len() + self.index.len() * ENTRY_OVERHEAD_BYTES
+        let values = self.image.as_ref().map_or(0, |i| i.value_bytes);
+        self.data.len() + values + self.index.len() * ENTRY_OVERHEAD_BYTES
     }
 
     /// Heap memory held, the search heads counted whether made yet or
     /// not: the count must not change while the entries do not (the cache
     /// counts a node's memory when it is put in and taken out).
     pub fn mem_bytes(&self) -> usize {
+        let image = self.image.as_ref().map_or(0, |i| {
+            i.charged + i.value_at.capacity() * std::mem::size_of::<u32>()
+        });
         self.data.capacity()
             + self.index.capacity() * (std::mem::size_of::<Slot>() + std::mem::size_of::<u32>())
+            + image
             + 48
     }
 
@@ -107,12 +233,22 @@ impl Entries {
     }
 
     // Reviewed exception (indexing): every slot is written by `push_parts`
-    // together with the bytes it points at, and callers pass i < len.
+    // together with the bytes it points at, or by `push_read` with a value
+    // it checked lies in the image, and callers pass i < len.
     #[allow(clippy::indexing_slicing)]
     pub fn value(&self, i: usize) -> &[u8] {
         let s = self.index[i];
-        let start = (s.offset + s.key_len) as usize;
-        &self.data[start..start + s.value_len as usize]
+        let len = s.value_len as usize;
+        match &self.image {
+            None => {
+                let start = (s.offset + s.key_len) as usize;
+                &self.data[start..start + len]
+            }
+            Some(image) => {
+                let start = image.value_at[i] as usize;
+                &image.bytes[start..start + len]
+            }
+        }
     }
 
     pub fn first_key(&self) -> Option<&[u8]> {
@@ -216,6 +352,7 @@ impl Entries {
     /// Appends an entry whose key is `prefix ++ suffix`; keys must arrive in
     /// increasing order.
     pub fn push_parts(&mut self, prefix: &[u8], suffix: &[u8], value: &[u8]) {
+        self.make_owned();
         self.heads.take();
         let offset = self.data.len() as u32;
         self.data.extend_from_slice(prefix);
@@ -280,6 +417,14 @@ impl Entries {
         if from >= to {
             return;
         }
+        if other.image.is_some() {
+            // The values lie apart from the keys: entry by entry.
+            for i in from..to {
+                self.push_parts(&[], other.key(i), other.value(i));
+            }
+            return;
+        }
+        self.make_owned();
         let (first, last) = (other.index[from], other.index[to - 1]);
         debug_assert!(
             self.is_empty() || self.key(self.len() - 1) < other.key(from),
@@ -374,6 +519,56 @@ mod tests {
             ]
         );
         assert_eq!(f.bytes(), 1 + 4 + 2 + 2 + 1 + 3 * ENTRY_OVERHEAD_BYTES);
+    }
+
+    /// Entries whose values lie in the bytes read serve, copy, change
+    /// and are renamed as entries owning their bytes do.
+    #[test]
+    fn entries_in_an_image_behave_as_owned_ones() {
+        let image = Arc::new(AlignedBuf::from_slice(b"xxoneTWOthree"));
+        let mut read = Entries::in_image(image.clone(), 4096, 3, 16);
+        assert!(read.push_read(b"dir/", b"a", 2, 3));
+        assert!(read.push_read(b"dir/", b"b", 5, 3));
+        assert!(read.push_read(b"dir/", b"c", 8, 5));
+        assert!(
+            !read.push_read(b"dir/", b"d", image.len() - 1, 2),
+            "past the image"
+        );
+        let mut owned = Entries::default();
+        for (k, v) in [
+            (&b"dir/a"[..], &b"one"[..]),
+            (b"dir/b", b"TWO"),
+            (b"dir/c", b"three"),
+        ] {
+            owned.push(k, v);
+        }
+        assert!(read.in_read_image());
+        assert_eq!(read, owned);
+        assert_eq!(read.bytes(), owned.bytes());
+        assert_eq!(read.get(b"dir/b"), Some(&b"TWO"[..]));
+        assert!(read.mem_bytes() >= 4096);
+        // Runs copied from it, entry by entry.
+        let mut tail = Entries::default();
+        tail.push(b"a", b"0");
+        tail.extend_from(&read, 1, 3);
+        assert_eq!(tail.len(), 3);
+        assert_eq!(tail.value(2), b"three");
+        assert!(!tail.in_read_image());
+        // Renamed in place: the keys change, the values stay read.
+        let mut renamed = read.clone();
+        renamed.replace_prefix(3, b"new");
+        assert!(renamed.in_read_image());
+        assert_eq!(renamed.key(2), b"new/c");
+        assert_eq!(renamed.value(2), b"three");
+        // Appended to: owned first.
+        let mut grown = read.clone();
+        grown.push(b"dir/d", b"four");
+        assert!(!grown.in_read_image());
+        assert_eq!(grown.value(0), b"one");
+        assert_eq!(grown.value(3), b"four");
+        read.make_owned();
+        assert!(!read.in_read_image());
+        assert_eq!(read, owned);
     }
 
     #[test]

@@ -782,13 +782,72 @@ pub fn load_all_segments(
     int.make_whole().map_err(DecodeError)
 }
 
-/// Decodes one basement's bytes (already cut to `loc.len`).
+/// Decodes one basement's bytes (already cut to `loc.len`), copying them.
 pub fn decode_basement(
     bytes: &[u8],
     loc: &BasementLoc,
     count: usize,
     prefix: &[u8],
 ) -> DecodeResult<Entries> {
+    let mut entries = Entries::with_capacity(
+        count.min(bytes.len()),
+        bytes.len() + count.min(bytes.len()) * prefix.len(),
+    );
+    parse_basement(bytes, loc, count, |suffix, value| {
+        entries.push_parts(prefix, suffix, value);
+        Ok(())
+    })?;
+    Ok(entries)
+}
+
+/// Decodes the basement at `loc` of a leaf read into `image` from byte
+/// `image_at` of its extent on: its keys are copied, its values stay in
+/// the image ([`Entries::in_image`]), which the entries answer for in
+/// proportion to the basement's share of it.
+pub fn decode_basement_in_image(
+    image: &Arc<AlignedBuf>,
+    image_at: usize,
+    loc: &BasementLoc,
+    count: usize,
+    prefix: &[u8],
+) -> DecodeResult<Entries> {
+    let start = (loc.offset as usize)
+        .checked_sub(image_at)
+        .ok_or_else(|| DecodeError("basement before the bytes read".into()))?;
+    let bytes = image
+        .get(start..start + loc.len as usize)
+        .ok_or_else(|| DecodeError("basement beyond the bytes read".into()))?;
+    // Its blocks, scaled by what the allocation holds past the bytes read.
+    let span = round_block(bytes.len());
+    let charged = span.saturating_mul(image.capacity()) / image.len().max(1);
+    let mut entries = Entries::in_image(
+        image.clone(),
+        charged,
+        count.min(bytes.len()),
+        count.min(bytes.len()) * (prefix.len() + 16),
+    );
+    let base = image.as_ptr() as usize;
+    parse_basement(bytes, loc, count, |suffix, value| {
+        // `value` is a slice of `bytes`, which lies in the image.
+        let at = value.as_ptr() as usize - base;
+        if entries.push_read(prefix, suffix, at, value.len()) {
+            Ok(())
+        } else {
+            Err(DecodeError("value beyond the bytes read".into()))
+        }
+    })?;
+    Ok(entries)
+}
+
+/// Checks a basement's bytes against its checksum and walks its entries
+/// in order, giving each key suffix and value to `push`; checks their
+/// order and count.
+fn parse_basement<'b>(
+    bytes: &'b [u8],
+    loc: &BasementLoc,
+    count: usize,
+    mut push: impl FnMut(&'b [u8], &'b [u8]) -> DecodeResult<()>,
+) -> DecodeResult<()> {
     if crc32c_of(&[bytes]) != loc.crc {
         return Err(DecodeError(format!(
             "basement at offset {} fails its checksum",
@@ -796,11 +855,8 @@ pub fn decode_basement(
         )));
     }
     let mut d = Decoder::new(bytes);
-    let mut entries = Entries::with_capacity(
-        count.min(bytes.len()),
-        bytes.len() + count.min(bytes.len()) * prefix.len(),
-    );
     let mut previous: Option<&[u8]> = None;
+    let mut n = 0;
     while !d.is_empty() {
         let suffix = d.bytes()?;
         let value = d.bytes()?;
@@ -809,15 +865,15 @@ pub fn decode_basement(
             return Err(DecodeError("basement keys out of order".into()));
         }
         previous = Some(suffix);
-        entries.push_parts(prefix, suffix, value);
+        push(suffix, value)?;
+        n += 1;
     }
-    if entries.len() != count {
+    if n != count {
         return Err(DecodeError(format!(
-            "basement holds {} entries, meta says {count}",
-            entries.len()
+            "basement holds {n} entries, meta says {count}"
         )));
     }
-    Ok(entries)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -876,6 +932,79 @@ mod tests {
         // Stored keys omit the prefix: the image has no "dir\0f" runs.
         let img = encode_node(&node, 9);
         assert!(!img.buf.windows(5).any(|w| w == b"dir\x00f"));
+    }
+
+    /// A leaf's basements decoded in the bytes they were read into hold
+    /// what copied ones do, from a read of the whole leaf or of a span
+    /// starting at a basement; a length past the bytes read is refused;
+    /// and a change to the leaf leaves every basement owning its values
+    /// (none holds the read bytes the others would keep uncounted).
+    #[test]
+    fn basements_decoded_in_their_image_are_the_copied_ones_until_changed() {
+        let node = lifted_leaf();
+        let img = encode_node(&node, 9);
+        let h = decode_header(&img.buf, img.crc, 9, &node.bounds).unwrap();
+        let meta = &img.buf[HEADER_BYTES..meta_end(&h)];
+        let mut read = decode_meta(&h, meta, &node.bounds).unwrap();
+        let NodeBody::Leaf(leaf) = &mut read.body else {
+            panic!("a leaf decodes as a leaf")
+        };
+        assert!(leaf.basements.len() > 2, "the test needs several basements");
+        let prefix = node.bounds.lifted_prefix();
+        let whole = Arc::new(AlignedBuf::from_slice(&img.buf));
+        let second = leaf.basements[1].loc.unwrap().offset as usize;
+        let from_second = Arc::new(AlignedBuf::from_slice(&img.buf[second..]));
+        for (i, b) in leaf.basements.iter_mut().enumerate() {
+            let loc = b.loc.unwrap();
+            let bytes = &img.buf[loc.offset as usize..(loc.offset + loc.len) as usize];
+            let copied = decode_basement(bytes, &loc, b.count, &prefix).unwrap();
+            let in_whole = decode_basement_in_image(&whole, 0, &loc, b.count, &prefix).unwrap();
+            assert!(in_whole.in_read_image() && !copied.in_read_image());
+            assert_eq!(in_whole, copied);
+            assert_eq!(in_whole.bytes(), copied.bytes());
+            assert!(
+                in_whole.mem_bytes() >= loc.len as usize,
+                "the bytes read are counted"
+            );
+            if i > 0 {
+                let in_span =
+                    decode_basement_in_image(&from_second, second, &loc, b.count, &prefix).unwrap();
+                assert_eq!(in_span, copied);
+            } else {
+                assert!(
+                    decode_basement_in_image(&from_second, second, &loc, b.count, &prefix).is_err()
+                );
+            }
+            let past = BasementLoc {
+                len: (whole.len() - loc.offset as usize + 1) as u32,
+                ..loc
+            };
+            assert!(decode_basement_in_image(&whole, 0, &past, b.count, &prefix).is_err());
+            b.entries = Some(Arc::new(in_whole));
+        }
+        let mut model: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = leaf
+            .basements
+            .iter()
+            .flat_map(|b| b.entries.as_deref().unwrap().iter())
+            .map(|(k, v)| (k.to_vec(), v.to_vec()))
+            .collect();
+        let merges = MergeRegistry::default();
+        let mut buffer = MessageBuffer::default();
+        let key = b"dir\x00f00150".to_vec();
+        buffer.insert_point(key.clone(), PointMsg::put(1000, b"new".to_vec()), &merges);
+        model.insert(key, b"new".to_vec());
+        leaf.apply_buffer(buffer, &merges, 2000).unwrap();
+        assert!(leaf
+            .basements
+            .iter()
+            .all(|b| !b.entries.as_deref().unwrap().in_read_image()));
+        let after: Vec<(Vec<u8>, Vec<u8>)> = leaf
+            .basements
+            .iter()
+            .flat_map(|b| b.entries.as_deref().unwrap().iter())
+            .map(|(k, v)| (k.to_vec(), v.to_vec()))
+            .collect();
+        assert_eq!(after, model.into_iter().collect::<Vec<_>>());
     }
 
     #[test]

@@ -460,7 +460,27 @@ impl Leaf {
                 self.basements.insert(at, Basement::from_shared(piece));
             }
         }
+        // After the pieces are in: the first piece of a basement may be
+        // that basement as it was, read.
+        if count > 0 {
+            self.own_read_values();
+        }
         count
+    }
+
+    /// Makes every loaded basement own its values if they lie in the
+    /// bytes the leaf was read into (`Entries::in_image`): before a change
+    /// replaces or cuts one of them, which would leave the bytes it read
+    /// held by the others but counted by none. A leaf read and then
+    /// changed copies its values once, as every read did before.
+    pub fn own_read_values(&mut self) {
+        for b in &mut self.basements {
+            if let Some(entries) = &mut b.entries {
+                if entries.in_read_image() {
+                    Arc::make_mut(entries).make_owned();
+                }
+            }
+        }
     }
 
     /// Splits oversized basements and drops empty ones, leaving the rest.
@@ -536,6 +556,7 @@ impl Leaf {
     #[allow(clippy::indexing_slicing)]
     pub fn split_off(&mut self, key: &[u8]) -> Leaf {
         debug_assert!(self.is_fully_loaded());
+        self.own_read_values();
         let b = self.basement_for(key);
         let mut right_basements = self.basements.split_off(b + 1);
         let mut right_pivots = self.pivots.split_off(b);

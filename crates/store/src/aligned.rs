@@ -25,8 +25,8 @@ unsafe impl Sync for AlignedBuf {}
 /// pays a page fault and a kernel page clear per 4 KiB before the device
 /// writes it: 37% of the mount daemon's cycles in a cold sequential read.
 /// Recycled buffers are already mapped. Reads and node writes vary in
-/// length, so large buffers are allocated in power-of-two classes; a
-/// class wastes at most half of a buffer that lives only for one IO.
+/// length, so large buffers are allocated in size classes
+/// ([`capacity_for`]), each wasting at most an eighth of its buffer.
 struct Pool {
     /// (capacity, allocation), all initialised.
     buffers: Vec<(usize, NonNull<u8>)>,
@@ -83,10 +83,16 @@ fn block_len(len: usize) -> usize {
     len.div_ceil(BLOCK_SIZE).max(1) * BLOCK_SIZE
 }
 
-/// The allocation size of a buffer of `len` (whole-block) bytes.
+/// The allocation size of a buffer of `len` (whole-block) bytes: large
+/// ones in classes an eighth of a power of two apart, so that a buffer
+/// kept while its node is cached (a leaf's values stay where they were
+/// read) wastes at most an eighth of itself, not the half that classes of
+/// powers of two did.
 fn capacity_for(len: usize) -> usize {
     if len >= POOL_MIN_LEN {
-        len.next_power_of_two()
+        let highest_bit = 1usize << (usize::BITS - 1 - len.leading_zeros());
+        let step = (highest_bit / 8).max(BLOCK_SIZE);
+        len.div_ceil(step) * step
     } else {
         len
     }
@@ -102,14 +108,23 @@ impl AlignedBuf {
         Self::take_pooled(len).unwrap_or_else(|| Self::zeroed(len))
     }
 
-    /// A recycled buffer for `len` (whole-block) bytes.
+    /// A recycled buffer for `len` (whole-block) bytes: the smallest
+    /// pooled one of its size class or up to a quarter larger (leaves
+    /// vary in size, and a buffer kept while its leaf is cached returns to
+    /// the pool in another class than the next read asks for).
     fn take_pooled(len: usize) -> Option<Self> {
         let cap = capacity_for(len);
         if cap < POOL_MIN_LEN {
             return None;
         }
         let mut pool = pool();
-        let i = pool.buffers.iter().rposition(|b| b.0 == cap)?;
+        let fits = |c: usize| c >= cap && c <= cap + cap / 4;
+        // From the last given back (the likeliest still in the CPU's
+        // caches); the first smallest wins.
+        let i = (0..pool.buffers.len())
+            .rev()
+            .filter(|&i| pool.buffers.get(i).is_some_and(|b| fits(b.0)))
+            .min_by_key(|&i| pool.buffers.get(i).map_or(usize::MAX, |b| b.0))?;
         let (cap, ptr) = pool.buffers.swap_remove(i);
         pool.bytes -= cap;
         Some(AlignedBuf { ptr, len, cap })
@@ -157,6 +172,11 @@ impl AlignedBuf {
             std::ptr::write_bytes(ptr.as_ptr().add(data.len()), 0, cap - data.len());
         }
         AlignedBuf { ptr, len, cap }
+    }
+
+    /// The bytes allocated for this buffer (its length or more).
+    pub fn capacity(&self) -> usize {
+        self.cap
     }
 
     fn layout(cap: usize) -> Layout {
@@ -260,9 +280,22 @@ mod tests {
         // recycled one exposes those bytes to its next user).
         let d = AlignedBuf::from_slice(&[7u8; 200 << 10]);
         assert_eq!(d.len(), 200 << 10);
-        assert_eq!(d.cap, 256 << 10);
+        assert_eq!(d.cap, 208 << 10);
         // SAFETY: cap bytes are allocated and, by from_slice, initialised.
         let whole = unsafe { std::slice::from_raw_parts(d.as_ptr(), d.cap) };
         assert!(whole[200 << 10..].iter().all(|&x| x == 0));
+    }
+
+    /// Large buffers waste at most an eighth of their length: a leaf's
+    /// read buffer is kept while the leaf is cached.
+    #[test]
+    fn size_classes_waste_at_most_an_eighth() {
+        for blocks in 1..2048 {
+            let len = blocks * BLOCK_SIZE;
+            let cap = capacity_for(len);
+            assert!(cap >= len, "{len}: {cap}");
+            assert!((cap - len) * 8 <= len, "{len} bytes in a class of {cap}");
+            assert_eq!(cap % BLOCK_SIZE, 0);
+        }
     }
 }

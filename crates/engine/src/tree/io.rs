@@ -186,7 +186,7 @@ impl Tree {
             // The whole extent is in memory already: decode every basement
             // from it.
             (true, NodeBody::Leaf(leaf)) => {
-                Self::decode_all_basements(ks, num, leaf, bounds, &head)
+                Self::decode_all_basements(ks, num, leaf, bounds, &Arc::new(head))
             }
             (true, NodeBody::Interior(_)) => Ok(()),
             (false, _) => self.read_parts(ks, num, &mut node, want),
@@ -245,43 +245,40 @@ impl Tree {
         decode_meta(header, meta, bounds).map_err(|e| Self::corrupt(ks, num, e.0))
     }
 
-    /// Decodes every basement of a leaf from the bytes of its whole extent.
+    /// Decodes every basement of a leaf from the bytes of its whole extent,
+    /// their values left in them.
     pub(super) fn decode_all_basements(
         ks: KeySpace,
         num: u64,
         leaf: &mut Leaf,
         bounds: &Bounds,
-        node_bytes: &[u8],
+        node_bytes: &Arc<AlignedBuf>,
     ) -> EngineResult<()> {
         (0..leaf.basements.len()).try_for_each(|i| {
-            let Some(loc) = leaf.basements[i].loc else {
-                return Err(Self::corrupt(ks, num, "basement without location"));
-            };
-            let bytes = node_bytes
-                .get(loc.offset as usize..(loc.offset as usize + loc.len as usize))
-                .ok_or_else(|| Self::corrupt(ks, num, "basement beyond node"))?;
-            let entries = Self::decode_checked_basement(ks, num, leaf, i, bounds, bytes)?;
+            let entries = Self::decode_checked_basement(ks, num, leaf, i, bounds, node_bytes, 0)?;
             leaf.basements[i].entries = Some(Arc::new(entries));
             Ok(())
         })
     }
 
-    /// Decodes basement `i` of a leaf with bounds `bounds` from its bytes
-    /// and checks that its keys lie in the basement's range.
+    /// Decodes basement `i` of a leaf with bounds `bounds` from `image`,
+    /// the leaf's bytes from `image_at` of its extent on (its values left
+    /// there), and checks that its keys lie in the basement's range.
     pub(super) fn decode_checked_basement(
         ks: KeySpace,
         num: u64,
         leaf: &Leaf,
         i: usize,
         bounds: &Bounds,
-        bytes: &[u8],
+        image: &Arc<AlignedBuf>,
+        image_at: usize,
     ) -> EngineResult<Entries> {
         let b = &leaf.basements[i];
         let Some(loc) = b.loc else {
             return Err(Self::corrupt(ks, num, "basement without location"));
         };
         let prefix = bounds.lifted_prefix();
-        let entries = decode_basement(bytes, &loc, b.count, &prefix)
+        let entries = decode_basement_in_image(image, image_at, &loc, b.count, &prefix)
             .map_err(|e| Self::corrupt(ks, num, e.0))?;
         validate::check_basement(&entries, &validate::basement_bounds(leaf, i, bounds))
             .map_err(|reason| Self::corrupt(ks, num, reason))?;
@@ -500,15 +497,17 @@ pub(super) fn read_missing_basements(
     if !in_order || hi < lo {
         return Err(Tree::corrupt(ks, num, "basements out of order"));
     }
-    let buf = read_node_bytes(device, at + lo, (hi - lo) as usize, 0, stats)?;
-    for (&i, loc) in missing.iter().zip(&locs) {
-        let at = (loc.offset as u64 - lo) as usize;
+    let buf = Arc::new(read_node_bytes(
+        device,
+        at + lo,
+        (hi - lo) as usize,
+        0,
+        stats,
+    )?);
+    for &i in &missing {
         // Offsets are in order, but a damaged length could still run
-        // past what was read.
-        let bytes = buf
-            .get(at..at + loc.len as usize)
-            .ok_or_else(|| Tree::corrupt(ks, num, "basement runs past the next one"))?;
-        let entries = Tree::decode_checked_basement(ks, num, leaf, i, bounds, bytes)?;
+        // past what was read: the decoder refuses it.
+        let entries = Tree::decode_checked_basement(ks, num, leaf, i, bounds, &buf, lo as usize)?;
         leaf.basements[i].entries = Some(Arc::new(entries));
     }
     Ok(())

@@ -280,7 +280,7 @@ pub(crate) fn read_leaf(
     let (ks, num, bounds) = (place.ks, place.num, &place.bounds);
     if let NodeBody::Leaf(leaf) = &mut node.body {
         if whole {
-            Tree::decode_all_basements(ks, num, leaf, bounds, &head)?;
+            Tree::decode_all_basements(ks, num, leaf, bounds, &Arc::new(head))?;
         } else {
             let at = (ks, num, place.offset, bounds);
             io::read_missing_basements(device, at, leaf, want, stats)?;
