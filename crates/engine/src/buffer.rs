@@ -554,8 +554,23 @@ impl MessageBuffer {
             let end = rekey(&r.end);
             out.push_decoded_range(rekey(&start), RangeDel { end, seq: r.seq });
         }
-        for (key, msg) in self.points {
-            out.push_decoded_point(rekey(&key), msg);
+        let points: Vec<(Vec<u8>, PointMsg)> = self
+            .points
+            .into_iter()
+            .map(|(key, msg)| (rekey(&key), msg))
+            .collect();
+        let in_order = points
+            .iter()
+            .zip(points.iter().skip(1))
+            .all(|(a, b)| a.0 < b.0);
+        debug_assert!(in_order, "a re-keying that reorders messages");
+        if in_order {
+            out.bytes += points.iter().map(|(k, m)| m.bytes(k.len())).sum::<usize>();
+            out.points = PointMap::from_sorted(points);
+        } else {
+            for (key, msg) in points {
+                out.push_decoded_point(key, msg);
+            }
         }
         out
     }
@@ -597,6 +612,44 @@ mod tests {
 
     fn k(s: &str) -> Vec<u8> {
         s.as_bytes().to_vec()
+    }
+
+    /// A re-keyed buffer holds the same messages under the new keys, in
+    /// chunks built in order, and counts the bytes a buffer that took them
+    /// one by one does.
+    #[test]
+    fn a_rekeyed_buffer_is_the_messages_under_their_new_keys() {
+        let merges = crate::merge::MergeRegistry::default();
+        let mut old = MessageBuffer::default();
+        for i in 0..1500u64 {
+            old.insert_point(
+                k(&format!("a/{i:05}")),
+                PointMsg::put(i + 10, vec![i as u8; 3]),
+                &merges,
+            );
+        }
+        old.insert_range_delete(k("a/00100"), k("a/00200"), 5);
+        let rekey = |key: &[u8]| [&b"bb/"[..], key.get(2..).unwrap_or_default()].concat();
+        let mut want = MessageBuffer::default();
+        for (key, msg) in old.points().iter() {
+            want.push_decoded_point(rekey(key), msg.clone());
+        }
+        for (start, r) in old.ranges() {
+            want.push_decoded_range(
+                rekey(start),
+                RangeDel {
+                    end: rekey(&r.end),
+                    seq: r.seq,
+                },
+            );
+        }
+        let got = old.rekeyed(rekey);
+        got.points().check();
+        assert!(got.points().iter().eq(want.points().iter()));
+        assert_eq!(got.ranges(), want.ranges());
+        assert_eq!(got.bytes(), want.bytes());
+        // The range delete took the hundred points it covers.
+        assert_eq!(got.points().len(), 1400);
     }
 
     /// A copy of a buffer (what a change makes of a buffer a checkpoint's

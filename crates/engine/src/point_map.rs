@@ -174,6 +174,52 @@ impl PointMap {
         }
     }
 
+    /// The map of `messages`, which must be given in increasing key order
+    /// (each key once), built a chunk at a time: a range rename re-keys every message
+    /// of the buffers it moves, and inserting them one by one searched
+    /// each chunk with compares of whole keys — most of the time of a `mv`
+    /// of a source tree's root after an untar.
+    pub fn from_sorted(messages: impl IntoIterator<Item = (Vec<u8>, PointMsg)>) -> PointMap {
+        let mut map = PointMap::default();
+        let mut run = Vec::with_capacity(CHUNK_POINTS);
+        for message in messages {
+            run.push(message);
+            if run.len() == CHUNK_POINTS {
+                map.push_chunk(std::mem::replace(
+                    &mut run,
+                    Vec::with_capacity(CHUNK_POINTS),
+                ));
+            }
+        }
+        map.push_chunk(run);
+        map
+    }
+
+    /// Appends a chunk of messages in increasing key order, all after
+    /// this map's (at most [`CHUNK_POINTS`]).
+    fn push_chunk(&mut self, run: Vec<(Vec<u8>, PointMsg)>) {
+        let Some(first) = run.first().map(|(k, _)| k.clone()) else {
+            return;
+        };
+        assert!(
+            self.last_key().is_none_or(|last| *last < first) && run.len() <= CHUNK_POINTS,
+            "point map invariant: a chunk built from messages out of order or too many"
+        );
+        // Callers give keys in order (a re-keying checks them): not
+        // compared again here but in debug builds.
+        debug_assert!(run.iter().zip(run.iter().skip(1)).all(|(a, b)| a.0 < b.0));
+        self.len += run.len();
+        let lo = if self.chunks.is_empty() {
+            Vec::new()
+        } else {
+            first
+        };
+        self.chunks.push(Chunk {
+            lo,
+            map: Arc::new(run.into_iter().collect()),
+        });
+    }
+
     /// Inserts a message, returning the one it replaced.
     pub fn insert(&mut self, key: Vec<u8>, msg: PointMsg) -> Option<PointMsg> {
         self.update(key, |entry| match entry {
@@ -394,7 +440,7 @@ impl PointMap {
 
     /// Checks the invariants in the module comment.
     #[cfg(test)]
-    fn check(&self) {
+    pub(crate) fn check(&self) {
         assert_eq!(self.len, self.chunk_lens().iter().sum::<usize>());
         assert!(self.chunks.first().is_none_or(|c| c.lo.is_empty()));
         for (i, c) in self.chunks.iter().enumerate() {
@@ -573,13 +619,20 @@ mod tests {
         fn a_point_map_is_the_btree_map_after_the_same_operations(
             ops in proptest::collection::vec(op(), 1..400),
             fill in 0u16..3000,
+            fill_in_bulk in any::<bool>(),
         ) {
             let mut map = PointMap::default();
             let mut model = BTreeMap::new();
-            // A sequential fill first: the appending path.
+            // A sequential fill first: the appending path, or a map built
+            // from messages in order (`from_sorted`, a range rename's).
             for k in 0..fill {
-                map.insert(key(k * 2), msg(u64::from(k)));
+                if !fill_in_bulk {
+                    map.insert(key(k * 2), msg(u64::from(k)));
+                }
                 model.insert(key(k * 2), msg(u64::from(k)));
+            }
+            if fill_in_bulk {
+                map = PointMap::from_sorted(model.iter().map(|(k, m)| (k.clone(), m.clone())));
             }
             same(&map, &model);
             for (seq, op) in ops.into_iter().enumerate() {
