@@ -800,10 +800,22 @@ pub fn decode_basement(
     Ok(entries)
 }
 
+/// Entries of at least this many bytes on average (values, in effect: a
+/// data leaf's blocks) are left in the bytes they were read into;
+/// smaller ones are copied. With small values the image saves little
+/// copying and costs the cache more memory than a copy: the keys are held
+/// twice (copied out, and in the image), and the image is counted by its
+/// blocks and its allocation's class — some 7-20% more for a basement of
+/// metadata entries or of kv-bench's 255-byte values, and so fewer of
+/// them cached (docs/benchmarks/values-where-read.md).
+pub const IMAGE_MIN_ENTRY_BYTES: usize = 1024;
+
 /// Decodes the basement at `loc` of a leaf read into `image` from byte
-/// `image_at` of its extent on: its keys are copied, its values stay in
-/// the image ([`Entries::in_image`]), which the entries answer for in
-/// proportion to the basement's share of it.
+/// `image_at` of its extent on. If its entries are large (at least
+/// [`IMAGE_MIN_ENTRY_BYTES`] on average) its keys are copied and its
+/// values stay in the image ([`Entries::in_image`]), which the entries
+/// answer for in proportion to the basement's share of it; otherwise it
+/// is copied whole ([`decode_basement`]).
 pub fn decode_basement_in_image(
     image: &Arc<AlignedBuf>,
     image_at: usize,
@@ -817,6 +829,9 @@ pub fn decode_basement_in_image(
     let bytes = image
         .get(start..start + loc.len as usize)
         .ok_or_else(|| DecodeError("basement beyond the bytes read".into()))?;
+    if bytes.len() < count.saturating_mul(IMAGE_MIN_ENTRY_BYTES) {
+        return decode_basement(bytes, loc, count, prefix);
+    }
     // Its blocks, scaled by what the allocation holds past the bytes read.
     let span = round_block(bytes.len());
     let charged = span.saturating_mul(image.capacity()) / image.len().max(1);
@@ -941,7 +956,34 @@ mod tests {
     /// (none holds the read bytes the others would keep uncounted).
     #[test]
     fn basements_decoded_in_their_image_are_the_copied_ones_until_changed() {
-        let node = lifted_leaf();
+        // Small entries are copied, not left in the image.
+        let small = lifted_leaf();
+        let img = encode_node(&small, 9);
+        let h = decode_header(&img.buf, img.crc, 9, &small.bounds).unwrap();
+        let read = decode_meta(&h, &img.buf[HEADER_BYTES..meta_end(&h)], &small.bounds).unwrap();
+        let NodeBody::Leaf(leaf) = &read.body else {
+            panic!("a leaf decodes as a leaf")
+        };
+        let whole = Arc::new(AlignedBuf::from_slice(&img.buf));
+        let b = &leaf.basements[0];
+        let prefix = small.bounds.lifted_prefix();
+        let e = decode_basement_in_image(&whole, 0, &b.loc.unwrap(), b.count, &prefix).unwrap();
+        assert!(
+            !e.in_read_image(),
+            "entries under {IMAGE_MIN_ENTRY_BYTES} bytes are copied"
+        );
+        // Large entries (a data leaf's blocks) stay in it.
+        let mut entries = Entries::default();
+        for i in 0..40u32 {
+            entries.push(
+                format!("dir\x00f{i:05}").as_bytes(),
+                &vec![i as u8; 1500 + i as usize],
+            );
+        }
+        let node = Node {
+            body: NodeBody::Leaf(Leaf::from_sorted(&entries, 8000)),
+            ..lifted_leaf()
+        };
         let img = encode_node(&node, 9);
         let h = decode_header(&img.buf, img.crc, 9, &node.bounds).unwrap();
         let meta = &img.buf[HEADER_BYTES..meta_end(&h)];
@@ -990,10 +1032,10 @@ mod tests {
             .collect();
         let merges = MergeRegistry::default();
         let mut buffer = MessageBuffer::default();
-        let key = b"dir\x00f00150".to_vec();
+        let key = b"dir\x00f00015".to_vec();
         buffer.insert_point(key.clone(), PointMsg::put(1000, b"new".to_vec()), &merges);
         model.insert(key, b"new".to_vec());
-        leaf.apply_buffer(buffer, &merges, 2000).unwrap();
+        leaf.apply_buffer(buffer, &merges, 8000).unwrap();
         assert!(leaf
             .basements
             .iter()
