@@ -14,14 +14,15 @@ use std::sync::{Arc, OnceLock};
 
 use betreefs_engine::btt::{BlockTable, Slot};
 use betreefs_engine::format::{
-    decode_basement, decode_header, decode_meta, decode_node, decode_segment, HEADER_BYTES,
+    decode_basement, decode_basement_in_image, decode_header, decode_meta, decode_node,
+    decode_segment, HEADER_BYTES,
 };
 use betreefs_engine::node::{BasementLoc, Bounds, NodeBody, Segment};
 use betreefs_engine::{validate, KeySpace, MergeRegistry, Message, Options, Store, WriteBatch};
 use betreefs_fs::record::{FsInfo, Record};
 use betreefs_fs::{schema, AtimePolicy, Caller, FileSystem, Operations, ROOT_INO};
 use betreefs_store::{
-    crc32c_of, replay_log, CrashMode, MemDevice, ReplayStart, Superblock, BLOCK_SIZE,
+    crc32c_of, replay_log, AlignedBuf, CrashMode, MemDevice, ReplayStart, Superblock, BLOCK_SIZE,
     LOG_RECORD_OVERHEAD_BYTES,
 };
 
@@ -403,16 +404,30 @@ fn node(data: &[u8]) {
             }
             NodeBody::Leaf(leaf) => {
                 let _ = validate::check_leaf(leaf, &bounds);
+                // The whole image as a read of the leaf leaves it, for
+                // basements decoded in place.
+                let image = Arc::new(AlignedBuf::from_slice(&bytes));
                 for (i, b) in leaf.basements.iter().enumerate() {
                     let Some(loc) = b.loc else { continue };
                     let Some(raw) = bytes.get(loc.offset as usize..(loc.offset + loc.len) as usize)
                     else {
+                        // Past the bytes: decoding in the image refuses it.
+                        let _ = decode_basement_in_image(&image, 0, &loc, b.count, prefix);
                         continue;
                     };
                     // With the stored checksum, then with one that matches.
                     for crc in [loc.crc, crc32c_of(&[raw])] {
                         let loc = BasementLoc { crc, ..loc };
-                        if let Ok(entries) = decode_basement(raw, &loc, b.count, prefix) {
+                        let copied = decode_basement(raw, &loc, b.count, prefix);
+                        // In the image (values left there when large):
+                        // the same entries, or the same refusal.
+                        let in_image = decode_basement_in_image(&image, 0, &loc, b.count, prefix);
+                        assert_eq!(
+                            copied.as_ref().ok(),
+                            in_image.as_ref().ok(),
+                            "a basement decoded in its image is not the one copied"
+                        );
+                        if let Ok(entries) = copied {
                             let range = validate::basement_bounds(leaf, i, &bounds);
                             let _ = validate::check_basement(&entries, &range);
                         }
