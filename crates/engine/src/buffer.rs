@@ -554,25 +554,39 @@ impl MessageBuffer {
             let end = rekey(&r.end);
             out.push_decoded_range(rekey(&start), RangeDel { end, seq: r.seq });
         }
-        let points: Vec<(Vec<u8>, PointMsg)> = self
-            .points
-            .into_iter()
-            .map(|(key, msg)| (rekey(&key), msg))
-            .collect();
+        out.put_points_in_order(
+            self.points
+                .into_iter()
+                .map(|(key, msg)| (rekey(&key), msg))
+                .collect(),
+        );
+        out
+    }
+
+    /// Puts point messages given in increasing key order (each key once)
+    /// into this buffer, which has none: its chunks built a chunk at a
+    /// time (`PointMap::from_sorted`), not with a search of whole-key
+    /// compares per message. A node's segments are decoded, and a range
+    /// rename's moved buffers re-keyed, this way. Messages out of order
+    /// (which debug builds refuse) are inserted one by one.
+    pub(crate) fn put_points_in_order(&mut self, points: Vec<(Vec<u8>, PointMsg)>) {
+        debug_assert!(
+            self.points.is_empty(),
+            "points put in order into a buffer that has some"
+        );
         let in_order = points
             .iter()
             .zip(points.iter().skip(1))
             .all(|(a, b)| a.0 < b.0);
-        debug_assert!(in_order, "a re-keying that reorders messages");
-        if in_order {
-            out.bytes += points.iter().map(|(k, m)| m.bytes(k.len())).sum::<usize>();
-            out.points = PointMap::from_sorted(points);
-        } else {
+        debug_assert!(in_order, "point messages out of order");
+        if !in_order || !self.points.is_empty() {
             for (key, msg) in points {
-                out.push_decoded_point(key, msg);
+                self.push_decoded_point(key, msg);
             }
+            return;
         }
-        out
+        self.bytes += points.iter().map(|(k, m)| m.bytes(k.len())).sum::<usize>();
+        self.points = PointMap::from_sorted(points);
     }
 
     /// Takes every message out, leaving the buffer empty.

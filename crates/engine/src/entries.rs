@@ -36,7 +36,7 @@ pub struct Entries {
 /// cycles (docs/design.md, "Values left where they were read"). Entries
 /// built by merges own their bytes; one that is changed is made to own
 /// them first ([`Entries::make_owned`]).
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 struct Image {
     bytes: Arc<AlignedBuf>,
     /// Where each entry's value begins in `bytes`.
@@ -46,17 +46,6 @@ struct Image {
     /// The memory of `bytes` these entries answer for: their share of
     /// its allocation (the basements of one read share it).
     charged: usize,
-}
-
-impl std::fmt::Debug for Image {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Image")
-            .field("bytes", &self.bytes.len())
-            .field("values", &self.value_at.len())
-            .field("value_bytes", &self.value_bytes)
-            .field("charged", &self.charged)
-            .finish()
-    }
 }
 
 /// What a search compares before it reads a key: the length of the
@@ -185,9 +174,7 @@ impl Entries {
             return;
         }
         let mut owned = Entries::with_capacity(self.len(), self.bytes());
-        for (k, v) in self.iter() {
-            owned.push_parts(&[], k, v);
-        }
+        owned.extend_from(self, 0, self.len());
         *self = owned;
     }
 

@@ -664,7 +664,7 @@ pub fn decode_segment(
         )));
     }
     let mut d = Decoder::new(bytes);
-    let mut buffer = MessageBuffer::default();
+    let mut points = Vec::with_capacity(segment.count.min(bytes.len()));
     let mut previous: Option<&[u8]> = None;
     for _ in 0..segment.count {
         let suffix = d.bytes()?;
@@ -698,7 +698,7 @@ pub fn decode_segment(
             });
         }
         previous = Some(suffix);
-        buffer.push_decoded_point(key, PointMsg { base, upserts });
+        points.push((key, PointMsg { base, upserts }));
     }
     if !d.is_empty() {
         return Err(DecodeError(format!(
@@ -706,6 +706,8 @@ pub fn decode_segment(
             segment.loc.offset
         )));
     }
+    let mut buffer = MessageBuffer::default();
+    buffer.put_points_in_order(points);
     Ok(buffer)
 }
 

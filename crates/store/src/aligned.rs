@@ -121,10 +121,13 @@ impl AlignedBuf {
         let fits = |c: usize| c >= cap && c <= cap + cap / 4;
         // From the last given back (the likeliest still in the CPU's
         // caches); the first smallest wins.
-        let i = (0..pool.buffers.len())
+        let (i, _) = pool
+            .buffers
+            .iter()
+            .enumerate()
             .rev()
-            .filter(|&i| pool.buffers.get(i).is_some_and(|b| fits(b.0)))
-            .min_by_key(|&i| pool.buffers.get(i).map_or(usize::MAX, |b| b.0))?;
+            .filter(|(_, b)| fits(b.0))
+            .min_by_key(|(_, b)| b.0)?;
         let (cap, ptr) = pool.buffers.swap_remove(i);
         pool.bytes -= cap;
         Some(AlignedBuf { ptr, len, cap })
@@ -185,6 +188,16 @@ impl AlignedBuf {
             // Only reachable for lengths near isize::MAX, which no caller asks for.
             Err(_) => panic!("aligned buffer of {cap} bytes is not allocatable"),
         }
+    }
+}
+
+/// Its length and allocation, not its bytes (a node's worth).
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .field("cap", &self.cap)
+            .finish()
     }
 }
 
