@@ -38,6 +38,6 @@ mod store;
 pub use merge::{MergeRegistry, RecordOp, MERGE_PATCH, MERGE_RECORD, MERGE_TRUNCATE};
 pub use stats::StatsSnapshot;
 pub use store::{
-    FaultObserver, MemoryBesideCache, Options, RangeIter, RecoveryReport, Reservation, Store,
-    TurnHook, WRITE_BACK_HEADROOM_NODES,
+    FaultObserver, MemoryBesideCache, Options, PairVisitor, RangeIter, RecoveryReport, Reservation,
+    Store, TurnHook, WRITE_BACK_HEADROOM_NODES,
 };

@@ -277,3 +277,53 @@ fn a_huge_batch_settles_as_it_goes_and_later_messages_win() {
     let store = Store::open_on(Arc::new(dev), small_options()).unwrap();
     check(&store);
 }
+
+/// A range visit that breaks is called for no pair after it, and reads
+/// no leaf past the one it broke in: a listing of a directory's first
+/// entries pays for them, not for the directory.
+#[test]
+fn a_visit_that_breaks_reads_no_further() {
+    let (dev, store) = mem_store(64 << 20, small_options());
+    let keys = 4_000u32;
+    write_numbered(&store, 0..keys);
+    store.close().unwrap();
+    let cold = || Store::open_on(Arc::new(dev.clone()), small_options()).unwrap();
+
+    let whole = cold();
+    let before = whole.stats().nodes_read;
+    let mut all = 0u32;
+    whole
+        .visit_range(KeySpace::Data, &[], &[0xff; 4], &mut |_, _| all += 1)
+        .unwrap();
+    assert_eq!(all, keys);
+    let whole_reads = whole.stats().nodes_read - before;
+
+    for (from, wanted) in [(0u32, 1u32), (1_000, 10), (3_990, 50)] {
+        let store = cold();
+        let before = store.stats().nodes_read;
+        let mut seen = Vec::new();
+        store
+            .visit_range_while(
+                KeySpace::Data,
+                &from.to_be_bytes(),
+                &[0xff; 4],
+                &mut |k, v| {
+                    assert_eq!(v, [k[3]; 300]);
+                    seen.push(u32::from_be_bytes(k.try_into().unwrap()));
+                    if seen.len() as u32 == wanted {
+                        std::ops::ControlFlow::Break(())
+                    } else {
+                        std::ops::ControlFlow::Continue(())
+                    }
+                },
+            )
+            .unwrap();
+        let expected: Vec<u32> = (from..(from + wanted).min(keys)).collect();
+        assert_eq!(seen, expected, "from {from}");
+        let reads = store.stats().nodes_read - before;
+        assert!(
+            reads * 10 < whole_reads,
+            "{reads} nodes read for {wanted} pairs, {whole_reads} for all"
+        );
+    }
+}

@@ -313,6 +313,66 @@ fn readdir_resumes_after_any_returned_offset() {
     }
 }
 
+/// readdirplus lists what readdir lists, with the offsets readdir gives
+/// and the attributes a lookup gives, also read in pieces (each resumed
+/// after the last entry taken) past the entries read ahead of the table's
+/// lock, over a remount (entries read from the device).
+#[test]
+fn readdirplus_lists_what_readdir_lists() {
+    let (dev, fs) = fresh();
+    let d = fs.mkdir(ROOT_INO, b"mixed", 0o755, ME).unwrap().ino;
+    let other = fs.mkdir(ROOT_INO, b"other", 0o755, ME).unwrap().ino;
+    for i in 0..700 {
+        let name = format!("e{i:04}");
+        match i % 7 {
+            0 => drop(fs.mkdir(d, name.as_bytes(), 0o700, ME).unwrap()),
+            1 => drop(fs.symlink(d, name.as_bytes(), b"somewhere", ME).unwrap()),
+            2 => {
+                let target = write_file(&fs, other, name.as_bytes(), b"linked");
+                fs.link(target, d, name.as_bytes()).unwrap();
+            }
+            _ => drop(write_file(&fs, d, name.as_bytes(), &vec![b'x'; i])),
+        }
+    }
+    let fs = remount(&dev, fs);
+    let d = fs.lookup(ROOT_INO, b"mixed").unwrap().ino;
+    let plain = list(&fs, d, 0, usize::MAX);
+    assert_eq!(plain.len(), 702);
+    for piece in [37usize, 500, usize::MAX] {
+        let mut seen: Vec<(Vec<u8>, u64)> = Vec::new();
+        let mut offset = 0;
+        loop {
+            let mut got = Vec::new();
+            fs.readdir(d, offset, true, &mut |e| {
+                if got.len() == piece {
+                    return true;
+                }
+                assert_eq!(e.attr.map_or(e.ino, |a| a.ino), e.ino);
+                got.push((e.name.to_vec(), e.offset, e.attr.cloned()));
+                false
+            })
+            .unwrap();
+            let Some(last) = got.last() else { break };
+            offset = last.1;
+            for (name, offset, attr) in got {
+                match attr {
+                    Some(attr) => {
+                        let looked = fs.lookup(d, &name).unwrap();
+                        let shown = String::from_utf8_lossy(&name);
+                        assert_eq!(attr.ino, looked.ino, "{shown}");
+                        assert_eq!(attr.size, looked.size, "{shown}");
+                        assert_eq!(attr.mode, looked.mode, "{shown}");
+                        assert_eq!(attr.nlink, looked.nlink, "{shown}");
+                    }
+                    None => assert!(name == b"." || name == b".."),
+                }
+                seen.push((name, offset));
+            }
+        }
+        assert_eq!(seen, plain, "read {piece} entries at a time");
+    }
+}
+
 #[test]
 fn readdir_offsets_survive_changes() {
     let (_dev, fs) = fresh();

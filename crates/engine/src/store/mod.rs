@@ -23,6 +23,7 @@
 //! the options, the public API and the state they share.
 
 use std::collections::HashSet;
+use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -406,6 +407,10 @@ pub struct Reservation {
     /// Bytes of earlier promises this write uses up or gives back.
     pub release: u64,
 }
+
+/// What [`Store::visit_range_while`] calls with each key and value: it
+/// breaks to stop the visit.
+pub type PairVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> ControlFlow<()> + 'a;
 
 /// A durable B^ε-tree key-value store with two key spaces.
 pub struct Store {
@@ -901,12 +906,36 @@ impl Store {
         end: &[u8],
         visit: &mut dyn FnMut(&[u8], &[u8]),
     ) -> EngineResult<()> {
+        self.visit_range_while(ks, start, end, &mut |k, v| {
+            visit(k, v);
+            ControlFlow::Continue(())
+        })
+    }
+
+    /// [`Store::visit_range`] until `visit` breaks: it is called for no
+    /// pair after that, and no leaf past the one it broke in is read (a
+    /// caller taking the first few pairs of a long range pays for the
+    /// leaves it needs, not the range).
+    pub fn visit_range_while(
+        &self,
+        ks: KeySpace,
+        start: &[u8],
+        end: &[u8],
+        visit: &mut PairVisitor<'_>,
+    ) -> EngineResult<()> {
+        let mut broke = false;
         let mut next = Some(start.to_vec());
         while let Some(from) = next {
-            if from.as_slice() >= end {
+            if broke || from.as_slice() >= end {
                 break;
             }
-            next = self.inner.visit_one_leaf(ks, &from, Some(end), visit)?;
+            next = self
+                .inner
+                .visit_one_leaf(ks, &from, Some(end), &mut |k, v| {
+                    if !broke {
+                        broke = visit(k, v).is_break();
+                    }
+                })?;
         }
         Ok(())
     }

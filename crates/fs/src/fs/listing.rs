@@ -10,9 +10,11 @@
 //! Offsets: 0 is the start, 1 resumes after ".", 2 after "..", and every
 //! other cookie lies in 3..2^63 (the kernel's `loff_t` is signed).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::ops::ControlFlow;
 
 use betreefs_engine::KeySpace;
+use rustc_hash::FxHashMap;
 
 use super::state::{Home, State};
 use super::{decode, DirEntry, FileSystem, Ino};
@@ -40,43 +42,95 @@ pub fn dir_cookie(esc: &[u8]) -> u64 {
     3 + h % ((1u64 << 63) - 3)
 }
 
-/// The names behind recently returned cookies of one directory.
+/// Cookies returned lately in one directory and the escaped names they
+/// stand for, in the order returned: a run of plain arrays, so that
+/// remembering an entry costs no hashing and no allocation of its own (a
+/// map of cookie to name was a tenth of the daemon's work listing a tree).
+#[derive(Default)]
+struct CookieRun {
+    /// (cookie, end of its name in `names`).
+    cookies: Vec<(u64, u32)>,
+    names: Vec<u8>,
+}
+
+impl CookieRun {
+    /// The name of `cookie`, the latest returned first.
+    fn name(&self, cookie: u64) -> Option<&[u8]> {
+        let at = self.cookies.iter().rposition(|&(c, _)| c == cookie)?;
+        let start = at
+            .checked_sub(1)
+            .and_then(|i| self.cookies.get(i))
+            .map_or(0, |&(_, end)| end as usize);
+        let (_, end) = *self.cookies.get(at)?;
+        self.names.get(start..end as usize)
+    }
+
+    fn push(&mut self, cookie: u64, esc: &[u8]) {
+        if self.cookies.capacity() == 0 {
+            // Room for a directory of average size at once.
+            self.cookies.reserve(CHILDREN_RESERVED);
+            self.names.reserve(CHILDREN_RESERVED * 16);
+        }
+        self.names.extend_from_slice(esc);
+        // Names are at most 255 bytes escaped a few times over and a run
+        // holds at most half of COOKIES_PER_DIR of them: far below 2^32.
+        let end = u32::try_from(self.names.len()).unwrap_or(u32::MAX);
+        self.cookies.push((cookie, end));
+    }
+
+    fn clear(&mut self) {
+        self.cookies.clear();
+        self.names.clear();
+    }
+}
+
+/// The cookies of one directory: the latest run and the one before it,
+/// so that the last [`COOKIES_PER_DIR`] / 2 to [`COOKIES_PER_DIR`]
+/// entries returned are known.
 #[derive(Default)]
 struct DirCookies {
-    names: HashMap<u64, Vec<u8>>,
-    order: VecDeque<u64>,
+    latest: CookieRun,
+    older: CookieRun,
+}
+
+impl DirCookies {
+    fn name(&self, cookie: u64) -> Option<&[u8]> {
+        self.latest.name(cookie).or_else(|| self.older.name(cookie))
+    }
+
+    fn remember(&mut self, cookie: u64, esc: &[u8]) {
+        if self.latest.cookies.len() >= COOKIES_PER_DIR / 2 {
+            std::mem::swap(&mut self.latest, &mut self.older);
+            self.latest.clear();
+        }
+        self.latest.push(cookie, esc);
+    }
 }
 
 /// Recently returned cookies, per directory (bounded both ways).
 #[derive(Default)]
 pub(super) struct CookieWindow {
-    dirs: HashMap<Ino, DirCookies>,
+    dirs: FxHashMap<Ino, DirCookies>,
     order: VecDeque<Ino>,
 }
 
 impl CookieWindow {
     fn name(&self, dir: Ino, cookie: u64) -> Option<&[u8]> {
-        self.dirs.get(&dir)?.names.get(&cookie).map(Vec::as_slice)
+        self.dirs.get(&dir)?.name(cookie)
     }
 
     fn remember(&mut self, dir: Ino, cookie: u64, esc: &[u8]) {
-        if !self.dirs.contains_key(&dir) {
-            if self.order.len() >= COOKIE_DIRS {
-                if let Some(old) = self.order.pop_front() {
-                    self.dirs.remove(&old);
-                }
-            }
-            self.order.push_back(dir);
+        if let Some(d) = self.dirs.get_mut(&dir) {
+            d.remember(cookie, esc);
+            return;
         }
-        let d = self.dirs.entry(dir).or_default();
-        if d.names.insert(cookie, esc.to_vec()).is_none() {
-            d.order.push_back(cookie);
-            if d.order.len() > COOKIES_PER_DIR {
-                if let Some(old) = d.order.pop_front() {
-                    d.names.remove(&old);
-                }
+        if self.order.len() >= COOKIE_DIRS {
+            if let Some(old) = self.order.pop_front() {
+                self.dirs.remove(&old);
             }
         }
+        self.order.push_back(dir);
+        self.dirs.entry(dir).or_default().remember(cookie, esc);
     }
 }
 
@@ -86,6 +140,17 @@ impl CookieWindow {
 /// listing from the cache under it.
 const ENTRIES_AHEAD: usize = 256;
 const ENTRIES_AHEAD_PLUS: usize = 96;
+
+/// Children read in one visit are gathered in a vector reserved for this
+/// many (a directory of the kernel tree holds 16 on average).
+const CHILDREN_RESERVED: usize = 32;
+
+/// A child of a directory as the store holds it.
+struct Child {
+    key: Vec<u8>,
+    name: Vec<u8>,
+    record: Record,
+}
 
 /// An entry as the store holds it, with what readdirplus needs from the
 /// store besides (read without the table's lock when read ahead).
@@ -213,18 +278,65 @@ impl FileSystem {
             return Ok(Some(esc.to_vec()));
         }
         let (lo, hi) = schema::children_range(dir);
-        for item in self.store.range(KeySpace::Meta, &lo, Some(&hi)) {
-            let (key, _) = item?;
-            let esc = key.get(dir.len() + 1..).unwrap_or_default();
-            if dir_cookie(esc) == cookie {
-                return Ok(Some(esc.to_vec()));
-            }
-        }
-        Ok(None)
+        let mut found = None;
+        self.store
+            .visit_range_while(KeySpace::Meta, &lo, &hi, &mut |key, _| {
+                let esc = key.get(dir.len() + 1..).unwrap_or_default();
+                if dir_cookie(esc) == cookie {
+                    found = Some(esc.to_vec());
+                    return ControlFlow::Break(());
+                }
+                ControlFlow::Continue(())
+            })?;
+        Ok(found)
     }
 
-    /// Up to `limit` entries of `dir` from key `from`, and the key to go
-    /// on from if there may be more.
+    /// Up to `limit` children of `dir` from key `from`, in key order, and
+    /// the key to go on from if there may be more: decoded where the tree
+    /// holds them (no copy of the records), reading no leaf past the
+    /// last one wanted.
+    fn read_children(
+        &self,
+        dir: &[u8],
+        from: &[u8],
+        hi: &[u8],
+        limit: usize,
+    ) -> FsResult<(Vec<Child>, Option<Vec<u8>>)> {
+        let mut children = Vec::with_capacity(limit.min(CHILDREN_RESERVED));
+        let mut rest = None;
+        let mut undecodable = None;
+        self.store
+            .visit_range_while(KeySpace::Meta, from, hi, &mut |key, value| {
+                if children.len() == limit {
+                    rest = Some(key.to_vec());
+                    return ControlFlow::Break(());
+                }
+                let Some(name) = schema::child_name(dir, key) else {
+                    return ControlFlow::Continue(());
+                };
+                match decode(value) {
+                    Ok(record) => {
+                        children.push(Child {
+                            key: key.to_vec(),
+                            name,
+                            record,
+                        });
+                        ControlFlow::Continue(())
+                    }
+                    Err(e) => {
+                        undecodable = Some(e);
+                        ControlFlow::Break(())
+                    }
+                }
+            })?;
+        match undecodable {
+            Some(e) => Err(e),
+            None => Ok((children, rest)),
+        }
+    }
+
+    /// Up to `limit` entries of `dir` from key `from`, with what
+    /// readdirplus needs from the store, and the key to go on from.
     fn read_entries(
         &self,
         dir: &[u8],
@@ -233,35 +345,19 @@ impl FileSystem {
         plus: bool,
         limit: usize,
     ) -> FsResult<(Vec<Listed>, Option<Vec<u8>>)> {
-        let mut entries = Vec::new();
-        for item in self.store.range(KeySpace::Meta, from, Some(hi)) {
-            let (key, value) = item?;
-            if entries.len() == limit {
-                return Ok((entries, Some(key)));
-            }
-            if let Some(listed) = self.read_listed(None, dir, key, &value, plus)? {
-                entries.push(listed);
-            }
+        let (children, rest) = self.read_children(dir, from, hi, limit)?;
+        let mut entries = Vec::with_capacity(children.len());
+        for child in children {
+            entries.push(self.listed(None, child, plus)?);
         }
-        Ok((entries, None))
+        Ok((entries, rest))
     }
 
-    /// The entry behind `key` (None if it is not a child's), with what
-    /// readdirplus needs from the store. With the lock held (`table`),
-    /// nothing is read for an inode the table has: its copy is what the
-    /// entry will show.
-    fn read_listed(
-        &self,
-        table: Option<&State>,
-        dir: &[u8],
-        key: Vec<u8>,
-        value: &[u8],
-        plus: bool,
-    ) -> FsResult<Option<Listed>> {
-        let Some(name) = schema::child_name(dir, &key) else {
-            return Ok(None);
-        };
-        let record = decode(value)?;
+    /// A child with what readdirplus needs from the store. With the lock
+    /// held (`table`), nothing is read for an inode the table has: its
+    /// copy is what the entry will show.
+    fn listed(&self, table: Option<&State>, child: Child, plus: bool) -> FsResult<Listed> {
+        let Child { key, name, record } = child;
         let stored = if plus {
             let in_table = table.is_some_and(|st| st.nodes.contains_key(&record.ino()));
             let linked = match record {
@@ -280,12 +376,12 @@ impl FileSystem {
         } else {
             None
         };
-        Ok(Some(Listed {
+        Ok(Listed {
             key,
             name,
             record,
             stored,
-        }))
+        })
     }
 
     /// Gives one entry to `add`, with the lock held: readdirplus takes
@@ -348,6 +444,10 @@ impl FileSystem {
         Ok(full)
     }
 
+    /// Gives the entries of `dir` from key `from` to `add` until it is
+    /// full, with the lock held throughout: read a reply's worth at a
+    /// time, so that a long directory is read only as far as the reply
+    /// reaches.
     #[allow(clippy::too_many_arguments)]
     fn fill_from(
         &self,
@@ -359,16 +459,25 @@ impl FileSystem {
         plus: bool,
         add: &mut dyn FnMut(DirEntry<'_>) -> bool,
     ) -> FsResult<()> {
-        for item in self.store.range(KeySpace::Meta, from, Some(hi)) {
-            let (key, value) = item?;
-            let Some(listed) = self.read_listed(Some(st), dir, key, &value, plus)? else {
-                continue;
-            };
-            if self.give_entry(st, ino, dir, listed, plus, add)? {
-                return Ok(());
+        let limit = if plus {
+            ENTRIES_AHEAD_PLUS
+        } else {
+            ENTRIES_AHEAD
+        };
+        let mut from = from.to_vec();
+        loop {
+            let (children, rest) = self.read_children(dir, &from, hi, limit)?;
+            for child in children {
+                let listed = self.listed(Some(st), child, plus)?;
+                if self.give_entry(st, ino, dir, listed, plus, add)? {
+                    return Ok(());
+                }
+            }
+            match rest {
+                Some(next) => from = next,
+                None => return Ok(()),
             }
         }
-        Ok(())
     }
 }
 
@@ -390,14 +499,45 @@ mod tests {
     #[test]
     fn the_window_forgets_oldest_first() {
         let mut w = CookieWindow::default();
-        for i in 0..COOKIES_PER_DIR as u64 + 10 {
+        let total = COOKIES_PER_DIR as u64 + 10;
+        for i in 0..total {
             w.remember(7, i + 3, &i.to_be_bytes());
         }
+        // The latest half of COOKIES_PER_DIR at least is known, the first
+        // entries are not.
         assert!(w.name(7, 3).is_none());
-        assert_eq!(w.name(7, 20), Some(&17u64.to_be_bytes()[..]));
+        assert!(w.name(7, 3 + 9).is_none());
+        for i in total - COOKIES_PER_DIR as u64 / 2..total {
+            assert_eq!(w.name(7, i + 3), Some(&i.to_be_bytes()[..]));
+        }
         for d in 0..COOKIE_DIRS as u64 + 1 {
             w.remember(100 + d, 5, b"x");
         }
-        assert!(w.name(7, 20).is_none());
+        assert!(w.name(7, total + 2).is_none());
+        assert_eq!(w.name(100 + COOKIE_DIRS as u64, 5), Some(&b"x"[..]));
+    }
+
+    #[test]
+    fn the_window_gives_each_cookie_its_own_name() {
+        let mut w = CookieWindow::default();
+        let names: Vec<Vec<u8>> = (0..3000usize)
+            .map(|i| vec![b'a' + (i % 26) as u8; i % 255 + 1])
+            .collect();
+        for (i, name) in names.iter().enumerate() {
+            w.remember(9, 1000 + i as u64, name);
+        }
+        for (i, name) in names.iter().enumerate().skip(3000 - COOKIES_PER_DIR / 2) {
+            assert_eq!(
+                w.name(9, 1000 + i as u64),
+                Some(name.as_slice()),
+                "cookie {i}"
+            );
+        }
+        // A cookie remembered again (a listing read twice) names the
+        // latest name given with it.
+        w.remember(9, 1000, b"again");
+        assert_eq!(w.name(9, 1000), Some(&b"again"[..]));
+        assert!(w.name(8, 1000).is_none());
+        assert!(w.name(9, 999).is_none());
     }
 }

@@ -1,6 +1,8 @@
 //! Names: finding entries, making and removing them, hard links and
 //! rename (range renames of a file's or a directory's key ranges).
 
+use std::ops::ControlFlow;
+
 use betreefs_engine::{KeySpace, WriteBatch};
 
 use super::locking::Writer;
@@ -396,11 +398,13 @@ impl FileSystem {
 
     pub(super) fn dir_is_empty(&self, dir: &[u8]) -> FsResult<bool> {
         let (lo, hi) = schema::children_range(dir);
-        match self.store.range(KeySpace::Meta, &lo, Some(&hi)).next() {
-            None => Ok(true),
-            Some(Ok(_)) => Ok(false),
-            Some(Err(e)) => Err(e.into()),
-        }
+        let mut empty = true;
+        self.store
+            .visit_range_while(KeySpace::Meta, &lo, &hi, &mut |_, _| {
+                empty = false;
+                ControlFlow::Break(())
+            })?;
+        Ok(empty)
     }
 
     /// The longest metadata key below a directory (for rename's key
