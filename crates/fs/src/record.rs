@@ -59,18 +59,34 @@
 //! Slot 0: inodes in use. Slot 1 (format 3): blocks reserved, the sum of
 //! every reservation's length.
 //!
-//! # File-system record, format version 3 (at `INFO_KEY`)
+//! # File-system record, format version 4 (at `INFO_KEY`)
 //!
 //! Version 2 added back pointers; version 1 images are refused. Version 3
 //! added reservations and PREALLOC_FL; a version 2 image has neither and
-//! is read as it is, its record rewritten as version 3 by the first
-//! read-write mount (after which older builds refuse it).
+//! is read as it is. Version 4 added the key bound (below). An older
+//! image is upgraded by the first read-write mount, which rewrites this
+//! record (after which older builds refuse it) and, from version 4 on,
+//! writes the key bound found by a scan of the metadata keys.
 //!
 //! ```text
 //!   0   8  magic "betreefs"
-//!   8   4  version = 3
+//!   8   4  version = 4
 //!  12   8  inode numbers below this may have been handed out
 //!  20   8  creation time, seconds since the epoch
+//! ```
+//!
+//! # Key bound, version 1 (at `KEY_BOUND_KEY`, format 4 on)
+//!
+//! No metadata key is longer than this many bytes: every batch that
+//! writes a longer key, or moves keys under a longer prefix (a directory
+//! renamed to a longer name), raises it in the same batch. A rename that
+//! lengthens a directory's keys needs the longest key below it only when
+//! the bound plus the lengthening passes the key limit; below that it
+//! needs no walk of the subtree (docs/design.md, "The key bound").
+//!
+//! ```text
+//!   0   1  version = 1
+//!   1   8  the bound, bytes (u64)
 //! ```
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -84,7 +100,7 @@ const INODE_FIXED: usize = 90;
 const LINK_LEN: usize = 14;
 
 pub const FS_MAGIC: &[u8; 8] = b"betreefs";
-pub const FS_VERSION: u32 = 3;
+pub const FS_VERSION: u32 = 4;
 /// The oldest format this build reads (and upgrades on a read-write mount).
 pub const FS_VERSION_OLDEST: u32 = 2;
 const FS_INFO_LEN: usize = 28;
@@ -387,6 +403,38 @@ impl BackPointer {
     }
 }
 
+const KEY_BOUND_VERSION: u8 = 1;
+const KEY_BOUND_LEN: usize = 9;
+
+/// The key bound record: no metadata key is longer than this.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyBound(pub usize);
+
+impl KeyBound {
+    pub fn encode(self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(KEY_BOUND_LEN);
+        out.push(KEY_BOUND_VERSION);
+        out.extend_from_slice(&(self.0 as u64).to_le_bytes());
+        out
+    }
+
+    pub fn decode(value: &[u8]) -> Result<KeyBound, RecordError> {
+        let bad = |why: &str| RecordError(format!("key bound record: {why}"));
+        if value.len() != KEY_BOUND_LEN {
+            return Err(bad(&format!("{} bytes, not {KEY_BOUND_LEN}", value.len())));
+        }
+        let mut d = Decoder::new(value);
+        let version = d.u8().map_err(|_| bad("truncated"))?;
+        if version != KEY_BOUND_VERSION {
+            return Err(bad(&format!("version {version}")));
+        }
+        let bound = d.u64().map_err(|_| bad("truncated"))?;
+        usize::try_from(bound)
+            .map(KeyBound)
+            .map_err(|_| bad(&format!("{bound} bytes")))
+    }
+}
+
 /// The file-system identity record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FsInfo {
@@ -528,15 +576,40 @@ mod tests {
             Ok((info.clone(), FS_VERSION))
         );
         let mut newer = info.encode();
-        newer[8] = 4;
-        assert!(FsInfo::decode(&newer).unwrap_err().0.contains("version 4"));
+        newer[8] = 5;
+        assert!(FsInfo::decode(&newer).unwrap_err().0.contains("version 5"));
         let mut older = info.encode();
         older[8] = 1;
         assert!(FsInfo::decode(&older).unwrap_err().0.contains("version 1"));
-        // Version 2 lacks only what version 3 added: read, and upgraded.
-        older[8] = 2;
-        assert_eq!(FsInfo::decode(&older), Ok(info));
-        assert_eq!(FsInfo::decode_versioned(&older).map(|(_, v)| v), Ok(2));
+        // Versions 2 and 3 lack only what later versions added: read, and
+        // upgraded.
+        for version in [2, 3] {
+            older[8] = version;
+            assert_eq!(FsInfo::decode(&older), Ok(info.clone()));
+            assert_eq!(
+                FsInfo::decode_versioned(&older).map(|(_, v)| v),
+                Ok(u32::from(version))
+            );
+        }
+    }
+
+    #[test]
+    fn the_key_bound_round_trips_and_refuses_bad_records() {
+        for bound in [0, 256, 11_904, usize::MAX >> 1] {
+            assert_eq!(
+                KeyBound::decode(&KeyBound(bound).encode()),
+                Ok(KeyBound(bound))
+            );
+        }
+        let good = KeyBound(320).encode();
+        assert!(KeyBound::decode(&good[..8]).is_err());
+        assert!(KeyBound::decode(&[good.as_slice(), &[0]].concat()).is_err());
+        let mut other_version = good.clone();
+        other_version[0] = 2;
+        assert!(KeyBound::decode(&other_version)
+            .unwrap_err()
+            .0
+            .contains("version 2"));
     }
 
     #[test]

@@ -24,7 +24,8 @@
 //! be a path's: they hold what is not named by a path. 0x01 `i` ino (8 bytes,
 //! big-endian) is a file kept by inode number (hard links, open unlinked
 //! files; [`inode_key`]), and 0x02 keys are file-system records
-//! ([`INFO_KEY`], [`ROOT_KEY`], [`COUNTS_KEY`], [`orphan_key`]).
+//! ([`INFO_KEY`], [`ROOT_KEY`], [`COUNTS_KEY`], [`KEY_BOUND_KEY`],
+//! [`orphan_key`]).
 //!
 //! Every file, directory and symlink has a "file key" `F` (its entry key,
 //! its inode key, or [`ROOT_KEY`]): its attributes are at `F` in the
@@ -184,6 +185,8 @@ pub const INFO_KEY: &[u8] = b"\x02info";
 pub const ROOT_KEY: &[u8] = b"\x02root";
 /// The inode count, a `MERGE_RECORD` value updated by upserts.
 pub const COUNTS_KEY: &[u8] = b"\x02count";
+/// The key bound: no metadata key is longer (`record::KeyBound`).
+pub const KEY_BOUND_KEY: &[u8] = b"\x02keybound";
 const ORPHAN_PREFIX: &[u8] = b"\x02orphan\x00";
 /// Scratch prefixes for swapping two entries in one batch
 /// (RENAME_EXCHANGE): for each side, a file-key prefix and a directory-key

@@ -976,56 +976,75 @@ fn preallocated_blocks_stay_writable_on_a_full_device() {
     assert!(report.is_clean(), "{:?}", report.problems);
 }
 
-/// A version 2 image (before reservations) mounts; a read-write mount
-/// upgrades its identity record to version 3, a read-only one leaves it.
+/// Version 2 and 3 images (before reservations, before the key bound)
+/// mount; a read-write mount upgrades the identity record to the current
+/// version and writes the key bound found by a scan of the metadata keys,
+/// a read-only one leaves both.
 #[test]
-fn version_2_images_are_upgraded_by_a_read_write_mount() {
+fn older_images_are_upgraded_by_a_read_write_mount() {
     use betreefs_engine::KeySpace;
+    use betreefs_fs::record::{KeyBound, FS_VERSION};
     use betreefs_fs::schema;
-    let (dev, fs) = fresh();
-    write_file(&fs, ROOT_INO, b"f", b"kept");
-    let mut info = fs
-        .store()
-        .get(KeySpace::Meta, schema::INFO_KEY)
-        .unwrap()
-        .unwrap();
-    info[8] = 2;
-    fs.store()
-        .put(KeySpace::Meta, schema::INFO_KEY, &info)
-        .unwrap();
-    fs.close().unwrap();
-    let version = |store: &Store| {
-        let info = store
+    for old in [2u8, 3] {
+        let (dev, fs) = fresh();
+        write_file(&fs, ROOT_INO, b"f", b"kept");
+        // A path longer than the least bound.
+        let mut dir = ROOT_INO;
+        for _ in 0..3 {
+            dir = fs.mkdir(dir, &[b'd'; 200], 0o755, ME).unwrap().ino;
+        }
+        write_file(&fs, dir, b"deep", b"deep");
+        let mut info = fs
+            .store()
             .get(KeySpace::Meta, schema::INFO_KEY)
             .unwrap()
             .unwrap();
-        u32::from_le_bytes(info[8..12].try_into().unwrap())
-    };
-    let read_only = Options {
-        read_only: true,
-        ..options()
-    };
-    let store = Store::open_on(Arc::new(dev.clone()), read_only).unwrap();
-    let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
-    assert_eq!(version(fs.store()), 2);
-    let f = fs.lookup(ROOT_INO, b"f").unwrap().ino;
-    assert_eq!(read_all(&fs, f), b"kept");
-    fs.close().unwrap();
-    let store = Store::open_on(Arc::new(dev.clone()), options()).unwrap();
-    let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
-    assert_eq!(version(fs.store()), 3);
-    let info = fs
-        .store()
-        .get(KeySpace::Meta, schema::INFO_KEY)
-        .unwrap()
-        .unwrap();
-    let upgraded = betreefs_fs::record::FsInfo::decode_versioned(&info);
-    assert_eq!(
-        upgraded.map(|(_, v)| v),
-        Ok(betreefs_fs::record::FS_VERSION)
-    );
-    let fs = remount(&dev, fs);
-    assert_eq!(version(fs.store()), 3);
+        info[8] = old;
+        fs.store()
+            .put(KeySpace::Meta, schema::INFO_KEY, &info)
+            .unwrap();
+        fs.store()
+            .delete(KeySpace::Meta, schema::KEY_BOUND_KEY)
+            .unwrap();
+        fs.close().unwrap();
+        let version = |store: &Store| {
+            let info = store
+                .get(KeySpace::Meta, schema::INFO_KEY)
+                .unwrap()
+                .unwrap();
+            u32::from_le_bytes(info[8..12].try_into().unwrap())
+        };
+        let bound = |store: &Store| {
+            store
+                .get(KeySpace::Meta, schema::KEY_BOUND_KEY)
+                .unwrap()
+                .map(|v| KeyBound::decode(&v).unwrap().0)
+        };
+        let read_only = Options {
+            read_only: true,
+            ..options()
+        };
+        let store = Store::open_on(Arc::new(dev.clone()), read_only).unwrap();
+        let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
+        assert_eq!(version(fs.store()), u32::from(old));
+        assert_eq!(bound(fs.store()), None);
+        let f = fs.lookup(ROOT_INO, b"f").unwrap().ino;
+        assert_eq!(read_all(&fs, f), b"kept");
+        fs.close().unwrap();
+        let store = Store::open_on(Arc::new(dev.clone()), options()).unwrap();
+        let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
+        assert_eq!(version(fs.store()), FS_VERSION);
+        let found = bound(fs.store()).expect("the key bound, written by the upgrade");
+        // Three directory names of 200 bytes and their separators.
+        assert!((605..=704).contains(&found), "bound {found}");
+        let fs = remount(&dev, fs);
+        assert_eq!(version(fs.store()), FS_VERSION);
+        assert_eq!(bound(fs.store()), Some(found));
+        fs.close().unwrap();
+        let store = Store::open_on(Arc::new(dev.clone()), options()).unwrap();
+        let report = betreefs_fs::fsck::check(&store, |_| {}).unwrap();
+        assert!(report.is_clean(), "{report:?}");
+    }
 }
 
 /// A rename adds no data, so a full device takes it like a delete: files
@@ -1493,4 +1512,142 @@ fn refused_operations_leave_the_inode_table_as_it_was() {
         fs.release(fh).unwrap();
         assert_ne!(attr.ino, g, "{name} got the number of g after a crash");
     }
+}
+
+/// The stored key bound (`record::KeyBound`).
+fn key_bound(fs: &FileSystem) -> usize {
+    use betreefs_engine::KeySpace;
+    let v = fs
+        .store()
+        .get(KeySpace::Meta, betreefs_fs::schema::KEY_BOUND_KEY)
+        .unwrap()
+        .expect("a key bound record");
+    betreefs_fs::record::KeyBound::decode(&v).unwrap().0
+}
+
+/// A rename that lengthens a directory's keys is refused with
+/// ENAMETOOLONG exactly when a key below it would pass the key limit,
+/// whether the key bound answers or a walk does; the bound follows the
+/// keys up, is found again once keys near the limit are gone, and fsck
+/// checks it (and repairs one forged too low).
+#[test]
+fn renames_keep_every_key_within_the_limit() {
+    let (dev, fs) = fresh();
+    let component = [b'x'; 255];
+    // A chain of directories as deep as the key limit allows, and in the
+    // deepest a file whose key is exactly at the limit.
+    let top = fs.mkdir(ROOT_INO, b"a", 0o755, ME).unwrap().ino;
+    let mut chain = vec![(ROOT_INO, b"a".to_vec(), top)];
+    loop {
+        let parent = chain.last().unwrap().2;
+        match fs.mkdir(parent, &component, 0o755, ME) {
+            Ok(attr) => chain.push((parent, component.to_vec(), attr.ino)),
+            Err(e) => {
+                assert_eq!(e, Errno::ENAMETOOLONG);
+                break;
+            }
+        }
+    }
+    let deepest = chain.last().unwrap().2;
+    let mut name_len = 1;
+    while name_len <= 255
+        && fs
+            .mknod(deepest, &vec![b'f'; name_len], 0o644, 0, ME)
+            .is_ok()
+    {
+        name_len += 1;
+    }
+    assert!(
+        name_len > 1 && name_len <= 255,
+        "the limit falls inside a name"
+    );
+    let limit_bound = key_bound(&fs);
+    // Lengthening by one byte passes the limit: refused, by the bound
+    // or by a walk; the same length, or shorter, is fine.
+    for longer in [&b"ab"[..], &[b'a'; 200]] {
+        assert_eq!(
+            fs.rename(ROOT_INO, b"a", ROOT_INO, longer, RenameFlags::default()),
+            Err(Errno::ENAMETOOLONG)
+        );
+    }
+    fs.rename(ROOT_INO, b"a", ROOT_INO, b"b", RenameFlags::default())
+        .unwrap();
+    // A shallow directory renamed longer: a walk says yes (the bound is
+    // past the limit), and finds the bound again (still at the limit).
+    let shallow = fs.mkdir(ROOT_INO, b"s", 0o755, ME).unwrap().ino;
+    write_file(&fs, shallow, b"file", b"x");
+    fs.rename(
+        ROOT_INO,
+        b"s",
+        ROOT_INO,
+        b"s-longer",
+        RenameFlags::default(),
+    )
+    .unwrap();
+    // Found again and grown by this rename's lengthening, conservatively.
+    let found = key_bound(&fs);
+    assert!(
+        (limit_bound..=limit_bound + 64).contains(&found),
+        "{found}: still held up by the long keys"
+    );
+    let fs = remount(&dev, fs);
+    let store = fs.store();
+    assert!(betreefs_fs::fsck::check(store, |_| {}).unwrap().is_clean());
+
+    // The long keys gone, the next walk finds the bound again, low.
+    let mut at = fs.lookup(ROOT_INO, b"b").unwrap().ino;
+    let mut dirs = vec![(ROOT_INO, b"b".to_vec(), at)];
+    while let Ok(attr) = fs.lookup(at, &component) {
+        dirs.push((at, component.to_vec(), attr.ino));
+        at = attr.ino;
+    }
+    for n in 1..name_len {
+        fs.unlink(at, &vec![b'f'; n]).unwrap();
+    }
+    for (parent, name, _) in dirs.iter().rev() {
+        fs.rmdir(*parent, name).unwrap();
+    }
+    fs.rename(
+        ROOT_INO,
+        b"s-longer",
+        ROOT_INO,
+        b"s-longer-still",
+        RenameFlags::default(),
+    )
+    .unwrap();
+    let low = key_bound(&fs);
+    assert!(low < 1024, "bound {low} once the long keys are gone");
+    // From now on the bound answers; it follows a lengthening rename up.
+    let sub = fs.lookup(ROOT_INO, b"s-longer-still").unwrap().ino;
+    let d = fs.mkdir(sub, &component, 0o755, ME).unwrap().ino;
+    write_file(&fs, d, &component, b"y");
+    let raised = key_bound(&fs);
+    assert!(raised >= 2 * 256 + 14, "bound {raised}");
+    fs.rename(
+        ROOT_INO,
+        b"s-longer-still",
+        ROOT_INO,
+        &[b's'; 255],
+        RenameFlags::default(),
+    )
+    .unwrap();
+    assert!(key_bound(&fs) >= raised + 255 - 14);
+    let fs = remount(&dev, fs);
+    assert!(betreefs_fs::fsck::check(fs.store(), |_| {})
+        .unwrap()
+        .is_clean());
+
+    // A bound forged too low is a problem fsck finds and repairs.
+    use betreefs_engine::KeySpace;
+    let forged = betreefs_fs::record::KeyBound(256).encode();
+    fs.store()
+        .put(KeySpace::Meta, betreefs_fs::schema::KEY_BOUND_KEY, &forged)
+        .unwrap();
+    let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
+    assert!(!report.is_clean());
+    betreefs_fs::fsck::repair(fs.store(), &report).unwrap();
+    assert!(betreefs_fs::fsck::check(fs.store(), |_| {})
+        .unwrap()
+        .is_clean());
+    assert!(key_bound(&fs) >= 3 * 256);
 }

@@ -31,6 +31,7 @@ use std::panic::AssertUnwindSafe;
 use betreefs_engine::{EngineResult, Reservation, WriteBatch};
 use parking_lot::MutexGuard;
 
+use super::key_bound;
 use super::state::State;
 use super::FileSystem;
 
@@ -75,6 +76,17 @@ impl Writer<'_> {
         reservation: Reservation,
     ) -> EngineResult<u64> {
         debug_assert!(!self.st.write_in_flight, "writers go one at a time");
+        // The key bound goes into the batch that passes it (the record
+        // and the keys it covers are durable together).
+        let bound = self.st.key_bound.after(batch);
+        let with_bound;
+        let batch = match bound {
+            Some(b) => {
+                with_bound = key_bound::with_bound(batch, b);
+                &with_bound
+            }
+            None => batch,
+        };
         self.st.write_in_flight = true;
         let store = &self.fs.store;
         // A panic in the store (a bug the request guard reports) must not
@@ -85,7 +97,13 @@ impl Writer<'_> {
         self.st.write_in_flight = false;
         self.fs.settled.notify_all();
         match written {
-            Ok(written) => written,
+            Ok(written) => {
+                if let (Ok(_), Some(b)) = (&written, bound) {
+                    self.st.key_bound.stored = b;
+                    self.st.key_bound.known = Some(b);
+                }
+                written
+            }
             Err(panic) => std::panic::resume_unwind(panic),
         }
     }

@@ -36,6 +36,7 @@
 
 mod attrs;
 mod data;
+pub(crate) mod key_bound;
 mod listing;
 mod locking;
 mod names;
@@ -53,7 +54,7 @@ use crate::ops::Operations;
 pub use crate::ops::{Caller, DirEntry, FsStats, Ino, RenameFlags, SetAttr, SetTime};
 use crate::plan::{count_update, inode_record, purge_file, RESERVED_SLOT};
 use crate::record::{
-    Attr, FsInfo, Record, Timespec, FS_VERSION, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG,
+    Attr, FsInfo, KeyBound, Record, Timespec, FS_VERSION, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG,
 };
 use crate::schema::{self, NameError};
 pub use attrs::{mode_without_privileges, CAPABILITY_XATTR};
@@ -146,7 +147,12 @@ impl FileSystem {
         batch
             .put(KeySpace::Meta, schema::INFO_KEY, &info.encode())
             .put(KeySpace::Meta, schema::ROOT_KEY, &inode_record(&root, &[]))
-            .put(KeySpace::Meta, schema::COUNTS_KEY, &1u64.to_le_bytes());
+            .put(KeySpace::Meta, schema::COUNTS_KEY, &1u64.to_le_bytes())
+            .put(
+                KeySpace::Meta,
+                schema::KEY_BOUND_KEY,
+                &KeyBound(key_bound::KEY_BOUND_MIN).encode(),
+            );
         store.write(&batch)?;
         store.sync()?;
         Ok(())
@@ -176,6 +182,11 @@ impl FileSystem {
             Ok(None) => return Err("the root directory's record is missing".into()),
             Err(e) => return Err(format!("reading the root directory: {e}")),
         };
+        let key_bound = match store.get(KeySpace::Meta, schema::KEY_BOUND_KEY) {
+            Ok(Some(v)) => Some(KeyBound::decode(&v).map_err(|e| e.0)?.0),
+            Ok(None) => None,
+            Err(e) => return Err(format!("reading the key bound: {e}")),
+        };
         let memory = TableMemory::new(store.memory_beside_cache());
         let fs = FileSystem {
             store,
@@ -195,14 +206,43 @@ impl FileSystem {
                 Home::Path,
             )),
         );
+        if let Some(bound) = key_bound {
+            fs.lock().key_bound = key_bound::Bound {
+                known: Some(bound),
+                stored: bound,
+            };
+        }
         // Read-only, orphans stay until a read-write mount removes them,
-        // and the format is not upgraded.
+        // and the format is not upgraded (nor the key bound found: renames
+        // walk the keys they lengthen, as before format 4).
         if !fs.store.is_read_only() {
-            if older_format {
-                fs.store
+            if older_format || key_bound.is_none() {
+                if !older_format {
+                    tracing::warn!("the key bound record is missing: finding it again");
+                }
+                // Format 4's key bound, from every metadata key.
+                let bound = fs
+                    .longest_meta_key()
+                    .map_err(|e| format!("finding the longest key: {e}"))
+                    .map(key_bound::rounded)?;
+                let mut batch = WriteBatch::new();
+                batch
                     .put(KeySpace::Meta, schema::INFO_KEY, &info.encode())
+                    .put(
+                        KeySpace::Meta,
+                        schema::KEY_BOUND_KEY,
+                        &KeyBound(bound).encode(),
+                    );
+                fs.store
+                    .write(&batch)
                     .map_err(|e| format!("upgrading the identity record: {e}"))?;
-                tracing::info!("file-system format upgraded to version {FS_VERSION}");
+                fs.lock().key_bound = key_bound::Bound {
+                    known: Some(bound),
+                    stored: bound,
+                };
+                if older_format {
+                    tracing::info!("file-system format upgraded to version {FS_VERSION}");
+                }
             }
             fs.purge_orphans()
                 .map_err(|e| format!("removing orphaned files: {e}"))?;

@@ -5,6 +5,7 @@ use std::ops::ControlFlow;
 
 use betreefs_engine::{KeySpace, WriteBatch};
 
+use super::key_bound;
 use super::locking::Writer;
 use super::planned::Planned;
 use super::reservations::ReservedBlocks;
@@ -709,20 +710,30 @@ impl FileSystem {
         }
         let src_sub = schema::child_dir_key(&src_dir, name);
         let dst_sub = schema::child_dir_key(&dst_dir, new_name);
-        // Keys below a moved directory grow by the difference in prefix.
-        let longest = |fs: &Self, is_dir: bool, from: &[u8], to: &[u8]| -> FsResult<()> {
-            if is_dir && to.len() > from.len() {
-                let longest = fs.longest_key_below(from)?;
-                if longest + (to.len() - from.len()) > ENTRY_KEY_MAX {
-                    return Err(Errno::ENAMETOOLONG);
-                }
+        // Keys below a moved directory grow by the difference in prefix:
+        // within the key limit if the key bound says so, else as the
+        // longest key below shows.
+        let mut longest = |is_dir: bool, from: &[u8], to: &[u8]| -> FsResult<()> {
+            let growth = to.len().saturating_sub(from.len());
+            if !is_dir || growth == 0 || st.key_bound.admits_growth(growth) {
+                return Ok(());
+            }
+            if self.longest_key_below(from)? + growth > ENTRY_KEY_MAX {
+                return Err(Errno::ENAMETOOLONG);
+            }
+            if st.key_bound.worth_finding_again() {
+                // Grown by many renames' lengthenings: found again, so
+                // that the renames after this one need no walk (written
+                // with this rename's batch).
+                let found = key_bound::rounded(self.longest_meta_key()?);
+                st.key_bound.known = Some(found);
             }
             Ok(())
         };
-        longest(self, src.is_dir(), &src_sub, &dst_sub)?;
+        longest(src.is_dir(), &src_sub, &dst_sub)?;
         if flags.exchange {
             if let Some(d) = &dst {
-                longest(self, d.is_dir(), &dst_sub, &src_sub)?;
+                longest(d.is_dir(), &dst_sub, &src_sub)?;
             }
         }
 

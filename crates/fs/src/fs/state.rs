@@ -9,6 +9,7 @@ use std::hash::{Hash, Hasher};
 use betreefs_engine::MemoryBesideCache;
 use rustc_hash::{FxHashMap, FxHasher};
 
+use super::key_bound::Bound;
 use super::listing::dir_cookie as name_hash;
 use super::listing::CookieWindow;
 use super::{Ino, NEGATIVE_CACHE_MAX, ROOT_INO};
@@ -143,6 +144,8 @@ pub(super) struct State {
     /// go: the store may be ahead of the table until it is installed
     /// (`super::locking`).
     pub(super) write_in_flight: bool,
+    /// No metadata key is longer ([`super::key_bound`]).
+    pub(super) key_bound: Bound,
 }
 
 /// The inode table's memory, reported to the engine.
@@ -223,6 +226,7 @@ impl State {
             created,
             memory,
             write_in_flight: false,
+            key_bound: Bound::default(),
         }
     }
 

@@ -65,6 +65,9 @@ pub enum Fix {
     RecreateIdentity { highest_ino: u64 },
     /// Remove an inode that no name and no orphan marker refers to.
     PurgeInode(u64),
+    /// Write the key bound record with this bound (no metadata key is
+    /// longer).
+    SetKeyBound(usize),
     /// Write the back pointer of an inode named by a path.
     SetBackPointer {
         ino: u64,

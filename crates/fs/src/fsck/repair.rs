@@ -8,7 +8,7 @@ use crate::fs::{INO_BATCH, ROOT_INO};
 use crate::plan::{
     count_update, inode_record, purge_file, put_back_pointer, INODES_SLOT, RESERVED_SLOT,
 };
-use crate::record::{Attr, FsInfo, Record, Timespec, S_IFDIR};
+use crate::record::{Attr, FsInfo, KeyBound, Record, Timespec, S_IFDIR};
 use crate::schema;
 
 /// Applies every fix the report calls for; returns how many were applied.
@@ -93,6 +93,13 @@ fn plan_fix(store: &Store, fix: &Fix, batch: &mut WriteBatch) -> Result<(), Stri
         Fix::PurgeInode(ino) => {
             purge_file(batch, &schema::inode_key(*ino));
             count_update(batch, -1);
+        }
+        Fix::SetKeyBound(bound) => {
+            batch.put(
+                KeySpace::Meta,
+                schema::KEY_BOUND_KEY,
+                &KeyBound(*bound).encode(),
+            );
         }
         Fix::SetBackPointer { ino, parent, name } => {
             put_back_pointer(batch, *ino, *parent, name);

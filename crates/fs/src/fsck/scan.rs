@@ -18,9 +18,12 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use betreefs_engine::{KeySpace, Store};
 
 use super::{Fix, Report};
+use crate::fs::key_bound;
 use crate::fs::{BLOCK_SIZE, ROOT_INO};
 use crate::plan::{dir_record_key, INODES_SLOT, RESERVED_SLOT};
-use crate::record::{decode_reservation, BackPointer, FsInfo, Record, PREALLOC_FL};
+use crate::record::{
+    decode_reservation, BackPointer, FsInfo, KeyBound, Record, FS_VERSION, PREALLOC_FL,
+};
 use crate::schema::{self, DataKey};
 use betreefs_engine::merge::record_slot;
 
@@ -506,18 +509,29 @@ pub fn check(store: &Store, mut progress: impl FnMut(u64)) -> Result<Report, Str
     let mut recorded_count = None;
     let mut recorded_reserved = 0;
     let mut info_seen = false;
+    let mut format = FS_VERSION;
+    let mut key_bound: Option<Result<usize, String>> = None;
+    let mut longest_key = 0;
     scan.root(store)?;
     for item in store.range(KeySpace::Meta, b"", None) {
         let (key, value) = item.map_err(|e| format!("reading metadata: {e}"))?;
         tick(&mut seen);
+        longest_key = longest_key.max(key.len());
         if key == schema::INFO_KEY {
             info_seen = true;
-            match FsInfo::decode(&value) {
-                Ok(info) => scan.highest_ino = scan.highest_ino.max(info.ino_reserved),
+            match FsInfo::decode_versioned(&value) {
+                Ok((info, version)) => {
+                    scan.highest_ino = scan.highest_ino.max(info.ino_reserved);
+                    format = version;
+                }
                 Err(e) => scan
                     .report
                     .problem(format!("identity record: {}", e.0), None),
             }
+            continue;
+        }
+        if key == schema::KEY_BOUND_KEY {
+            key_bound = Some(KeyBound::decode(&value).map(|b| b.0).map_err(|e| e.0));
             continue;
         }
         if key == schema::COUNTS_KEY {
@@ -559,6 +573,23 @@ pub fn check(store: &Store, mut progress: impl FnMut(u64)) -> Result<Report, Str
         }
     }
     scan.metadata_totals(info_seen, recorded_count);
+    // Images before format 4 have no key bound (a read-write mount finds
+    // it); from format 4 on, no metadata key may be longer.
+    let bound_problem = match key_bound {
+        _ if format < 4 => None,
+        None => Some("the key bound record is missing".to_string()),
+        Some(Err(e)) => Some(e),
+        Some(Ok(bound)) if bound < longest_key => Some(format!(
+            "the key bound says {bound} bytes, the longest metadata key has {longest_key}"
+        )),
+        Some(Ok(_)) => None,
+    };
+    if let Some(what) = bound_problem {
+        scan.report.problem(
+            what,
+            Some(Fix::SetKeyBound(key_bound::rounded(longest_key))),
+        );
+    }
     for item in store.range(KeySpace::Data, b"", None) {
         let (key, value) = item.map_err(|e| format!("reading data: {e}"))?;
         tick(&mut seen);
