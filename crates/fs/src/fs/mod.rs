@@ -183,7 +183,11 @@ impl FileSystem {
             Err(e) => return Err(format!("reading the root directory: {e}")),
         };
         let key_bound = match store.get(KeySpace::Meta, schema::KEY_BOUND_KEY) {
-            Ok(Some(v)) => Some(KeyBound::decode(&v).map_err(|e| e.0)?.0),
+            Ok(Some(v)) => Some(
+                KeyBound::decode(&v)
+                    .map_err(|e| format!("{} (betreefs fsck --repair writes it again)", e.0))?
+                    .0,
+            ),
             Ok(None) => None,
             Err(e) => return Err(format!("reading the key bound: {e}")),
         };
