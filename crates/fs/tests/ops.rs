@@ -1651,3 +1651,39 @@ fn renames_keep_every_key_within_the_limit() {
         .is_clean());
     assert!(key_bound(&fs) >= 3 * 256);
 }
+
+/// A damaged key bound record refuses the mount, naming the repair;
+/// fsck finds it and `--repair` writes the bound again, after which the
+/// file system mounts with its files.
+#[test]
+fn a_damaged_key_bound_is_refused_and_repaired() {
+    use betreefs_engine::KeySpace;
+    let (dev, fs) = fresh();
+    write_file(&fs, ROOT_INO, b"f", b"kept");
+    fs.store()
+        .put(
+            KeySpace::Meta,
+            betreefs_fs::schema::KEY_BOUND_KEY,
+            b"\x01bad",
+        )
+        .unwrap();
+    fs.close().unwrap();
+    let store = Store::open_on(Arc::new(dev.clone()), options()).unwrap();
+    let refused = FileSystem::mount(store, AtimePolicy::Relatime).err();
+    let message = refused.expect("a damaged key bound refuses the mount");
+    assert!(
+        message.contains("key bound") && message.contains("fsck --repair"),
+        "{message}"
+    );
+    let store = Store::open_on(Arc::new(dev.clone()), options()).unwrap();
+    let report = betreefs_fs::fsck::check(&store, |_| {}).unwrap();
+    assert!(!report.is_clean());
+    betreefs_fs::fsck::repair(&store, &report).unwrap();
+    assert!(betreefs_fs::fsck::check(&store, |_| {}).unwrap().is_clean());
+    store.close().unwrap();
+    let store = Store::open_on(Arc::new(dev.clone()), options()).unwrap();
+    let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
+    assert_eq!(key_bound(&fs), 256);
+    let f = fs.lookup(ROOT_INO, b"f").unwrap().ino;
+    assert_eq!(read_all(&fs, f), b"kept");
+}
