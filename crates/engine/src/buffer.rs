@@ -546,28 +546,31 @@ impl MessageBuffer {
             || self.ranges.range::<[u8], _>(inside).next().is_some()
     }
 
-    /// The same messages under other keys: `rekey` must preserve order
-    /// (a range rename's mapping of one prefix to another does).
-    pub fn rekeyed(self, rekey: impl Fn(&[u8]) -> Vec<u8>) -> MessageBuffer {
+    /// The same messages under other keys, each changed in place by
+    /// `rekey`, which must keep them distinct and in order (a range
+    /// rename's mapping of one prefix to another does).
+    pub fn rekeyed(self, rekey: impl Fn(Vec<u8>) -> Vec<u8>) -> MessageBuffer {
         let mut out = MessageBuffer::default();
         for (start, r) in Arc::unwrap_or_clone(self.ranges) {
-            let end = rekey(&r.end);
-            out.push_decoded_range(rekey(&start), RangeDel { end, seq: r.seq });
+            let end = rekey(r.end);
+            out.push_decoded_range(rekey(start), RangeDel { end, seq: r.seq });
         }
-        out.put_points_in_order(
-            self.points
-                .into_iter()
-                .map(|(key, msg)| (rekey(&key), msg))
-                .collect(),
-        );
+        let mut point_bytes = 0;
+        out.points = self.points.rekeyed(&mut |key, msg| {
+            let key = rekey(key);
+            point_bytes += msg.bytes(key.len());
+            key
+        });
+        out.bytes += point_bytes;
         out
     }
 
     /// Puts point messages given in increasing key order (each key once)
     /// into this buffer, which has none: its chunks built a chunk at a
     /// time (`PointMap::from_sorted`), not with a search of whole-key
-    /// compares per message. A node's segments are decoded, and a range
-    /// rename's moved buffers re-keyed, this way. Messages out of order
+    /// compares per message. A node's segments are decoded this way
+    /// (a range rename's moved buffers are re-keyed chunk by chunk,
+    /// `PointMap::rekeyed`). Messages out of order
     /// (which debug builds refuse) are inserted one by one.
     pub(crate) fn put_points_in_order(&mut self, points: Vec<(Vec<u8>, PointMsg)>) {
         debug_assert!(
@@ -657,7 +660,7 @@ mod tests {
                 },
             );
         }
-        let got = old.rekeyed(rekey);
+        let got = old.rekeyed(|key| rekey(&key));
         got.points().check();
         assert!(got.points().iter().eq(want.points().iter()));
         assert_eq!(got.ranges(), want.ranges());

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use crate::buffer::{Base, BufferPart, MessageBuffer, PartCut, PointMsg};
 use crate::entries::{Entries, ENTRY_OVERHEAD_BYTES};
 use crate::merge::MergeRegistry;
+use crate::message::with_prefix_replaced;
 
 /// Rough heap overhead per buffered message (map node, allocation
 /// headers), so the cache budget tracks real memory.
@@ -1046,16 +1047,11 @@ impl Node {
         if old == new {
             return;
         }
-        let rekey = |k: &[u8]| {
-            let mut out = Vec::with_capacity(new.len() + k.len());
-            out.extend_from_slice(&new);
-            out.extend_from_slice(k.get(old.len()..).unwrap_or_default());
-            out
-        };
+        let rekey = |k: Vec<u8>| with_prefix_replaced(k, old.len(), &new);
         match &mut self.body {
             NodeBody::Leaf(leaf) => {
                 for pivot in &mut leaf.pivots {
-                    *pivot = rekey(pivot);
+                    *pivot = rekey(std::mem::take(pivot));
                 }
                 for basement in &mut leaf.basements {
                     if let Some(entries) = &mut basement.entries {
@@ -1067,7 +1063,7 @@ impl Node {
             }
             NodeBody::Interior(int) => {
                 for pivot in &mut int.pivots {
-                    *pivot = rekey(pivot);
+                    *pivot = rekey(std::mem::take(pivot));
                 }
                 for buffer in &mut int.buffers {
                     *buffer = Arc::new(Arc::make_mut(buffer).take().rekeyed(rekey));

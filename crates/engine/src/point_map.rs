@@ -195,6 +195,57 @@ impl PointMap {
         map
     }
 
+    /// The same messages under the keys `rekey` gives (called once per
+    /// message with its key, to change in place), which must keep them
+    /// distinct and in order — a range rename's change of one prefix for
+    /// another does. Each chunk is rebuilt from its own messages: no
+    /// list of them all, no key copied. A re-keying that reordered keys
+    /// across chunks (a caller's bug, which debug builds refuse) is put
+    /// right by taking the messages one by one.
+    pub fn rekeyed(self, rekey: &mut dyn FnMut(Vec<u8>, &PointMsg) -> Vec<u8>) -> PointMap {
+        let mut out = PointMap {
+            chunks: Vec::with_capacity(self.chunks.len()),
+            len: 0,
+        };
+        let mut in_order = true;
+        for chunk in self.chunks {
+            let old = Arc::unwrap_or_clone(chunk.map);
+            let count = old.len();
+            // Sorted within the chunk by the map itself whatever `rekey`
+            // does; a collision would lose a message.
+            let map: Map = old
+                .into_iter()
+                .map(|(key, msg)| (rekey(key, &msg), msg))
+                .collect();
+            assert_eq!(map.len(), count, "a re-keying made two keys one");
+            let Some(first) = map.keys().next().cloned() else {
+                continue;
+            };
+            if let Some(last) = out.last_key() {
+                in_order &= *last < first;
+            }
+            let lo = if out.chunks.is_empty() {
+                Vec::new()
+            } else {
+                first
+            };
+            out.len += count;
+            out.chunks.push(Chunk {
+                lo,
+                map: Arc::new(map),
+            });
+        }
+        debug_assert!(in_order, "a re-keying reordered keys");
+        if !in_order {
+            let mut again = PointMap::default();
+            for (key, msg) in out {
+                again.insert(key, msg);
+            }
+            return again;
+        }
+        out
+    }
+
     /// Appends a chunk of messages in increasing key order, all after
     /// this map's (at most [`CHUNK_POINTS`]).
     fn push_chunk(&mut self, run: Vec<(Vec<u8>, PointMsg)>) {
@@ -574,6 +625,9 @@ mod tests {
         /// Copy the map (sharing its chunks), change the copy, and check
         /// that the original is as it was.
         CopyAndChange(u16),
+        /// Re-key a copy under a shorter or a longer prefix (a range
+        /// rename's), check it and the original, then key it back.
+        RekeyAndBack(bool),
     }
 
     fn key(k: u16) -> Vec<u8> {
@@ -593,6 +647,7 @@ mod tests {
             1 => (k.clone(), any::<bool>()).prop_map(|(p, b)| Op::SplitAndAppend(p, b)),
             1 => (k.clone(), 1u16..800).prop_map(|(a, n)| Op::AppendMiddleLast(a, n)),
             1 => k.prop_map(Op::CopyAndChange),
+            1 => any::<bool>().prop_map(Op::RekeyAndBack),
         ]
     }
 
@@ -686,6 +741,23 @@ mod tests {
                         same(&copy, &expected);
                         map = copy;
                         model = expected;
+                    }
+                    Op::RekeyAndBack(longer) => {
+                        let prefix: &[u8] = if longer { b"a-longer-key" } else { b"k" };
+                        let moved = map.clone().rekeyed(&mut |k, _| {
+                            crate::message::with_prefix_replaced(k, 3, prefix)
+                        });
+                        moved.check();
+                        same(&map, &model);
+                        let expected: BTreeMap<Vec<u8>, PointMsg> = model
+                            .iter()
+                            .map(|(k, m)| ([prefix, &k[3..]].concat(), m.clone()))
+                            .collect();
+                        same(&moved, &expected);
+                        map = moved.rekeyed(&mut |k, _| {
+                            crate::message::with_prefix_replaced(k, prefix.len(), b"key")
+                        });
+                        map.check();
                     }
                 }
                 same(&map, &model);

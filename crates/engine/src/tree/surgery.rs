@@ -353,7 +353,7 @@ fn swing(
             } else {
                 low(k)
             };
-            let rekeyed = Arc::unwrap_or_clone(buffer).rekeyed(|key| r.destination(key));
+            let rekeyed = Arc::unwrap_or_clone(buffer).rekeyed(|key| r.moved(key));
             (old_children[k], rekeyed, r.destination(&lo))
         })
         .collect();
