@@ -41,6 +41,7 @@ use crate::message::{KeySpace, Message, WriteBatch};
 use crate::node::Node;
 use crate::stats::{add, note_max, record_max, Stats, StatsSnapshot};
 use crate::tree::readahead::{read_leaf, LeafOnDisk, ReadFor};
+pub use crate::tree::PairVisitor;
 use crate::tree::{
     Flushing, LeafVisited, Shared, SharedBuffer, Tree, TreeOptions, VerifyReport, Want,
 };
@@ -407,10 +408,6 @@ pub struct Reservation {
     /// Bytes of earlier promises this write uses up or gives back.
     pub release: u64,
 }
-
-/// What [`Store::visit_range_while`] calls with each key and value: it
-/// breaks to stop the visit.
-pub type PairVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> ControlFlow<()> + 'a;
 
 /// A durable B^ε-tree key-value store with two key spaces.
 pub struct Store {
@@ -923,19 +920,12 @@ impl Store {
         end: &[u8],
         visit: &mut PairVisitor<'_>,
     ) -> EngineResult<()> {
-        let mut broke = false;
         let mut next = Some(start.to_vec());
         while let Some(from) = next {
-            if broke || from.as_slice() >= end {
+            if from.as_slice() >= end {
                 break;
             }
-            next = self
-                .inner
-                .visit_one_leaf(ks, &from, Some(end), &mut |k, v| {
-                    if !broke {
-                        broke = visit(k, v).is_break();
-                    }
-                })?;
+            next = self.inner.visit_one_leaf(ks, &from, Some(end), visit)?;
         }
         Ok(())
     }

@@ -3,11 +3,13 @@
 //! and the read-ahead threads of sequential scans.
 
 use std::collections::HashSet;
+use std::ops::ControlFlow;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::staging::OverlayMerge;
 use super::*;
 
 /// Leaves kept read ahead of a sequential scan, the next one included.
@@ -101,7 +103,10 @@ impl Iterator for RangeIter<'_> {
                 self.ks,
                 &start,
                 self.end.as_deref(),
-                &mut |k, v| items.push((k.to_vec(), v.to_vec())),
+                &mut |k, v| {
+                    items.push((k.to_vec(), v.to_vec()));
+                    ControlFlow::Continue(())
+                },
             );
             match scanned {
                 Ok(next) => {
@@ -125,14 +130,14 @@ impl Inner {
     /// does not apply the staged batches, which
     /// stay for the writers to apply in their own time — unless upserts
     /// onto the trees' values are staged in the range. Returns where the
-    /// next leaf begins; tells the read-ahead thread when the visit read
+    /// next leaf begins (None once `visit` broke); tells the read-ahead thread when the visit read
     /// on across basements.
     pub(super) fn visit_one_leaf(
         &self,
         ks: KeySpace,
         from: &[u8],
         end: Option<&[u8]>,
-        visit: &mut dyn FnMut(&[u8], &[u8]),
+        visit: &mut PairVisitor<'_>,
     ) -> EngineResult<Option<Vec<u8>>> {
         self.wait_for_read_ahead(ks, from);
         let shared = {
@@ -141,10 +146,10 @@ impl Inner {
             match overlay {
                 Some(overlay) => {
                     let mut merge = overlay.merge(visit);
-                    let shared =
+                    let mut shared =
                         tree.visit_leaf_cached(ks, from, end, &mut |k, v| merge.tree_pair(k, v));
-                    if let Shared::Answer(Ok(visited)) = &shared {
-                        merge.finish(visited.next.as_deref());
+                    if let Shared::Answer(Ok(visited)) = &mut shared {
+                        finish_overlay(visited, merge);
                     }
                     shared
                 }
@@ -179,7 +184,7 @@ impl Inner {
         ks: KeySpace,
         from: &[u8],
         end: Option<&[u8]>,
-        visit: &mut dyn FnMut(&[u8], &[u8]),
+        visit: &mut PairVisitor<'_>,
     ) -> EngineResult<EngineResult<LeafVisited>> {
         let overlay = loop {
             let overlay = self.staged_overlay(ks, from, end);
@@ -193,9 +198,9 @@ impl Inner {
             }
         };
         let mut merge = overlay.merge(visit);
-        let visited = tree.visit_leaf(ks, from, end, &mut |k, v| merge.tree_pair(k, v));
-        if let Ok(visited) = &visited {
-            merge.finish(visited.next.as_deref());
+        let mut visited = tree.visit_leaf(ks, from, end, &mut |k, v| merge.tree_pair(k, v));
+        if let Ok(visited) = &mut visited {
+            finish_overlay(visited, merge);
         }
         tree.evict_clean_if_needed();
         Ok(visited)
@@ -336,5 +341,15 @@ impl Inner {
                 Err(e) => e.into_inner().0,
             };
         }
+    }
+}
+
+/// Hands on what is staged after the trees' last pair of a leaf visit;
+/// a visit that broke (among the trees' pairs or the staged ones) ends
+/// there, naming no next leaf.
+fn finish_overlay(visited: &mut LeafVisited, merge: OverlayMerge<'_>) {
+    if merge.finish(visited.next.as_deref()).is_break() {
+        visited.next = None;
+        visited.read_on = None;
     }
 }

@@ -28,10 +28,11 @@
 //! lock — never sees a batch twice or not at all.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::ops::Bound;
+use std::ops::{Bound, ControlFlow};
 
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, WriteBatch, KEY_SPACES};
+use crate::tree::PairVisitor;
 
 /// What the staged batches leave of one key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -436,12 +437,14 @@ pub(super) struct StagedOverlay {
 impl StagedOverlay {
     /// A visitor that hands `visit` the trees' pairs with this overlay
     /// merged in, in key order; [`OverlayMerge::finish`] hands it the
-    /// staged pairs after the trees' last one.
-    pub fn merge<'a>(&'a self, visit: &'a mut dyn FnMut(&[u8], &[u8])) -> OverlayMerge<'a> {
+    /// staged pairs after the trees' last one. Each call says whether
+    /// `visit` broke.
+    pub fn merge<'a>(&'a self, visit: &'a mut PairVisitor<'_>) -> OverlayMerge<'a> {
         OverlayMerge {
             overlay: self,
             next_point: 0,
             visit,
+            stopped: false,
         }
     }
 }
@@ -452,21 +455,23 @@ pub(super) struct OverlayMerge<'a> {
     overlay: &'a StagedOverlay,
     /// The first staged key not yet handed on or passed.
     next_point: usize,
-    visit: &'a mut dyn FnMut(&[u8], &[u8]),
+    visit: &'a mut PairVisitor<'a>,
+    /// `visit` broke: nothing more is handed on.
+    stopped: bool,
 }
 
 impl OverlayMerge<'_> {
     /// The trees' next pair (keys come in order): the staged pairs before
     /// it go first, then it unless a staged message decides its key.
-    pub fn tree_pair(&mut self, key: &[u8], value: &[u8]) {
-        self.staged_before(Some(key));
+    pub fn tree_pair(&mut self, key: &[u8], value: &[u8]) -> ControlFlow<()> {
+        self.staged_before(Some(key))?;
         if let Some((staged_key, staged)) = self.overlay.points.get(self.next_point) {
             if staged_key.as_slice() == key {
                 self.next_point += 1;
-                if let Some(staged) = staged {
-                    (self.visit)(key, staged);
-                }
-                return;
+                return match staged {
+                    Some(staged) => self.hand_on(key, staged),
+                    None => ControlFlow::Continue(()),
+                };
             }
         }
         let deleted = self
@@ -474,28 +479,40 @@ impl OverlayMerge<'_> {
             .deletes
             .iter()
             .any(|(start, end)| start.as_slice() <= key && key < end.as_slice());
-        if !deleted {
-            (self.visit)(key, value);
+        if deleted {
+            return ControlFlow::Continue(());
         }
+        self.hand_on(key, value)
     }
 
     /// After the trees' last pair of the visit, which reached to `next`
-    /// (None: to the end of the range): the staged pairs before it.
-    pub fn finish(mut self, next: Option<&[u8]>) {
-        self.staged_before(next);
+    /// (None: to the end of the range): the staged pairs before it,
+    /// unless the visit broke.
+    pub fn finish(mut self, next: Option<&[u8]>) -> ControlFlow<()> {
+        if self.stopped {
+            return ControlFlow::Break(());
+        }
+        self.staged_before(next)
+    }
+
+    fn hand_on(&mut self, key: &[u8], value: &[u8]) -> ControlFlow<()> {
+        let flow = (self.visit)(key, value);
+        self.stopped |= flow.is_break();
+        flow
     }
 
     /// Hands on the staged values of the keys before `bound` (None: all).
-    fn staged_before(&mut self, bound: Option<&[u8]>) {
+    fn staged_before(&mut self, bound: Option<&[u8]>) -> ControlFlow<()> {
         while let Some((staged_key, staged)) = self.overlay.points.get(self.next_point) {
             if bound.is_some_and(|b| staged_key.as_slice() >= b) {
-                return;
+                break;
             }
             self.next_point += 1;
             if let Some(staged) = staged {
-                (self.visit)(staged_key, staged);
+                self.hand_on(staged_key, staged)?;
             }
         }
+        ControlFlow::Continue(())
     }
 }
 
@@ -828,16 +845,46 @@ mod tests {
                         whole = false;
                         break;
                     };
-                    let mut visit = |k: &[u8], v: &[u8]| visited.push((k[0], v.to_vec()));
+                    let mut visit = |k: &[u8], v: &[u8]| {
+                        visited.push((k[0], v.to_vec()));
+                        ControlFlow::Continue(())
+                    };
                     let mut merge = overlay.merge(&mut visit);
                     for (key, value) in trees.range(from..end) {
-                        merge.tree_pair(&[*key], value);
+                        let _ = merge.tree_pair(&[*key], value);
                     }
-                    merge.finish((end < hi).then_some(&[end][..]));
+                    let _ = merge.finish((end < hi).then_some(&[end][..]));
                 }
                 if whole {
                     let want: Vec<_> = everything.range(lo..hi).map(|(k, v)| (*k, v.clone())).collect();
-                    proptest::prop_assert_eq!(visited, want);
+                    proptest::prop_assert_eq!(&visited, &want);
+                    // A visit that breaks after `stop` pairs sees those
+                    // and no more, staged or not, and says it stopped.
+                    let stop = usize::from(v % 4) + 1;
+                    staging.order_keys(KeySpace::Meta);
+                    if let Some(overlay) = staging.overlay(KeySpace::Meta, &[lo], Some(&[hi])) {
+                        let mut first = Vec::new();
+                        let mut visit = |k: &[u8], v: &[u8]| {
+                            first.push((k[0], v.to_vec()));
+                            if first.len() == stop {
+                                ControlFlow::Break(())
+                            } else {
+                                ControlFlow::Continue(())
+                            }
+                        };
+                        let mut merge = overlay.merge(&mut visit);
+                        let mut broke = false;
+                        for (key, value) in trees.range(lo..hi) {
+                            if merge.tree_pair(&[*key], value).is_break() {
+                                broke = true;
+                                break;
+                            }
+                        }
+                        let finished = merge.finish(None);
+                        proptest::prop_assert_eq!(finished.is_break(), want.len() >= stop);
+                        proptest::prop_assert!(!broke || finished.is_break());
+                        proptest::prop_assert_eq!(&first[..], &want[..stop.min(want.len())]);
+                    }
                 }
             }
             for (_, batch) in staging.take() {

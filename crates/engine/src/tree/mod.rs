@@ -331,6 +331,7 @@ mod verify;
 mod writeback;
 pub use apply::SharedBuffer;
 pub(crate) use flush::Flushing;
+pub use query::PairVisitor;
 pub(crate) use query::{LeafVisited, Shared};
 pub(crate) use writeback::{encode_snapshots, NodeWrites, SnapshotImages};
 

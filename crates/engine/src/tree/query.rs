@@ -4,6 +4,7 @@
 #![allow(clippy::indexing_slicing)] // see tree/mod.rs
 
 use std::borrow::Cow;
+use std::ops::ControlFlow;
 
 use super::readahead::LeafOnDisk;
 use super::*;
@@ -71,7 +72,8 @@ impl Tree {
     ) -> EngineResult<ScanChunk> {
         let mut result = Vec::new();
         let visited = self.visit_leaf(ks, start, end, &mut |k, v| {
-            result.push((k.to_vec(), v.to_vec()))
+            result.push((k.to_vec(), v.to_vec()));
+            ControlFlow::Continue(())
         })?;
         Ok((result, visited.next))
     }
@@ -84,7 +86,7 @@ impl Tree {
         ks: KeySpace,
         start: &[u8],
         end: Option<&[u8]>,
-        visit: &mut dyn FnMut(&[u8], &[u8]),
+        visit: &mut PairVisitor<'_>,
     ) -> EngineResult<LeafVisited> {
         let mut walk = RangeWalk::new(self.roots[ks.index()]);
         loop {
@@ -111,7 +113,7 @@ impl Tree {
         ks: KeySpace,
         start: &[u8],
         end: Option<&[u8]>,
-        visit: &mut dyn FnMut(&[u8], &[u8]),
+        visit: &mut PairVisitor<'_>,
     ) -> Shared<EngineResult<LeafVisited>> {
         let mut walk = RangeWalk::new(self.roots[ks.index()]);
         loop {
@@ -128,13 +130,14 @@ impl Tree {
     }
 
     /// Visits [start, end) within the leaf `walk` reached (its basements
-    /// for the range loaded), the messages pending above applied.
+    /// for the range loaded), the messages pending above applied, until
+    /// `visit` breaks (then no next leaf is named).
     fn visit_reached_leaf(
         &self,
         walk: &RangeWalk,
         start: &[u8],
         end: Option<&[u8]>,
-        visit: &mut dyn FnMut(&[u8], &[u8]),
+        visit: &mut PairVisitor<'_>,
     ) -> EngineResult<LeafVisited> {
         let NodeBody::Leaf(leaf) = &self.node(walk.num).body else {
             unreachable!("a range walk ends at a leaf")
@@ -167,14 +170,21 @@ impl Tree {
             })
             .collect();
         levels.retain_mut(|l| l.pending_before(hi));
-        if levels.is_empty() {
+        let flow = if levels.is_empty() {
             // The common case: nothing pending here.
-            for (k, v) in entries {
-                visit(k, v);
-            }
+            entries
+                .map(|(k, v)| visit(k, v))
+                .find(ControlFlow::is_break)
+                .unwrap_or(ControlFlow::Continue(()))
         } else {
             visit_with_pending(entries, levels, hi, &self.merges, visit)
-                .map_err(EngineError::UnknownMergeFunction)?;
+                .map_err(EngineError::UnknownMergeFunction)?
+        };
+        if flow.is_break() {
+            return Ok(LeafVisited {
+                next: None,
+                read_on: None,
+            });
         }
         let next = match (&bounds.hi, end) {
             (Some(h), Some(e)) if h.as_slice() < e => Some(h.clone()),
@@ -259,6 +269,11 @@ pub enum Shared<T> {
 }
 
 /// What a range visit of one leaf tells its caller.
+/// What a range visit calls with each key and value, in key order: it
+/// breaks to stop the visit (no later pair is visited, no later leaf
+/// read).
+pub type PairVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> ControlFlow<()> + 'a;
+
 pub struct LeafVisited {
     /// Where the next leaf begins, if the range goes on there.
     pub next: Option<Vec<u8>>,
@@ -394,14 +409,15 @@ impl<'a> PendingLevel<'a> {
 /// editing it level by level, as before, copied every pair (a 4 KiB block
 /// twice on its way to a read's reply) and allocated a map node per key:
 /// the bulk of a range visit's time after an untar, when every leaf has
-/// messages above it. `Err(id)` names an unknown merge function.
+/// messages above it. Stops where `visit` breaks (and says so); `Err(id)`
+/// names an unknown merge function.
 fn visit_with_pending<'a>(
     entries: impl Iterator<Item = (&'a [u8], &'a [u8])>,
     mut levels: Vec<PendingLevel<'a>>,
     hi: Option<&[u8]>,
     merges: &MergeRegistry,
-    visit: &mut dyn FnMut(&[u8], &[u8]),
-) -> Result<(), u8> {
+    visit: &mut PairVisitor<'_>,
+) -> Result<ControlFlow<()>, u8> {
     let mut entries = entries.peekable();
     // Oldest first: the level nearest the leaf is the last of the walk.
     levels.reverse();
@@ -415,7 +431,7 @@ fn visit_with_pending<'a>(
             }
         }
         let Some(key) = next.filter(|k| hi.is_none_or(|h| *k < h)) else {
-            return Ok(());
+            return Ok(ControlFlow::Continue(()));
         };
         let mut value: Option<Cow<'a, [u8]>> = match entries.peek() {
             Some((k, v)) if *k == key => {
@@ -434,7 +450,9 @@ fn visit_with_pending<'a>(
             }
         }
         if let Some(value) = value {
-            visit(key, &value);
+            if visit(key, &value).is_break() {
+                return Ok(ControlFlow::Break(()));
+            }
         }
     }
 }
@@ -518,20 +536,47 @@ mod tests {
                 .collect();
             // Read from where the visit begins, as a walk does; the end is
             // the merge's to keep.
-            let levels: Vec<PendingLevel<'_>> = buffers
-                .iter()
-                .map(|b| PendingLevel::with_points(b, &lo, std::iter::empty()))
-                .collect();
+            let levels = || -> Vec<PendingLevel<'_>> {
+                buffers
+                    .iter()
+                    .map(|b| PendingLevel::with_points(b, &lo, std::iter::empty()))
+                    .collect()
+            };
 
             let mut got = Vec::new();
-            visit_with_pending(
+            let whole = visit_with_pending(
                 pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice())),
-                levels,
+                levels(),
                 Some(&hi),
                 &merges,
-                &mut |k, v| got.push((k.to_vec(), v.to_vec())),
+                &mut |k, v| {
+                    got.push((k.to_vec(), v.to_vec()));
+                    ControlFlow::Continue(())
+                },
             )
             .unwrap();
+            prop_assert!(whole.is_continue());
+            // A visit that breaks after half the pairs saw those, and says
+            // it stopped.
+            let half = got.len() / 2;
+            let mut first = Vec::new();
+            let flow = visit_with_pending(
+                pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice())),
+                levels(),
+                Some(&hi),
+                &merges,
+                &mut |k, v| {
+                    first.push((k.to_vec(), v.to_vec()));
+                    if first.len() > half {
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(())
+                    }
+                },
+            )
+            .unwrap();
+            prop_assert_eq!(flow.is_break(), half < got.len());
+            prop_assert_eq!(&first[..], &got[..(half + 1).min(got.len())]);
 
             let mut want: BTreeMap<Vec<u8>, Vec<u8>> = pairs.iter().cloned().collect();
             for level in buffers.iter().rev().map(|b| restricted(b, &lo, Some(&hi))) {
