@@ -218,22 +218,10 @@ impl PointMap {
                 .map(|(key, msg)| (rekey(key, &msg), msg))
                 .collect();
             assert_eq!(map.len(), count, "a re-keying made two keys one");
-            let Some(first) = map.keys().next().cloned() else {
-                continue;
-            };
-            if let Some(last) = out.last_key() {
-                in_order &= *last < first;
+            if let (Some(last), Some(first)) = (out.last_key(), map.keys().next()) {
+                in_order &= last < first;
             }
-            let lo = if out.chunks.is_empty() {
-                Vec::new()
-            } else {
-                first
-            };
-            out.len += count;
-            out.chunks.push(Chunk {
-                lo,
-                map: Arc::new(map),
-            });
+            out.push_chunk_map(map);
         }
         debug_assert!(in_order, "a re-keying reordered keys");
         if !in_order {
@@ -249,25 +237,34 @@ impl PointMap {
     /// Appends a chunk of messages in increasing key order, all after
     /// this map's (at most [`CHUNK_POINTS`]).
     fn push_chunk(&mut self, run: Vec<(Vec<u8>, PointMsg)>) {
-        let Some(first) = run.first().map(|(k, _)| k.clone()) else {
+        let Some((first, _)) = run.first() else {
             return;
         };
         assert!(
-            self.last_key().is_none_or(|last| *last < first) && run.len() <= CHUNK_POINTS,
+            self.last_key().is_none_or(|last| last < first) && run.len() <= CHUNK_POINTS,
             "point map invariant: a chunk built from messages out of order or too many"
         );
-        // Callers give keys in order (a re-keying checks them): not
-        // compared again here but in debug builds.
+        // Callers give keys in order: not compared again here but in
+        // debug builds.
         debug_assert!(run.iter().zip(run.iter().skip(1)).all(|(a, b)| a.0 < b.0));
-        self.len += run.len();
+        self.push_chunk_map(run.into_iter().collect());
+    }
+
+    /// Appends `map` as the last chunk (nothing if it is empty); the
+    /// caller sees to the order.
+    fn push_chunk_map(&mut self, map: Map) {
+        let Some(first) = map.keys().next() else {
+            return;
+        };
         let lo = if self.chunks.is_empty() {
             Vec::new()
         } else {
-            first
+            first.clone()
         };
+        self.len += map.len();
         self.chunks.push(Chunk {
             lo,
-            map: Arc::new(run.into_iter().collect()),
+            map: Arc::new(map),
         });
     }
 

@@ -114,7 +114,7 @@ impl Tree {
         while let Some(from) = next {
             let (items, after) = self.scan_leaf(ks, &from, Some(&r.end))?;
             for (key, value) in items {
-                let key = r.destination(&key);
+                let key = r.moved(key);
                 self.apply_message(ks, seq, Message::Put { key, value })?;
             }
             self.settle_root(ks)?;
