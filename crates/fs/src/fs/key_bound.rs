@@ -7,8 +7,6 @@
 //! order's holder, `super::locking::Writer`), so the bound and the keys
 //! it covers are durable together.
 
-use std::ops::ControlFlow;
-
 use betreefs_engine::{KeySpace, WriteBatch};
 
 use super::{FileSystem, ENTRY_KEY_MAX};
@@ -39,6 +37,14 @@ pub(super) struct Bound {
 }
 
 impl Bound {
+    /// The bound the store's record holds (and so known).
+    pub(super) fn stored_as(bound: usize) -> Bound {
+        Bound {
+            known: Some(bound),
+            stored: bound,
+        }
+    }
+
     /// Whether keys `growth` bytes longer than any now stay within the
     /// key limit, without a walk.
     pub(super) fn admits_growth(&self, growth: usize) -> bool {
@@ -81,28 +87,38 @@ pub(crate) fn rounded(longest: usize) -> usize {
         .saturating_mul(KEY_BOUND_STEP)
 }
 
-/// `batch` with the key bound record set to `bound`.
-pub(super) fn with_bound(batch: &WriteBatch, bound: usize) -> WriteBatch {
-    let mut raised = batch.clone();
-    raised.put(
+/// Sets the key bound record to `bound` in `batch`.
+pub(crate) fn put_key_bound(batch: &mut WriteBatch, bound: usize) {
+    batch.put(
         KeySpace::Meta,
         schema::KEY_BOUND_KEY,
         &KeyBound(bound).encode(),
     );
+}
+
+/// `batch` with the key bound record set to `bound`.
+pub(super) fn with_bound(batch: &WriteBatch, bound: usize) -> WriteBatch {
+    let mut raised = batch.clone();
+    put_key_bound(&mut raised, bound);
     raised
 }
 
 impl FileSystem {
-    /// The longest metadata key: a visit of all of them (the upgrade of
-    /// an older image, and a bound found again).
-    pub(super) fn longest_meta_key(&self) -> FsResult<usize> {
+    /// The longest metadata key in [lo, hi): a visit, which copies no
+    /// pair (rename's key limit below a directory; every key, for an
+    /// older image's upgrade and a bound found again).
+    pub(super) fn longest_key_in(&self, lo: &[u8], hi: &[u8]) -> FsResult<usize> {
         let mut longest = 0;
         self.store
-            .visit_range_while(KeySpace::Meta, b"", &[0xff], &mut |k, _| {
+            .visit_range(KeySpace::Meta, lo, hi, &mut |k, _| {
                 longest = longest.max(k.len());
-                ControlFlow::Continue(())
             })?;
         Ok(longest)
+    }
+
+    /// The longest metadata key of all.
+    pub(super) fn longest_meta_key(&self) -> FsResult<usize> {
+        self.longest_key_in(b"", &[0xff])
     }
 }
 
@@ -111,10 +127,7 @@ mod tests {
     use super::*;
 
     fn bound(known: usize) -> Bound {
-        Bound {
-            known: Some(known),
-            stored: known,
-        }
+        Bound::stored_as(known)
     }
 
     #[test]

@@ -155,9 +155,7 @@ struct Child {
 /// An entry as the store holds it, with what readdirplus needs from the
 /// store besides (read without the table's lock when read ahead).
 struct Listed {
-    key: Vec<u8>,
-    name: Vec<u8>,
-    record: Record,
+    child: Child,
     /// readdirplus only.
     stored: Option<StoredAttrs>,
 }
@@ -357,16 +355,16 @@ impl FileSystem {
     /// held (`table`), nothing is read for an inode the table has: its
     /// copy is what the entry will show.
     fn listed(&self, table: Option<&State>, child: Child, plus: bool) -> FsResult<Listed> {
-        let Child { key, name, record } = child;
+        let Child { key, record, .. } = &child;
         let stored = if plus {
             let in_table = table.is_some_and(|st| st.nodes.contains_key(&record.ino()));
             let linked = match record {
                 Record::Link { .. } if !in_table => self.resolve_from_store(record.clone())?,
                 _ => None,
             };
-            let blocks = match (&record, &linked) {
+            let blocks = match (record, &linked) {
                 _ if in_table => None,
-                (Record::Inode { attr, .. }, _) => self.count_stored_blocks(attr, &key)?,
+                (Record::Inode { attr, .. }, _) => self.count_stored_blocks(attr, key)?,
                 (_, Some((attr, ..))) => {
                     self.count_stored_blocks(attr, &schema::inode_key(attr.ino))?
                 }
@@ -376,12 +374,7 @@ impl FileSystem {
         } else {
             None
         };
-        Ok(Listed {
-            key,
-            name,
-            record,
-            stored,
-        })
+        Ok(Listed { child, stored })
     }
 
     /// Gives one entry to `add`, with the lock held: readdirplus takes
@@ -397,9 +390,7 @@ impl FileSystem {
         add: &mut dyn FnMut(DirEntry<'_>) -> bool,
     ) -> FsResult<bool> {
         let Listed {
-            key,
-            name,
-            record,
+            child: Child { key, name, record },
             stored,
         } = listed;
         let esc = key.get(dir.len() + 1..).unwrap_or_default();

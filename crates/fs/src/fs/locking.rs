@@ -99,8 +99,7 @@ impl Writer<'_> {
         match written {
             Ok(written) => {
                 if let (Ok(_), Some(b)) = (&written, bound) {
-                    self.st.key_bound.stored = b;
-                    self.st.key_bound.known = Some(b);
+                    self.st.key_bound = key_bound::Bound::stored_as(b);
                 }
                 written
             }

@@ -147,12 +147,8 @@ impl FileSystem {
         batch
             .put(KeySpace::Meta, schema::INFO_KEY, &info.encode())
             .put(KeySpace::Meta, schema::ROOT_KEY, &inode_record(&root, &[]))
-            .put(KeySpace::Meta, schema::COUNTS_KEY, &1u64.to_le_bytes())
-            .put(
-                KeySpace::Meta,
-                schema::KEY_BOUND_KEY,
-                &KeyBound(key_bound::KEY_BOUND_MIN).encode(),
-            );
+            .put(KeySpace::Meta, schema::COUNTS_KEY, &1u64.to_le_bytes());
+        key_bound::put_key_bound(&mut batch, key_bound::KEY_BOUND_MIN);
         store.write(&batch)?;
         store.sync()?;
         Ok(())
@@ -182,7 +178,7 @@ impl FileSystem {
             Ok(None) => return Err("the root directory's record is missing".into()),
             Err(e) => return Err(format!("reading the root directory: {e}")),
         };
-        let key_bound = match store.get(KeySpace::Meta, schema::KEY_BOUND_KEY) {
+        let mut key_bound = match store.get(KeySpace::Meta, schema::KEY_BOUND_KEY) {
             Ok(Some(v)) => Some(
                 KeyBound::decode(&v)
                     .map_err(|e| format!("{} (betreefs fsck --repair writes it again)", e.0))?
@@ -210,12 +206,6 @@ impl FileSystem {
                 Home::Path,
             )),
         );
-        if let Some(bound) = key_bound {
-            fs.lock().key_bound = key_bound::Bound {
-                known: Some(bound),
-                stored: bound,
-            };
-        }
         // Read-only, orphans stay until a read-write mount removes them,
         // and the format is not upgraded (nor the key bound found: renames
         // walk the keys they lengthen, as before format 4).
@@ -230,26 +220,21 @@ impl FileSystem {
                     .map_err(|e| format!("finding the longest key: {e}"))
                     .map(key_bound::rounded)?;
                 let mut batch = WriteBatch::new();
-                batch
-                    .put(KeySpace::Meta, schema::INFO_KEY, &info.encode())
-                    .put(
-                        KeySpace::Meta,
-                        schema::KEY_BOUND_KEY,
-                        &KeyBound(bound).encode(),
-                    );
+                batch.put(KeySpace::Meta, schema::INFO_KEY, &info.encode());
+                key_bound::put_key_bound(&mut batch, bound);
                 fs.store
                     .write(&batch)
                     .map_err(|e| format!("upgrading the identity record: {e}"))?;
-                fs.lock().key_bound = key_bound::Bound {
-                    known: Some(bound),
-                    stored: bound,
-                };
+                key_bound = Some(bound);
                 if older_format {
                     tracing::info!("file-system format upgraded to version {FS_VERSION}");
                 }
             }
             fs.purge_orphans()
                 .map_err(|e| format!("removing orphaned files: {e}"))?;
+        }
+        if let Some(bound) = key_bound {
+            fs.lock().key_bound = key_bound::Bound::stored_as(bound);
         }
         Ok(fs)
     }

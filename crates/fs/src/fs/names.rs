@@ -409,16 +409,10 @@ impl FileSystem {
     }
 
     /// The longest metadata key below a directory (for rename's key
-    /// limit): a visit, which copies no pair, where the iterator copied
-    /// every key and value below (a third of a `mv` of a source tree).
+    /// limit).
     pub(super) fn longest_key_below(&self, dir: &[u8]) -> FsResult<usize> {
         let (lo, hi) = schema::subtree_range(dir);
-        let mut longest = 0;
-        self.store
-            .visit_range(KeySpace::Meta, &lo, &hi, &mut |key, _| {
-                longest = longest.max(key.len());
-            })?;
-        Ok(longest)
+        self.longest_key_in(&lo, &hi)
     }
 
     pub(super) fn rename_in_table(

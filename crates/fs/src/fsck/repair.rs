@@ -4,11 +4,12 @@ use betreefs_engine::merge::record_arg;
 use betreefs_engine::{KeySpace, RecordOp, Store, WriteBatch, MERGE_RECORD};
 
 use super::{Fix, Report};
+use crate::fs::key_bound::put_key_bound;
 use crate::fs::{INO_BATCH, ROOT_INO};
 use crate::plan::{
     count_update, inode_record, purge_file, put_back_pointer, INODES_SLOT, RESERVED_SLOT,
 };
-use crate::record::{Attr, FsInfo, KeyBound, Record, Timespec, S_IFDIR};
+use crate::record::{Attr, FsInfo, Record, Timespec, S_IFDIR};
 use crate::schema;
 
 /// Applies every fix the report calls for; returns how many were applied.
@@ -94,13 +95,7 @@ fn plan_fix(store: &Store, fix: &Fix, batch: &mut WriteBatch) -> Result<(), Stri
             purge_file(batch, &schema::inode_key(*ino));
             count_update(batch, -1);
         }
-        Fix::SetKeyBound(bound) => {
-            batch.put(
-                KeySpace::Meta,
-                schema::KEY_BOUND_KEY,
-                &KeyBound(*bound).encode(),
-            );
-        }
+        Fix::SetKeyBound(bound) => put_key_bound(batch, *bound),
         Fix::SetBackPointer { ino, parent, name } => {
             put_back_pointer(batch, *ino, *parent, name);
         }
