@@ -536,45 +536,38 @@ mod tests {
                 .collect();
             // Read from where the visit begins, as a walk does; the end is
             // the merge's to keep.
-            let levels = || -> Vec<PendingLevel<'_>> {
-                buffers
+            // The first `stop` pairs (all if None), and whether the visit
+            // said it stopped.
+            let visited = |stop: Option<usize>| {
+                let levels: Vec<PendingLevel<'_>> = buffers
                     .iter()
                     .map(|b| PendingLevel::with_points(b, &lo, std::iter::empty()))
-                    .collect()
+                    .collect();
+                let mut got: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+                let flow = visit_with_pending(
+                    pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice())),
+                    levels,
+                    Some(&hi),
+                    &merges,
+                    &mut |k, v| {
+                        got.push((k.to_vec(), v.to_vec()));
+                        if stop.is_some_and(|n| got.len() >= n) {
+                            ControlFlow::Break(())
+                        } else {
+                            ControlFlow::Continue(())
+                        }
+                    },
+                )
+                .unwrap();
+                (got, flow)
             };
 
-            let mut got = Vec::new();
-            let whole = visit_with_pending(
-                pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice())),
-                levels(),
-                Some(&hi),
-                &merges,
-                &mut |k, v| {
-                    got.push((k.to_vec(), v.to_vec()));
-                    ControlFlow::Continue(())
-                },
-            )
-            .unwrap();
+            let (got, whole) = visited(None);
             prop_assert!(whole.is_continue());
             // A visit that breaks after half the pairs saw those, and says
             // it stopped.
             let half = got.len() / 2;
-            let mut first = Vec::new();
-            let flow = visit_with_pending(
-                pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice())),
-                levels(),
-                Some(&hi),
-                &merges,
-                &mut |k, v| {
-                    first.push((k.to_vec(), v.to_vec()));
-                    if first.len() > half {
-                        ControlFlow::Break(())
-                    } else {
-                        ControlFlow::Continue(())
-                    }
-                },
-            )
-            .unwrap();
+            let (first, flow) = visited(Some(half + 1));
             prop_assert_eq!(flow.is_break(), half < got.len());
             prop_assert_eq!(&first[..], &got[..(half + 1).min(got.len())]);
 
