@@ -613,7 +613,14 @@ fn start(
     let fs = FileSystem::mount(store, settings.atime)
         .map_err(|e| anyhow!("{}: {e}", args.image.display()))?;
     let fs = Arc::new(fs);
-    watch_allocator(fs.store().allocator_overhead(), budget / 4, budget / 8)?;
+    watch_allocator(
+        fs.store().allocator_overhead(),
+        budget / 4,
+        PurgePolicy {
+            free_above: budget / 8,
+            resident_above: budget,
+        },
+    )?;
     watch_device_faults(&fs, settings, &args.mountpoint, guard.clone());
     let socket = control_socket(&args.mountpoint)?;
     // The control socket is up before the mount answers: whoever waits
@@ -691,16 +698,24 @@ static ALLOCATOR_PURGES: std::sync::atomic::AtomicU64 = std::sync::atomic::Atomi
 /// no better than an eighth, and purging only once the daemon's resident
 /// size was within 48 or 32 MiB of the limit let it peak 7-14 MiB higher
 /// (docs/benchmarks/allocator-purge.md).
+///
+/// A purge is not free: the pages given back are faulted in and zeroed
+/// again by the next allocations. A sequential write churns through
+/// gigabytes of log chunks and basements, and with a purge every 130 ms
+/// a quarter of the daemon's CPU went to page faults; so the watch
+/// purges only while the resident size is within 64 MiB of the limit
+/// ([`PurgePolicy`]), where the phases above live, and leaves the decay
+/// to return the rest (docs/benchmarks/purge-near-limit.md).
 fn watch_allocator(
     gauge: betreefs_engine::MemoryBesideCache,
     cap: usize,
-    purge_above: usize,
+    policy: PurgePolicy,
 ) -> Result<()> {
     std::thread::Builder::new()
         .name("betreefs-memory".into())
         .spawn(move || loop {
             if let Some(mut held) = held_beyond_allocated() {
-                if held > purge_above && purge_allocator() {
+                if policy.wants_purge(held, resident_bytes()) && purge_allocator() {
                     ALLOCATOR_PURGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     held = held_beyond_allocated().unwrap_or(held);
                 }
@@ -710,6 +725,41 @@ fn watch_allocator(
         })
         .context("starting the allocator's watch")?;
     Ok(())
+}
+
+/// When the allocator's watch has jemalloc give its free pages back.
+#[derive(Debug, Clone, Copy)]
+struct PurgePolicy {
+    /// Free pages held beyond this many bytes (an eighth of the budget)...
+    free_above: usize,
+    /// ...while the daemon's resident size is past this (its budget:
+    /// within 64 MiB of the limit of budget + 64 MiB).
+    resident_above: usize,
+}
+
+impl PurgePolicy {
+    /// Whether to purge with `free` bytes held beyond those allocated and
+    /// the process `resident` (None when unknown: then as if near the
+    /// limit, the safe side).
+    fn wants_purge(&self, free: usize, resident: Option<usize>) -> bool {
+        free > self.free_above && resident.is_none_or(|r| r > self.resident_above)
+    }
+}
+
+/// The daemon's resident size now (None if the kernel's status cannot be
+/// read).
+fn resident_bytes() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status_bytes(&status, "VmRSS:").map(|b| b as usize)
+}
+
+/// A size field of /proc/self/status (given in kB there), in bytes.
+fn status_bytes(status: &str, field: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|k| k * 1024)
 }
 
 /// What jemalloc keeps resident beyond the bytes allocated, now (None if
@@ -880,13 +930,7 @@ fn serve_control(
 /// and node cache (in "engine").
 fn memory_json() -> serde_json::Value {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib = |field: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map(|k| k * 1024)
-    };
+    let bytes = |field: &str| status_bytes(&status, field);
     // The allocator's statistics are a snapshot taken at an epoch.
     let allocator = tikv_jemalloc_ctl::epoch::advance().ok().map(|_| {
         use tikv_jemalloc_ctl::stats;
@@ -897,8 +941,8 @@ fn memory_json() -> serde_json::Value {
         })
     });
     serde_json::json!({
-        "resident_bytes": kib("VmRSS:"),
-        "peak_resident_bytes": kib("VmHWM:"),
+        "resident_bytes": bytes("VmRSS:"),
+        "peak_resident_bytes": bytes("VmHWM:"),
         "allocator": allocator,
         "io_buffer_pool_bytes": betreefs_store::buffer_pool_bytes(),
         "allocator_purges": ALLOCATOR_PURGES.load(std::sync::atomic::Ordering::Relaxed),
@@ -1030,5 +1074,40 @@ mod tests {
             before >> 20,
             after >> 20
         );
+    }
+
+    /// Free pages are given back only near the limit, or when the
+    /// resident size is unknown; never when few are free.
+    #[test]
+    fn the_purge_waits_for_the_resident_size_to_near_the_limit() {
+        let policy = super::PurgePolicy {
+            free_above: 32 << 20,
+            resident_above: 256 << 20,
+        };
+        let mib = |m: usize| m << 20;
+        assert!(
+            !policy.wants_purge(mib(48), Some(mib(200))),
+            "far below the limit"
+        );
+        assert!(
+            policy.wants_purge(mib(48), Some(mib(260))),
+            "near the limit"
+        );
+        assert!(
+            !policy.wants_purge(mib(16), Some(mib(300))),
+            "few free pages"
+        );
+        assert!(policy.wants_purge(mib(48), None), "resident size unknown");
+    }
+
+    /// The kernel's status fields are read in bytes, and the daemon's own
+    /// resident size is found.
+    #[test]
+    fn status_fields_are_read_in_bytes() {
+        let status = "Name:\tbetreefs\nVmHWM:\t  300 kB\nVmRSS:\t  123 kB\n";
+        assert_eq!(super::status_bytes(status, "VmRSS:"), Some(123 * 1024));
+        assert_eq!(super::status_bytes(status, "VmHWM:"), Some(300 * 1024));
+        assert_eq!(super::status_bytes(status, "VmSwap:"), None);
+        assert!(super::resident_bytes().is_some_and(|r| r > 0));
     }
 }
