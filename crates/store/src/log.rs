@@ -92,6 +92,8 @@ struct LogState {
     urgent_flushes: usize,
     /// When the last of them began.
     last_urgent_flush: Option<std::time::Instant>,
+    /// `append_pos` at the last [`LogWriter::release_spares_if_idle`].
+    append_pos_at_idle_check: u64,
     failure: Option<String>,
 }
 
@@ -195,6 +197,7 @@ impl LogWriter {
                 flushing: false,
                 urgent_flushes: 0,
                 last_urgent_flush: None,
+                append_pos_at_idle_check: start,
                 failure: None,
             }),
             flushed: Condvar::new(),
@@ -249,6 +252,24 @@ impl LogWriter {
             unflushed: s.append_pos.saturating_sub(s.durable_pos),
             held: s.buf.held_bytes() as u64,
         }
+    }
+
+    /// Keeps up to `bytes` of the buffer's chunks, once flushed, for the
+    /// next appends instead of freeing them (the bytes one flush writes
+    /// in a stream of appends is enough); they count in
+    /// [`LogBufferUse::held`].
+    pub fn set_spare_limit(&self, bytes: usize) {
+        self.lock().buf.set_spare_limit(bytes);
+    }
+
+    /// Frees the buffer's spare chunks if nothing was appended since the
+    /// previous call (a caller's timer: an idle log holds no spares).
+    pub fn release_spares_if_idle(&self) {
+        let mut s = self.lock();
+        if s.append_pos == s.append_pos_at_idle_check {
+            s.buf.release_spares();
+        }
+        s.append_pos_at_idle_check = s.append_pos;
     }
 
     pub fn bytes_written(&self) -> u64 {
@@ -783,6 +804,47 @@ mod tests {
         let dev = MemDevice::new(BLOCK + REGION + BLOCK);
         let log = LogWriter::new(Arc::new(dev.clone()), BLOCK, REGION, epoch, 0).unwrap();
         (dev, log)
+    }
+
+    /// A flushed log keeps its buffer's chunks as spares for the next
+    /// appends, counted in what the buffer holds, and frees them once a
+    /// whole idle check passes with nothing appended; the records replay
+    /// as appended.
+    #[test]
+    fn spare_chunks_are_kept_while_appends_come_and_freed_when_idle() {
+        let (dev, log) = fresh(3);
+        log.set_spare_limit(REGION as usize);
+        let record = vec![5u8; 500];
+        for seq in 1..=40u64 {
+            log.append(seq, &[&record]).unwrap();
+        }
+        let appended = log.buffer_use().held;
+        log.flush().unwrap();
+        let flushed = log.buffer_use();
+        assert_eq!(flushed.unflushed, 0);
+        assert!(
+            flushed.held + 8192 >= appended,
+            "{flushed:?} against {appended}"
+        );
+        // Appends since the last check: not idle, the spares stay.
+        log.release_spares_if_idle();
+        assert_eq!(log.buffer_use(), flushed);
+        for seq in 41..=60u64 {
+            log.append(seq, &[&record]).unwrap();
+        }
+        // Half as many records as before: they fit in the spares.
+        assert!(
+            log.buffer_use().held <= flushed.held,
+            "the appends took spares"
+        );
+        log.flush().unwrap();
+        log.release_spares_if_idle();
+        assert!(log.buffer_use().held > 0);
+        // Nothing appended since: idle, the spares go.
+        log.release_spares_if_idle();
+        assert!(log.buffer_use().held < 4096, "{:?}", log.buffer_use());
+        let seqs: Vec<u64> = collect(&dev, 0, 3, 1).into_iter().map(|(s, _)| s).collect();
+        assert_eq!(seqs, (1..=60).collect::<Vec<_>>());
     }
 
     #[test]

@@ -11,6 +11,14 @@
 //! bytes held rounded up to a chunk, counted exactly in the budget
 //! (`LogWriter::buffer_use`), and dropping from the front frees whole
 //! chunks instead of moving what is left.
+//!
+//! Chunks dropped from the front are kept as spares, up to a limit the
+//! log's owner sets (the bytes one eager flush writes), and reused for
+//! the next appends: a sequential write streams gigabytes through the
+//! buffer, and fresh chunks from the allocator were fresh pages — their
+//! page faults were 12-15% of the mount daemon's CPU, in the writing
+//! request's own thread (docs/benchmarks/log-spares.md). The spares are
+//! memory the buffer holds, counted as such.
 
 use std::collections::VecDeque;
 
@@ -99,6 +107,10 @@ pub(crate) struct LogBuffer {
     chunks: VecDeque<Vec<u8>>,
     geometry: Geometry,
     len: usize,
+    /// Empty chunks of `CHUNK_BYTES` capacity, ready for appends.
+    spares: Vec<Vec<u8>>,
+    /// At most this many bytes of spares are kept.
+    spare_limit: usize,
 }
 
 impl Default for LogBuffer {
@@ -107,6 +119,8 @@ impl Default for LogBuffer {
             chunks: VecDeque::new(),
             geometry: Geometry::FRESH,
             len: 0,
+            spares: Vec::new(),
+            spare_limit: 0,
         }
     }
 }
@@ -116,11 +130,39 @@ impl LogBuffer {
         self.len
     }
 
-    /// Bytes of memory the buffer holds (its chunks, whole).
+    /// Bytes of memory the buffer holds (its chunks, whole, and its
+    /// spares).
     pub(crate) fn held_bytes(&self) -> usize {
+        self.chunks_held_bytes() + self.spares.len() * CHUNK_BYTES
+    }
+
+    /// Bytes of memory the chunks in use hold.
+    fn chunks_held_bytes(&self) -> usize {
         match self.chunks.len() {
             0 => 0,
             n => self.geometry.first_cap + (n - 1) * CHUNK_BYTES,
+        }
+    }
+
+    /// Keeps at most `bytes` of spare chunks from now on.
+    pub(crate) fn set_spare_limit(&mut self, bytes: usize) {
+        self.spare_limit = bytes;
+        self.spares.truncate(bytes / CHUNK_BYTES);
+    }
+
+    /// Gives the spare chunks back to the allocator (an idle log).
+    pub(crate) fn release_spares(&mut self) {
+        self.spares = Vec::new();
+    }
+
+    /// Keeps a chunk dropped from the front as a spare, if it is a whole
+    /// chunk and there is room for it.
+    fn recycle(&mut self, mut chunk: Vec<u8>) {
+        if chunk.capacity() == CHUNK_BYTES
+            && (self.spares.len() + 1) * CHUNK_BYTES <= self.spare_limit
+        {
+            chunk.clear();
+            self.spares.push(chunk);
         }
     }
 
@@ -136,7 +178,11 @@ impl LogBuffer {
                 if self.chunks.is_empty() {
                     self.geometry = Geometry::FRESH;
                 }
-                self.chunks.push_back(Vec::with_capacity(CHUNK_BYTES));
+                let chunk = self
+                    .spares
+                    .pop()
+                    .unwrap_or_else(|| Vec::with_capacity(CHUNK_BYTES));
+                self.chunks.push_back(chunk);
                 continue;
             }
             let (now, rest) = bytes.split_at(room.min(bytes.len()));
@@ -152,8 +198,11 @@ impl LogBuffer {
         let mut n = n.min(self.len);
         self.len -= n;
         if self.len == 0 {
-            // Nothing held: an idle log holds no memory.
-            *self = LogBuffer::default();
+            // Nothing held but the spares.
+            for chunk in std::mem::take(&mut self.chunks) {
+                self.recycle(chunk);
+            }
+            self.geometry = Geometry::FRESH;
             return;
         }
         while let Some(first) = self.chunks.front() {
@@ -163,15 +212,19 @@ impl LogBuffer {
                 break;
             }
             // A whole chunk dropped: the next one, full-sized, is first.
-            self.chunks.pop_front();
+            if let Some(chunk) = self.chunks.pop_front() {
+                self.recycle(chunk);
+            }
             n -= visible;
             self.geometry = Geometry::FRESH;
         }
-        if self.len <= SMALL_TAIL_BYTES && self.held_bytes() > self.len {
+        if self.len <= SMALL_TAIL_BYTES && self.chunks_held_bytes() > self.len {
             let mut tail = vec![0; self.len];
             let copied = self.copy_to(0, &mut tail);
             debug_assert!(copied, "the bytes held are held");
-            self.chunks = VecDeque::from([tail]);
+            for chunk in std::mem::replace(&mut self.chunks, VecDeque::from([tail])) {
+                self.recycle(chunk);
+            }
             self.geometry = Geometry {
                 first_cap: self.len,
                 dropped: 0,
@@ -233,6 +286,8 @@ mod tests {
         DropFront(usize),
         WriteAt(usize, Vec<u8>),
         CopyTo(usize, usize),
+        SpareLimit(usize),
+        ReleaseSpares,
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -242,17 +297,20 @@ mod tests {
             2 => (0..4 * CHUNK_BYTES, proptest::collection::vec(any::<u8>(), 0..2 * CHUNK_BYTES))
                 .prop_map(|(at, b)| Op::WriteAt(at, b)),
             2 => (0..4 * CHUNK_BYTES, 0..2 * CHUNK_BYTES).prop_map(|(at, n)| Op::CopyTo(at, n)),
+            1 => (0..4 * CHUNK_BYTES).prop_map(Op::SpareLimit),
+            1 => Just(Op::ReleaseSpares),
         ]
     }
 
     proptest! {
         /// The chunked buffer behaves as one vector drained from the
-        /// front, and holds no more than its bytes rounded up to a chunk,
-        /// plus the chunk its front lies in.
+        /// front, spares or none, and holds no more than its bytes rounded
+        /// up to a chunk, plus the chunk its front lies in and its spares.
         #[test]
         fn behaves_as_a_vector_drained_from_the_front(ops in proptest::collection::vec(op(), 1..60)) {
             let mut buf = LogBuffer::default();
             let mut model: Vec<u8> = Vec::new();
+            let mut spare_limit = 0;
             for op in ops {
                 match op {
                     Op::Append(bytes) => {
@@ -264,7 +322,7 @@ mod tests {
                         model.drain(..n.min(model.len()));
                         if model.len() <= SMALL_TAIL_BYTES {
                             // What a flush leaves holds its own size.
-                            prop_assert_eq!(buf.held_bytes(), model.len());
+                            prop_assert_eq!(buf.held_bytes() - buf.spares.len() * CHUNK_BYTES, model.len());
                         }
                     }
                     Op::WriteAt(at, bytes) => {
@@ -284,9 +342,19 @@ mod tests {
                             prop_assert!(out.iter().all(|&b| b == 0xee));
                         }
                     }
+                    Op::SpareLimit(bytes) => {
+                        buf.set_spare_limit(bytes);
+                        spare_limit = bytes;
+                    }
+                    Op::ReleaseSpares => {
+                        buf.release_spares();
+                        prop_assert!(buf.spares.is_empty());
+                    }
                 }
+                prop_assert!(buf.spares.len() * CHUNK_BYTES <= spare_limit);
+                prop_assert!(buf.spares.iter().all(|c| c.is_empty() && c.capacity() == CHUNK_BYTES));
                 prop_assert_eq!(buf.len(), model.len());
-                prop_assert!(buf.held_bytes() <= model.len().div_ceil(CHUNK_BYTES) * CHUNK_BYTES + CHUNK_BYTES);
+                prop_assert!(buf.held_bytes() <= model.len().div_ceil(CHUNK_BYTES) * CHUNK_BYTES + CHUNK_BYTES + spare_limit);
 
             }
             let mut all = vec![0; model.len()];
@@ -312,5 +380,46 @@ mod tests {
         assert_eq!(&all[..4], &[7, 7, 7, 8]);
         buf.drop_front(usize::MAX);
         assert_eq!((buf.len(), buf.held_bytes()), (0, 0));
+    }
+
+    /// Chunks dropped from the front serve the next appends, up to the
+    /// limit, and go back to the allocator when released.
+    #[test]
+    fn dropped_chunks_serve_the_next_appends() {
+        let mut buf = LogBuffer::default();
+        buf.set_spare_limit(2 * CHUNK_BYTES);
+        buf.extend_from_slice(&[1; 4 * CHUNK_BYTES]);
+        let first: Vec<*const u8> = buf.chunks.iter().map(|c| c.as_ptr()).collect();
+        // Three whole chunks dropped: two kept, the third freed.
+        buf.drop_front(3 * CHUNK_BYTES);
+        assert_eq!(buf.spares.len(), 2);
+        assert_eq!(buf.held_bytes(), 3 * CHUNK_BYTES);
+        // The next two chunks appended are the spares, in memory already.
+        buf.extend_from_slice(&[2; 2 * CHUNK_BYTES]);
+        assert!(buf.spares.is_empty());
+        assert_eq!(buf.held_bytes(), 3 * CHUNK_BYTES);
+        let reused = buf
+            .chunks
+            .iter()
+            .skip(1)
+            .filter(|c| first.contains(&c.as_ptr()))
+            .count();
+        assert_eq!(reused, 2);
+        let mut all = vec![0; 3 * CHUNK_BYTES];
+        assert!(buf.copy_to(0, &mut all));
+        assert!(all[..CHUNK_BYTES].iter().all(|&b| b == 1));
+        assert!(all[CHUNK_BYTES..].iter().all(|&b| b == 2));
+        // Everything dropped: the chunks are spares, up to the limit.
+        buf.drop_front(usize::MAX);
+        assert_eq!((buf.len(), buf.held_bytes()), (0, 2 * CHUNK_BYTES));
+        buf.release_spares();
+        assert_eq!(buf.held_bytes(), 0);
+        // A lower limit gives back what is beyond it at once.
+        buf.set_spare_limit(3 * CHUNK_BYTES);
+        buf.extend_from_slice(&[3; 3 * CHUNK_BYTES]);
+        buf.drop_front(usize::MAX);
+        assert_eq!(buf.spares.len(), 3);
+        buf.set_spare_limit(CHUNK_BYTES);
+        assert_eq!(buf.held_bytes(), CHUNK_BYTES);
     }
 }

@@ -282,6 +282,12 @@ impl Inner {
                 self.write_unflushed_log();
                 last_flush = Instant::now();
             }
+            if interval_due {
+                // Spare chunks of the log's buffer go back once no record
+                // came for a whole interval.
+                self.log.release_spares_if_idle();
+                self.note_log_buffer();
+            }
             let due = self
                 .options
                 .checkpoint_interval

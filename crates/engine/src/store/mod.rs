@@ -273,6 +273,15 @@ fn log_flush_eager_bytes(cache_bytes: usize) -> u64 {
     (cache_bytes as u64 / 8).clamp(1 << 20, LOG_FLUSH_EAGER_MAX_BYTES)
 }
 
+/// Chunks of the log's buffer kept for the next appends once written (see
+/// `crates/store/src/log_buffer.rs`): what one eager flush frees, so that a
+/// stream of appends reuses them, but no more than an eighth of the cache,
+/// whose budget counts them.
+fn log_spare_bytes(cache_bytes: usize) -> usize {
+    let eager = usize::try_from(log_flush_eager_bytes(cache_bytes)).unwrap_or(usize::MAX);
+    eager.min(cache_bytes / 8)
+}
+
 /// Unflushed log bytes at which a writer flushes the log itself (twice
 /// the eager bound): the log flusher is behind (the device is busy with
 /// a checkpoint's writes, or the store has no log flusher), and the log's buffer
@@ -640,6 +649,7 @@ impl Store {
         recovery: RecoveryReport,
     ) -> Store {
         let staging = Staging::new(tree.next_seq);
+        log.set_spare_limit(log_spare_bytes(options.cache_bytes));
         let inner = Arc::new(Inner {
             device,
             tree: parking_lot::RwLock::new(tree),
