@@ -613,12 +613,20 @@ fn start(
     let fs = FileSystem::mount(store, settings.atime)
         .map_err(|e| anyhow!("{}: {e}", args.image.display()))?;
     let fs = Arc::new(fs);
+    let watched = Arc::downgrade(&fs);
     watch_allocator(
         fs.store().allocator_overhead(),
         budget / 4,
         PurgePolicy {
             free_above: budget / 8,
             resident_above: budget,
+        },
+        move |near_limit| {
+            // Weak: the watch outlives the mount, which must drop the
+            // store (its last checkpoint) when it ends.
+            if let Some(fs) = watched.upgrade() {
+                fs.store().set_memory_short(near_limit);
+            }
         },
     )?;
     watch_device_faults(&fs, settings, &args.mountpoint, guard.clone());
@@ -706,25 +714,51 @@ static ALLOCATOR_PURGES: std::sync::atomic::AtomicU64 = std::sync::atomic::Atomi
 /// purges only while the resident size is within 64 MiB of the limit
 /// ([`PurgePolicy`]), where the phases above live, and leaves the decay
 /// to return the rest (docs/benchmarks/purge-near-limit.md).
+///
+/// `on_near_limit` hears at every measure past that line (true) and at
+/// the first below it again (false): the store then keeps no spare log
+/// chunks and writes dirty nodes back for the memory beside its cache
+/// (`Store::set_memory_short`, docs/benchmarks/memory-short.md).
 fn watch_allocator(
     gauge: betreefs_engine::MemoryBesideCache,
     cap: usize,
     policy: PurgePolicy,
+    on_near_limit: impl Fn(bool) + Send + 'static,
 ) -> Result<()> {
     std::thread::Builder::new()
         .name("betreefs-memory".into())
-        .spawn(move || loop {
-            if let Some(mut held) = held_beyond_allocated() {
-                if policy.wants_purge(held, resident_bytes()) && purge_allocator() {
-                    ALLOCATOR_PURGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    held = held_beyond_allocated().unwrap_or(held);
+        .spawn(move || {
+            let mut near_limit = false;
+            loop {
+                let resident = resident_bytes();
+                let near = policy.near_limit(resident);
+                if near || near != near_limit {
+                    near_limit = near;
+                    on_near_limit(near);
                 }
-                gauge.set(held.min(cap) as u64);
+                watch_allocator_once(&gauge, cap, &policy, resident);
+                std::thread::sleep(ALLOCATOR_MEASURE_INTERVAL);
             }
-            std::thread::sleep(ALLOCATOR_MEASURE_INTERVAL);
         })
         .context("starting the allocator's watch")?;
     Ok(())
+}
+
+/// One measure of the allocator's watch: reports what jemalloc holds
+/// beyond the bytes allocated, after a purge if the policy wants one.
+fn watch_allocator_once(
+    gauge: &betreefs_engine::MemoryBesideCache,
+    cap: usize,
+    policy: &PurgePolicy,
+    resident: Option<usize>,
+) {
+    if let Some(mut held) = held_beyond_allocated() {
+        if policy.wants_purge(held, resident) && purge_allocator() {
+            ALLOCATOR_PURGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            held = held_beyond_allocated().unwrap_or(held);
+        }
+        gauge.set(held.min(cap) as u64);
+    }
 }
 
 /// When the allocator's watch has jemalloc give its free pages back.
@@ -742,7 +776,13 @@ impl PurgePolicy {
     /// the process `resident` (None when unknown: then as if near the
     /// limit, the safe side).
     fn wants_purge(&self, free: usize, resident: Option<usize>) -> bool {
-        free > self.free_above && resident.is_none_or(|r| r > self.resident_above)
+        free > self.free_above && self.near_limit(resident)
+    }
+
+    /// Whether the process is within 64 MiB of its limit (or its size is
+    /// unknown).
+    fn near_limit(&self, resident: Option<usize>) -> bool {
+        resident.is_none_or(|r| r > self.resident_above)
     }
 }
 
@@ -1098,6 +1138,9 @@ mod tests {
             "few free pages"
         );
         assert!(policy.wants_purge(mib(48), None), "resident size unknown");
+        assert!(!policy.near_limit(Some(mib(256))));
+        assert!(policy.near_limit(Some(mib(257))));
+        assert!(policy.near_limit(None));
     }
 
     /// The kernel's status fields are read in bytes, and the daemon's own

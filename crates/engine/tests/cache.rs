@@ -225,6 +225,84 @@ fn clean_nodes_make_room_for_the_logs_buffer() {
     assert_eq!(hot.as_deref(), Some(&[(2_999u32 % 256) as u8; 400][..]));
 }
 
+/// The log's buffer keeps the chunks a flush frees for the next appends,
+/// counted in what it holds, until its user says memory is short: then
+/// they go at once, and come back when it says so again.
+#[test]
+fn the_logs_spare_chunks_go_while_memory_is_short() {
+    let options = Options {
+        cache_bytes: 16 << 20,
+        ..small_options()
+    };
+    let (_dev, store) = mem_store(64 << 20, options);
+    let fill = |from: u32| {
+        for i in from..from + 2_000 {
+            store
+                .put(KeySpace::Meta, &i.to_be_bytes(), &[i as u8; 400])
+                .unwrap();
+        }
+        store.sync().unwrap();
+    };
+    fill(0);
+    let kept = store.stats().log_buffer_bytes;
+    assert!(kept > 256 << 10, "only {kept} bytes kept after a flush");
+    assert!(
+        kept <= (2 << 20) + 4096,
+        "{kept} bytes kept: more than the limit"
+    );
+    store.set_memory_short(true);
+    assert!(store.stats().log_buffer_bytes < 4096);
+    fill(2_000);
+    assert!(
+        store.stats().log_buffer_bytes < 4096,
+        "spares kept while memory is short"
+    );
+    store.set_memory_short(false);
+    fill(4_000);
+    assert!(store.stats().log_buffer_bytes > 256 << 10);
+    for i in (0..6_000u32).step_by(97) {
+        let value = store.get(KeySpace::Meta, &i.to_be_bytes()).unwrap();
+        assert_eq!(value.as_deref(), Some(&[i as u8; 400][..]));
+    }
+}
+
+/// While memory is short the write-back thread writes dirty nodes back
+/// until the cache is within the clean nodes' budget: the memory beside
+/// the cache (here the allocator's free pages) is made room for even when
+/// the cache is all dirty. Until then, dirty nodes stay for it.
+#[test]
+fn dirty_nodes_make_room_for_the_memory_beside_the_cache_while_memory_is_short() {
+    let options = Options {
+        background_write_back: true,
+        ..small_options()
+    };
+    let budget = options.cache_bytes as u64;
+    let (_dev, store) = mem_store(64 << 20, options);
+    write_numbered(&store, 0..1_000);
+    store.allocator_overhead().set(budget / 2);
+    write_numbered(&store, 1_000..1_100);
+    let before = store.stats();
+    assert!(
+        before.cache_dirty_bytes > before.cache_clean_budget_bytes,
+        "the test needs more dirty nodes than the clean budget: {} dirty, {} budget",
+        before.cache_dirty_bytes,
+        before.cache_clean_budget_bytes
+    );
+    store.set_memory_short(true);
+    common::wait_until("the cache within the clean nodes' budget", || {
+        let stats = store.stats();
+        stats.cache_bytes <= stats.cache_clean_budget_bytes
+    });
+    let after = store.stats();
+    assert!(after.nodes_written > before.nodes_written);
+    assert!(after.background_eviction_steps > before.background_eviction_steps);
+    store.set_memory_short(false);
+    for i in (0..1_100u32).step_by(7) {
+        let value = store.get(KeySpace::Data, &i.to_be_bytes()).unwrap();
+        assert_eq!(value.as_deref(), Some(&[i as u8; 300][..]));
+    }
+}
+
 /// One batch of many times a node's worth of messages (the file system's
 /// clone of a tree writes one) is applied in steps: the cache never holds
 /// all of it, and messages later in the batch still win over earlier ones

@@ -43,7 +43,7 @@ use crate::stats::{add, note_max, record_max, Stats, StatsSnapshot};
 use crate::tree::readahead::{read_leaf, LeafOnDisk, ReadFor};
 pub use crate::tree::PairVisitor;
 use crate::tree::{
-    Flushing, LeafVisited, Shared, SharedBuffer, Tree, TreeOptions, VerifyReport, Want,
+    DirtyBudget, Flushing, LeafVisited, Shared, SharedBuffer, Tree, TreeOptions, VerifyReport, Want,
 };
 use crate::validate::{check_batch, check_message};
 
@@ -391,6 +391,8 @@ struct Inner {
     /// the staged batches past the bound to apply, the buffers to settle
     /// and the cache to evict ([`Store::work_after_reply`]).
     work_after_reply: std::sync::atomic::AtomicBool,
+    /// The process is near its memory limit ([`Store::set_memory_short`]).
+    memory_short: std::sync::atomic::AtomicBool,
 }
 
 /// Where a leaf to read ahead begins, and in which tree.
@@ -679,6 +681,7 @@ impl Store {
             staging: parking_lot::RwLock::new(staging),
             space_ample: std::sync::atomic::AtomicBool::new(false),
             work_after_reply: std::sync::atomic::AtomicBool::new(false),
+            memory_short: std::sync::atomic::AtomicBool::new(false),
         });
         let read_ahead_threads = if inner.options.read_ahead {
             start_read_ahead(&inner)
@@ -985,6 +988,32 @@ impl Store {
     /// the mount daemon").
     pub fn allocator_overhead(&self) -> MemoryBesideCache {
         MemoryBesideCache(self.inner.stats.clone(), Beside::Allocator)
+    }
+
+    /// Tells the store whether its process is near its memory limit
+    /// (the mount daemon's memory watch says so every 50 ms). While it
+    /// is, the log's buffer keeps no spare chunks (freed at once), and
+    /// the write-back thread writes dirty nodes back until the cache is
+    /// within the clean nodes' budget, so that the memory beside the
+    /// cache — the allocator's free pages, the log's buffer, a
+    /// checkpoint's images — is made room for even when the cache is
+    /// nearly all dirty (a file of tens of megabytes written before its
+    /// fsync), where clean nodes alone cannot make it
+    /// (docs/benchmarks/memory-short.md).
+    pub fn set_memory_short(&self, short: bool) {
+        let was = self.inner.memory_short.swap(short, Ordering::SeqCst);
+        if was != short {
+            let spares = if short {
+                0
+            } else {
+                log_spare_bytes(self.inner.options.cache_bytes)
+            };
+            self.inner.log.set_spare_limit(spares);
+            self.inner.note_log_buffer();
+        }
+        if short && !self.inner.options.read_only {
+            self.inner.want_write_back();
+        }
     }
 
     /// The counters, with derived totals.

@@ -639,10 +639,12 @@ impl Inner {
         tree: &mut TreeGuard<'_>,
         evictor: Evictor,
     ) -> EngineResult<()> {
-        // The thread works as if the budget were a headroom smaller.
-        let headroom = match evictor {
-            Evictor::Writer => 0,
-            Evictor::WriteBackThread => self.write_back_headroom(),
+        // The thread works as if the budget were a headroom smaller, and
+        // with memory short writes dirty nodes back for the memory beside
+        // the cache as well.
+        let (headroom, dirty_budget) = match evictor {
+            Evictor::Writer => (0, DirtyBudget::Cache),
+            Evictor::WriteBackThread => (self.write_back_headroom(), self.dirty_budget()),
         };
         let mut continuing = false;
         loop {
@@ -650,7 +652,7 @@ impl Inner {
             // Choosing and copying allocates nothing: no space is not an
             // error of this part.
             let copy = tree
-                .evict_step(continuing, headroom)
+                .evict_step(continuing, headroom, dirty_budget)
                 .map_err(|e| self.poison(e))?;
             record_max(&self.stats.evict_micros_max, evicting.elapsed());
             let Some(copy) = copy else {
@@ -700,6 +702,16 @@ impl Inner {
     /// How far below its budget the write-back thread keeps the node
     /// cache, and how far past it a writer lets it go before it writes
     /// back itself ([`WRITE_BACK_HEADROOM_NODES`]).
+    /// The budget past which the write-back thread writes dirty nodes
+    /// back ([`Store::set_memory_short`]).
+    fn dirty_budget(&self) -> DirtyBudget {
+        if self.memory_short.load(Ordering::Relaxed) {
+            DirtyBudget::Clean
+        } else {
+            DirtyBudget::Cache
+        }
+    }
+
     fn write_back_headroom(&self) -> usize {
         WRITE_BACK_HEADROOM_NODES * self.options.node_size
     }

@@ -333,6 +333,7 @@ pub use apply::SharedBuffer;
 pub(crate) use flush::Flushing;
 pub use query::PairVisitor;
 pub(crate) use query::{LeafVisited, Shared};
+pub use writeback::DirtyBudget;
 pub(crate) use writeback::{encode_snapshots, NodeWrites, SnapshotImages};
 
 #[cfg(test)]

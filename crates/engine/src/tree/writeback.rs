@@ -18,6 +18,20 @@ enum DirtyNodes {
     HandOut,
 }
 
+/// The budget past which an eviction writes dirty nodes back.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum DirtyBudget {
+    /// The node cache's own: clean nodes make room for the memory beside
+    /// the cache, dirty ones stay (they would put device writes in front
+    /// of the requests that wait for the room).
+    Cache,
+    /// The clean nodes' budget (the cache's less what the allocator, the
+    /// log's buffer and a checkpoint hold): for a process near its memory
+    /// limit with a cache nearly all dirty, where clean nodes alone
+    /// cannot make the room ([`crate::Store::set_memory_short`]).
+    Clean,
+}
+
 /// A dirty node's image on its way to the device — with the tree lock let
 /// go, from [`Tree::evict_step`] — which becomes the node's copy only if
 /// nothing changed the node meanwhile ([`Tree::end_write_back`]).
@@ -282,7 +296,8 @@ impl Tree {
         } else {
             DirtyNodes::Keep
         };
-        self.evict_within(dirty, false, 0).map(|_| ())
+        self.evict_within(dirty, false, 0, DirtyBudget::Cache)
+            .map(|_| ())
     }
 
     /// One step of a writer's eviction: [`Tree::evict`] as far as dropping
@@ -299,11 +314,13 @@ impl Tree {
     /// then.
     ///
     /// `headroom`: the step works as if the budget were that much
-    /// smaller (the write-back thread starts before writers would).
+    /// smaller (the write-back thread starts before writers would);
+    /// `dirty_budget`: the budget past which dirty nodes are written back.
     pub fn evict_step(
         &mut self,
         continuing: bool,
         headroom: usize,
+        dirty_budget: DirtyBudget,
     ) -> EngineResult<Option<WriteBackCopy>> {
         let victim = self.evict_within(
             if self.read_only {
@@ -313,6 +330,7 @@ impl Tree {
             },
             continuing,
             headroom,
+            dirty_budget,
         )?;
         victim.map(|num| self.copy_for_write_back(num)).transpose()
     }
@@ -343,9 +361,14 @@ impl Tree {
         dirty: DirtyNodes,
         continuing: bool,
         headroom: usize,
+        dirty_budget: DirtyBudget,
     ) -> EngineResult<Option<u64>> {
-        let budget = self.cache_budget().saturating_sub(headroom);
         let clean_budget = self.clean_budget();
+        let budget = match dirty_budget {
+            DirtyBudget::Cache => self.cache_budget(),
+            DirtyBudget::Clean => self.cache_budget().min(clean_budget),
+        }
+        .saturating_sub(headroom);
         let (clean_target, dirty_target) = (clean_budget / 10 * 9, budget / 10 * 9);
         let over = if continuing { dirty_target } else { budget };
         if self.cache_bytes <= clean_budget.min(over) {
