@@ -699,9 +699,6 @@ impl Inner {
         }
     }
 
-    /// How far below its budget the write-back thread keeps the node
-    /// cache, and how far past it a writer lets it go before it writes
-    /// back itself ([`WRITE_BACK_HEADROOM_NODES`]).
     /// The budget past which the write-back thread writes dirty nodes
     /// back ([`Store::set_memory_short`]).
     fn dirty_budget(&self) -> DirtyBudget {
@@ -712,6 +709,9 @@ impl Inner {
         }
     }
 
+    /// How far below its budget the write-back thread keeps the node
+    /// cache, and how far past it a writer lets it go before it writes
+    /// back itself ([`WRITE_BACK_HEADROOM_NODES`]).
     fn write_back_headroom(&self) -> usize {
         WRITE_BACK_HEADROOM_NODES * self.options.node_size
     }
