@@ -715,9 +715,9 @@ static ALLOCATOR_PURGES: std::sync::atomic::AtomicU64 = std::sync::atomic::Atomi
 /// ([`PurgePolicy`]), where the phases above live, and leaves the decay
 /// to return the rest (docs/benchmarks/purge-near-limit.md).
 ///
-/// `on_near_limit` hears at every measure past that line (true) and at
-/// the first below it again (false): the store then keeps no spare log
-/// chunks and writes dirty nodes back for the memory beside its cache
+/// `on_near_limit` hears each time the resident size crosses that line
+/// (true: past it): the store then keeps no spare log chunks and writes
+/// dirty nodes back for the memory beside its cache
 /// (`Store::set_memory_short`, docs/benchmarks/memory-short.md).
 fn watch_allocator(
     gauge: betreefs_engine::MemoryBesideCache,
@@ -732,7 +732,7 @@ fn watch_allocator(
             loop {
                 let resident = resident_bytes();
                 let near = policy.near_limit(resident);
-                if near || near != near_limit {
+                if near != near_limit {
                     near_limit = near;
                     on_near_limit(near);
                 }

@@ -991,26 +991,27 @@ impl Store {
     }
 
     /// Tells the store whether its process is near its memory limit
-    /// (the mount daemon's memory watch says so every 50 ms). While it
+    /// (the mount daemon's memory watch, when that changes). While it
     /// is, the log's buffer keeps no spare chunks (freed at once), and
-    /// the write-back thread writes dirty nodes back until the cache is
-    /// within the clean nodes' budget, so that the memory beside the
+    /// the write-back thread — woken now, then by the writers that find
+    /// the cache past the budget — writes dirty nodes back until the
+    /// cache is within the clean nodes' budget, so that the memory beside the
     /// cache — the allocator's free pages, the log's buffer, a
     /// checkpoint's images — is made room for even when the cache is
     /// nearly all dirty (a file of tens of megabytes written before its
     /// fsync), where clean nodes alone cannot make it
     /// (docs/benchmarks/memory-short.md).
     pub fn set_memory_short(&self, short: bool) {
-        let was = self.inner.memory_short.swap(short, Ordering::SeqCst);
-        if was != short {
-            let spares = if short {
-                0
-            } else {
-                log_spare_bytes(self.inner.options.cache_bytes)
-            };
-            self.inner.log.set_spare_limit(spares);
-            self.inner.note_log_buffer();
+        if self.inner.memory_short.swap(short, Ordering::SeqCst) == short {
+            return;
         }
+        let spares = if short {
+            0
+        } else {
+            log_spare_bytes(self.inner.options.cache_bytes)
+        };
+        self.inner.log.set_spare_limit(spares);
+        self.inner.note_log_buffer();
         if short && !self.inner.options.read_only {
             self.inner.want_write_back();
         }

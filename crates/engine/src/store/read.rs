@@ -130,8 +130,8 @@ impl Inner {
     /// does not apply the staged batches, which
     /// stay for the writers to apply in their own time — unless upserts
     /// onto the trees' values are staged in the range. Returns where the
-    /// next leaf begins (None once `visit` broke); tells the read-ahead thread when the visit read
-    /// on across basements.
+    /// next leaf begins (None once `visit` broke); tells the read-ahead
+    /// thread when the visit read on across basements.
     pub(super) fn visit_one_leaf(
         &self,
         ks: KeySpace,

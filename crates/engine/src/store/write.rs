@@ -73,7 +73,8 @@ fn admit(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<Admission> 
 /// they only take note of the space, which is not worth leaving for after
 /// the reply).
 fn settling_due(tree: &mut Tree, flushing: Flushing) -> bool {
-    (flushing == Flushing::Stepwise && tree.settle_target().is_some()) || tree.cache_excess(0) > 0
+    (flushing == Flushing::Stepwise && tree.settle_target().is_some())
+        || tree.cache_excess(0, DirtyBudget::Cache) > 0
 }
 
 /// The largest batch staged: a bigger one (a file's data in a write of
@@ -471,12 +472,14 @@ impl Inner {
         }
         if self.write_back_running.load(Ordering::SeqCst) {
             // Clean nodes go at once (no IO); dirty ones to the write-back
-            // thread, unless the cache is already well past its budget.
+            // thread, unless the cache is already well past its budget
+            // (with memory short, past the clean nodes' budget too: only
+            // the thread writes back for that).
             tree.evict_clean_if_needed();
             let headroom = self.write_back_headroom();
-            if tree.cache_excess(0) > headroom {
+            if tree.cache_excess(0, DirtyBudget::Cache) > headroom {
                 self.evict_in_steps(tree, Evictor::Writer)?;
-            } else if tree.cache_excess(headroom) > 0 {
+            } else if tree.cache_excess(headroom, self.dirty_budget()) > 0 {
                 self.want_write_back();
             }
         } else {

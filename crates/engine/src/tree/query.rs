@@ -268,12 +268,12 @@ pub enum Shared<T> {
     Exclusive,
 }
 
-/// What a range visit of one leaf tells its caller.
 /// What a range visit calls with each key and value, in key order: it
 /// breaks to stop the visit (no later pair is visited, no later leaf
 /// read).
 pub type PairVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> ControlFlow<()> + 'a;
 
+/// What a range visit of one leaf tells its caller.
 pub struct LeafVisited {
     /// Where the next leaf begins, if the range goes on there.
     pub next: Option<Vec<u8>>,

@@ -237,11 +237,19 @@ impl Tree {
             .max(4 * self.opts.node_size)
     }
 
-    /// Bytes the node cache holds past its budget less `headroom` (0
+    /// Bytes the node cache holds past `budget` less `headroom` (0
     /// within it).
-    pub fn cache_excess(&self, headroom: usize) -> usize {
+    pub fn cache_excess(&self, headroom: usize, budget: DirtyBudget) -> usize {
         self.cache_bytes
-            .saturating_sub(self.cache_budget().saturating_sub(headroom))
+            .saturating_sub(self.dirty_budget_bytes(budget).saturating_sub(headroom))
+    }
+
+    /// The bytes past which dirty nodes are written back.
+    fn dirty_budget_bytes(&self, budget: DirtyBudget) -> usize {
+        match budget {
+            DirtyBudget::Cache => self.cache_budget(),
+            DirtyBudget::Clean => self.cache_budget().min(self.clean_budget()),
+        }
     }
 
     /// The budget for clean nodes: the cache's, less what a checkpoint in
@@ -364,11 +372,9 @@ impl Tree {
         dirty_budget: DirtyBudget,
     ) -> EngineResult<Option<u64>> {
         let clean_budget = self.clean_budget();
-        let budget = match dirty_budget {
-            DirtyBudget::Cache => self.cache_budget(),
-            DirtyBudget::Clean => self.cache_budget().min(clean_budget),
-        }
-        .saturating_sub(headroom);
+        let budget = self
+            .dirty_budget_bytes(dirty_budget)
+            .saturating_sub(headroom);
         let (clean_target, dirty_target) = (clean_budget / 10 * 9, budget / 10 * 9);
         let over = if continuing { dirty_target } else { budget };
         if self.cache_bytes <= clean_budget.min(over) {
