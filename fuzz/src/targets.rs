@@ -13,11 +13,12 @@
 use std::sync::{Arc, OnceLock};
 
 use betreefs_engine::btt::{BlockTable, Slot};
+use betreefs_engine::entries::Entries;
 use betreefs_engine::format::{
-    decode_basement, decode_basement_in_image, decode_header, decode_meta, decode_node,
-    decode_segment, HEADER_BYTES,
+    check_chunks, decode_basement_at, decode_basement_in_image, decode_header, decode_meta,
+    decode_node, decode_segment, encode_node, HEADER_BYTES,
 };
-use betreefs_engine::node::{BasementLoc, Bounds, NodeBody, Segment};
+use betreefs_engine::node::{BasementLoc, Bounds, Leaf, Node, NodeBody, Segment};
 use betreefs_engine::{validate, KeySpace, MergeRegistry, Message, Options, Store, WriteBatch};
 use betreefs_fs::record::{FsInfo, Record};
 use betreefs_fs::{schema, AtimePolicy, Caller, FileSystem, Operations, ROOT_INO};
@@ -309,7 +310,36 @@ fn node_seeds() -> Vec<Vec<u8>> {
             }
         }
     }
+    seeds.push(chunked_leaf_seed());
     seeds
+}
+
+/// A leaf of large basements, cut into chunks (runs of small entries and
+/// raw values of 4 KiB): the image's basements are too small to have any.
+fn chunked_leaf_seed() -> Vec<u8> {
+    let prefix = b"d\x00".to_vec();
+    let bounds = Bounds {
+        lo: prefix.clone(),
+        hi: Some([&prefix[..], &[0xff]].concat()),
+    };
+    let mut entries = Entries::default();
+    for i in 0..60u32 {
+        let len = if i % 4 == 0 { 50 + i as usize } else { 4096 };
+        let key = [&prefix[..], format!("f{i:04}").as_bytes()].concat();
+        entries.push(&key, &vec![i as u8; len]);
+    }
+    let node = Node {
+        body: NodeBody::Leaf(Leaf::from_sorted(&entries, 64 << 10)),
+        bounds,
+        tree: KeySpace::Data as u8,
+        dirty: true,
+        last_used: Default::default(),
+    };
+    let img = encode_node(&node, 7);
+    let mut seed = vec![prefix.len() as u8];
+    seed.extend_from_slice(&prefix);
+    seed.extend_from_slice(img.buf.get(..img.len as usize).unwrap_or_default());
+    seed
 }
 
 fn field_u32(bytes: &[u8], at: usize) -> u32 {
@@ -409,19 +439,27 @@ fn node(data: &[u8]) {
                 let image = Arc::new(AlignedBuf::from_slice(&bytes));
                 for (i, b) in leaf.basements.iter().enumerate() {
                     let Some(loc) = b.loc else { continue };
+                    let dir = b.dir.as_ref();
                     let Some(raw) = bytes.get(loc.offset as usize..(loc.offset + loc.len) as usize)
                     else {
                         // Past the bytes: decoding in the image refuses it.
-                        let _ = decode_basement_in_image(&image, 0, &loc, b.count, prefix);
+                        let _ = decode_basement_in_image(&image, 0, &loc, dir, b.count, prefix);
                         continue;
                     };
+                    // Its chunk directory and each chunk, as a read below
+                    // the basement reads them.
+                    if let Some(dir) = dir {
+                        let range = validate::basement_bounds(leaf, i, &bounds);
+                        let _ = check_chunks(&bytes, &loc, dir, b.count, prefix, &range);
+                    }
                     // With the stored checksum, then with one that matches.
                     for crc in [loc.crc, crc32c_of(&[raw])] {
                         let loc = BasementLoc { crc, ..loc };
-                        let copied = decode_basement(raw, &loc, b.count, prefix);
+                        let copied = decode_basement_at(&bytes, &loc, dir, b.count, prefix);
                         // In the image (values left there when large):
                         // the same entries, or the same refusal.
-                        let in_image = decode_basement_in_image(&image, 0, &loc, b.count, prefix);
+                        let in_image =
+                            decode_basement_in_image(&image, 0, &loc, dir, b.count, prefix);
                         assert_eq!(
                             copied.as_ref().ok(),
                             in_image.as_ref().ok(),

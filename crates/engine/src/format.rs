@@ -1,4 +1,4 @@
-//! On-disk node format, version 3, with key lifting.
+//! On-disk node format, version 4, with key lifting.
 //!
 //! A node occupies one extent of the node region:
 //!
@@ -12,7 +12,7 @@
 //! | header (64 bytes)  | meta (meta_len)  | segment 0 | segment 1 | ... (interior)
 //! +--------------------+------------------+-----------+-----------+----
 //! header, little-endian:
-//!   0 u32 magic "BNOD"        4 u16 version (3)     6 u8 kind (0 leaf, 1 interior)
+//!   0 u32 magic "BNOD"        4 u16 version (4)     6 u8 kind (0 leaf, 1 interior)
 //!   7 u8 tree (key space)     8 u32 height         12 u32 low-bound suffix length
 //!  16 u32 crc32c of the bounds' suffixes            20 u32 meta_len
 //!  24 u32 crc32c of meta      28 u64 node number   36 u32 total length in bytes
@@ -32,8 +32,11 @@
 //!
 //! Leaf meta: varint basement count; per basement: (i > 0) pivot suffix as
 //! varint length + bytes, u32 offset, u32 length, u32 crc32c, varint entry
-//! count. A basement is a run of entries: varint key-suffix length, key
-//! suffix, varint value length, value.
+//! count, varint chunk-directory length and (if not 0) its u32 crc32c. A
+//! basement is a run of entries: varint key-suffix length, key suffix,
+//! varint value length, value — or, past 16 KiB, chunks of them named by
+//! a chunk directory right after them (`chunks.rs`; node format 3 had no
+//! directories).
 //!
 //! Interior meta: varint child count; child count - 1 pivot suffixes; then
 //! per child: u64 node number, varint range-delete count, each (start suffix,
@@ -54,6 +57,9 @@ use std::sync::Arc;
 use betreefs_store::{crc32c_of, AlignedBuf, BLOCK_SIZE};
 
 use crate::buffer::{Base, MessageBuffer, PointMsg, RangeDel, Upsert};
+use crate::chunks::{
+    decode_dir, encode_dir, parse_chunked, parse_run, plan_chunks, ChunkDir, ChunkDirLoc, ChunkPlan,
+};
 use crate::codec::{DecodeError, DecodeResult, Decoder, Encoder, Measure, Sink, SliceWriter};
 use crate::entries::Entries;
 use crate::node::{
@@ -61,7 +67,7 @@ use crate::node::{
 };
 
 pub const NODE_MAGIC: u32 = u32::from_le_bytes(*b"BNOD");
-pub const NODE_FORMAT_VERSION: u16 = 3;
+pub const NODE_FORMAT_VERSION: u16 = 4;
 /// An interior node's point messages are stored in segments of about
 /// this many bytes, or a 64th of all of them if that is less (but not
 /// under [`SEGMENT_MIN_BYTES`]); a message larger than that is a segment
@@ -137,8 +143,9 @@ pub struct NodeImage {
     pub buf: AlignedBuf,
     pub len: u32,
     pub crc: u32,
-    /// Where each basement landed (leaves), to keep partial reads possible.
-    pub basement_locs: Vec<BasementLoc>,
+    /// Where each basement and its chunk directory landed (leaves), to
+    /// keep partial reads possible.
+    pub basement_locs: Vec<PlacedBasement>,
 }
 
 /// Serialises a node. Leaves must be fully loaded.
@@ -156,7 +163,7 @@ pub fn encode_node(node: &Node, num: u64) -> NodeImage {
         NodeBody::Leaf(leaf) => {
             let (buf, meta_len, locs) = encode_leaf_body(leaf, prefix);
             let total = match locs.last() {
-                Some(last) => last.offset as usize + round_block((last.len as usize).max(1)),
+                Some((last, dir)) => last.offset as usize + slot_bytes(last, dir.as_ref()),
                 None => HEADER_BYTES + meta_len,
             };
             (KIND_LEAF, 0, buf, meta_len, total, locs)
@@ -194,41 +201,124 @@ pub fn encode_node(node: &Node, num: u64) -> NodeImage {
     }
 }
 
-/// A leaf's meta and basements, in a buffer with the header's bytes left
-/// for the caller: returns it, the meta's length and where each basement
-/// lies. Every byte past the header is written (padding zeroed).
-fn encode_leaf_body(leaf: &Leaf, prefix: &[u8]) -> (AlignedBuf, usize, Vec<BasementLoc>) {
+/// Where a basement of a leaf image lies and where its chunk directory
+/// (if it has one) follows it.
+pub type PlacedBasement = (BasementLoc, Option<ChunkDirLoc>);
+
+/// The bytes a basement's slot takes: its entries and chunk directory,
+/// rounded up to whole blocks (the next basement starts on a boundary).
+fn slot_bytes(loc: &BasementLoc, dir: Option<&ChunkDirLoc>) -> usize {
+    round_block((loc.len as usize + dir.map_or(0, |d| d.len as usize)).max(1))
+}
+
+/// A basement as measured before its leaf is encoded: its entries'
+/// encoded length and its chunks (none for a small basement).
+struct BasementPlan {
+    len: usize,
+    chunks: Vec<ChunkPlan>,
+    dir_len: usize,
+}
+
+fn plan_basement(b: &Basement, prefix: &[u8]) -> BasementPlan {
     let mut measure = Measure::default();
-    encode_leaf_meta(&mut measure, leaf, prefix, &[]);
+    encode_basement(&mut measure, b, prefix);
+    let len = measure.0;
+    let Some(entries) = &b.entries else {
+        return BasementPlan {
+            len,
+            chunks: Vec::new(),
+            dir_len: 0,
+        };
+    };
+    let (chunks, mut len) = plan_chunks(entries, prefix.len(), len);
+    let dir_len = if chunks.is_empty() {
+        0
+    } else {
+        let mut measure = Measure::default();
+        encode_dir(&mut measure, entries, prefix.len(), &chunks, &[]);
+        measure.0
+    };
+    // A directory that fits in a block does not straddle two: the chunk
+    // area ends with zeros up to the next block instead (a read below the
+    // basement reads the directory's blocks).
+    if dir_len > 0 && dir_len <= BLOCK_SIZE && len % BLOCK_SIZE + dir_len > BLOCK_SIZE {
+        len = round_block(len);
+    }
+    BasementPlan {
+        len,
+        chunks,
+        dir_len,
+    }
+}
+
+/// A leaf's meta and basements (each followed by its chunk directory), in
+/// a buffer with the header's bytes left for the caller: returns it, the
+/// meta's length and where each basement lies. Every byte past the header
+/// is written (padding zeroed).
+fn encode_leaf_body(leaf: &Leaf, prefix: &[u8]) -> (AlignedBuf, usize, Vec<PlacedBasement>) {
+    let plans: Vec<BasementPlan> = leaf
+        .basements
+        .iter()
+        .map(|b| plan_basement(b, prefix))
+        .collect();
+    // Offsets and checksums are fixed-size: the meta measures the same
+    // before the basements are placed.
+    let mut locs: Vec<PlacedBasement> = plans
+        .iter()
+        .map(|plan| {
+            let loc = BasementLoc {
+                len: plan.len as u32,
+                ..UNPLACED
+            };
+            let dir = (plan.dir_len > 0).then_some(ChunkDirLoc {
+                len: plan.dir_len as u32,
+                crc: 0,
+            });
+            (loc, dir)
+        })
+        .collect();
+    let mut measure = Measure::default();
+    encode_leaf_meta(&mut measure, leaf, prefix, &locs);
     let meta_len = measure.0;
     let mut offset = round_block(HEADER_BYTES + meta_len);
-    let mut locs: Vec<BasementLoc> = Vec::with_capacity(leaf.basements.len());
-    for b in &leaf.basements {
-        let mut measure = Measure::default();
-        encode_basement(&mut measure, b, prefix);
-        locs.push(BasementLoc {
-            offset: offset as u32,
-            len: measure.0 as u32,
-            crc: 0,
-        });
-        offset += round_block(measure.0.max(1));
+    for (loc, dir) in &mut locs {
+        loc.offset = offset as u32;
+        offset += slot_bytes(loc, dir.as_ref());
     }
     let mut buf = AlignedBuf::for_overwrite(offset);
-    for (loc, b) in locs.iter_mut().zip(&leaf.basements) {
+    for (((loc, dir), b), plan) in locs.iter_mut().zip(&leaf.basements).zip(&plans) {
         let (start, len) = (loc.offset as usize, loc.len as usize);
         let slot = buf
-            .get_mut(start..start + round_block(len.max(1)))
+            .get_mut(start..start + slot_bytes(loc, dir.as_ref()))
             .unwrap_or_default();
-        let (bytes, padding) = slot.split_at_mut(len.min(slot.len()));
-        let mut writer = SliceWriter::new(bytes);
-        encode_basement(&mut writer, b, prefix);
-        assert_eq!(writer.written(), len, "basement measured wrong");
+        let (bytes, rest) = slot.split_at_mut(len.min(slot.len()));
+        let (dir_bytes, padding) = rest.split_at_mut(plan.dir_len.min(rest.len()));
+        match (dir.as_mut(), &b.entries) {
+            (Some(dir), Some(entries)) => {
+                let crcs = encode_chunks(bytes, entries, prefix, &plan.chunks);
+                let mut writer = SliceWriter::new(dir_bytes);
+                encode_dir(&mut writer, entries, prefix.len(), &plan.chunks, &crcs);
+                assert_eq!(
+                    writer.written(),
+                    plan.dir_len,
+                    "chunk directory measured wrong"
+                );
+                dir.crc = crc32c_of(&[&*dir_bytes]);
+            }
+            _ => {
+                let mut writer = SliceWriter::new(bytes);
+                encode_basement(&mut writer, b, prefix);
+                assert_eq!(writer.written(), len, "basement measured wrong");
+            }
+        }
+        loc.crc = crc32c_of(&[&*bytes]);
         padding.fill(0);
-        loc.crc = crc32c_of(&[bytes]);
     }
     let first = locs
         .first()
-        .map_or(round_block(HEADER_BYTES + meta_len), |l| l.offset as usize);
+        .map_or(round_block(HEADER_BYTES + meta_len), |(l, _)| {
+            l.offset as usize
+        });
     let (meta, padding) = buf
         .get_mut(HEADER_BYTES..first)
         .unwrap_or_default()
@@ -240,6 +330,43 @@ fn encode_leaf_body(leaf: &Leaf, prefix: &[u8]) -> (AlignedBuf, usize, Vec<Basem
     (buf, meta_len, locs)
 }
 
+/// Writes a basement's chunks into its chunk area `area` where `plans`
+/// put them (gaps zeroed); returns each chunk's checksum.
+fn encode_chunks(
+    area: &mut [u8],
+    entries: &Entries,
+    prefix: &[u8],
+    plans: &[ChunkPlan],
+) -> Vec<u32> {
+    let mut crcs = Vec::with_capacity(plans.len());
+    let mut end = 0;
+    for plan in plans {
+        if let Some(gap) = area.get_mut(end..plan.offset) {
+            gap.fill(0);
+        }
+        let chunk = area
+            .get_mut(plan.offset..plan.offset + plan.len)
+            .unwrap_or_default();
+        if plan.raw {
+            chunk.copy_from_slice(entries.value(plan.first));
+        } else {
+            let mut writer = SliceWriter::new(chunk);
+            for i in plan.first..plan.first + plan.count {
+                writer.bytes(strip(entries.key(i), prefix));
+                writer.bytes(entries.value(i));
+            }
+            assert_eq!(writer.written(), plan.len, "chunk measured wrong");
+        }
+        crcs.push(crc32c_of(&[&*chunk]));
+        end = plan.offset + plan.len;
+    }
+    assert!(end <= area.len(), "chunk area measured wrong");
+    if let Some(tail) = area.get_mut(end..) {
+        tail.fill(0);
+    }
+    crcs
+}
+
 fn encode_basement(sink: &mut impl Sink, b: &Basement, prefix: &[u8]) {
     if let Some(entries) = &b.entries {
         for (k, v) in entries.iter() {
@@ -249,12 +376,21 @@ fn encode_basement(sink: &mut impl Sink, b: &Basement, prefix: &[u8]) {
     }
 }
 
-fn encode_leaf_meta(sink: &mut impl Sink, leaf: &Leaf, prefix: &[u8], locs: &[BasementLoc]) {
+/// A leaf's meta: per basement the part entry ([`encode_part_entry`]),
+/// then its chunk directory's varint length and, if not 0, its u32 crc.
+fn encode_leaf_meta(sink: &mut impl Sink, leaf: &Leaf, prefix: &[u8], locs: &[PlacedBasement]) {
     sink.varint(leaf.basements.len() as u64);
     for (i, b) in leaf.basements.iter().enumerate() {
         let pivot = i.checked_sub(1).and_then(|p| leaf.pivots.get(p));
-        let loc = locs.get(i).copied().unwrap_or(UNPLACED);
+        let (loc, dir) = locs.get(i).copied().unwrap_or((UNPLACED, None));
         encode_part_entry(sink, pivot.map(|p| strip(p, prefix)), loc, b.count);
+        match dir {
+            Some(dir) => {
+                sink.varint(dir.len as u64);
+                sink.u32(dir.crc);
+            }
+            None => sink.varint(0),
+        }
     }
 }
 
@@ -501,8 +637,17 @@ pub fn decode_meta(header: &NodeHeader, meta: &[u8], bounds: &Bounds) -> DecodeR
         };
         for i in 0..count {
             let (pivot, loc, entries) = decode_part_entry(&mut d, prefix, i == 0)?;
+            let dir_len = d.varint()?;
+            let dir = match dir_len {
+                0 => None,
+                len => Some(ChunkDirLoc {
+                    len: u32::try_from(len)
+                        .map_err(|_| DecodeError(format!("bad chunk directory length {len}")))?,
+                    crc: d.u32()?,
+                }),
+            };
             leaf.pivots.extend(pivot);
-            if loc.offset as u64 + loc.len as u64 > header.total_len as u64
+            if loc.offset as u64 + loc.len as u64 + dir_len > header.total_len as u64
                 || !loc.offset.is_multiple_of(BLOCK_SIZE as u32)
             {
                 return Err(DecodeError(format!("basement {i} lies outside its node")));
@@ -510,6 +655,8 @@ pub fn decode_meta(header: &NodeHeader, meta: &[u8], bounds: &Bounds) -> DecodeR
             leaf.basements.push(Basement {
                 entries: None,
                 loc: Some(loc),
+                dir,
+                below: None,
                 bytes: loc.len as usize,
                 count: entries,
             });
@@ -751,14 +898,20 @@ pub fn decode_node(header: &NodeHeader, node_bytes: &[u8], bounds: &Bounds) -> D
     let prefix = bounds.lifted_prefix();
     match &mut node.body {
         NodeBody::Leaf(leaf) => {
-            for b in &mut leaf.basements {
+            for i in 0..leaf.basements.len() {
+                let range = crate::validate::basement_bounds(leaf, i, bounds);
+                let Some(b) = leaf.basements.get_mut(i) else {
+                    break;
+                };
                 let loc = b
                     .loc
                     .ok_or_else(|| DecodeError("basement without location".into()))?;
-                let bytes = node_bytes
-                    .get(loc.offset as usize..loc.offset as usize + loc.len as usize)
-                    .ok_or_else(|| DecodeError("basement beyond node".into()))?;
-                b.entries = Some(Arc::new(decode_basement(bytes, &loc, b.count, &prefix)?));
+                if let Some(dir) = &b.dir {
+                    check_chunks(node_bytes, &loc, dir, b.count, &prefix, &range)?;
+                }
+                let entries =
+                    decode_basement_at(node_bytes, &loc, b.dir.as_ref(), b.count, &prefix)?;
+                b.set_entries(Arc::new(entries));
             }
         }
         NodeBody::Interior(int) => load_all_segments(int, bounds, node_bytes)?,
@@ -784,7 +937,46 @@ pub fn load_all_segments(
     int.make_whole().map_err(DecodeError)
 }
 
-/// Decodes one basement's bytes (already cut to `loc.len`), copying them.
+/// Checks the chunk directory `dir` of the basement at `loc` (whose keys
+/// lie in `range`) in a whole node image, and every chunk it names: what
+/// a read below the basement would find (a whole read does not need the
+/// directory, so verify and decoders of whole images check it here).
+pub fn check_chunks(
+    node_bytes: &[u8],
+    loc: &BasementLoc,
+    dir: &ChunkDirLoc,
+    count: usize,
+    prefix: &[u8],
+    range: &Bounds,
+) -> DecodeResult<ChunkDir> {
+    let at = loc.offset as usize + loc.len as usize;
+    let bytes = node_bytes
+        .get(at..at + dir.len as usize)
+        .ok_or_else(|| DecodeError("chunk directory beyond node".into()))?;
+    let chunks = decode_dir(bytes, dir, loc, count, prefix)?;
+    chunks.check_within(range).map_err(DecodeError)?;
+    for (j, chunk) in chunks.locs.iter().enumerate() {
+        let at = chunk.offset as usize;
+        let bytes = node_bytes
+            .get(at..at + chunk.len as usize)
+            .ok_or_else(|| DecodeError("chunk beyond node".into()))?;
+        let entries = chunks.decode_chunk(j, bytes, prefix)?;
+        let bounds = chunks.chunk_bounds(j, range);
+        let outside = [entries.first_key(), entries.last_key()]
+            .into_iter()
+            .flatten()
+            .any(|k| !bounds.contains(k));
+        if outside {
+            return Err(DecodeError(format!(
+                "chunk {j} holds keys outside {bounds:?}"
+            )));
+        }
+    }
+    Ok(chunks)
+}
+
+/// Decodes one basement's bytes (already cut to `loc.len`), copying them:
+/// a basement with no chunk directory (one run of entries).
 pub fn decode_basement(
     bytes: &[u8],
     loc: &BasementLoc,
@@ -795,11 +987,61 @@ pub fn decode_basement(
         count.min(bytes.len()),
         bytes.len() + count.min(bytes.len()) * prefix.len(),
     );
-    parse_basement(bytes, loc, count, |suffix, value| {
+    walk_basement(bytes, None, loc, count, prefix, |suffix, value| {
         entries.push_parts(prefix, suffix, value);
         Ok(())
     })?;
     Ok(entries)
+}
+
+/// Decodes the basement at `loc` (with its chunk directory `dir`, if it
+/// has one) from a node's image `node_bytes`, copying it.
+pub fn decode_basement_at(
+    node_bytes: &[u8],
+    loc: &BasementLoc,
+    dir: Option<&ChunkDirLoc>,
+    count: usize,
+    prefix: &[u8],
+) -> DecodeResult<Entries> {
+    let (area, dir) = basement_bytes(node_bytes, 0, loc, dir)?;
+    let mut entries = Entries::with_capacity(
+        count.min(area.len()),
+        area.len() + count.min(area.len()) * prefix.len(),
+    );
+    walk_basement(area, dir, loc, count, prefix, |suffix, value| {
+        entries.push_parts(prefix, suffix, value);
+        Ok(())
+    })?;
+    Ok(entries)
+}
+
+/// The bytes of the basement at `loc`, and of its chunk directory `dir`
+/// (right after it), in `bytes` — the node's image from byte `bytes_at`
+/// of its extent on.
+#[allow(clippy::type_complexity)]
+fn basement_bytes<'b>(
+    bytes: &'b [u8],
+    bytes_at: usize,
+    loc: &BasementLoc,
+    dir: Option<&'b ChunkDirLoc>,
+) -> DecodeResult<(&'b [u8], Option<(&'b [u8], &'b ChunkDirLoc)>)> {
+    let start = (loc.offset as usize)
+        .checked_sub(bytes_at)
+        .ok_or_else(|| DecodeError("basement before the bytes read".into()))?;
+    let end = start + loc.len as usize;
+    let area = bytes
+        .get(start..end)
+        .ok_or_else(|| DecodeError("basement beyond the bytes read".into()))?;
+    let dir = match dir {
+        None => None,
+        Some(d) => Some((
+            bytes
+                .get(end..end + d.len as usize)
+                .ok_or_else(|| DecodeError("chunk directory beyond the bytes read".into()))?,
+            d,
+        )),
+    };
+    Ok((area, dir))
 }
 
 /// Entries of at least this many bytes on average (values, in effect: a
@@ -812,27 +1054,31 @@ pub fn decode_basement(
 /// them cached (docs/benchmarks/values-where-read.md).
 pub const IMAGE_MIN_ENTRY_BYTES: usize = 1024;
 
-/// Decodes the basement at `loc` of a leaf read into `image` from byte
-/// `image_at` of its extent on. If its entries are large (at least
-/// [`IMAGE_MIN_ENTRY_BYTES`] on average) its keys are copied and its
-/// values stay in the image ([`Entries::in_image`]), which the entries
-/// answer for in proportion to the basement's share of it; otherwise it
-/// is copied whole ([`decode_basement`]).
+/// Decodes the basement at `loc` (with its chunk directory `dir`, if it
+/// has one) of a leaf read into `image` from byte `image_at` of its
+/// extent on. If its entries are large (at least [`IMAGE_MIN_ENTRY_BYTES`]
+/// on average) its keys are copied and its values stay in the image
+/// ([`Entries::in_image`]), which the entries answer for in proportion to
+/// the basement's share of it; otherwise it is copied whole.
 pub fn decode_basement_in_image(
     image: &Arc<AlignedBuf>,
     image_at: usize,
     loc: &BasementLoc,
+    dir: Option<&ChunkDirLoc>,
     count: usize,
     prefix: &[u8],
 ) -> DecodeResult<Entries> {
-    let start = (loc.offset as usize)
-        .checked_sub(image_at)
-        .ok_or_else(|| DecodeError("basement before the bytes read".into()))?;
-    let bytes = image
-        .get(start..start + loc.len as usize)
-        .ok_or_else(|| DecodeError("basement beyond the bytes read".into()))?;
+    let (bytes, dir_bytes) = basement_bytes(image, image_at, loc, dir)?;
     if bytes.len() < count.saturating_mul(IMAGE_MIN_ENTRY_BYTES) {
-        return decode_basement(bytes, loc, count, prefix);
+        let mut entries = Entries::with_capacity(
+            count.min(bytes.len()),
+            bytes.len() + count.min(bytes.len()) * prefix.len(),
+        );
+        walk_basement(bytes, dir_bytes, loc, count, prefix, |suffix, value| {
+            entries.push_parts(prefix, suffix, value);
+            Ok(())
+        })?;
+        return Ok(entries);
     }
     // Its blocks, scaled by what the allocation holds past the bytes read.
     let span = round_block(bytes.len());
@@ -844,7 +1090,7 @@ pub fn decode_basement_in_image(
         count.min(bytes.len()) * (prefix.len() + 16),
     );
     let base = image.as_ptr() as usize;
-    parse_basement(bytes, loc, count, |suffix, value| {
+    walk_basement(bytes, dir_bytes, loc, count, prefix, |suffix, value| {
         // `value` is a slice of `bytes`, which lies in the image.
         let at = value.as_ptr() as usize - base;
         if entries.push_read(prefix, suffix, at, value.len()) {
@@ -857,13 +1103,15 @@ pub fn decode_basement_in_image(
 }
 
 /// Checks a basement's bytes against its checksum and walks its entries
-/// in order, giving each key suffix and value to `push`; checks their
-/// order and count.
-fn parse_basement<'b>(
+/// in order — one run, or the chunks its directory `dir` names — giving
+/// each key suffix and value to `push`; checks their order and count.
+fn walk_basement<'b>(
     bytes: &'b [u8],
+    dir: Option<(&[u8], &ChunkDirLoc)>,
     loc: &BasementLoc,
     count: usize,
-    mut push: impl FnMut(&'b [u8], &'b [u8]) -> DecodeResult<()>,
+    prefix: &[u8],
+    mut push: impl FnMut(&[u8], &'b [u8]) -> DecodeResult<()>,
 ) -> DecodeResult<()> {
     if crc32c_of(&[bytes]) != loc.crc {
         return Err(DecodeError(format!(
@@ -871,20 +1119,15 @@ fn parse_basement<'b>(
             loc.offset
         )));
     }
-    let mut d = Decoder::new(bytes);
-    let mut previous: Option<&[u8]> = None;
-    let mut n = 0;
-    while !d.is_empty() {
-        let suffix = d.bytes()?;
-        let value = d.bytes()?;
-        // Every key shares the prefix, so suffix order is key order.
-        if previous.is_some_and(|p| p >= suffix) {
-            return Err(DecodeError("basement keys out of order".into()));
-        }
-        previous = Some(suffix);
-        push(suffix, value)?;
-        n += 1;
+    if let Some((dir_bytes, dir)) = dir {
+        let chunks = decode_dir(dir_bytes, dir, loc, count, prefix)?;
+        return parse_chunked(bytes, &chunks, loc.offset, count, push);
     }
+    let mut n = 0;
+    parse_run(bytes, |suffix, value| {
+        n += 1;
+        push(suffix, value)
+    })?;
     if n != count {
         return Err(DecodeError(format!(
             "basement holds {n} entries, meta says {count}"
@@ -969,7 +1212,9 @@ mod tests {
         let whole = Arc::new(AlignedBuf::from_slice(&img.buf));
         let b = &leaf.basements[0];
         let prefix = small.bounds.lifted_prefix();
-        let e = decode_basement_in_image(&whole, 0, &b.loc.unwrap(), b.count, &prefix).unwrap();
+        let e =
+            decode_basement_in_image(&whole, 0, &b.loc.unwrap(), b.dir.as_ref(), b.count, &prefix)
+                .unwrap();
         assert!(
             !e.in_read_image(),
             "entries under {IMAGE_MIN_ENTRY_BYTES} bytes are copied"
@@ -1002,7 +1247,9 @@ mod tests {
             let loc = b.loc.unwrap();
             let bytes = &img.buf[loc.offset as usize..(loc.offset + loc.len) as usize];
             let copied = decode_basement(bytes, &loc, b.count, &prefix).unwrap();
-            let in_whole = decode_basement_in_image(&whole, 0, &loc, b.count, &prefix).unwrap();
+            let in_whole =
+                decode_basement_in_image(&whole, 0, &loc, b.dir.as_ref(), b.count, &prefix)
+                    .unwrap();
             assert!(in_whole.in_read_image() && !copied.in_read_image());
             assert_eq!(in_whole, copied);
             assert_eq!(in_whole.bytes(), copied.bytes());
@@ -1011,19 +1258,35 @@ mod tests {
                 "the bytes read are counted"
             );
             if i > 0 {
-                let in_span =
-                    decode_basement_in_image(&from_second, second, &loc, b.count, &prefix).unwrap();
+                let in_span = decode_basement_in_image(
+                    &from_second,
+                    second,
+                    &loc,
+                    b.dir.as_ref(),
+                    b.count,
+                    &prefix,
+                )
+                .unwrap();
                 assert_eq!(in_span, copied);
             } else {
-                assert!(
-                    decode_basement_in_image(&from_second, second, &loc, b.count, &prefix).is_err()
-                );
+                assert!(decode_basement_in_image(
+                    &from_second,
+                    second,
+                    &loc,
+                    b.dir.as_ref(),
+                    b.count,
+                    &prefix
+                )
+                .is_err());
             }
             let past = BasementLoc {
                 len: (whole.len() - loc.offset as usize + 1) as u32,
                 ..loc
             };
-            assert!(decode_basement_in_image(&whole, 0, &past, b.count, &prefix).is_err());
+            assert!(
+                decode_basement_in_image(&whole, 0, &past, b.dir.as_ref(), b.count, &prefix)
+                    .is_err()
+            );
             b.entries = Some(Arc::new(in_whole));
         }
         let mut model: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = leaf
@@ -1082,9 +1345,83 @@ mod tests {
         );
     }
 
+    /// A leaf of large basements, cut into chunks: file blocks of 4 KiB
+    /// and small entries between them.
+    fn chunked_leaf() -> Node {
+        let bounds = Bounds {
+            lo: b"dir\x00a".to_vec(),
+            hi: Some(b"dir\x00z".to_vec()),
+        };
+        let mut entries = Entries::default();
+        for i in 0..200u32 {
+            let len = if i % 3 == 0 { 100 + i as usize } else { 4096 };
+            entries.push(format!("dir\x00f{i:05}").as_bytes(), &vec![i as u8; len]);
+        }
+        Node {
+            body: NodeBody::Leaf(Leaf::from_sorted(&entries, 128 << 10)),
+            bounds,
+            tree: 1,
+            dirty: true,
+            last_used: Default::default(),
+        }
+    }
+
+    #[test]
+    fn chunks_hold_their_basements_entries_in_order() {
+        let node = chunked_leaf();
+        let img = encode_node(&node, 9);
+        let prefix = node.bounds.lifted_prefix();
+        let NodeBody::Leaf(leaf) = &node.body else {
+            unreachable!()
+        };
+        let mut chunked = 0;
+        for (b, (loc, dir)) in leaf.basements.iter().zip(&img.basement_locs) {
+            let entries = b.entries.as_deref().unwrap();
+            let Some(dir) = dir else {
+                assert!(loc.len as usize <= crate::chunks::CHUNKED_BASEMENT_MIN_BYTES);
+                continue;
+            };
+            chunked += 1;
+            let chunks = check_chunks(&img.buf, loc, dir, b.count, &prefix, &node.bounds).unwrap();
+            let mut at = 0;
+            for (j, (chunk, n)) in chunks.locs.iter().zip(&chunks.counts).enumerate() {
+                let bytes = &img.buf[chunk.offset as usize..(chunk.offset + chunk.len) as usize];
+                let got = chunks.decode_chunk(j, bytes, &prefix).unwrap();
+                match n {
+                    // A raw value: a block of 4 KiB lies on a block of
+                    // the node.
+                    None => {
+                        assert!(got.value(0).len() >= crate::chunks::RAW_VALUE_MIN_BYTES);
+                        if chunk.len % 4096 == 0 {
+                            assert_eq!(chunk.offset % 4096, 0);
+                        }
+                    }
+                    Some(_) => assert!(chunk.len as usize <= crate::chunks::CHUNK_BYTES),
+                }
+                let want: Vec<_> = entries.iter().skip(at).take(got.len()).collect();
+                assert_eq!(got.iter().collect::<Vec<_>>(), want);
+                assert_eq!(chunks.keys[j], entries.key(at));
+                for (k, _) in got.iter() {
+                    assert_eq!(chunks.chunk_for(k), j);
+                }
+                at += got.len();
+            }
+            assert_eq!(at, entries.len());
+            // Read whole, through the directory, the same entries.
+            let whole = decode_basement_at(&img.buf, loc, Some(dir), b.count, &prefix).unwrap();
+            assert_eq!(&whole, entries);
+        }
+        assert!(chunked >= 2, "{chunked} basements chunked");
+    }
+
     #[test]
     fn every_flipped_byte_is_caught() {
-        let node = lifted_leaf();
+        for node in [lifted_leaf(), chunked_leaf()] {
+            every_flipped_byte_of_a_leaf_is_caught(node);
+        }
+    }
+
+    fn every_flipped_byte_of_a_leaf_is_caught(node: Node) {
         let img = encode_node(&node, 9);
         let prefix = node.bounds.lifted_prefix();
         let step = (img.len as usize / 300).max(1);
@@ -1096,8 +1433,10 @@ mod tests {
                 if let NodeBody::Leaf(leaf) = &mut n.body {
                     for b in &mut leaf.basements {
                         let loc = b.loc.unwrap();
-                        let bytes = &bad[loc.offset as usize..(loc.offset + loc.len) as usize];
-                        decode_basement(bytes, &loc, b.count, &prefix)?;
+                        decode_basement_at(&bad, &loc, b.dir.as_ref(), b.count, &prefix)?;
+                        if let Some(dir) = &b.dir {
+                            check_chunks(&bad, &loc, dir, b.count, &prefix, &node.bounds)?;
+                        }
                     }
                 }
                 Ok(())
@@ -1112,10 +1451,10 @@ mod tests {
                         .unwrap()
                         .meta_len as usize;
                 let covered = at < meta_end
-                    || img
-                        .basement_locs
-                        .iter()
-                        .any(|l| (l.offset as usize..(l.offset + l.len) as usize).contains(&at));
+                    || img.basement_locs.iter().any(|(l, dir)| {
+                        let end = l.offset + l.len + dir.map_or(0, |d| d.len);
+                        (l.offset as usize..end as usize).contains(&at)
+                    });
                 let _ = leaf;
                 !covered
             };

@@ -15,6 +15,7 @@
 
 pub mod btt;
 pub mod buffer;
+pub mod chunks;
 pub mod codec;
 pub mod entries;
 pub mod error;

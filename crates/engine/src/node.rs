@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::buffer::{Base, BufferPart, MessageBuffer, PartCut, PointMsg};
+use crate::chunks::{ChunkDirLoc, ReadBelow};
 use crate::entries::{Entries, ENTRY_OVERHEAD_BYTES};
 use crate::merge::MergeRegistry;
 use crate::message::with_prefix_replaced;
@@ -105,19 +106,56 @@ pub struct Basement {
     pub entries: Option<Arc<Entries>>,
     /// Location in the node's on-disk image (valid while the node is clean).
     pub loc: Option<BasementLoc>,
+    /// Where its chunk directory lies in that image, if it has one: it can
+    /// be read below (`chunks.rs`).
+    pub dir: Option<ChunkDirLoc>,
+    /// While `entries` is `None`: the directory and the chunks read below
+    /// it, for queries of the keys they hold.
+    pub below: Option<Arc<ReadBelow>>,
     /// Serialised size of the entries.
     pub bytes: usize,
     pub count: usize,
 }
 
 impl Basement {
-    /// This basement's place and size, without its entries.
+    /// This basement's place and size, without its entries (but with
+    /// what is read below it).
     fn clone_place(&self) -> Basement {
         Basement {
             entries: None,
             loc: self.loc,
+            dir: self.dir,
+            below: self.below.clone(),
             bytes: self.bytes,
             count: self.count,
+        }
+    }
+
+    /// Takes the basement's entries, read whole: what was read below it
+    /// is not needed any more.
+    pub fn set_entries(&mut self, entries: Arc<Entries>) {
+        self.entries = Some(entries);
+        self.below = None;
+    }
+
+    /// The runs of entries (the whole basement's, or the chunks read
+    /// below it) that hold every key of [lo, hi) in this basement, in key
+    /// order; `None` if some are still on the device.
+    pub fn runs_for(&self, lo: &[u8], hi: Option<&[u8]>) -> Option<Vec<&Entries>> {
+        match (&self.entries, &self.below) {
+            (Some(entries), _) => Some(vec![&**entries]),
+            (None, Some(below)) => below.runs(lo, hi),
+            (None, None) => None,
+        }
+    }
+
+    /// The value at `key` (`Some(None)` if absent), if what holds it is
+    /// loaded.
+    pub fn get(&self, key: &[u8]) -> Option<Option<&[u8]>> {
+        match (&self.entries, &self.below) {
+            (Some(entries), _) => Some(entries.get(key)),
+            (None, Some(below)) => below.get(key),
+            (None, None) => None,
         }
     }
 
@@ -131,6 +169,8 @@ impl Basement {
             bytes: entries.bytes(),
             entries: Some(entries),
             loc: None,
+            dir: None,
+            below: None,
         }
     }
 }
@@ -358,6 +398,12 @@ impl Leaf {
             .filter_map(|b| b.entries.as_deref())
             .map(Entries::mem_bytes)
             .sum::<usize>()
+            + self
+                .basements
+                .iter()
+                .filter_map(|b| b.below.as_deref())
+                .map(ReadBelow::mem_bytes)
+                .sum::<usize>()
             + self.basements.len() * 64
             + self.pivots.iter().map(|p| p.len() + 32).sum::<usize>()
             + 128
@@ -371,8 +417,7 @@ impl Leaf {
     // child_index or a loop over those counts.
     #[allow(clippy::indexing_slicing)]
     pub fn get(&self, key: &[u8]) -> Option<Option<&[u8]>> {
-        let b = &self.basements[self.basement_for(key)];
-        Some(b.entries.as_ref()?.get(key))
+        self.basements[self.basement_for(key)].get(key)
     }
 
     /// Applies a flushed buffer, rewriting only the basements it touches;
@@ -1054,6 +1099,8 @@ impl Node {
                     *pivot = rekey(std::mem::take(pivot));
                 }
                 for basement in &mut leaf.basements {
+                    // Read again under the new prefix when needed.
+                    basement.below = None;
                     if let Some(entries) = &mut basement.entries {
                         let entries = Arc::make_mut(entries);
                         entries.replace_prefix(old.len(), &new);

@@ -22,6 +22,10 @@ pub struct Stats {
     /// Interior nodes read in part, then made whole by reading the
     /// segments they lacked (for a change, a clone or verify).
     pub interior_nodes_completed: AtomicU64,
+    /// Chunk directories of basements read below (`chunks.rs`).
+    pub chunk_dirs_read: AtomicU64,
+    /// Chunks read below a basement instead of the basement whole.
+    pub chunks_read: AtomicU64,
     /// Leaves read ahead of a sequential scan and cached.
     pub nodes_read_ahead: AtomicU64,
     /// Leaves point queries read holding no tree lock and cached.
@@ -203,6 +207,8 @@ pub struct StatsSnapshot {
     pub interior_nodes_read_in_part: u64,
     pub segments_read: u64,
     pub interior_nodes_completed: u64,
+    pub chunk_dirs_read: u64,
+    pub chunks_read: u64,
     pub nodes_read_ahead: u64,
     pub leaves_read_unlocked: u64,
     pub basement_reads_unlocked: u64,
@@ -310,6 +316,8 @@ impl Stats {
             interior_nodes_read_in_part: get(&self.interior_nodes_read_in_part),
             segments_read: get(&self.segments_read),
             interior_nodes_completed: get(&self.interior_nodes_completed),
+            chunk_dirs_read: get(&self.chunk_dirs_read),
+            chunks_read: get(&self.chunks_read),
             nodes_read_ahead: get(&self.nodes_read_ahead),
             leaves_read_unlocked: get(&self.leaves_read_unlocked),
             basement_reads_unlocked: get(&self.basement_reads_unlocked),

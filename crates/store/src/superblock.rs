@@ -20,7 +20,10 @@ pub const MAGIC: [u8; 8] = *b"BETREEFS";
 /// Version 5: interior nodes keep their buffers' point messages in
 /// segments after the meta (node format 3), so that a point query reads
 /// one segment per buffer instead of the whole node.
-pub const FORMAT_VERSION: u32 = 5;
+/// Version 6: large basements of leaves are cut into chunks named by a
+/// chunk directory after them (node format 4), so that a point query
+/// reads a chunk instead of the whole basement.
+pub const FORMAT_VERSION: u32 = 6;
 /// How many trees (key spaces) a superblock can name.
 pub const MAX_TREES: usize = 8;
 

@@ -5,6 +5,7 @@
 #![allow(clippy::indexing_slicing)] // see tree/mod.rs
 
 use super::*;
+use crate::chunks::{decode_dir, ReadBelow, CHUNKS_BEFORE_WHOLE, CHUNKS_PER_READ_MAX};
 
 /// Reads `len` bytes of a node at height `height` from byte `at` of the
 /// device, counted in the stats.
@@ -61,7 +62,7 @@ impl Tree {
         }
         match &node.body {
             NodeBody::Leaf(leaf) => {
-                if Self::basement_span(leaf, want).any(|i| leaf.basements[i].entries.is_none()) {
+                if !Self::leaf_holds(leaf, want) {
                     return None;
                 }
             }
@@ -256,7 +257,7 @@ impl Tree {
     ) -> EngineResult<()> {
         (0..leaf.basements.len()).try_for_each(|i| {
             let entries = Self::decode_checked_basement(ks, num, leaf, i, bounds, node_bytes, 0)?;
-            leaf.basements[i].entries = Some(Arc::new(entries));
+            leaf.basements[i].set_entries(Arc::new(entries));
             Ok(())
         })
     }
@@ -278,11 +279,27 @@ impl Tree {
             return Err(Self::corrupt(ks, num, "basement without location"));
         };
         let prefix = bounds.lifted_prefix();
-        let entries = decode_basement_in_image(image, image_at, &loc, b.count, &prefix)
-            .map_err(|e| Self::corrupt(ks, num, e.0))?;
+        let entries =
+            decode_basement_in_image(image, image_at, &loc, b.dir.as_ref(), b.count, &prefix)
+                .map_err(|e| Self::corrupt(ks, num, e.0))?;
         validate::check_basement(&entries, &validate::basement_bounds(leaf, i, bounds))
             .map_err(|reason| Self::corrupt(ks, num, reason))?;
         Ok(entries)
+    }
+
+    /// Whether a cached leaf holds what `want` needs of it: the basements
+    /// it covers, or for a key or a range within one basement the chunks
+    /// of it read below that hold them.
+    pub(super) fn leaf_holds(leaf: &Leaf, want: Want<'_>) -> bool {
+        let mut span = Self::basement_span(leaf, want);
+        let (first, last) = (*span.start(), *span.end());
+        match want {
+            Want::Key(key) => leaf.basements[first].get(key).is_some(),
+            Want::Range(lo, hi) if first == last => {
+                leaf.basements[first].runs_for(lo, hi).is_some()
+            }
+            _ => span.all(|i| leaf.basements[i].entries.is_some()),
+        }
     }
 
     /// The basements `want` covers.
@@ -475,6 +492,9 @@ pub(super) fn read_missing_basements(
 ) -> EngineResult<()> {
     let (ks, num, at, bounds) = place;
     let span = Tree::basement_span(leaf, want);
+    if span.start() == span.end() && read_below_basement(device, place, leaf, want, stats)? {
+        return Ok(());
+    }
     let missing: Vec<usize> = span
         .filter(|&i| leaf.basements[i].entries.is_none())
         .collect();
@@ -488,8 +508,13 @@ pub(super) fn read_missing_basements(
     let (Some(first), Some(last)) = (locs.first(), locs.last()) else {
         return Ok(());
     };
+    // The last basement's chunk directory too: it names its chunks.
+    let last_dir = missing
+        .last()
+        .and_then(|&i| leaf.basements[i].dir)
+        .map_or(0, |d| d.len as u64);
     let lo = first.offset as u64;
-    let hi = last.offset as u64 + last.len as u64;
+    let hi = last.offset as u64 + last.len as u64 + last_dir;
     let in_order = locs
         .iter()
         .zip(locs.iter().skip(1))
@@ -508,7 +533,118 @@ pub(super) fn read_missing_basements(
         // Offsets are in order, but a damaged length could still run
         // past what was read: the decoder refuses it.
         let entries = Tree::decode_checked_basement(ks, num, leaf, i, bounds, &buf, lo as usize)?;
-        leaf.basements[i].entries = Some(Arc::new(entries));
+        leaf.basements[i].set_entries(Arc::new(entries));
     }
     Ok(())
+}
+
+/// Reads below the one basement `want` covers when that is what to do
+/// (`chunks.rs`): a key, or a range within [`CHUNKS_PER_READ_MAX`]
+/// chunks, of a basement not loaded that has a chunk directory and fewer
+/// than [`CHUNKS_BEFORE_WHOLE`] chunks read. Reads the directory if it is
+/// not cached yet, then the chunks needed (one IO), and keeps both in the
+/// basement (whole once every chunk is read). Returns whether it did;
+/// otherwise the caller reads the basement whole.
+fn read_below_basement(
+    device: &dyn Device,
+    place: (KeySpace, u64, u64, &Bounds),
+    leaf: &mut Leaf,
+    want: Want<'_>,
+    stats: &Stats,
+) -> EngineResult<bool> {
+    let (ks, num, at, bounds) = place;
+    let (lo, hi) = match want {
+        Want::Key(key) => (key, None),
+        Want::Range(lo, hi) => (lo, Some(hi)),
+        Want::Whole => return Ok(false),
+    };
+    let i = leaf.basement_for(lo);
+    let range = validate::basement_bounds(leaf, i, bounds);
+    let b = &leaf.basements[i];
+    let (Some(loc), Some(dir_loc), None) = (b.loc, b.dir, &b.entries) else {
+        return Ok(false);
+    };
+    if b.below.as_ref().map_or(0, |r| r.chunks.len()) >= CHUNKS_BEFORE_WHOLE {
+        return Ok(false);
+    }
+    let corrupt = |e: DecodeError| Tree::corrupt(ks, num, e.0);
+    let prefix = bounds.lifted_prefix();
+    let below = match &b.below {
+        Some(below) => (**below).clone(),
+        None => {
+            let dir_at = loc.offset as usize + loc.len as usize;
+            let len = dir_loc.len as usize;
+            let (buf, skip) = read_blocks_of(device, at, dir_at, len, stats)?;
+            let bytes = buf
+                .get(skip..skip + len)
+                .ok_or_else(|| Tree::corrupt(ks, num, "chunk directory beyond the bytes read"))?;
+            let dir = decode_dir(bytes, &dir_loc, &loc, b.count, &prefix).map_err(corrupt)?;
+            dir.check_within(&range)
+                .map_err(|reason| Tree::corrupt(ks, num, reason))?;
+            add(&stats.chunk_dirs_read, 1);
+            ReadBelow {
+                dir: Arc::new(dir),
+                chunks: Vec::new(),
+            }
+        }
+    };
+    // A point query's range is its key alone.
+    let span = match hi {
+        None => {
+            let j = below.dir.chunk_for(lo);
+            j..=j
+        }
+        Some(hi) => below.dir.span(lo, hi),
+    };
+    if span.clone().count() > CHUNKS_PER_READ_MAX {
+        // Keep the directory: the next query of one chunk needs it.
+        leaf.basements[i].below = Some(Arc::new(below));
+        return Ok(false);
+    }
+    let missing: Vec<usize> = span.filter(|&j| below.chunk(j).is_none()).collect();
+    let locs: Vec<(usize, BasementLoc)> = missing
+        .iter()
+        .filter_map(|&j| below.dir.locs.get(j).map(|l| (j, *l)))
+        .collect();
+    let mut read = ReadBelow {
+        dir: below.dir.clone(),
+        chunks: Vec::with_capacity(locs.len()),
+    };
+    if let (Some(&(_, first)), Some(&(_, last))) = (locs.first(), locs.last()) {
+        let len = (last.offset + last.len - first.offset) as usize;
+        let (buf, skip) = read_blocks_of(device, at, first.offset as usize, len, stats)?;
+        for (j, chunk) in locs {
+            let start = skip + (chunk.offset - first.offset) as usize;
+            let bytes = buf
+                .get(start..start + chunk.len as usize)
+                .ok_or_else(|| Tree::corrupt(ks, num, "chunk beyond the bytes read"))?;
+            let entries = below.dir.decode_chunk(j, bytes, &prefix).map_err(corrupt)?;
+            validate::check_basement(&entries, &below.dir.chunk_bounds(j, &range))
+                .map_err(|reason| Tree::corrupt(ks, num, reason))?;
+            read.chunks.push((j, Arc::new(entries)));
+            add(&stats.chunks_read, 1);
+        }
+    }
+    let below = below.with(&read);
+    match below.whole() {
+        Some(entries) => leaf.basements[i].set_entries(Arc::new(entries)),
+        None => leaf.basements[i].below = Some(Arc::new(below)),
+    }
+    Ok(true)
+}
+
+/// Reads the blocks of a node's extent (at byte `at` of the device) that
+/// bytes [from, from + len) of it overlap: returns them and where byte
+/// `from` lies in them.
+fn read_blocks_of(
+    device: &dyn Device,
+    at: u64,
+    from: usize,
+    len: usize,
+    stats: &Stats,
+) -> EngineResult<(AlignedBuf, usize)> {
+    let first = from / BLOCK_SIZE * BLOCK_SIZE;
+    let end = (from + len).div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
+    let buf = read_node_bytes(device, at + first as u64, end - first, 0, stats)?;
+    Ok((buf, from - first))
 }

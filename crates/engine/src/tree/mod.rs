@@ -44,7 +44,7 @@ use crate::entries::Entries;
 use crate::error::{EngineError, EngineResult};
 use crate::format::{
     decode_basement_in_image, decode_header, decode_meta, encode_node, load_all_segments,
-    load_segment, meta_end, NodeHeader, NodeImage, HEADER_BYTES,
+    load_segment, meta_end, NodeHeader, NodeImage, PlacedBasement, HEADER_BYTES,
 };
 use crate::merge::MergeRegistry;
 use crate::message::{KeySpace, Message, RangeRename, WriteBatch, KEY_SPACES};

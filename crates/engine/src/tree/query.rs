@@ -151,10 +151,15 @@ impl Tree {
         // A scan across basements reads on sequentially (the rest of this
         // leaf was read with it): the next leaf is worth reading ahead.
         let read_on = (last > first).then(|| bounds.hi.clone()).flatten();
-        let entries = leaf.basements[first..=last].iter().flat_map(|b| {
-            let Some(entries) = &b.entries else {
+        // Each basement whole, or (a range within one basement) the
+        // chunks read below it that hold the range.
+        let runs = leaf.basements[first..=last].iter().flat_map(|b| {
+            let Some(runs) = b.runs_for(start, hi) else {
                 unreachable!("loaded above")
             };
+            runs
+        });
+        let entries = runs.flat_map(|entries| {
             (entries.lower_bound(start)..entries.len())
                 .map(move |i| (entries.key(i), entries.value(i)))
         });

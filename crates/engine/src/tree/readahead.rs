@@ -199,17 +199,17 @@ impl Tree {
         {
             return false;
         }
-        // Each basement read is taken if the cached leaf still misses it,
-        // at the same place.
+        // Each basement read (whole, or below it) is taken if the cached
+        // leaf still misses it, at the same place.
         let keep: Vec<bool> = leaf
             .basements
             .iter()
             .zip(&read.basements)
             .map(|(cached, read)| {
                 cached.entries.is_none()
-                    && read.entries.is_some()
-                    && (cached.loc, cached.count, cached.bytes)
-                        == (read.loc, read.count, read.bytes)
+                    && (read.entries.is_some() || read.below.is_some())
+                    && (cached.loc, cached.dir, cached.count, cached.bytes)
+                        == (read.loc, read.dir, read.count, read.bytes)
             })
             .collect();
         if !keep.contains(&true) {
@@ -220,8 +220,23 @@ impl Tree {
         let mut node = self.take(place.num);
         if let NodeBody::Leaf(leaf) = &mut node.body {
             for ((cached, read), keep) in leaf.basements.iter_mut().zip(read.basements).zip(keep) {
-                if keep {
-                    cached.entries = read.entries;
+                match (keep, read.entries, read.below) {
+                    (false, ..) => {}
+                    (true, Some(entries), _) => cached.set_entries(entries),
+                    // What another query read below it meanwhile is kept too.
+                    (true, None, Some(below)) => {
+                        let below = match &cached.below {
+                            Some(had) if Arc::ptr_eq(&had.dir, &below.dir) => {
+                                Arc::new(had.with(&below))
+                            }
+                            _ => below,
+                        };
+                        match below.whole() {
+                            Some(entries) => cached.set_entries(Arc::new(entries)),
+                            None => cached.below = Some(below),
+                        }
+                    }
+                    (true, None, None) => {}
                 }
             }
         }

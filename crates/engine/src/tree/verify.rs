@@ -56,6 +56,32 @@ impl Tree {
         }
     }
 
+    /// Checks the chunk directories of a clean leaf and the chunks they
+    /// name, in its image: a whole read does not use them, so only a
+    /// point query would find them damaged.
+    fn verify_chunk_dirs(&self, ks: KeySpace, num: u64, bounds: &Bounds) -> EngineResult<()> {
+        let node = self.node(num);
+        let NodeBody::Leaf(leaf) = &node.body else {
+            return Ok(());
+        };
+        if node.dirty || leaf.basements.iter().all(|b| b.dir.is_none()) {
+            return Ok(());
+        }
+        let Slot::OnDisk { extent, .. } = self.btt.get(num) else {
+            return Ok(());
+        };
+        let image = self.read_extent_bytes(extent, 0, extent.len as usize, 0)?;
+        let prefix = bounds.lifted_prefix();
+        for (i, b) in leaf.basements.iter().enumerate() {
+            if let (Some(loc), Some(dir)) = (b.loc, b.dir) {
+                let range = validate::basement_bounds(leaf, i, bounds);
+                crate::format::check_chunks(&image, &loc, &dir, b.count, &prefix, &range)
+                    .map_err(|e| Self::corrupt(ks, num, e.0))?;
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn verify_subtree(
         &mut self,
         ks: KeySpace,
@@ -100,6 +126,7 @@ impl Tree {
                         prev = Some(k);
                     }
                 }
+                self.verify_chunk_dirs(ks, num, bounds)?;
                 Vec::new()
             }
             NodeBody::Interior(int) => {

@@ -81,15 +81,16 @@ impl WriteBack {
 impl Tree {
     /// Records node `num` as living at `extent` (its previous copy freed)
     /// and clean, its basements where the image put them.
-    fn mark_written(&mut self, num: u64, extent: Extent, crc: u32, locs: Vec<BasementLoc>) {
+    fn mark_written(&mut self, num: u64, extent: Extent, crc: u32, locs: Vec<PlacedBasement>) {
         if let Some(old) = self.btt.set(num, extent, crc) {
             self.alloc.free(old);
         }
         let mut node = self.take(num);
         node.dirty = false;
         if let NodeBody::Leaf(leaf) = &mut node.body {
-            for (b, loc) in leaf.basements.iter_mut().zip(locs) {
+            for (b, (loc, dir)) in leaf.basements.iter_mut().zip(locs) {
                 b.loc = Some(loc);
+                b.dir = dir;
             }
         }
         self.put(num, node);
@@ -922,7 +923,7 @@ pub(super) struct PlacedImage {
     extent: Extent,
     crc: u32,
     bytes: usize,
-    basement_locs: Vec<BasementLoc>,
+    basement_locs: Vec<PlacedBasement>,
 }
 
 /// Node images to write: (device offset, bytes).
