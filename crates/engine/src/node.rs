@@ -646,6 +646,8 @@ impl Leaf {
     pub fn forget_locations(&mut self) {
         for basement in &mut self.basements {
             basement.loc = None;
+            basement.dir = None;
+            basement.below = None;
         }
     }
 

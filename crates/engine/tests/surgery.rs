@@ -472,3 +472,22 @@ fn a_range_pending_in_the_buffers_moves_by_surgery() {
     assert_matches(&store, &model);
     store.verify().unwrap();
 }
+
+/// A rename, then a clone of where it landed, then writes there: the
+/// clone's source took a private copy of a shared interior node, and the
+/// original — private now, under the clone's destination — was still
+/// keyed for the source's place when a settle step flushed through it
+/// (its child reached with bounds half of one place, half of the other;
+/// found by `surgery_matches_the_model`).
+#[test]
+fn settling_through_a_node_left_private_by_a_copy_rekeys_it_first() {
+    use Op::*;
+    run(&[
+        Fill(4, 2, 338, 63),
+        Fill(1, 0, 310, 160),
+        Fill(0, 0, 1, 1),
+        Rename(1, 3),
+        Clone(3, 5),
+        Fill(4, 305, 191, 181),
+    ]);
+}

@@ -39,12 +39,18 @@ impl Tree {
     ) -> EngineResult<u64> {
         let int = self.interior(parent);
         let child = int.children[i];
+        let bounds = int.child_bounds(i, parent_bounds);
+        let height = int.height - 1;
+        // Loaded (and so re-keyed) for this place even when private: a
+        // node shared until a copy was taken for its other place is still
+        // keyed for wherever it was last reached, and a change made with
+        // its pivots under this place's bounds would mix the two (a
+        // settle step after a rename and a clone failed so: its child
+        // reached with bounds half of one place, half of the other).
+        self.load(ks, child, &bounds, Want::Whole, Some(height))?;
         if self.is_private(child) {
             return Ok(child);
         }
-        let bounds = int.child_bounds(i, parent_bounds);
-        let height = int.height - 1;
-        self.load(ks, child, &bounds, Want::Whole, Some(height))?;
         let original = self.node(child);
         let mut copy = Node {
             body: original.body.clone(),
