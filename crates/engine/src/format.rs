@@ -295,7 +295,7 @@ fn encode_leaf_body(leaf: &Leaf, prefix: &[u8]) -> (AlignedBuf, usize, Vec<Place
         let (dir_bytes, padding) = rest.split_at_mut(plan.dir_len.min(rest.len()));
         match (dir.as_mut(), &b.entries) {
             (Some(dir), Some(entries)) => {
-                let crcs = encode_chunks(bytes, entries, prefix, &plan.chunks);
+                let (crcs, area_crc) = encode_chunks(bytes, entries, prefix, &plan.chunks);
                 let mut writer = SliceWriter::new(dir_bytes);
                 encode_dir(&mut writer, entries, prefix.len(), &plan.chunks, &crcs);
                 assert_eq!(
@@ -304,14 +304,15 @@ fn encode_leaf_body(leaf: &Leaf, prefix: &[u8]) -> (AlignedBuf, usize, Vec<Place
                     "chunk directory measured wrong"
                 );
                 dir.crc = crc32c_of(&[&*dir_bytes]);
+                loc.crc = area_crc;
             }
             _ => {
                 let mut writer = SliceWriter::new(bytes);
                 encode_basement(&mut writer, b, prefix);
                 assert_eq!(writer.written(), len, "basement measured wrong");
+                loc.crc = crc32c_of(&[&*bytes]);
             }
         }
-        loc.crc = crc32c_of(&[&*bytes]);
         padding.fill(0);
     }
     let first = locs
@@ -331,18 +332,21 @@ fn encode_leaf_body(leaf: &Leaf, prefix: &[u8]) -> (AlignedBuf, usize, Vec<Place
 }
 
 /// Writes a basement's chunks into its chunk area `area` where `plans`
-/// put them (gaps zeroed); returns each chunk's checksum.
+/// put them (gaps zeroed); returns each chunk's checksum and the whole
+/// area's.
 fn encode_chunks(
     area: &mut [u8],
     entries: &Entries,
     prefix: &[u8],
     plans: &[ChunkPlan],
-) -> Vec<u32> {
+) -> (Vec<u32>, u32) {
     let mut crcs = Vec::with_capacity(plans.len());
+    let mut area_crc = 0;
     let mut end = 0;
     for plan in plans {
         if let Some(gap) = area.get_mut(end..plan.offset) {
             gap.fill(0);
+            area_crc = crc32c::crc32c_append(area_crc, gap);
         }
         let chunk = area
             .get_mut(plan.offset..plan.offset + plan.len)
@@ -357,14 +361,20 @@ fn encode_chunks(
             }
             assert_eq!(writer.written(), plan.len, "chunk measured wrong");
         }
-        crcs.push(crc32c_of(&[&*chunk]));
+        // The area's checksum goes on over the chunk while it is in the
+        // CPU's cache (combining the chunks' checksums instead,
+        // `crc32c_combine`, cost a sequential write 40%).
+        let crc = crc32c_of(&[&*chunk]);
+        area_crc = crc32c::crc32c_append(area_crc, chunk);
+        crcs.push(crc);
         end = plan.offset + plan.len;
     }
     assert!(end <= area.len(), "chunk area measured wrong");
     if let Some(tail) = area.get_mut(end..) {
         tail.fill(0);
+        area_crc = crc32c::crc32c_append(area_crc, tail);
     }
-    crcs
+    (crcs, area_crc)
 }
 
 fn encode_basement(sink: &mut impl Sink, b: &Basement, prefix: &[u8]) {
