@@ -1,5 +1,6 @@
 #!/bin/bash
 # kv-bench WS3 50% reads, data twice the cache: cd663eb (old) vs reads below basements (new), interleaved
+mkdir -p ${WORK:-/var/tmp/reads-below-kv}
 out=${WORK:-/var/tmp/reads-below-kv}/results.jsonl
 : > $out
 for round in 1 2; do

@@ -1,5 +1,5 @@
 #!/bin/bash
-# rr.sh BIN: 10 MiB file, remount cold, 2560 random 4 KiB preads; device sectors read and daemon stats
+# random-reads.sh BIN: 10 MiB file, remount cold, 2560 random 4 KiB preads; device sectors read and daemon stats
 W=${WORK:-/var/tmp/reads-below}; mkdir -p $W/mnt; cd $W
 B=$1
 rm -f img; truncate -s 4G img; LOOP=$(losetup -f --show --direct-io=on img)
