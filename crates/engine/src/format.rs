@@ -993,11 +993,23 @@ pub fn decode_basement(
     count: usize,
     prefix: &[u8],
 ) -> DecodeResult<Entries> {
+    copy_basement(bytes, None, loc, count, prefix)
+}
+
+/// A basement's entries (one run, or the chunks `dir` names), copied out
+/// of `area`, its bytes.
+fn copy_basement(
+    area: &[u8],
+    dir: Option<(&[u8], &ChunkDirLoc)>,
+    loc: &BasementLoc,
+    count: usize,
+    prefix: &[u8],
+) -> DecodeResult<Entries> {
     let mut entries = Entries::with_capacity(
-        count.min(bytes.len()),
-        bytes.len() + count.min(bytes.len()) * prefix.len(),
+        count.min(area.len()),
+        area.len() + count.min(area.len()) * prefix.len(),
     );
-    walk_basement(bytes, None, loc, count, prefix, |suffix, value| {
+    walk_basement(area, dir, loc, count, prefix, |suffix, value| {
         entries.push_parts(prefix, suffix, value);
         Ok(())
     })?;
@@ -1014,15 +1026,7 @@ pub fn decode_basement_at(
     prefix: &[u8],
 ) -> DecodeResult<Entries> {
     let (area, dir) = basement_bytes(node_bytes, 0, loc, dir)?;
-    let mut entries = Entries::with_capacity(
-        count.min(area.len()),
-        area.len() + count.min(area.len()) * prefix.len(),
-    );
-    walk_basement(area, dir, loc, count, prefix, |suffix, value| {
-        entries.push_parts(prefix, suffix, value);
-        Ok(())
-    })?;
-    Ok(entries)
+    copy_basement(area, dir, loc, count, prefix)
 }
 
 /// The bytes of the basement at `loc`, and of its chunk directory `dir`
@@ -1080,15 +1084,7 @@ pub fn decode_basement_in_image(
 ) -> DecodeResult<Entries> {
     let (bytes, dir_bytes) = basement_bytes(image, image_at, loc, dir)?;
     if bytes.len() < count.saturating_mul(IMAGE_MIN_ENTRY_BYTES) {
-        let mut entries = Entries::with_capacity(
-            count.min(bytes.len()),
-            bytes.len() + count.min(bytes.len()) * prefix.len(),
-        );
-        walk_basement(bytes, dir_bytes, loc, count, prefix, |suffix, value| {
-            entries.push_parts(prefix, suffix, value);
-            Ok(())
-        })?;
-        return Ok(entries);
+        return copy_basement(bytes, dir_bytes, loc, count, prefix);
     }
     // Its blocks, scaled by what the allocation holds past the bytes read.
     let span = round_block(bytes.len());
@@ -1358,10 +1354,6 @@ mod tests {
     /// A leaf of large basements, cut into chunks: file blocks of 4 KiB
     /// and small entries between them.
     fn chunked_leaf() -> Node {
-        let bounds = Bounds {
-            lo: b"dir\x00a".to_vec(),
-            hi: Some(b"dir\x00z".to_vec()),
-        };
         let mut entries = Entries::default();
         for i in 0..200u32 {
             let len = if i % 3 == 0 { 100 + i as usize } else { 4096 };
@@ -1369,10 +1361,7 @@ mod tests {
         }
         Node {
             body: NodeBody::Leaf(Leaf::from_sorted(&entries, 128 << 10)),
-            bounds,
-            tree: 1,
-            dirty: true,
-            last_used: Default::default(),
+            ..lifted_leaf()
         }
     }
 

@@ -101,6 +101,12 @@ fn model_range(model: &Model, ks: KeySpace, lo: &[u8], hi: &[u8]) -> Vec<(Vec<u8
         .collect()
 }
 
+/// Chunk directories and chunks read so far.
+fn reads_below(store: &Store) -> (u64, u64) {
+    let stats = store.stats();
+    (stats.chunk_dirs_read, stats.chunks_read)
+}
+
 /// Leaf bytes read (level 0 of the node reads).
 fn leaf_bytes_read(store: &Store) -> u64 {
     store.stats().node_bytes_read_per_level[0]
@@ -113,12 +119,7 @@ fn a_cold_point_query_reads_a_chunk_not_the_basement() {
     let k = block_key(3, 211);
     let before = leaf_bytes_read(&store);
     assert!(answers_right(&store, &model, &k));
-    let stats = store.stats();
-    assert_eq!(
-        (stats.chunk_dirs_read, stats.chunks_read),
-        (1, 1),
-        "{stats:?}"
-    );
+    assert_eq!(reads_below(&store), (1, 1));
     // The leaf's header block (its meta with it), the directory's block
     // and the block's own (a raw value of 4 KiB lies on a block of the
     // node): three blocks, not the 128 KiB basement. (The root's first
@@ -131,12 +132,7 @@ fn a_cold_point_query_reads_a_chunk_not_the_basement() {
     let next = block_key(3, 212);
     let before = leaf_bytes_read(&store);
     assert!(answers_right(&store, &model, &next));
-    let stats = store.stats();
-    assert_eq!(
-        (stats.chunk_dirs_read, stats.chunks_read),
-        (1, 2),
-        "{stats:?}"
-    );
+    assert_eq!(reads_below(&store), (1, 2));
     assert_eq!(leaf_bytes_read(&store) - before, 4096);
 
     // Asked again: cached, nothing read.
@@ -150,12 +146,7 @@ fn a_cold_point_query_reads_a_chunk_not_the_basement() {
     assert!(
         visit(&store, KeySpace::Data, &lo, &hi) == model_range(&model, KeySpace::Data, &lo, &hi)
     );
-    let stats = store.stats();
-    assert_eq!(
-        (stats.chunk_dirs_read, stats.chunks_read),
-        (2, 3),
-        "{stats:?}"
-    );
+    assert_eq!(reads_below(&store), (2, 3));
     // A metadata lookup: small records, many to a chunk; a few blocks of
     // leaves at most (none if its message still lies above the leaves).
     let name = b"dir\x00name004321".to_vec();
