@@ -99,21 +99,18 @@ pub fn encoded_entry_bytes(entries: &Entries, i: usize, prefix_len: usize) -> us
     m.0
 }
 
-/// The chunks of a basement whose entries take `encoded` bytes as one run:
-/// none if that is at most [`CHUNKED_BASEMENT_MIN_BYTES`]. Returns them and
-/// the length of the chunk area (gaps before aligned values included).
-pub fn plan_chunks(
-    entries: &Entries,
-    prefix_len: usize,
-    encoded: usize,
-) -> (Vec<ChunkPlan>, usize) {
-    if encoded <= CHUNKED_BASEMENT_MIN_BYTES || entries.is_empty() {
-        return (Vec::new(), encoded);
-    }
+/// The chunks of a basement: none if its entries take at most
+/// [`CHUNKED_BASEMENT_MIN_BYTES`] as one run. Returns them and the length
+/// of the basement's bytes: the chunk area (gaps before aligned values
+/// included), or the run. One pass over the entries measures both.
+pub fn plan_chunks(entries: &Entries, prefix_len: usize) -> (Vec<ChunkPlan>, usize) {
+    let mut run_bytes = 0usize;
     let mut plans: Vec<ChunkPlan> = Vec::new();
     let mut run: Option<ChunkPlan> = None;
     let mut end = 0usize;
     for i in 0..entries.len() {
+        let n = encoded_entry_bytes(entries, i, prefix_len);
+        run_bytes += n;
         let value = entries.value(i).len();
         if value >= RAW_VALUE_MIN_BYTES {
             plans.extend(run.take());
@@ -132,7 +129,6 @@ pub fn plan_chunks(
             end = offset + value;
             continue;
         }
-        let n = encoded_entry_bytes(entries, i, prefix_len);
         if run.is_some_and(|r| r.len + n > CHUNK_BYTES) {
             plans.extend(run.take());
         }
@@ -148,6 +144,9 @@ pub fn plan_chunks(
         end += n;
     }
     plans.extend(run);
+    if run_bytes <= CHUNKED_BASEMENT_MIN_BYTES {
+        return (Vec::new(), run_bytes);
+    }
     (plans, end)
 }
 
@@ -321,49 +320,52 @@ pub fn parse_chunked<'b>(
     mut push: impl FnMut(&[u8], &'b [u8]) -> DecodeResult<()>,
 ) -> DecodeResult<()> {
     let mut n = 0usize;
-    let mut previous: Option<Vec<u8>> = None;
+    let suffix_of = |j: usize| {
+        dir.keys
+            .get(j)
+            .map(|k| k.get(dir.prefix_len..).unwrap_or_default())
+    };
     for (j, (loc, chunk_count)) in dir.locs.iter().zip(&dir.counts).enumerate() {
         let at = (loc.offset - base) as usize;
         let bytes = area
             .get(at..at + loc.len as usize)
             .ok_or_else(|| DecodeError(format!("chunk {j} past its basement")))?;
-        let first = dir
-            .keys
-            .get(j)
-            .map(|k| k.get(dir.prefix_len..).unwrap_or_default());
-        let mut in_chunk = 0usize;
-        let mut check = |suffix: &[u8]| -> DecodeResult<()> {
-            if in_chunk == 0 && first != Some(suffix) {
-                return Err(DecodeError(
-                    "chunk's first key is not its directory's".into(),
-                ));
-            }
-            if previous.as_deref().is_some_and(|p| p >= suffix) {
-                return Err(DecodeError("basement keys out of order".into()));
-            }
-            previous = Some(suffix.to_vec());
-            in_chunk += 1;
-            Ok(())
-        };
+        let first = suffix_of(j).unwrap_or_default();
         match chunk_count {
+            // Its one key is the directory's, whose keys increase.
             None => {
-                let suffix = first.unwrap_or_default();
-                check(suffix)?;
-                push(suffix, bytes)?;
+                push(first, bytes)?;
+                n += 1;
             }
+            // A run's keys increase (`parse_run`), begin with the
+            // directory's key and stay below the next chunk's.
             Some(expected) => {
+                let mut last: Option<&[u8]> = None;
+                let mut in_chunk = 0usize;
                 parse_run(bytes, |suffix, value| {
-                    check(suffix)?;
+                    if last.is_none() && suffix != first {
+                        return Err(DecodeError(
+                            "chunk's first key is not its directory's".into(),
+                        ));
+                    }
+                    last = Some(suffix);
+                    in_chunk += 1;
                     push(suffix, value)
                 })?;
+                if last
+                    .zip(suffix_of(j + 1))
+                    .is_some_and(|(l, next)| l >= next)
+                {
+                    return Err(DecodeError("basement keys out of order".into()));
+                }
                 if in_chunk != *expected {
                     return Err(DecodeError(format!(
                         "chunk holds {in_chunk} entries, directory says {expected}"
                     )));
                 }
+                n += in_chunk;
             }
         }
-        n += in_chunk;
     }
     if n != count {
         return Err(DecodeError(format!(
@@ -460,12 +462,21 @@ impl ReadBelow {
             .map(|(_, e)| e)
     }
 
-    /// The chunks holding [lo, hi), in key order, if all are read.
-    pub fn runs(&self, lo: &[u8], hi: Option<&[u8]>) -> Option<Vec<&Entries>> {
-        self.dir
-            .span(lo, hi)
-            .map(|j| self.chunk(j).map(|e| &**e))
-            .collect()
+    /// The chunks holding [lo, hi), if all are read.
+    pub fn span_read(
+        &self,
+        lo: &[u8],
+        hi: Option<&[u8]>,
+    ) -> Option<std::ops::RangeInclusive<usize>> {
+        let span = self.dir.span(lo, hi);
+        span.clone()
+            .all(|j| self.chunk(j).is_some())
+            .then_some(span)
+    }
+
+    /// Whether the chunk holding `key` is read.
+    pub fn holds_key(&self, key: &[u8]) -> bool {
+        self.chunk(self.dir.chunk_for(key)).is_some()
     }
 
     /// The value at `key` (`Some(None)` if absent), if its chunk is read.

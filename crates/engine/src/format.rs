@@ -220,17 +220,14 @@ struct BasementPlan {
 }
 
 fn plan_basement(b: &Basement, prefix: &[u8]) -> BasementPlan {
-    let mut measure = Measure::default();
-    encode_basement(&mut measure, b, prefix);
-    let len = measure.0;
     let Some(entries) = &b.entries else {
         return BasementPlan {
-            len,
+            len: 0,
             chunks: Vec::new(),
             dir_len: 0,
         };
     };
-    let (chunks, mut len) = plan_chunks(entries, prefix.len(), len);
+    let (chunks, mut len) = plan_chunks(entries, prefix.len());
     let dir_len = if chunks.is_empty() {
         0
     } else {
@@ -355,10 +352,12 @@ fn encode_chunks(
             chunk.copy_from_slice(entries.value(plan.first));
         } else {
             let mut writer = SliceWriter::new(chunk);
-            for i in plan.first..plan.first + plan.count {
-                writer.bytes(strip(entries.key(i), prefix));
-                writer.bytes(entries.value(i));
-            }
+            encode_run(
+                &mut writer,
+                entries,
+                plan.first..plan.first + plan.count,
+                prefix,
+            );
             assert_eq!(writer.written(), plan.len, "chunk measured wrong");
         }
         // The area's checksum goes on over the chunk while it is in the
@@ -379,10 +378,21 @@ fn encode_chunks(
 
 fn encode_basement(sink: &mut impl Sink, b: &Basement, prefix: &[u8]) {
     if let Some(entries) = &b.entries {
-        for (k, v) in entries.iter() {
-            sink.bytes(strip(k, prefix));
-            sink.bytes(v);
-        }
+        encode_run(sink, entries, 0..entries.len(), prefix);
+    }
+}
+
+/// Entries `range` of `entries` as a run: each key without `prefix`,
+/// then its value.
+fn encode_run(
+    sink: &mut impl Sink,
+    entries: &Entries,
+    range: std::ops::Range<usize>,
+    prefix: &[u8],
+) {
+    for i in range {
+        sink.bytes(strip(entries.key(i), prefix));
+        sink.bytes(entries.value(i));
     }
 }
 
@@ -971,16 +981,8 @@ pub fn check_chunks(
             .get(at..at + chunk.len as usize)
             .ok_or_else(|| DecodeError("chunk beyond node".into()))?;
         let entries = chunks.decode_chunk(j, bytes, prefix)?;
-        let bounds = chunks.chunk_bounds(j, range);
-        let outside = [entries.first_key(), entries.last_key()]
-            .into_iter()
-            .flatten()
-            .any(|k| !bounds.contains(k));
-        if outside {
-            return Err(DecodeError(format!(
-                "chunk {j} holds keys outside {bounds:?}"
-            )));
-        }
+        crate::validate::check_basement(&entries, &chunks.chunk_bounds(j, range))
+            .map_err(DecodeError)?;
     }
     Ok(chunks)
 }

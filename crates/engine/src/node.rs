@@ -141,12 +141,26 @@ impl Basement {
     /// The runs of entries (the whole basement's, or the chunks read
     /// below it) that hold every key of [lo, hi) in this basement, in key
     /// order; `None` if some are still on the device.
-    pub fn runs_for(&self, lo: &[u8], hi: Option<&[u8]>) -> Option<Vec<&Entries>> {
+    pub fn runs_for(&self, lo: &[u8], hi: Option<&[u8]>) -> Option<Runs<'_>> {
         match (&self.entries, &self.below) {
-            (Some(entries), _) => Some(vec![&**entries]),
-            (None, Some(below)) => below.runs(lo, hi),
+            (Some(entries), _) => Some(Runs::Whole(Some(entries))),
+            (None, Some(below)) => Some(Runs::Chunks(below, below.span_read(lo, hi)?)),
             (None, None) => None,
         }
+    }
+
+    /// Whether what holds `key` is loaded (no search of it).
+    pub fn holds_key(&self, key: &[u8]) -> bool {
+        self.entries.is_some() || self.below.as_ref().is_some_and(|b| b.holds_key(key))
+    }
+
+    /// Whether what holds every key of [lo, hi) is loaded.
+    pub fn holds_range(&self, lo: &[u8], hi: Option<&[u8]>) -> bool {
+        self.entries.is_some()
+            || self
+                .below
+                .as_ref()
+                .is_some_and(|b| b.span_read(lo, hi).is_some())
     }
 
     /// The value at `key` (`Some(None)` if absent), if what holds it is
@@ -347,6 +361,24 @@ impl PieceBuilder {
             self.pieces.push(self.current);
         }
         self.pieces
+    }
+}
+
+/// The runs of entries a basement answers a range from
+/// ([`Basement::runs_for`]): its own, or the chunks read below it.
+pub enum Runs<'a> {
+    Whole(Option<&'a Arc<Entries>>),
+    Chunks(&'a ReadBelow, std::ops::RangeInclusive<usize>),
+}
+
+impl<'a> Iterator for Runs<'a> {
+    type Item = &'a Entries;
+
+    fn next(&mut self) -> Option<&'a Entries> {
+        match self {
+            Runs::Whole(entries) => entries.take().map(|e| &**e),
+            Runs::Chunks(below, span) => span.next().and_then(|j| below.chunk(j)).map(|e| &**e),
+        }
     }
 }
 

@@ -387,8 +387,7 @@ fn after_a_power_cut_cold_queries_below_basements_answer_the_recovered_state() {
         let dev = MemDevice::new(256 << 20);
         let store = Store::create_on(Arc::new(dev.clone()), options()).unwrap();
         dev.fail_after_writes(rng.gen_range(1..300));
-        let mut models = vec![Model::default()];
-        let mut synced = 0;
+        let mut history = common::History::default();
         for step in 0..rng.gen_range(20..120u32) {
             let mut batch = WriteBatch::new();
             for _ in 0..16 {
@@ -399,21 +398,8 @@ fn after_a_power_cut_cold_queries_below_basements_answer_the_recovered_state() {
                     batch.delete(KeySpace::Data, &block_key(file, b));
                 }
             }
-            let mut next = models.last().cloned().unwrap_or_default();
-            next.apply(&batch);
-            models.push(next);
-            if store.write(&batch).is_err() {
+            if !history.write(&store, &batch, &mut rng, 8) {
                 break;
-            }
-            let durable = match rng.gen_range(0..8) {
-                0 => store.sync().map(|_| true),
-                1 => store.checkpoint().map(|_| true),
-                _ => Ok(false),
-            };
-            match durable {
-                Err(_) => break,
-                Ok(true) => synced = models.len() - 1,
-                Ok(false) => {}
             }
         }
         let mode = CrashMode::from_random(rng.gen());
@@ -429,7 +415,7 @@ fn after_a_power_cut_cold_queries_below_basements_answer_the_recovered_state() {
             .unwrap_or_else(|e| panic!("{context}: {e}"));
         let state = common::dump(&recovered);
         assert!(
-            models[synced..].contains(&state),
+            history.since_synced().contains(&state),
             "{context}: no state at or after the last sync"
         );
         // Closed (checkpointed) and opened again: every leaf cold. Each

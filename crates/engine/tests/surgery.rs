@@ -369,8 +369,7 @@ fn power_cuts_during_a_workload_of_surgeries_keep_a_prefix() {
         let mut rng = SmallRng::seed_from_u64(seed);
         let (dev, store) = mem_store(96 << 20, small_options());
         dev.fail_after_writes(rng.gen_range(1..400));
-        let mut models = vec![Model::default()];
-        let mut synced = 0;
+        let mut history = common::History::default();
         for _ in 0..rng.gen_range(10..80) {
             let d = rng.gen_range(0..DIRS.len());
             let op = match rng.gen_range(0..10) {
@@ -388,27 +387,19 @@ fn power_cuts_during_a_workload_of_surgeries_keep_a_prefix() {
             let Some(batch) = batch_for(&op) else {
                 continue;
             };
-            let mut next = models.last().cloned().unwrap_or_default();
-            next.apply(&batch);
-            models.push(next);
-            if store.write(&batch).is_err() {
+            if !history.write(&store, &batch, &mut rng, 6) {
                 break;
-            }
-            let durable = match rng.gen_range(0..6) {
-                0 => store.sync().map(|_| true),
-                1 => store.checkpoint().map(|_| true),
-                _ => Ok(false),
-            };
-            match durable {
-                Err(_) => break,
-                Ok(true) => synced = models.len() - 1,
-                Ok(false) => {}
             }
         }
         let mode = CrashMode::from_random(rng.gen());
         let context = format!("seed {seed}, {mode:?}");
         common::assert_power_cut_keeps_a_synced_prefix(
-            &dev, store, mode, &context, &models, synced,
+            &dev,
+            store,
+            mode,
+            &context,
+            &history.models,
+            history.synced,
         );
     }
 }

@@ -294,10 +294,8 @@ impl Tree {
         let mut span = Self::basement_span(leaf, want);
         let (first, last) = (*span.start(), *span.end());
         match want {
-            Want::Key(key) => leaf.basements[first].get(key).is_some(),
-            Want::Range(lo, hi) if first == last => {
-                leaf.basements[first].runs_for(lo, hi).is_some()
-            }
+            Want::Key(key) => leaf.basements[first].holds_key(key),
+            Want::Range(lo, hi) if first == last => leaf.basements[first].holds_range(lo, hi),
             _ => span.all(|i| leaf.basements[i].entries.is_some()),
         }
     }

@@ -173,6 +173,62 @@ pub fn assert_matches(store: &Store, model: &Model) {
     }
 }
 
+/// The states a store went through, batch by batch, and the last one
+/// made durable: what a power cut may leave of them
+/// ([`assert_power_cut_keeps_a_synced_prefix`]).
+pub struct History {
+    pub models: Vec<Model>,
+    pub synced: usize,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History {
+            models: vec![Model::default()],
+            synced: 0,
+        }
+    }
+}
+
+impl History {
+    /// Writes `batch` (its state noted first: a write that fails may
+    /// still be durable), then syncs or checkpoints, each one time in
+    /// `durable_one_in`. False once the store fails: the device was cut
+    /// off.
+    pub fn write(
+        &mut self,
+        store: &Store,
+        batch: &WriteBatch,
+        rng: &mut impl rand::Rng,
+        durable_one_in: u32,
+    ) -> bool {
+        let mut next = self.models.last().cloned().unwrap_or_default();
+        next.apply(batch);
+        self.models.push(next);
+        if store.write(batch).is_err() {
+            return false;
+        }
+        let durable = match rng.gen_range(0..durable_one_in) {
+            0 => store.sync().map(|_| true),
+            1 => store.checkpoint().map(|_| true),
+            _ => Ok(false),
+        };
+        match durable {
+            Err(_) => false,
+            Ok(true) => {
+                self.synced = self.models.len() - 1;
+                true
+            }
+            Ok(false) => true,
+        }
+    }
+
+    /// The states at or after the last durable one.
+    pub fn since_synced(&self) -> &[Model] {
+        self.models.get(self.synced..).unwrap_or_default()
+    }
+}
+
 /// Cuts the power of `mem` under `store` and recovers its crash image
 /// (`mode`): the tree must be valid and hold one of `models[synced..]` —
 /// the state after some batch at or after the last synced one.
