@@ -61,6 +61,9 @@ struct Settings {
     read_only: bool,
     config: MountConfig,
     cache_bytes: Option<usize>,
+    /// `-o warm=SIZE`: bytes of the trees' upper levels read at mount
+    /// (default: a sixteenth of the cache budget; 0: none).
+    warm_bytes: Option<usize>,
     log: Option<PathBuf>,
     /// `-o remount`: change a running mount's flags instead of mounting.
     remount: bool,
@@ -116,6 +119,7 @@ fn parse_options(args: &MountArgs) -> Result<Settings> {
             ..MountConfig::default()
         },
         cache_bytes: None,
+        warm_bytes: None,
         log: None,
         remount: false,
         on_device_error: OnDeviceError::RemountReadOnly,
@@ -213,6 +217,10 @@ fn parse_options(args: &MountArgs) -> Result<Settings> {
             "cache" => {
                 let v = value.ok_or_else(|| anyhow!("cache= needs a size"))?;
                 s.cache_bytes = Some(parse_size(v).map_err(|e| anyhow!(e))? as usize);
+            }
+            "warm" => {
+                let v = value.ok_or_else(|| anyhow!("warm= needs a size"))?;
+                s.warm_bytes = Some(parse_size(v).map_err(|e| anyhow!(e))? as usize);
             }
             "log" => {
                 s.log = Some(PathBuf::from(
@@ -585,6 +593,12 @@ const WORKING_MEMORY: usize = 64 << 20;
 /// page fault per 4 KiB of every cold read.
 const IO_BUFFER_POOL_MAX: usize = 16 << 20;
 
+/// The share of the memory budget the mount reads of the trees' upper
+/// levels at most: 16 MiB of the default 256 MiB, the roots and the
+/// levels below them whole or in part, and the leaves' metas of an image
+/// of several GiB.
+const WARM_FRACTION: usize = 16;
+
 fn start(
     args: &MountArgs,
     settings: &Settings,
@@ -602,6 +616,12 @@ fn start(
     options.cache_bytes = budget
         .saturating_sub(pool + working)
         .max(4 * options.node_size);
+    // The upper levels every cold lookup and read passes through, read
+    // at mount (docs/design.md, "Warm upper levels").
+    options.warm_bytes = settings
+        .warm_bytes
+        .unwrap_or(budget / WARM_FRACTION)
+        .min(options.cache_bytes / 2);
     options.read_ahead = settings.read_ahead;
     options.background_flush = settings.background_flush;
     // Dirty nodes are written back on a thread of their own, not in the

@@ -225,6 +225,60 @@ fn a_read_only_mount_writes_nothing() {
     assert_fsck_clean(&image, "after the read-only mount");
 }
 
+/// A mount reads the trees' upper levels first (`-o warm=`, a sixteenth
+/// of the budget by default): one cold 4 KiB read of a file right after
+/// mounting reads its basement's chunk directory and chunk, not the
+/// interior nodes and leaves above them. `warm=0` reads none at mount.
+#[test]
+fn a_mount_warms_the_upper_levels() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, image, dir) = formatted("warm", "1G");
+    let mount = Mount::start(&image, &dir, &[]);
+    let block: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+    let mut f = fs::File::create(mount.path("big")).unwrap();
+    for i in 0..(48u32 << 8) {
+        let mut b = block.clone();
+        b[..4].copy_from_slice(&i.to_le_bytes());
+        f.write_all(&b).unwrap();
+    }
+    drop(f);
+    fs::create_dir(mount.path("small")).unwrap();
+    for i in 0..300 {
+        fs::write(mount.path(&format!("small/f{i}")), [i as u8; 900]).unwrap();
+    }
+    mount.unmount();
+
+    let mount = Mount::start(&image, &dir, &[]);
+    assert!(engine_counter(&dir, "nodes_warmed") >= 2);
+    let warmed = engine_counter(&dir, "warm_bytes_read");
+    assert!(warmed > 0 && warmed <= (16 << 20) + (64 << 10), "{warmed}");
+    let before = engine_counter(&dir, "device_bytes_read");
+    let f = fs::File::open(mount.path("big")).unwrap();
+    let mut buf = vec![0u8; 4096];
+    use std::os::unix::fs::FileExt;
+    f.read_exact_at(&mut buf, 5000 * 4096).unwrap();
+    assert_eq!(&buf[..4], &5000u32.to_le_bytes());
+    assert_eq!(&buf[4..], &block[4..]);
+    let read = engine_counter(&dir, "device_bytes_read") - before;
+    // The chunk directory and the chunk (the file's metadata was read
+    // at mount with the warmed leaves, or costs one more block).
+    assert!(read <= 3 * 4096, "a cold 4 KiB read read {read} bytes");
+    drop(f);
+    mount.unmount();
+
+    let mount = Mount::start(&image, &dir, &["warm=0"]);
+    assert_eq!(engine_counter(&dir, "nodes_warmed"), 0);
+    assert_eq!(
+        fs::read(mount.path("small/f7")).unwrap(),
+        vec![7u8; 900],
+        "answers as before"
+    );
+    mount.unmount();
+    assert_fsck_clean(&image, "after the warm mounts");
+}
+
 /// Images are created 0600, and one that other users can read is not
 /// mounted with allow_other (they would read every file from it).
 #[test]

@@ -37,6 +37,10 @@ pub struct Stats {
     /// settle step flushes into, read holding no tree lock before the
     /// step and cached.
     pub leaves_read_for_flushes: AtomicU64,
+    /// Nodes read at open to warm the trees' upper levels, and the bytes
+    /// that took (`Options::warm_bytes`).
+    pub nodes_warmed: AtomicU64,
+    pub warm_bytes_read: AtomicU64,
     /// Leaves read holding no tree lock (by queries, read-ahead or writers)
     /// and dropped: the tree changed them meanwhile, or the read failed
     /// (a query then reads again under the lock, and reports).
@@ -213,6 +217,8 @@ pub struct StatsSnapshot {
     pub leaves_read_unlocked: u64,
     pub basement_reads_unlocked: u64,
     pub leaves_read_for_flushes: u64,
+    pub nodes_warmed: u64,
+    pub warm_bytes_read: u64,
     pub unlocked_reads_dropped: u64,
     pub superblock_bytes_written: u64,
     pub block_table_bytes_written: u64,
@@ -322,6 +328,8 @@ impl Stats {
             leaves_read_unlocked: get(&self.leaves_read_unlocked),
             basement_reads_unlocked: get(&self.basement_reads_unlocked),
             leaves_read_for_flushes: get(&self.leaves_read_for_flushes),
+            nodes_warmed: get(&self.nodes_warmed),
+            warm_bytes_read: get(&self.warm_bytes_read),
             unlocked_reads_dropped: get(&self.unlocked_reads_dropped),
             superblock_bytes_written: get(&self.superblock_bytes_written),
             block_table_bytes_written: get(&self.block_table_bytes_written),

@@ -43,7 +43,8 @@ use crate::stats::{add, note_max, record_max, Stats, StatsSnapshot};
 use crate::tree::readahead::{read_leaf, LeafOnDisk, ReadFor};
 pub use crate::tree::PairVisitor;
 use crate::tree::{
-    DirtyBudget, Flushing, LeafVisited, Shared, SharedBuffer, Tree, TreeOptions, VerifyReport, Want,
+    DirtyBudget, Flushing, LeafVisited, Shared, SharedBuffer, Tree, TreeOptions, VerifyReport,
+    Want, WarmReport,
 };
 use crate::validate::{check_batch, check_message};
 
@@ -155,6 +156,12 @@ pub struct Options {
     /// writers (`store/staging.rs`). At most a quarter node counts; 0:
     /// every write holds the tree lock.
     pub staged_write_bytes: usize,
+    /// Bytes of the trees' upper levels read into the cache at open, from
+    /// the roots down (docs/design.md, "Warm upper levels"): a cold query
+    /// after the open then reads only below them. 0 (the library's
+    /// default: tests count reads): none; the mount daemon reads a
+    /// sixteenth of its cache budget at most.
+    pub warm_bytes: usize,
 }
 
 /// See [`Options::checkpoint_turn_hook`].
@@ -194,6 +201,7 @@ impl Default for Options {
             evict_step_hook: None,
             evict_encode_hook: None,
             staged_write_bytes: 1 << 20,
+            warm_bytes: 0,
         }
     }
 }
@@ -218,6 +226,12 @@ impl Options {
         }
         if !(4..=1024).contains(&self.fanout) {
             return bad(format!("fanout {} must be within [4, 1024]", self.fanout));
+        }
+        if self.warm_bytes > self.cache_bytes / 2 {
+            return bad(format!(
+                "warm_bytes {} must be at most half of cache_bytes {}",
+                self.warm_bytes, self.cache_bytes
+            ));
         }
         if self.cache_bytes < 4 * self.node_size {
             return bad(format!(
@@ -588,6 +602,18 @@ impl Store {
             epoch,
             end.end_pos,
         )?;
+        if options.warm_bytes > 0 {
+            // A node that fails to read here is reported by the query that
+            // needs it; the open goes on without the rest.
+            let mut report = WarmReport::default();
+            let warmed = tree.warm_upper_levels(options.warm_bytes as u64, &mut report);
+            add(&stats.nodes_warmed, report.nodes);
+            add(&stats.warm_bytes_read, report.bytes);
+            match warmed {
+                Ok(()) => tracing::debug!(?report, "warmed the upper levels"),
+                Err(e) => tracing::warn!("warming the upper levels stopped: {e}"),
+            }
+        }
         let read_only = options.read_only;
         let store = Self::assemble(device, tree, log, stats, merges, options, recovery);
         if !read_only {

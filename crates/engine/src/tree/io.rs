@@ -24,6 +24,32 @@ pub(super) fn read_node_bytes(
     Ok(buf)
 }
 
+/// `head`, the first bytes of a node at byte `at` of the device, made
+/// `len` bytes long (rounded up to whole blocks) by reading only the
+/// bytes past it: a node's header block is read before its meta's length
+/// is known, and reading the meta from the node's start again cost a
+/// block per cold node (docs/design.md, "Warm upper levels").
+pub(super) fn extend_node_read(
+    device: &dyn Device,
+    at: u64,
+    head: AlignedBuf,
+    len: usize,
+    height: u32,
+    stats: &Stats,
+) -> EngineResult<AlignedBuf> {
+    if len <= head.len() {
+        return Ok(head);
+    }
+    let mut buf = AlignedBuf::for_overwrite(len);
+    let (first, rest) = buf.split_at_mut(head.len());
+    first.copy_from_slice(&head);
+    device
+        .read_at(rest, at + head.len() as u64)
+        .map_err(|e| betreefs_store::StoreError::io("reading node", e))?;
+    add(&stats.node_bytes_read[level(height)], rest.len() as u64);
+    Ok(buf)
+}
+
 impl Tree {
     pub(super) fn corrupt(ks: KeySpace, num: u64, reason: impl Into<String>) -> EngineError {
         EngineError::CorruptNode {
@@ -143,10 +169,25 @@ impl Tree {
             return result;
         }
         add(&self.stats.cache_misses, 1);
+        self.read_uncached(ks, num, bounds, Some(want), height)
+    }
+
+    /// Reads node `num`, not cached, and caches it with what `want` needs
+    /// loaded — or, with `want` `None`, its header and meta alone: an
+    /// interior node in part with no segment, a leaf with no basement
+    /// (small interior nodes are read whole either way).
+    pub(super) fn read_uncached(
+        &mut self,
+        ks: KeySpace,
+        num: u64,
+        bounds: &Bounds,
+        want: Option<Want<'_>>,
+        height: Option<u32>,
+    ) -> EngineResult<()> {
         let Slot::OnDisk { extent, crc } = self.btt.get(num) else {
             return Err(Self::corrupt(ks, num, "referenced but never written"));
         };
-        let mut whole = matches!(want, Want::Whole);
+        let mut whole = matches!(want, Some(Want::Whole));
         let first_len = if whole {
             extent.len as usize
         } else {
@@ -156,15 +197,22 @@ impl Tree {
         let header = Self::checked_header(ks, num, &head, crc, bounds, extent.len, height)?;
         // An interior node is read in part only when it is large enough
         // for that to save reading.
+        let at = self.layout.extent_offset(extent);
+        let extend = |head, len| {
+            extend_node_read(
+                self.device.as_ref(),
+                at,
+                head,
+                len,
+                header.height,
+                &self.stats,
+            )
+        };
         if !whole && !header.kind_leaf && extent.len as usize <= self.partial_read_min_bytes() {
             whole = true;
-            if head.len() < extent.len as usize {
-                head = self.read_extent_bytes(extent, 0, extent.len as usize, header.height)?;
-            }
+            head = extend(head, extent.len as usize)?;
         }
-        if meta_end(&header) > head.len() {
-            head = self.read_extent_bytes(extent, 0, meta_end(&header), header.height)?;
-        }
+        head = extend(head, meta_end(&header))?;
         let mut node = Self::decode_node_meta(ks, num, &header, &head, bounds)?;
         if let (true, NodeBody::Interior(int)) = (whole, &mut node.body) {
             // The whole extent is in memory: its segments go into the
@@ -190,7 +238,10 @@ impl Tree {
                 Self::decode_all_basements(ks, num, leaf, bounds, &Arc::new(head))
             }
             (true, NodeBody::Interior(_)) => Ok(()),
-            (false, _) => self.read_parts(ks, num, &mut node, want),
+            (false, _) => match want {
+                Some(want) => self.read_parts(ks, num, &mut node, want),
+                None => Ok(()),
+            },
         };
         result?;
         self.put(num, node);

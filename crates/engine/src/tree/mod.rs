@@ -328,6 +328,8 @@ mod reshape;
 mod share;
 mod surgery;
 mod verify;
+mod warm;
+pub(crate) use warm::WarmReport;
 mod writeback;
 pub use apply::SharedBuffer;
 pub(crate) use flush::Flushing;

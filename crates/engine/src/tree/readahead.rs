@@ -288,9 +288,7 @@ pub(crate) fn read_leaf(
     };
     let mut head = io::read_node_bytes(device, place.offset, first, 0, stats)?;
     let header = checked_leaf_header(place, &head)?;
-    if meta_end(&header) > head.len() {
-        head = io::read_node_bytes(device, place.offset, meta_end(&header), 0, stats)?;
-    }
+    head = io::extend_node_read(device, place.offset, head, meta_end(&header), 0, stats)?;
     let mut node = decode_leaf_meta(place, &header, &head)?;
     let (ks, num, bounds) = (place.ks, place.num, &place.bounds);
     if let NodeBody::Leaf(leaf) = &mut node.body {

@@ -1,0 +1,89 @@
+//! Warming the trees' upper levels when a store opens (docs/design.md,
+//! "Warm upper levels"): the nodes every cold query passes through are
+//! read once, at open, instead of by the first queries after it.
+
+#![allow(clippy::indexing_slicing)] // see tree/mod.rs
+
+use super::*;
+
+/// What [`Tree::warm_upper_levels`] read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WarmReport {
+    /// Nodes read (each counted once, whole or in part).
+    pub nodes: u64,
+    /// Bytes read from the device.
+    pub bytes: u64,
+    /// Levels (counted from the roots) every node of which was read or
+    /// found cached.
+    pub levels: u32,
+}
+
+impl Tree {
+    /// Reads the nodes nearest the roots into the cache, level by level
+    /// from the roots down, both key spaces together, until `budget`
+    /// bytes have been read: interior nodes whole while the budget has
+    /// room for all of their extent (their buffers then answer every
+    /// query passing through), else their header and meta alone (pivots
+    /// and the places of their segments); leaves their header and meta
+    /// alone (pivots and the places of their basements), so a cold point
+    /// query reads only its basement's chunk directory and chunk. The
+    /// nodes are clean and leave the cache as any other. Stops at the
+    /// first error, which it returns: the node that failed is not
+    /// cached, and the query that needs it reads it again and reports.
+    /// `report` counts what was read, also when it stops at an error.
+    pub(crate) fn warm_upper_levels(
+        &mut self,
+        budget: u64,
+        report: &mut WarmReport,
+    ) -> EngineResult<()> {
+        let mut level: Vec<(KeySpace, u64, Bounds, Option<u32>)> = KeySpace::ALL
+            .into_iter()
+            .map(|ks| (ks, self.roots[ks.index()], Bounds::full(), None))
+            .collect();
+        while !level.is_empty() {
+            let mut below = Vec::new();
+            for (ks, num, bounds, height) in level {
+                if report.bytes >= budget {
+                    return Ok(());
+                }
+                if !self.cache.contains_key(&num) {
+                    let before = self.node_bytes_read();
+                    let whole_fits = match self.btt.get(num) {
+                        Slot::OnDisk { extent, .. } => {
+                            u64::from(extent.len) <= budget - report.bytes
+                        }
+                        _ => false,
+                    };
+                    // A root's height is known only once it is read: one
+                    // that fits is read whole, leaf or not.
+                    let interior = height.is_none_or(|h| h > 0);
+                    let want = (whole_fits && interior).then_some(Want::Whole);
+                    let read = self.read_uncached(ks, num, &bounds, want, height);
+                    report.bytes += self.node_bytes_read() - before;
+                    read?;
+                    report.nodes += 1;
+                }
+                let Some(node) = self.cache.get(&num) else {
+                    continue;
+                };
+                if let NodeBody::Interior(int) = &node.body {
+                    let child_height = Some(int.height - 1);
+                    below.extend(int.children.iter().enumerate().map(|(i, &child)| {
+                        (ks, child, int.child_bounds(i, &bounds), child_height)
+                    }));
+                }
+            }
+            report.levels += 1;
+            level = below;
+        }
+        Ok(())
+    }
+
+    fn node_bytes_read(&self) -> u64 {
+        self.stats
+            .node_bytes_read
+            .iter()
+            .map(|b| b.load(AtomicOrdering::Relaxed))
+            .sum()
+    }
+}

@@ -1,0 +1,197 @@
+//! Warming the trees' upper levels at open (`Options::warm_bytes`): the
+//! roots and the levels below them are read, interior nodes whole while
+//! the budget allows, leaves' headers and metas, so that a cold point
+//! query reads only its basement. Checked against a model: answers, the
+//! bytes read by the open and by the query, the budget, and a damaged
+//! node met by the warming.
+
+mod common;
+
+use std::sync::Arc;
+
+use betreefs_engine::{EngineError, KeySpace, Options, Store, WriteBatch};
+use betreefs_store::MemDevice;
+use common::{assert_matches, small_options, Model};
+use rand::{rngs::SmallRng, Rng, SeedableRng};
+
+/// Nodes of 256 KiB with basements of 8 KiB, a cache that holds the whole
+/// tree, no background threads.
+fn options(warm_bytes: usize) -> Options {
+    Options {
+        node_size: 256 << 10,
+        basement_size: 8 << 10,
+        fanout: 8,
+        cache_bytes: 64 << 20,
+        log_bytes: Some(8 << 20),
+        warm_bytes,
+        ..small_options()
+    }
+}
+
+fn key(i: u32) -> Vec<u8> {
+    format!("key{i:07}").into_bytes()
+}
+
+/// A closed store of 20,000 data keys and 2,000 metadata keys, some
+/// overwritten since (so buffers above the leaves hold messages), and its
+/// model.
+fn filled(seed: u64) -> (MemDevice, Model) {
+    let dev = MemDevice::new(256 << 20);
+    let store = Store::create_on(Arc::new(dev.clone()), options(0)).unwrap();
+    let mut model = Model::default();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut batch = WriteBatch::new();
+    let push = |batch: &mut WriteBatch, model: &mut Model| {
+        store.write(batch).unwrap();
+        model.apply(batch);
+        *batch = WriteBatch::new();
+    };
+    for i in 0..20_000u32 {
+        batch.put(KeySpace::Data, &key(i), &[(i % 251) as u8; 60]);
+        if i % 10 == 0 {
+            batch.put(KeySpace::Meta, &key(i), &i.to_le_bytes());
+        }
+        if batch.len() >= 100 {
+            push(&mut batch, &mut model);
+        }
+    }
+    for round in 0..3_000u32 {
+        let i = rng.gen_range(0..20_000);
+        if round % 4 == 0 {
+            batch.delete(KeySpace::Data, &key(i));
+        } else {
+            batch.put(KeySpace::Data, &key(i), &[round as u8; 90]);
+        }
+        if batch.len() >= 50 {
+            push(&mut batch, &mut model);
+        }
+    }
+    push(&mut batch, &mut model);
+    store.close().unwrap();
+    (dev, model)
+}
+
+fn open(dev: &MemDevice, warm_bytes: usize) -> Store {
+    Store::open_on(Arc::new(dev.clone()), options(warm_bytes)).unwrap()
+}
+
+fn assert_get(store: &Store, model: &Model, ks: KeySpace, k: &[u8]) {
+    assert_eq!(
+        store.get(ks, k).unwrap(),
+        model.spaces[ks.index()].get(k).cloned(),
+        "key {:?}",
+        String::from_utf8_lossy(k)
+    );
+}
+
+#[test]
+fn a_cold_point_query_after_a_warm_open_reads_only_its_basement() {
+    let (dev, model) = filled(5);
+    let cold = open(&dev, 0);
+    assert_eq!(cold.stats().nodes_warmed, 0);
+    assert_eq!(cold.stats().node_bytes_read_per_level, [0; 8]);
+    drop(cold);
+
+    let store = open(&dev, 32 << 20);
+    let opened = store.stats();
+    assert!(
+        opened.tree_heights[KeySpace::Data.index()] >= 1,
+        "the data tree should have interior nodes"
+    );
+    assert!(opened.nodes_warmed > 2, "{opened:?}");
+    assert!(opened.warm_bytes_read > 0, "{opened:?}");
+    // Everything above the leaves fit: read whole, not in part.
+    assert_eq!(opened.interior_nodes_read_in_part, 0, "{opened:?}");
+    let leaves_before = opened.node_bytes_read_per_level[0];
+    let above_before: u64 = opened.node_bytes_read_per_level[1..].iter().sum();
+
+    let basement = 8 << 10;
+    let mut rng = SmallRng::seed_from_u64(9);
+    for _ in 0..20 {
+        let i = rng.gen_range(0..20_000);
+        let leaves = store.stats().node_bytes_read_per_level[0];
+        assert_get(&store, &model, KeySpace::Data, &key(i));
+        let stats = store.stats();
+        // One basement (with its block rounding) at most; no interior
+        // node, no leaf's header again.
+        assert!(
+            stats.node_bytes_read_per_level[0] - leaves <= basement + 4096,
+            "query of key {i} read {} bytes of leaves",
+            stats.node_bytes_read_per_level[0] - leaves
+        );
+        let above: u64 = stats.node_bytes_read_per_level[1..].iter().sum();
+        assert_eq!(above, above_before, "query of key {i} read interior nodes");
+        assert_eq!(stats.segments_read, 0);
+    }
+    assert!(store.stats().node_bytes_read_per_level[0] > leaves_before);
+    // Every answer as the model's, then the whole store.
+    assert_get(&store, &model, KeySpace::Meta, &key(40));
+    assert_get(&store, &model, KeySpace::Data, b"zzz");
+    assert_matches(&store, &model);
+    store.verify().unwrap();
+}
+
+#[test]
+fn warming_stops_at_its_budget() {
+    let (dev, model) = filled(6);
+    let whole = open(&dev, 32 << 20).stats().warm_bytes_read;
+    for budget in [4096usize, 64 << 10, 256 << 10] {
+        let store = open(&dev, budget);
+        let stats = store.stats();
+        assert!(stats.nodes_warmed >= 1, "budget {budget}: {stats:?}");
+        // The last node read may pass the budget by its header and meta
+        // (a whole node is read only if it fits).
+        assert!(
+            stats.warm_bytes_read <= budget as u64 + (64 << 10),
+            "budget {budget}: read {} bytes",
+            stats.warm_bytes_read
+        );
+        assert!(stats.warm_bytes_read < whole, "budget {budget}");
+        assert_matches(&store, &model);
+    }
+}
+
+#[test]
+fn a_warm_budget_past_half_the_cache_is_refused() {
+    let dev = MemDevice::new(64 << 20);
+    let options = Options {
+        warm_bytes: 33 << 20,
+        ..options(0)
+    };
+    match Store::create_on(Arc::new(dev), options) {
+        Err(EngineError::InvalidOption(why)) => assert!(why.contains("warm_bytes"), "{why}"),
+        other => panic!("expected InvalidOption, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
+fn a_damaged_node_met_while_warming_is_reported_by_the_query_that_needs_it() {
+    let (dev, model) = filled(7);
+    let mut image = dev.current_image();
+    let forge = common::forge::Forge::new(image.clone());
+    // A leaf of the data tree, its header damaged: the warming reads it
+    // (every leaf's header fits this budget).
+    let found = forge.nodes(KeySpace::Data);
+    let leaf = found
+        .iter()
+        .filter(|f| matches!(f.node.body, betreefs_engine::node::NodeBody::Leaf(_)))
+        .nth(3)
+        .expect("the data tree should have several leaves");
+    let betreefs_engine::btt::Slot::OnDisk { extent, .. } = forge.btt.get(leaf.num) else {
+        panic!("leaf not on disk");
+    };
+    let at = forge.sb.layout.extent_offset(extent) as usize;
+    image[at + 30] ^= 0x20;
+    let dev = MemDevice::from_image(image);
+
+    // The open goes on; the warming stops at the damaged leaf.
+    let store = open(&dev, 32 << 20);
+    assert!(store.stats().nodes_warmed >= 1);
+    // A key in the first leaf still reads; a key of the damaged leaf
+    // fails, naming it (as it would have without the warming).
+    assert_get(&store, &model, KeySpace::Data, &key(0));
+    match store.get(KeySpace::Data, &leaf.bounds.lo) {
+        Err(EngineError::CorruptNode { num, .. }) => assert_eq!(num, leaf.num),
+        other => panic!("expected the damaged leaf to be reported, got {other:?}"),
+    }
+}
