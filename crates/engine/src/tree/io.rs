@@ -195,8 +195,6 @@ impl Tree {
         };
         let mut head = self.read_extent_bytes(extent, 0, first_len, height.unwrap_or(0))?;
         let header = Self::checked_header(ks, num, &head, crc, bounds, extent.len, height)?;
-        // An interior node is read in part only when it is large enough
-        // for that to save reading.
         let at = self.layout.extent_offset(extent);
         let extend = |head, len| {
             extend_node_read(
@@ -208,6 +206,8 @@ impl Tree {
                 &self.stats,
             )
         };
+        // An interior node is read in part only when it is large enough
+        // for that to save reading.
         if !whole && !header.kind_leaf && extent.len as usize <= self.partial_read_min_bytes() {
             whole = true;
             head = extend(head, extent.len as usize)?;
