@@ -9,6 +9,7 @@ mod common;
 
 use std::sync::Arc;
 
+use betreefs_engine::node::NodeBody;
 use betreefs_engine::{EngineError, KeySpace, Options, Store, WriteBatch};
 use betreefs_store::MemDevice;
 use common::{assert_matches, small_options, Model};
@@ -174,7 +175,7 @@ fn a_damaged_node_met_while_warming_is_reported_by_the_query_that_needs_it() {
     let found = forge.nodes(KeySpace::Data);
     let leaf = found
         .iter()
-        .filter(|f| matches!(f.node.body, betreefs_engine::node::NodeBody::Leaf(_)))
+        .filter(|f| matches!(f.node.body, NodeBody::Leaf(_)))
         .nth(3)
         .expect("the data tree should have several leaves");
     let betreefs_engine::btt::Slot::OnDisk { extent, .. } = forge.btt.get(leaf.num) else {
@@ -193,5 +194,43 @@ fn a_damaged_node_met_while_warming_is_reported_by_the_query_that_needs_it() {
     match store.get(KeySpace::Data, &leaf.bounds.lo) {
         Err(EngineError::CorruptNode { num, .. }) => assert_eq!(num, leaf.num),
         other => panic!("expected the damaged leaf to be reported, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_forged_tree_that_names_a_node_below_itself_neither_hangs_the_open_nor_answers() {
+    let (dev, model) = filled(8);
+    let mut forge = common::forge::Forge::new(dev.current_image());
+    // An interior node below the data tree's root, its second child
+    // replaced by the root: a cycle each node's own checks cannot see.
+    let nodes = forge.nodes(KeySpace::Data);
+    let root = nodes.first().expect("a root").num;
+    let (num, bounds, mut forged) = nodes
+        .iter()
+        .skip(1)
+        .find(|f| matches!(&f.node.body, NodeBody::Interior(int) if int.children.len() >= 2))
+        .map(|f| (f.num, f.bounds.clone(), f.node.clone()))
+        .expect("the data tree should be three levels high");
+    let NodeBody::Interior(int) = &mut forged.body else {
+        unreachable!()
+    };
+    let under_forged = int.pivots[0].clone();
+    int.children[1] = root;
+    forge.write_node(num, &forged);
+    let dev = MemDevice::from_image(forge.finish());
+
+    let store = open(&dev, 32 << 20);
+    assert!(store.stats().nodes_warmed >= 2);
+    // Keys outside the forged node's subtree still read; one under the
+    // forged child is refused as corrupt.
+    let outside = model.spaces[KeySpace::Data.index()]
+        .keys()
+        .find(|k| !bounds.contains(k))
+        .expect("a key outside the forged node")
+        .clone();
+    assert_get(&store, &model, KeySpace::Data, &outside);
+    match store.get(KeySpace::Data, &under_forged) {
+        Err(EngineError::CorruptNode { .. }) => {}
+        other => panic!("expected the forged child to be refused, got {other:?}"),
     }
 }

@@ -40,11 +40,18 @@ impl Tree {
             .into_iter()
             .map(|ks| (ks, self.roots[ks.index()], Bounds::full(), None))
             .collect();
+        // A node is visited once: shared subtrees (range clones) are
+        // reached through several parents, and a forged image may name a
+        // node below itself.
+        let mut visited = HashSet::new();
         while !level.is_empty() {
             let mut below = Vec::new();
             for (ks, num, bounds, height) in level {
                 if report.bytes >= budget {
                     return Ok(());
+                }
+                if !visited.insert(num) {
+                    continue;
                 }
                 if !self.cache.contains_key(&num) {
                     let before = self.node_bytes_read();
@@ -66,8 +73,16 @@ impl Tree {
                 let Some(node) = self.cache.get(&num) else {
                     continue;
                 };
+                // A node cached before (by replay) at another height than
+                // its parent gives is left to the query that reaches it,
+                // which reports it; the warming goes no deeper there.
+                if height.is_some_and(|h| h != node.height()) {
+                    continue;
+                }
                 if let NodeBody::Interior(int) = &node.body {
-                    let child_height = Some(int.height - 1);
+                    let Some(child_height) = int.height.checked_sub(1).map(Some) else {
+                        continue;
+                    };
                     below.extend(int.children.iter().enumerate().map(|(i, &child)| {
                         (ks, child, int.child_bounds(i, &bounds), child_height)
                     }));
