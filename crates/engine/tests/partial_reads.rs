@@ -12,20 +12,13 @@ use std::sync::Arc;
 
 use betreefs_engine::{KeySpace, Options, Store, WriteBatch, MERGE_PATCH};
 use betreefs_store::MemDevice;
-use common::{assert_matches, small_options, Model};
+use common::{assert_matches, mid_options, Model};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
 /// Nodes of 256 KiB (interior nodes past 4 KiB are read in part), a cache
 /// that holds the whole tree, no background threads.
 fn options() -> Options {
-    Options {
-        node_size: 256 << 10,
-        basement_size: 8 << 10,
-        fanout: 8,
-        cache_bytes: 64 << 20,
-        log_bytes: Some(8 << 20),
-        ..small_options()
-    }
+    mid_options()
 }
 
 /// A store filled by [`fill`] (its randomness seeded with `seed`), the

@@ -12,20 +12,14 @@ use std::sync::Arc;
 use betreefs_engine::node::NodeBody;
 use betreefs_engine::{EngineError, KeySpace, Options, Store, WriteBatch};
 use betreefs_store::MemDevice;
-use common::{assert_matches, small_options, Model};
+use common::{assert_matches, mid_options, Model};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
-/// Nodes of 256 KiB with basements of 8 KiB, a cache that holds the whole
-/// tree, no background threads.
+/// [`mid_options`] warming `warm_bytes` at open.
 fn options(warm_bytes: usize) -> Options {
     Options {
-        node_size: 256 << 10,
-        basement_size: 8 << 10,
-        fanout: 8,
-        cache_bytes: 64 << 20,
-        log_bytes: Some(8 << 20),
         warm_bytes,
-        ..small_options()
+        ..mid_options()
     }
 }
 

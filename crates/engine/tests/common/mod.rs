@@ -27,6 +27,20 @@ pub fn small_options() -> Options {
     }
 }
 
+/// Nodes of 256 KiB with basements of 8 KiB, a cache that holds a tree of
+/// a few MB whole, no background threads: interior nodes large enough to
+/// be read in part, leaves of many basements.
+pub fn mid_options() -> Options {
+    Options {
+        node_size: 256 << 10,
+        basement_size: 8 << 10,
+        fanout: 8,
+        cache_bytes: 64 << 20,
+        log_bytes: Some(8 << 20),
+        ..small_options()
+    }
+}
+
 /// Polls `what` until it holds, failing after a minute: for what the
 /// store's own threads do in their time.
 pub fn wait_until(why: &str, what: impl Fn() -> bool) {
