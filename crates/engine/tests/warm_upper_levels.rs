@@ -147,6 +147,19 @@ fn warming_stops_at_its_budget() {
 }
 
 #[test]
+fn warming_stops_at_its_time() {
+    let (dev, model) = filled(9);
+    let options = Options {
+        warm_time: std::time::Duration::ZERO,
+        ..options(32 << 20)
+    };
+    let store = Store::open_on(Arc::new(dev.clone()), options).unwrap();
+    assert_eq!(store.stats().nodes_warmed, 0);
+    assert_eq!(store.stats().warm_bytes_read, 0);
+    assert_matches(&store, &model);
+}
+
+#[test]
 fn a_warm_budget_past_half_the_cache_is_refused() {
     let dev = MemDevice::new(64 << 20);
     let options = Options {

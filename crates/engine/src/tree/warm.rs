@@ -30,10 +30,14 @@ impl Tree {
     /// nodes are clean and leave the cache as any other. Stops at the
     /// first error, which it returns: the node that failed is not
     /// cached, and the query that needs it reads it again and reports.
-    /// `report` counts what was read, also when it stops at an error.
+    /// `report` counts what was read, also when it stops at an error. It
+    /// also stops at `until`: on a slow device the budget's reads (some
+    /// of them a block each, one after another) could hold the open for
+    /// seconds.
     pub(crate) fn warm_upper_levels(
         &mut self,
         budget: u64,
+        until: std::time::Instant,
         report: &mut WarmReport,
     ) -> EngineResult<()> {
         let mut level: Vec<(KeySpace, u64, Bounds, Option<u32>)> = KeySpace::ALL
@@ -47,7 +51,7 @@ impl Tree {
         while !level.is_empty() {
             let mut below = Vec::new();
             for (ks, num, bounds, height) in level {
-                if report.bytes >= budget {
+                if report.bytes >= budget || std::time::Instant::now() >= until {
                     return Ok(());
                 }
                 if !visited.insert(num) {
