@@ -169,6 +169,56 @@ fn warming_after_log_replay_finds_the_replayed_writes() {
 }
 
 #[test]
+fn warming_stops_at_the_caches_budget() {
+    let (dev, mut model) = filled(12);
+    // A cache of four nodes, filled by the replay of a long log.
+    let small = |warm_bytes| Options {
+        cache_bytes: 1 << 20,
+        warm_bytes,
+        ..mid_options()
+    };
+    let store = Store::open_on(Arc::new(dev.clone()), small(0)).unwrap();
+    let mut batch = WriteBatch::new();
+    for i in 0..8_000u32 {
+        batch.put(KeySpace::Data, &key(i * 3), &[i as u8; 100]);
+        if batch.len() >= 50 {
+            store.write(&batch).unwrap();
+            model.apply(&batch);
+            batch = WriteBatch::new();
+        }
+    }
+    store.write(&batch).unwrap();
+    model.apply(&batch);
+    store.sync().unwrap();
+    let crashed = MemDevice::from_image(dev.crash_image(betreefs_store::CrashMode::DropUnsynced));
+    drop(store);
+
+    let store = Store::open_on(Arc::new(crashed), small(512 << 10)).unwrap();
+    let stats = store.stats();
+    assert!(stats.log_replayed_records > 0);
+    // The warming stopped at the cache's budget, not at its own: past it
+    // by no more than the node it read last (a root, which the cache
+    // keeps; a query would have read it all the same).
+    assert!(
+        stats.warm_bytes_read < 512 << 10,
+        "warmed {} bytes",
+        stats.warm_bytes_read
+    );
+    assert!(
+        stats.nodes_warmed <= 1,
+        "warmed {} nodes",
+        stats.nodes_warmed
+    );
+    assert!(
+        stats.cache_bytes <= stats.cache_budget_bytes + (256 << 10) * 2,
+        "warming took the cache to {} bytes, past its budget of {}",
+        stats.cache_bytes,
+        stats.cache_budget_bytes
+    );
+    assert_matches(&store, &model);
+}
+
+#[test]
 fn warming_stops_at_its_budget() {
     let (dev, model) = filled(6);
     let whole = open(&dev, 32 << 20).stats().warm_bytes_read;

@@ -31,10 +31,24 @@ impl Tree {
     /// first error, which it returns: the node that failed is not
     /// cached, and the query that needs it reads it again and reports.
     /// `report` counts what was read, also when it stops at an error. It
-    /// also stops at `until`: on a slow device the budget's reads (some
-    /// of them a block each, one after another) could hold the open for
-    /// seconds.
+    /// also stops at `until` (on a slow device the budget's reads, some
+    /// of them a block each, one after another, could hold the open for
+    /// seconds) and once the cache is at its budget for clean nodes.
     pub(crate) fn warm_upper_levels(
+        &mut self,
+        budget: u64,
+        until: std::time::Instant,
+        report: &mut WarmReport,
+    ) -> EngineResult<()> {
+        let warmed = self.warm_levels(budget, until, report);
+        // The last node read may have taken the cache past its budget
+        // (its size in memory is known only once it is read): clean
+        // nodes make room again, the least recently used first.
+        self.evict_clean_if_needed();
+        warmed
+    }
+
+    fn warm_levels(
         &mut self,
         budget: u64,
         until: std::time::Instant,
@@ -51,7 +65,10 @@ impl Tree {
         while !level.is_empty() {
             let mut below = Vec::new();
             for (ks, num, bounds, height) in level {
-                if report.bytes >= budget || std::time::Instant::now() >= until {
+                // A long log replay may have filled the cache already:
+                // warming never takes it past its budget.
+                let full = self.cache_excess(0, DirtyBudget::Clean) > 0;
+                if full || report.bytes >= budget || std::time::Instant::now() >= until {
                     return Ok(());
                 }
                 if !visited.insert(num) {
