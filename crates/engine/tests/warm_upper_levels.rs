@@ -2,8 +2,9 @@
 //! roots and the levels below them are read, interior nodes whole while
 //! the budget allows, leaves' headers and metas, so that a cold point
 //! query reads only its basement. Checked against a model: answers, the
-//! bytes read by the open and by the query, the budget, and a damaged
-//! node met by the warming.
+//! bytes read by the open and by the query, the warming after a log
+//! replay, its bounds (bytes, time, the cache's budget), a damaged node
+//! met by the warming and a forged tree that names a node below itself.
 
 mod common;
 
