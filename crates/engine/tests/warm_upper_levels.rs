@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use betreefs_engine::node::NodeBody;
 use betreefs_engine::{EngineError, KeySpace, Options, Store, WriteBatch};
-use betreefs_store::MemDevice;
+use betreefs_store::{CrashMode, MemDevice};
 use common::{assert_matches, mid_options, Model};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
@@ -36,35 +36,56 @@ fn filled(seed: u64) -> (MemDevice, Model) {
     let store = Store::create_on(Arc::new(dev.clone()), options(0)).unwrap();
     let mut model = Model::default();
     let mut rng = SmallRng::seed_from_u64(seed);
-    let mut batch = WriteBatch::new();
-    let push = |batch: &mut WriteBatch, model: &mut Model| {
-        store.write(batch).unwrap();
-        model.apply(batch);
-        *batch = WriteBatch::new();
-    };
-    for i in 0..20_000u32 {
-        batch.put(KeySpace::Data, &key(i), &[(i % 251) as u8; 60]);
-        if i % 10 == 0 {
-            batch.put(KeySpace::Meta, &key(i), &i.to_le_bytes());
-        }
-        if batch.len() >= 100 {
-            push(&mut batch, &mut model);
-        }
-    }
-    for round in 0..3_000u32 {
-        let i = rng.gen_range(0..20_000);
-        if round % 4 == 0 {
-            batch.delete(KeySpace::Data, &key(i));
-        } else {
-            batch.put(KeySpace::Data, &key(i), &[round as u8; 90]);
-        }
-        if batch.len() >= 50 {
-            push(&mut batch, &mut model);
-        }
-    }
-    push(&mut batch, &mut model);
+    let fill = (0..20_000u32).flat_map(|i| {
+        let data = (KeySpace::Data, key(i), Some(vec![(i % 251) as u8; 60]));
+        let meta = Some(i.to_le_bytes().to_vec());
+        let meta = (i % 10 == 0).then(|| (KeySpace::Meta, key(i), meta));
+        std::iter::once(data).chain(meta)
+    });
+    write_changes(&store, &mut model, 100, fill);
+    let changes: Vec<_> = (0..3_000u32)
+        .map(|round| {
+            let i = rng.gen_range(0..20_000);
+            let value = (round % 4 != 0).then(|| vec![round as u8; 90]);
+            (KeySpace::Data, key(i), value)
+        })
+        .collect();
+    write_changes(&store, &mut model, 50, changes);
     store.close().unwrap();
     (dev, model)
+}
+
+/// Writes `changes` (a key's new value, or `None` to delete it) in
+/// batches of `per_batch`, and applies them to the model.
+fn write_changes(
+    store: &Store,
+    model: &mut Model,
+    per_batch: usize,
+    changes: impl IntoIterator<Item = (KeySpace, Vec<u8>, Option<Vec<u8>>)>,
+) {
+    let mut batch = WriteBatch::new();
+    for (ks, k, v) in changes {
+        match v {
+            Some(v) => batch.put(ks, &k, &v),
+            None => batch.delete(ks, &k),
+        };
+        if batch.len() >= per_batch {
+            store.write(&batch).unwrap();
+            model.apply(&batch);
+            batch = WriteBatch::new();
+        }
+    }
+    store.write(&batch).unwrap();
+    model.apply(&batch);
+}
+
+/// The image `store` (on `dev`) leaves when the power is cut right after
+/// a sync: what it wrote since its last checkpoint is in the log alone.
+fn power_cut_after_sync(dev: &MemDevice, store: Store) -> MemDevice {
+    store.sync().unwrap();
+    let crashed = MemDevice::from_image(dev.crash_image(CrashMode::DropUnsynced));
+    drop(store);
+    crashed
 }
 
 fn open(dev: &MemDevice, warm_bytes: usize) -> Store {
@@ -135,25 +156,15 @@ fn warming_after_log_replay_finds_the_replayed_writes() {
     // warms what replay left on the device.
     let store = open(&dev, 0);
     let mut rng = SmallRng::seed_from_u64(10);
-    let mut batch = WriteBatch::new();
-    for round in 0..2_000u32 {
-        let i = rng.gen_range(0..25_000);
-        if round % 5 == 0 {
-            batch.delete(KeySpace::Data, &key(i));
-        } else {
-            batch.put(KeySpace::Data, &key(i), &[round as u8; 70]);
-        }
-        if batch.len() >= 40 {
-            store.write(&batch).unwrap();
-            model.apply(&batch);
-            batch = WriteBatch::new();
-        }
-    }
-    store.write(&batch).unwrap();
-    model.apply(&batch);
-    store.sync().unwrap();
-    let crashed = MemDevice::from_image(dev.crash_image(betreefs_store::CrashMode::DropUnsynced));
-    drop(store);
+    let changes: Vec<_> = (0..2_000u32)
+        .map(|round| {
+            let i = rng.gen_range(0..25_000);
+            let value = (round % 5 != 0).then(|| vec![round as u8; 70]);
+            (KeySpace::Data, key(i), value)
+        })
+        .collect();
+    write_changes(&store, &mut model, 40, changes);
+    let crashed = power_cut_after_sync(&dev, store);
 
     let store = open(&crashed, 32 << 20);
     assert!(store.stats().log_replayed_records > 0);
@@ -179,20 +190,9 @@ fn warming_stops_at_the_caches_budget() {
         ..mid_options()
     };
     let store = Store::open_on(Arc::new(dev.clone()), small(0)).unwrap();
-    let mut batch = WriteBatch::new();
-    for i in 0..8_000u32 {
-        batch.put(KeySpace::Data, &key(i * 3), &[i as u8; 100]);
-        if batch.len() >= 50 {
-            store.write(&batch).unwrap();
-            model.apply(&batch);
-            batch = WriteBatch::new();
-        }
-    }
-    store.write(&batch).unwrap();
-    model.apply(&batch);
-    store.sync().unwrap();
-    let crashed = MemDevice::from_image(dev.crash_image(betreefs_store::CrashMode::DropUnsynced));
-    drop(store);
+    let puts = (0..8_000u32).map(|i| (KeySpace::Data, key(i * 3), Some(vec![i as u8; 100])));
+    write_changes(&store, &mut model, 50, puts);
+    let crashed = power_cut_after_sync(&dev, store);
 
     let store = Store::open_on(Arc::new(crashed), small(512 << 10)).unwrap();
     let stats = store.stats();

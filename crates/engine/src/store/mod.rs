@@ -43,8 +43,7 @@ use crate::stats::{add, note_max, record_max, Stats, StatsSnapshot};
 use crate::tree::readahead::{read_leaf, LeafOnDisk, ReadFor};
 pub use crate::tree::PairVisitor;
 use crate::tree::{
-    DirtyBudget, Flushing, LeafVisited, Shared, SharedBuffer, Tree, TreeOptions, VerifyReport,
-    Want, WarmReport,
+    DirtyBudget, Flushing, LeafVisited, Shared, SharedBuffer, Tree, TreeOptions, VerifyReport, Want,
 };
 use crate::validate::{check_batch, check_message};
 
@@ -610,14 +609,9 @@ impl Store {
         if options.warm_bytes > 0 {
             // A node that fails to read here is reported by the query that
             // needs it; the open goes on without the rest.
-            let mut report = WarmReport::default();
             let until = std::time::Instant::now() + options.warm_time;
-            let warmed = tree.warm_upper_levels(options.warm_bytes as u64, until, &mut report);
-            add(&stats.nodes_warmed, report.nodes);
-            add(&stats.warm_bytes_read, report.bytes);
-            match warmed {
-                Ok(()) => tracing::debug!(?report, "warmed the upper levels"),
-                Err(e) => tracing::warn!("warming the upper levels stopped: {e}"),
+            if let Err(e) = tree.warm_upper_levels(options.warm_bytes as u64, until) {
+                tracing::warn!("warming the upper levels stopped: {e}");
             }
         }
         let read_only = options.read_only;

@@ -17,11 +17,24 @@ pub(super) fn read_node_bytes(
     stats: &Stats,
 ) -> EngineResult<AlignedBuf> {
     let mut buf = AlignedBuf::for_overwrite(len);
+    read_into(device, &mut buf, at, height, stats)?;
+    Ok(buf)
+}
+
+/// Fills `buf` from byte `at` of the device with bytes of a node at
+/// height `height`, counted in the stats.
+fn read_into(
+    device: &dyn Device,
+    buf: &mut [u8],
+    at: u64,
+    height: u32,
+    stats: &Stats,
+) -> EngineResult<()> {
     device
-        .read_at(&mut buf, at)
+        .read_at(buf, at)
         .map_err(|e| betreefs_store::StoreError::io("reading node", e))?;
     add(&stats.node_bytes_read[level(height)], buf.len() as u64);
-    Ok(buf)
+    Ok(())
 }
 
 /// `head`, the first bytes of a node at byte `at` of the device, made
@@ -43,10 +56,7 @@ pub(super) fn extend_node_read(
     let mut buf = AlignedBuf::for_overwrite(len);
     let (first, rest) = buf.split_at_mut(head.len());
     first.copy_from_slice(&head);
-    device
-        .read_at(rest, at + head.len() as u64)
-        .map_err(|e| betreefs_store::StoreError::io("reading node", e))?;
-    add(&stats.node_bytes_read[level(height)], rest.len() as u64);
+    read_into(device, rest, at + head.len() as u64, height, stats)?;
     Ok(buf)
 }
 
@@ -193,19 +203,12 @@ impl Tree {
         } else {
             (extent.len as usize).min(BLOCK_SIZE)
         };
-        let mut head = self.read_extent_bytes(extent, 0, first_len, height.unwrap_or(0))?;
-        let header = Self::checked_header(ks, num, &head, crc, bounds, extent.len, height)?;
         let at = self.layout.extent_offset(extent);
-        let extend = |head, len| {
-            extend_node_read(
-                self.device.as_ref(),
-                at,
-                head,
-                len,
-                header.height,
-                &self.stats,
-            )
-        };
+        let device = self.device.as_ref();
+        let mut head = read_node_bytes(device, at, first_len, height.unwrap_or(0), &self.stats)?;
+        let header = Self::checked_header(ks, num, &head, crc, bounds, extent.len, height)?;
+        let extend =
+            |head, len| extend_node_read(device, at, head, len, header.height, &self.stats);
         // An interior node is read in part only when it is large enough
         // for that to save reading.
         if !whole && !header.kind_leaf && extent.len as usize <= self.partial_read_min_bytes() {

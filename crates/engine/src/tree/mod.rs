@@ -329,7 +329,6 @@ mod share;
 mod surgery;
 mod verify;
 mod warm;
-pub(crate) use warm::WarmReport;
 mod writeback;
 pub use apply::SharedBuffer;
 pub(crate) use flush::Flushing;

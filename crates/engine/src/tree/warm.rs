@@ -6,18 +6,6 @@
 
 use super::*;
 
-/// What [`Tree::warm_upper_levels`] read.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WarmReport {
-    /// Nodes read (each counted once, whole or in part).
-    pub nodes: u64,
-    /// Bytes read from the device.
-    pub bytes: u64,
-    /// Levels (counted from the roots) every node of which was read or
-    /// found cached.
-    pub levels: u32,
-}
-
 impl Tree {
     /// Reads the nodes nearest the roots into the cache, level by level
     /// from the roots down, both key spaces together, until `budget`
@@ -27,20 +15,19 @@ impl Tree {
     /// and the places of their segments); leaves their header and meta
     /// alone (pivots and the places of their basements), so a cold point
     /// query reads only its basement's chunk directory and chunk. The
-    /// nodes are clean and leave the cache as any other. Stops at the
-    /// first error, which it returns: the node that failed is not
+    /// nodes are clean and leave the cache as any other; what was read is
+    /// counted in the stats (`nodes_warmed`, `warm_bytes_read`). Stops at
+    /// the first error, which it returns: the node that failed is not
     /// cached, and the query that needs it reads it again and reports.
-    /// `report` counts what was read, also when it stops at an error. It
-    /// also stops at `until` (on a slow device the budget's reads, some
-    /// of them a block each, one after another, could hold the open for
-    /// seconds) and once the cache is at its budget for clean nodes.
+    /// It also stops at `until` (on a slow device the budget's reads,
+    /// some of them a block each, one after another, could hold the open
+    /// for seconds) and once the cache is at its budget for clean nodes.
     pub(crate) fn warm_upper_levels(
         &mut self,
         budget: u64,
         until: std::time::Instant,
-        report: &mut WarmReport,
     ) -> EngineResult<()> {
-        let warmed = self.warm_levels(budget, until, report);
+        let warmed = self.warm_levels(budget, until);
         // The last node read may have taken the cache past its budget
         // (its size in memory is known only once it is read): clean
         // nodes make room again, the least recently used first.
@@ -48,12 +35,7 @@ impl Tree {
         warmed
     }
 
-    fn warm_levels(
-        &mut self,
-        budget: u64,
-        until: std::time::Instant,
-        report: &mut WarmReport,
-    ) -> EngineResult<()> {
+    fn warm_levels(&mut self, budget: u64, until: std::time::Instant) -> EngineResult<()> {
         let mut level: Vec<(KeySpace, u64, Bounds, Option<u32>)> = KeySpace::ALL
             .into_iter()
             .map(|ks| (ks, self.roots[ks.index()], Bounds::full(), None))
@@ -62,34 +44,36 @@ impl Tree {
         // reached through several parents, and a forged image may name a
         // node below itself.
         let mut visited = HashSet::new();
+        let start = self.node_bytes_read();
         while !level.is_empty() {
             let mut below = Vec::new();
             for (ks, num, bounds, height) in level {
+                let read = self.node_bytes_read() - start;
                 // A long log replay may have filled the cache already:
                 // warming never takes it past its budget.
                 let full = self.cache_excess(0, DirtyBudget::Clean) > 0;
-                if full || report.bytes >= budget || std::time::Instant::now() >= until {
+                if full || read >= budget || std::time::Instant::now() >= until {
                     return Ok(());
                 }
                 if !visited.insert(num) {
                     continue;
                 }
                 if !self.cache.contains_key(&num) {
-                    let before = self.node_bytes_read();
                     let whole_fits = match self.btt.get(num) {
-                        Slot::OnDisk { extent, .. } => {
-                            u64::from(extent.len) <= budget - report.bytes
-                        }
+                        Slot::OnDisk { extent, .. } => u64::from(extent.len) <= budget - read,
                         _ => false,
                     };
                     // A root's height is known only once it is read: one
                     // that fits is read whole, leaf or not.
                     let interior = height.is_none_or(|h| h > 0);
                     let want = (whole_fits && interior).then_some(Want::Whole);
-                    let read = self.read_uncached(ks, num, &bounds, want, height);
-                    report.bytes += self.node_bytes_read() - before;
-                    read?;
-                    report.nodes += 1;
+                    let loaded = self.read_uncached(ks, num, &bounds, want, height);
+                    add(
+                        &self.stats.warm_bytes_read,
+                        self.node_bytes_read() - start - read,
+                    );
+                    loaded?;
+                    add(&self.stats.nodes_warmed, 1);
                 }
                 let Some(node) = self.cache.get(&num) else {
                     continue;
@@ -109,12 +93,12 @@ impl Tree {
                     }));
                 }
             }
-            report.levels += 1;
             level = below;
         }
         Ok(())
     }
 
+    /// Node bytes read from the device so far, at every level.
     fn node_bytes_read(&self) -> u64 {
         self.stats
             .node_bytes_read
