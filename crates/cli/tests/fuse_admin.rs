@@ -279,6 +279,54 @@ fn a_mount_warms_the_upper_levels() {
     assert_fsck_clean(&image, "after the warm mounts");
 }
 
+/// The session and process group of a process, from /proc/PID/stat
+/// (fields 5 and 6; the name in field 2 may hold spaces, so counted from
+/// its closing parenthesis).
+fn process_group_and_session(pid: u32) -> (i32, i32) {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    (fields[2].parse().unwrap(), fields[3].parse().unwrap())
+}
+
+/// The daemon `betreefs mount` forks stays in the caller's session (with
+/// autogroup scheduling a session is a scheduling group, and a client
+/// in another one is woken on the other CPU at every reply) but leads a
+/// process group of its own, so the signals a shell or a terminal sends
+/// to the caller's group do not unmount it.
+#[test]
+fn the_daemon_keeps_the_session_and_leaves_the_process_group() {
+    if !fuse_available() {
+        return;
+    }
+    let (_s, image, dir) = formatted("session", "256M");
+    fs::create_dir(&dir).unwrap();
+    mount_bg(&image, &dir, &[]);
+    let image_arg = image.to_str().unwrap().to_owned();
+    let daemon = fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+            args.contains(&image_arg.as_bytes()) && args.contains(&b"--notify-fd".as_slice())
+        })
+        .expect("the daemon of this mount");
+    let (group, session) = process_group_and_session(daemon);
+    let (own_group, own_session) = process_group_and_session(std::process::id());
+    assert_eq!(
+        session, own_session,
+        "the daemon keeps the mounter's session"
+    );
+    assert_eq!(
+        group, daemon as i32,
+        "the daemon leads its own process group"
+    );
+    assert_ne!(group, own_group);
+    assert_succeeded(&betreefs(&["umount".as_ref(), dir.as_os_str()]));
+    assert_fsck_clean(&image, "after the daemonized mount");
+}
+
 /// Images are created 0600, and one that other users can read is not
 /// mounted with allow_other (they would read every file from it).
 #[test]
