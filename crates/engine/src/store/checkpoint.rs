@@ -165,6 +165,7 @@ impl Inner {
         self.check_image_writable()?;
         let mut tree = self.lock_tree();
         self.check_failed()?;
+        self.settle_before_close(&mut tree)?;
         self.write_checkpoint(&mut tree, true)
     }
 
