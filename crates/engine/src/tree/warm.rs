@@ -85,11 +85,11 @@ impl Tree {
                     continue;
                 }
                 if let NodeBody::Interior(int) = &node.body {
-                    let Some(child_height) = int.height.checked_sub(1).map(Some) else {
+                    let Some(child_height) = int.height.checked_sub(1) else {
                         continue;
                     };
                     below.extend(int.children.iter().enumerate().map(|(i, &child)| {
-                        (ks, child, int.child_bounds(i, &bounds), child_height)
+                        (ks, child, int.child_bounds(i, &bounds), Some(child_height))
                     }));
                 }
             }
