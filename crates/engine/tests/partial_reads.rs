@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use betreefs_engine::{KeySpace, Options, Store, WriteBatch, MERGE_PATCH};
 use betreefs_store::MemDevice;
-use common::{assert_matches, mid_options, Model};
+use common::{assert_matches, mid_options, numbered_key as key, Model};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
 /// Nodes of 256 KiB (interior nodes past 4 KiB are read in part), a cache
@@ -40,10 +40,6 @@ fn assert_get(store: &Store, model: &Model, k: &[u8]) {
         "key {:?}",
         String::from_utf8_lossy(k)
     );
-}
-
-fn key(i: u32) -> Vec<u8> {
-    format!("key{i:07}").into_bytes()
 }
 
 /// Writes enough that the tree has interior nodes whose buffers hold

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use betreefs_engine::{KeySpace, Options, Store, WriteBatch};
 use betreefs_store::MemDevice;
-use common::mid_options;
+use common::{mid_options, numbered_key as key};
 
 /// [`mid_options`] with the roots cached at open, as the mount daemon's
 /// warming leaves them: a root that is not cached is not settled.
@@ -21,10 +21,6 @@ fn options() -> Options {
         warm_bytes: 1 << 20,
         ..mid_options()
     }
-}
-
-fn key(i: u32) -> Vec<u8> {
-    format!("key{i:07}").into_bytes()
 }
 
 /// Forty sessions of small (staged) data writes, each stopping at a

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use betreefs_engine::node::NodeBody;
 use betreefs_engine::{EngineError, KeySpace, Options, Store, WriteBatch};
 use betreefs_store::{CrashMode, MemDevice};
-use common::{assert_matches, mid_options, Model};
+use common::{assert_matches, mid_options, numbered_key as key, Model};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
 /// [`mid_options`] warming `warm_bytes` at open.
@@ -24,10 +24,6 @@ fn options(warm_bytes: usize) -> Options {
     }
 }
 
-fn key(i: u32) -> Vec<u8> {
-    format!("key{i:07}").into_bytes()
-}
-
 /// A closed store of 20,000 data keys and 2,000 metadata keys, some
 /// overwritten since (so buffers above the leaves hold messages), and its
 /// model.
@@ -35,7 +31,6 @@ fn filled(seed: u64) -> (MemDevice, Model) {
     let dev = MemDevice::new(256 << 20);
     let store = Store::create_on(Arc::new(dev.clone()), options(0)).unwrap();
     let mut model = Model::default();
-    let mut rng = SmallRng::seed_from_u64(seed);
     let fill = (0..20_000u32).flat_map(|i| {
         let data = (KeySpace::Data, key(i), Some(vec![(i % 251) as u8; 60]));
         let meta = Some(i.to_le_bytes().to_vec());
@@ -43,16 +38,33 @@ fn filled(seed: u64) -> (MemDevice, Model) {
         std::iter::once(data).chain(meta)
     });
     write_changes(&store, &mut model, 100, fill);
-    let changes: Vec<_> = (0..3_000u32)
-        .map(|round| {
-            let i = rng.gen_range(0..20_000);
-            let value = (round % 4 != 0).then(|| vec![round as u8; 90]);
-            (KeySpace::Data, key(i), value)
-        })
-        .collect();
+    let changes = random_data_changes(seed, 3_000, 20_000, 4, 90);
     write_changes(&store, &mut model, 50, changes);
     store.close().unwrap();
     (dev, model)
+}
+
+/// A change of a data key: its new value, or `None` to delete it.
+type Change = (KeySpace, Vec<u8>, Option<Vec<u8>>);
+
+/// `count` changes of data keys drawn from `0..keys` (seeded with
+/// `seed`): the `delete_every`-th of them deletes, the others put `len`
+/// bytes.
+fn random_data_changes(
+    seed: u64,
+    count: u32,
+    keys: u32,
+    delete_every: u32,
+    len: usize,
+) -> Vec<Change> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    (0..count)
+        .map(|round| {
+            let i = rng.gen_range(0..keys);
+            let value = (round % delete_every != 0).then(|| vec![round as u8; len]);
+            (KeySpace::Data, key(i), value)
+        })
+        .collect()
 }
 
 /// Writes `changes` (a key's new value, or `None` to delete it) in
@@ -61,7 +73,7 @@ fn write_changes(
     store: &Store,
     model: &mut Model,
     per_batch: usize,
-    changes: impl IntoIterator<Item = (KeySpace, Vec<u8>, Option<Vec<u8>>)>,
+    changes: impl IntoIterator<Item = Change>,
 ) {
     let mut batch = WriteBatch::new();
     for (ks, k, v) in changes {
@@ -155,14 +167,7 @@ fn warming_after_log_replay_finds_the_replayed_writes() {
     // the open replays them (caching the nodes they change, dirty), then
     // warms what replay left on the device.
     let store = open(&dev, 0);
-    let mut rng = SmallRng::seed_from_u64(10);
-    let changes: Vec<_> = (0..2_000u32)
-        .map(|round| {
-            let i = rng.gen_range(0..25_000);
-            let value = (round % 5 != 0).then(|| vec![round as u8; 70]);
-            (KeySpace::Data, key(i), value)
-        })
-        .collect();
+    let changes = random_data_changes(10, 2_000, 25_000, 5, 70);
     write_changes(&store, &mut model, 40, changes);
     let crashed = power_cut_after_sync(&dev, store);
 

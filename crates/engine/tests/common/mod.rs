@@ -41,6 +41,12 @@ pub fn mid_options() -> Options {
     }
 }
 
+/// Key `i` of the tests that fill a tree in key order: `key` and seven
+/// digits.
+pub fn numbered_key(i: u32) -> Vec<u8> {
+    format!("key{i:07}").into_bytes()
+}
+
 /// Polls `what` until it holds, failing after a minute: for what the
 /// store's own threads do in their time.
 pub fn wait_until(why: &str, what: impl Fn() -> bool) {
