@@ -258,6 +258,15 @@ pub trait Operations: Send + Sync + 'static {
     /// the requests it served are sent, so requests served on it may
     /// leave work for then.
     fn serving_thread_started(&self) {}
+    /// Entries (parent, name) the kernel should drop, for the transport to
+    /// tell it (FUSE_NOTIFY_INVAL_ENTRY, from a thread that serves no
+    /// request: the kernel takes the parent's lock for it): the
+    /// implementation keeps what the kernel has looked up, and the
+    /// kernel, with memory to spare, keeps what it has looked up. Asked
+    /// every few tens of milliseconds; none by default.
+    fn entries_to_release(&self) -> Vec<(Ino, Vec<u8>)> {
+        Vec::new()
+    }
     /// Whether a request left work for after its reply.
     fn has_work_after_reply(&self) -> bool {
         false

@@ -292,6 +292,76 @@ fn forgets_drop_what_the_kernel_no_longer_holds() {
     assert_eq!(read_all(&fs, a), b"1");
 }
 
+/// Past its limit the inode table names entries for the kernel to drop,
+/// oldest first and enough to come back to three quarters of the limit:
+/// files only, never an open one, each once until the kernel looks it up
+/// again; the FORGETs that follow shrink the table, and a released file
+/// is found again by lookup.
+#[test]
+fn a_table_past_its_limit_names_the_oldest_unused_files_for_release() {
+    let (_dev, fs) = fresh();
+    assert!(fs.entries_to_release().is_empty(), "no limit by default");
+    let dir = fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
+    let files: Vec<u64> = (0..2000)
+        .map(|i| write_file(&fs, dir, format!("f{i:04}").as_bytes(), b"x"))
+        .collect();
+    // The oldest file held open.
+    let open = fs.open(files[0], libc::O_RDONLY, None).unwrap();
+    let table = fs.store().stats().memory_beside_cache_bytes as usize;
+    fs.set_table_limit(table * 2);
+    assert!(fs.entries_to_release().is_empty(), "within the limit");
+    fs.set_table_limit(table / 2);
+    let released = fs.entries_to_release();
+    let names: Vec<Vec<u8>> = released
+        .iter()
+        .map(|(parent, name)| {
+            assert_eq!(*parent, dir, "only files: the directory stays");
+            name.clone()
+        })
+        .collect();
+    let expected: Vec<Vec<u8>> = (1..=names.len())
+        .map(|i| format!("f{i:04}").into_bytes())
+        .collect();
+    assert_eq!(
+        names, expected,
+        "the oldest files, the open one passed over"
+    );
+    assert!(
+        names.len() > 1000 && names.len() < 1900,
+        "{} released to bring {table} bytes to three quarters of {}",
+        names.len(),
+        table / 2
+    );
+    assert!(
+        fs.entries_to_release().is_empty(),
+        "released entries count as gone until their FORGETs come"
+    );
+    // The kernel forgets them: the table is within three quarters of the
+    // limit (its maps keep their capacity).
+    let forgets: Vec<(u64, u64)> = (1..=names.len()).map(|i| (files[i], 1)).collect();
+    fs.forget_many(&forgets);
+    assert_eq!(fs.getattr(files[1]), Err(Errno::ESTALE));
+    let after = fs.store().stats().memory_beside_cache_bytes as usize;
+    assert!(
+        after < table,
+        "the table holds {after} bytes after the forgets, {table} before"
+    );
+    // Found again, a released file can be released again.
+    assert_eq!(fs.lookup(dir, b"f0001").unwrap().ino, files[1]);
+    assert_eq!(read_all(&fs, files[1]), b"x");
+    fs.set_table_limit(1);
+    let again = fs.entries_to_release();
+    assert!(
+        again.iter().any(|(_, name)| name == b"f0001"),
+        "a file looked up after its release is released again"
+    );
+    assert!(
+        !again.iter().any(|(_, name)| name == b"f0000"),
+        "an open file is never released"
+    );
+    fs.release(open).unwrap();
+}
+
 /// Every offset a listing returned resumes right after its entry, in any
 /// order and from cookies long out of the recent window (seekdir to what
 /// telldir said, in a directory read in pieces).

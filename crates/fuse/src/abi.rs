@@ -370,6 +370,22 @@ pub fn out_header(len: u32, error: i32, unique: u64) -> [u8; OUT_HEADER_BYTES] {
     out
 }
 
+/// A FUSE_NOTIFY_INVAL_ENTRY message: the out header (`unique` 0, the
+/// code in `error`), then `struct fuse_notify_inval_entry_out` (`parent`
+/// u64, `namelen` u32, `flags` u32: 0, the entry dropped, not only
+/// expired) and the name with a NUL after it, which the kernel requires.
+pub fn inval_entry_notification(parent: u64, name: &[u8]) -> Vec<u8> {
+    let len = OUT_HEADER_BYTES + 16 + name.len() + 1;
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(&out_header(len as u32, notify::INVAL_ENTRY, 0));
+    out.extend_from_slice(&parent.to_le_bytes());
+    out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(name);
+    out.push(0);
+    out
+}
+
 /// `struct fuse_attr`, what the kernel caches about an inode.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Attr {
@@ -624,6 +640,22 @@ pub fn dirent_type(mode: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_inval_entry_notification_is_laid_out_as_the_kernel_reads_it() {
+        let m = inval_entry_notification(0x0102_0304_0506_0708, b"name");
+        // Header: len, error (the notification code), unique 0.
+        assert_eq!(m.len(), 16 + 16 + 4 + 1);
+        assert_eq!(m[0..4], (m.len() as u32).to_le_bytes());
+        assert_eq!(m[4..8], notify::INVAL_ENTRY.to_le_bytes());
+        assert_eq!(m[8..16], [0; 8]);
+        // fuse_notify_inval_entry_out: parent, namelen, flags.
+        assert_eq!(m[16..24], 0x0102_0304_0506_0708u64.to_le_bytes());
+        assert_eq!(m[24..28], 4u32.to_le_bytes());
+        assert_eq!(m[28..32], [0; 4]);
+        // The name and its NUL.
+        assert_eq!(&m[32..], b"name\0");
+    }
 
     #[test]
     fn reader_refuses_short_input() {

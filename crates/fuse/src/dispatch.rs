@@ -195,6 +195,15 @@ impl<F: Operations> Dispatcher<F> {
         self.requests_on_queues.load(Ordering::Relaxed)
     }
 
+    /// Entries the file system wants the kernel to drop (none once the
+    /// mount is given up or destroyed).
+    pub(crate) fn entries_to_release(&self) -> Vec<(u64, Vec<u8>)> {
+        if self.destroyed() || self.guard.failed() {
+            return Vec::new();
+        }
+        self.fs.entries_to_release()
+    }
+
     /// Notes the connection's number, for [`Dispatcher::abandon`].
     pub(crate) fn set_connection(&self, id: u64) {
         let _ = self.connection.set(id);

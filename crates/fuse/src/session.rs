@@ -10,6 +10,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -41,6 +42,11 @@ pub(crate) const READ_BUFFER: usize = MAX_REQUEST as usize + 4096;
 /// and nothing else waits on this thread then, so a short wait costs
 /// nothing.
 pub(crate) const FORGET_GATHERING: Duration = Duration::from_millis(2);
+
+/// How often the releaser asks the file system for entries the kernel
+/// should drop ([`release_entries`]): a table past its limit stays there
+/// this long at most, plus the FORGETs' way back.
+const RELEASE_INTERVAL: Duration = Duration::from_millis(50);
 
 /// A served mount; [`Session::join`] returns once it is unmounted.
 pub struct Session {
@@ -175,6 +181,8 @@ fn start_workers<F: Operations>(
 ) -> io::Result<Session> {
     let fd = Arc::new(fd);
     let mut workers = Vec::new();
+    // Set by the /dev/fuse readers when the connection ends.
+    let ended = Arc::new(AtomicBool::new(false));
     // The /dev/fuse readers first: they carry FORGET and INTERRUPT in any
     // case, and everything if the queues fail to register.
     for i in 0..config.threads.max(1) {
@@ -183,10 +191,20 @@ fn start_workers<F: Operations>(
         } else {
             Arc::new(clone_connection(&fd)?)
         };
-        let dispatcher = dispatcher.clone();
+        let (dispatcher, ended) = (dispatcher.clone(), ended.clone());
         let worker = std::thread::Builder::new()
             .name(format!("fuse-dev-{i}"))
-            .spawn(move || serve_device(&conn, &dispatcher))?;
+            .spawn(move || {
+                serve_device(&conn, &dispatcher);
+                ended.store(true, Ordering::Release);
+            })?;
+        workers.push(worker);
+    }
+    {
+        let (conn, dispatcher) = (fd.clone(), dispatcher.clone());
+        let worker = std::thread::Builder::new()
+            .name("fuse-release".into())
+            .spawn(move || release_entries(&conn, &dispatcher, &ended))?;
         workers.push(worker);
     }
     let transport = match queues {
@@ -291,6 +309,36 @@ pub(crate) fn write_reply(fd: RawFd, unique: u64, reply: &Reply) -> io::Result<(
         // The request was interrupted and is gone: nothing to answer.
         Some(libc::ENOENT) => Ok(()),
         _ => Err(e),
+    }
+}
+
+/// The releaser: tells the kernel to drop the entries the file system
+/// asks it to ([`Operations::entries_to_release`]), until the connection
+/// ends. A thread of its own, serving no request: the kernel takes the
+/// parent directory's lock for each, which a request in that directory
+/// may hold while it waits for its reply.
+fn release_entries<F: Operations>(fd: &OwnedFd, dispatcher: &Dispatcher<F>, ended: &AtomicBool) {
+    while !ended.load(Ordering::Acquire) {
+        std::thread::sleep(RELEASE_INTERVAL);
+        for (parent, name) in dispatcher.entries_to_release() {
+            let message = abi::inval_entry_notification(parent, &name);
+            // SAFETY: message is a live buffer of message.len() bytes.
+            let n = unsafe { libc::write(fd.as_raw_fd(), message.as_ptr().cast(), message.len()) };
+            if n >= 0 {
+                dispatcher.stats().released(1);
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                // The kernel no longer has the directory: nothing to drop.
+                Some(libc::ENOENT) => {}
+                Some(libc::ENODEV) => return,
+                _ => {
+                    tracing::warn!("telling the kernel to drop an entry: {e}");
+                    return;
+                }
+            }
+        }
     }
 }
 

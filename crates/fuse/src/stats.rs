@@ -157,6 +157,8 @@ struct StatsShard {
     via_uring: AtomicU64,
     /// Inodes in the FORGET and BATCH_FORGET requests.
     forgotten: AtomicU64,
+    /// Entries the kernel was told to drop (FUSE_NOTIFY_INVAL_ENTRY).
+    released: AtomicU64,
 }
 
 impl Default for StatsShard {
@@ -169,6 +171,7 @@ impl Default for StatsShard {
             via_device: AtomicU64::new(0),
             via_uring: AtomicU64::new(0),
             forgotten: AtomicU64::new(0),
+            released: AtomicU64::new(0),
         }
     }
 }
@@ -268,6 +271,19 @@ impl RequestStats {
             .sum()
     }
 
+    /// Counts entries the kernel was told to drop.
+    pub fn released(&self, entries: u64) {
+        self.shard().released.fetch_add(entries, Ordering::Relaxed);
+    }
+
+    /// Entries the kernel was told to drop so far.
+    pub fn released_entries(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.released.load(Ordering::Relaxed))
+            .sum()
+    }
+
     /// Names the transport the mount serves with.
     pub fn set_transport(&self, transport: String) {
         let _ = self.transport.set(transport);
@@ -285,7 +301,8 @@ impl RequestStats {
 
     /// `{"lookup": {"count": n, "nanos": t}, ...}`, plus `"total"`, the
     /// transport: `"transport": {"name": ..., "devfuse": n, "uring": n}`,
-    /// `"forgotten_inodes": n` ([`RequestStats::forgotten_inodes`]) and
+    /// `"forgotten_inodes": n` ([`RequestStats::forgotten_inodes`]),
+    /// `"released_entries": n` ([`RequestStats::released_entries`]) and
     /// `"latency"` ([`LatencyHistogram::to_json`]).
     pub fn to_json(&self) -> String {
         let snapshot = self.snapshot();
@@ -311,8 +328,9 @@ impl RequestStats {
             ",\"transport\":{{\"name\":\"{name}\",\"devfuse\":{device},\"uring\":{uring}}}"
         ));
         out.push_str(&format!(
-            ",\"forgotten_inodes\":{}",
-            self.forgotten_inodes()
+            ",\"forgotten_inodes\":{},\"released_entries\":{}",
+            self.forgotten_inodes(),
+            self.released_entries()
         ));
         out.push_str(&format!(",\"latency\":{}}}", self.latency().to_json()));
         out

@@ -116,6 +116,10 @@ pub struct FileSystem {
     /// The kernel caches writes and places O_APPEND writes itself (FUSE
     /// writeback cache): offsets of writes are then final.
     kernel_places_appends: std::sync::atomic::AtomicBool,
+    /// The inode table's share of the memory budget, past which the
+    /// kernel is asked to drop entries ([`Operations::entries_to_release`];
+    /// 0: no limit).
+    table_limit: std::sync::atomic::AtomicUsize,
 }
 
 fn name_check(name: &[u8]) -> FsResult<()> {
@@ -195,6 +199,7 @@ impl FileSystem {
             settled: Condvar::new(),
             atime,
             kernel_places_appends: std::sync::atomic::AtomicBool::new(false),
+            table_limit: std::sync::atomic::AtomicUsize::new(0),
         };
         fs.lock().insert_node(
             ROOT_INO,
@@ -262,6 +267,14 @@ impl FileSystem {
         Ok(())
     }
 
+    /// Sets the bytes the inode table may hold before the kernel is asked
+    /// to drop entries ([`Operations::entries_to_release`]; 0: no limit,
+    /// the default).
+    pub fn set_table_limit(&self, bytes: usize) {
+        self.table_limit
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The engine underneath (stats, checkpoints).
     pub fn store(&self) -> &Store {
         &self.store
@@ -297,6 +310,13 @@ impl Operations for FileSystem {
                 node.lookups = node.lookups.saturating_sub(count);
                 st.drop_if_unused(ino);
             }
+        }
+    }
+
+    fn entries_to_release(&self) -> Vec<(Ino, Vec<u8>)> {
+        match self.table_limit.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => Vec::new(),
+            limit => self.lock_table().entries_to_release(limit),
         }
     }
 

@@ -3,7 +3,7 @@
 //! references; plus the names a lookup found absent and the open handles.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{Hash, Hasher};
 
 use betreefs_engine::MemoryBesideCache;
@@ -21,7 +21,7 @@ const CHILD_NAMES_MAX: usize = 1 << 16;
 /// requests works in (an untar's, an rm -rf's, two tokubench clients').
 const DIR_KEYS_CACHED: usize = 8;
 use crate::error::{Errno, FsResult};
-use crate::record::Attr;
+use crate::record::{Attr, S_IFDIR, S_IFMT};
 use crate::schema;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +51,9 @@ pub(super) struct Node {
     pub(super) has_xattrs: Option<bool>,
     /// Whether it has a `security.capability` attribute, once known.
     pub(super) has_capability: Option<bool>,
+    /// The kernel was asked to drop its entry ([`State::entries_to_release`])
+    /// and has not looked it up since.
+    pub(super) released: bool,
     /// For a directory made during this mount: a hash of every name ever
     /// added to it, so that a lookup of any other name is answered absent
     /// without a query (the LOOKUP before each CREATE of an untar). None
@@ -90,6 +93,7 @@ impl Node {
             dir_version: 0,
             has_xattrs: None,
             has_capability: None,
+            released: false,
             child_names: None,
             data_version: 0,
             stored_blocks: None,
@@ -146,7 +150,19 @@ pub(super) struct State {
     pub(super) write_in_flight: bool,
     /// No metadata key is longer ([`super::key_bound`]).
     pub(super) key_bound: Bound,
+    /// Inodes in the order the kernel was given them (again after a
+    /// release): the order [`State::entries_to_release`] picks in.
+    release_order: VecDeque<Ino>,
+    /// The memory of the entries released and not yet forgotten: not
+    /// counted against the limit again while the FORGETs are on their way.
+    released_bytes: usize,
 }
+
+/// What an entry costs the table beside [`Node::bytes`]: its slots in the
+/// maps and in the order of releases.
+const ENTRY_SLOT_BYTES: usize = std::mem::size_of::<(Ino, Box<Node>)>()
+    + std::mem::size_of::<(u64, Ino)>()
+    + std::mem::size_of::<Ino>();
 
 /// The inode table's memory, reported to the engine.
 pub(super) struct TableMemory {
@@ -227,6 +243,8 @@ impl State {
             memory,
             write_in_flight: false,
             key_bound: Bound::default(),
+            release_order: VecDeque::new(),
+            released_bytes: 0,
         }
     }
 
@@ -238,11 +256,7 @@ impl State {
     /// 100,000 files (and walking on every change of the map's capacity
     /// made `rm -rf` quadratic before that).
     fn account_table(&mut self) {
-        let slots = self.nodes.capacity() * (std::mem::size_of::<(Ino, Box<Node>)>() + 1)
-            + self.named.capacity() * (std::mem::size_of::<(u64, Ino)>() + 1);
-        self.memory
-            .gauge
-            .set((slots + self.memory.entry_bytes) as u64);
+        self.memory.gauge.set(self.table_bytes() as u64);
         #[cfg(debug_assertions)]
         {
             self.memory.changes += 1;
@@ -256,11 +270,82 @@ impl State {
         }
     }
 
+    /// The table's memory: its slots and the entries' own bytes.
+    pub(super) fn table_bytes(&self) -> usize {
+        let slots = self.nodes.capacity() * (std::mem::size_of::<(Ino, Box<Node>)>() + 1)
+            + self.named.capacity() * (std::mem::size_of::<(u64, Ino)>() + 1)
+            + self.release_order.capacity() * std::mem::size_of::<Ino>();
+        slots + self.memory.entry_bytes
+    }
+
+    /// Entries the kernel should drop, as (parent, name), when the table
+    /// holds more than `limit` bytes: enough of them to bring it to three
+    /// quarters of that, oldest first. The kernel keeps an inode (and so
+    /// this table its entry) for as long as it caches a name of it, which
+    /// with memory to spare is for good: creating three million files
+    /// grew the table past a gigabyte. Told to drop the name, it forgets
+    /// an inode nobody uses at once (FUSE inodes are not cached without a
+    /// name), and the entry goes with the FORGET. Files and symbolic links
+    /// only, not open ones: a directory holds its children's names, and
+    /// the paths of everything below it need its entry anyway. Each entry
+    /// is asked for once until the kernel looks it up again.
+    pub(super) fn entries_to_release(&mut self, limit: usize) -> Vec<(Ino, Vec<u8>)> {
+        let bytes = self.table_bytes().saturating_sub(self.released_bytes);
+        if bytes <= limit {
+            return Vec::new();
+        }
+        let goal = bytes - limit / 4 * 3;
+        let (mut freed, mut released) = (0, Vec::new());
+        // Each inode looked at once: open files go to the back.
+        for _ in 0..self.release_order.len() {
+            if freed >= goal {
+                break;
+            }
+            let Some(ino) = self.release_order.pop_front() else {
+                break;
+            };
+            let Some(node) = self.nodes.get_mut(&ino) else {
+                continue; // forgotten
+            };
+            if node.released || node.lookups == 0 || node.attr.mode & S_IFMT == S_IFDIR {
+                continue;
+            }
+            if node.opens > 0 {
+                self.release_order.push_back(ino);
+                continue;
+            }
+            node.released = true;
+            freed += node.bytes() + ENTRY_SLOT_BYTES;
+            released.push((node.parent, node.name.clone()));
+        }
+        self.released_bytes += freed;
+        released
+    }
+
+    /// Puts `ino` last in the order of releases. Forgotten inodes leave
+    /// the order only when it is walked, so it is swept of them once it
+    /// holds twice the table (a long run of creates and unlinks would
+    /// grow it for good).
+    fn queue_for_release(&mut self, ino: Ino) {
+        self.release_order.push_back(ino);
+        if self.release_order.len() > 2 * self.nodes.len() + 1024 {
+            let nodes = &self.nodes;
+            self.release_order.retain(|i| nodes.contains_key(i));
+            self.release_order
+                .shrink_to(2 * self.release_order.len() + 1024);
+        }
+    }
+
     /// Adds an entry to the table, counting its memory.
     pub(super) fn insert_node(&mut self, ino: Ino, node: Box<Node>) {
         self.memory.entry_bytes += node.bytes();
         let slot = name_slot(node.parent, &node.name);
         if let Some(old) = self.nodes.insert(ino, node) {
+            if old.released {
+                self.released_bytes = self
+                    .released_bytes
+                    .saturating_sub(old.bytes() + ENTRY_SLOT_BYTES);
+            }
             self.memory.entry_bytes -= old.bytes();
             self.unindex(ino, name_slot(old.parent, &old.name));
         }
@@ -271,6 +356,11 @@ impl State {
     /// Removes an entry from the table, counting its memory.
     pub(super) fn remove_node(&mut self, ino: Ino) -> Option<Box<Node>> {
         let node = self.nodes.remove(&ino)?;
+        if node.released {
+            self.released_bytes = self
+                .released_bytes
+                .saturating_sub(node.bytes() + ENTRY_SLOT_BYTES);
+        }
         self.memory.entry_bytes -= node.bytes();
         self.unindex(ino, name_slot(node.parent, &node.name));
         self.account_table();
@@ -497,9 +587,18 @@ impl State {
         let ino = attr.ino;
         let known = self.nodes.get_mut(&ino).map(|node| {
             node.lookups += 1;
-            home == Home::Path || node.parent == parent
+            let again = std::mem::take(&mut node.released);
+            let bytes = node.bytes() + ENTRY_SLOT_BYTES;
+            (
+                again.then_some(bytes),
+                home == Home::Path || node.parent == parent,
+            )
         });
-        match known {
+        if let Some((Some(bytes), _)) = known {
+            self.released_bytes = self.released_bytes.saturating_sub(bytes);
+            self.queue_for_release(ino);
+        }
+        match known.map(|(_, here)| here) {
             Some(true) => {
                 if let Some(old_parent) = self.move_node(ino, parent, name) {
                     self.move_pin(old_parent, parent);
@@ -509,6 +608,7 @@ impl State {
             None => {
                 let node = Node::new(parent, name.to_vec(), attr, target, home);
                 self.insert_node(ino, Box::new(node));
+                self.queue_for_release(ino);
                 if let Some(p) = self.nodes.get_mut(&parent) {
                     p.children += 1;
                 }
