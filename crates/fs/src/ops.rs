@@ -260,10 +260,10 @@ pub trait Operations: Send + Sync + 'static {
     fn serving_thread_started(&self) {}
     /// Entries (parent, name) the kernel should drop, for the transport to
     /// tell it (FUSE_NOTIFY_INVAL_ENTRY, from a thread that serves no
-    /// request: the kernel takes the parent's lock for it): the
-    /// implementation keeps what the kernel has looked up, and the
-    /// kernel, with memory to spare, keeps what it has looked up. Asked
-    /// every few tens of milliseconds; none by default.
+    /// request: the kernel takes the parent's lock for it). With memory
+    /// to spare the kernel holds every name it has looked up, and so an
+    /// implementation holds an entry for each; this is how it bounds
+    /// them. Asked every few tens of milliseconds; none by default.
     fn entries_to_release(&self) -> Vec<(Ino, Vec<u8>)> {
         Vec::new()
     }

@@ -265,9 +265,14 @@ impl RequestStats {
 
     /// Inodes the kernel forgot so far.
     pub fn forgotten_inodes(&self) -> u64 {
+        self.summed(|s| &s.forgotten)
+    }
+
+    /// One counter of every shard, summed.
+    fn summed(&self, counter: impl Fn(&StatsShard) -> &AtomicU64) -> u64 {
         self.shards
             .iter()
-            .map(|s| s.forgotten.load(Ordering::Relaxed))
+            .map(|s| counter(s).load(Ordering::Relaxed))
             .sum()
     }
 
@@ -278,10 +283,7 @@ impl RequestStats {
 
     /// Entries the kernel was told to drop so far.
     pub fn released_entries(&self) -> u64 {
-        self.shards
-            .iter()
-            .map(|s| s.released.load(Ordering::Relaxed))
-            .sum()
+        self.summed(|s| &s.released)
     }
 
     /// Names the transport the mount serves with.
