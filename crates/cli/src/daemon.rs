@@ -612,6 +612,20 @@ const WARM_FRACTION: usize = 16;
 /// (about 180,000 files), which leaves the node cache at least 112 MiB.
 const TABLE_FRACTION: usize = 4;
 
+/// Test hook (debug builds): `BETREEFS_TEST_TABLE_LIMIT=<bytes>` gives
+/// the inode table that limit instead of its share, so that the FUSE tests
+/// have entries released while they work (1: every unused one, each time
+/// the releaser asks).
+fn test_table_limit() -> Option<usize> {
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    std::env::var("BETREEFS_TEST_TABLE_LIMIT")
+        .ok()?
+        .parse()
+        .ok()
+}
+
 fn start(
     args: &MountArgs,
     settings: &Settings,
@@ -647,7 +661,7 @@ fn start(
         .map_err(|e| anyhow!("{}: {e}", args.image.display()))?;
     // Past its share the inode table asks the kernel to drop entries
     // (docs/design.md, "One memory budget for the mount daemon").
-    fs.set_table_limit(budget / TABLE_FRACTION);
+    fs.set_table_limit(test_table_limit().unwrap_or(budget / TABLE_FRACTION));
     let fs = Arc::new(fs);
     let watched = Arc::downgrade(&fs);
     watch_allocator(
