@@ -632,7 +632,9 @@ const MODE_RACING: &str = "racing";
 /// before and after a remount, through each transport; then all of them
 /// race on the same few names, where results depend on the interleaving:
 /// no request may fail with an error the operation cannot give, and the
-/// tree must come back the same after a remount and pass fsck.
+/// tree must come back the same after a remount and pass fsck — twice,
+/// the second time with the kernel told to drop every unused entry as it
+/// goes.
 #[test]
 fn concurrent_clients_match_tmpfs() {
     if is_client_process() {
@@ -696,11 +698,31 @@ fn concurrent_clients_match_tmpfs() {
     fs::create_dir(m.dir.join("shared")).unwrap();
     run(&m, MODE_RACING, 0);
     let before = snapshot(&m.dir);
-    m = m.remount(&[]);
+    // A second racing round with every unused entry the kernel holds
+    // released as the releaser comes by (each 50 ms): names are dropped
+    // and looked up again while the clients create, rename and remove
+    // them.
+    m = m.remount_with_env(&[], &[("BETREEFS_TEST_TABLE_LIMIT", "1")]);
     let after = snapshot(&m.dir);
     assert!(
         before == after,
         "the racing clients' tree changed across a remount"
+    );
+    run(&m, MODE_RACING, 1);
+    let released = stats_json(&m.dir)["fuse"]["released_entries"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        released > 0,
+        "no entry was released in the second racing round"
+    );
+    eprintln!("{clients} clients: {released} entries released in the second racing round");
+    let before = snapshot(&m.dir);
+    m = m.remount(&[]);
+    let after = snapshot(&m.dir);
+    assert!(
+        before == after,
+        "the racing clients' tree changed across a remount after entries were released"
     );
     eprintln!(
         "{clients} clients: {} entries after the racing round",

@@ -268,9 +268,14 @@ impl Mount {
     /// Unmounts, then mounts the same image on the same directory again
     /// (a fresh daemon) with `options`.
     pub fn remount(self, options: &[&str]) -> Mount {
+        self.remount_with_env(options, &[])
+    }
+
+    /// [`Mount::remount`] with extra environment variables for the daemon.
+    pub fn remount_with_env(self, options: &[&str], env: &[(&str, &str)]) -> Mount {
         let (image, dir) = (self.image.clone(), self.dir.clone());
         self.unmount();
-        Mount::start(&image, &dir, options)
+        Mount::start_with_env(&image, &dir, options, env)
     }
 
     /// Unmounts; `betreefs fsck` must then find the image clean.
