@@ -548,9 +548,7 @@ fn random_operations_match_tmpfs() {
         let mut rng = SmallRng::seed_from_u64(seed);
         let mut succeeded = run_ops(&reference, &m.dir, &mut rng, 0..ops / 2 + 1, seed);
         if releasing {
-            let released = stats_json(&m.dir)["fuse"]["released_entries"]
-                .as_u64()
-                .unwrap_or(0);
+            let released = fuse_counter(&m.dir, "released_entries");
             assert!(released > 0, "seed {seed}: no entry was released");
             eprintln!("seed {seed}: {released} entries released in the first half");
         }
@@ -709,9 +707,7 @@ fn concurrent_clients_match_tmpfs() {
         "the racing clients' tree changed across a remount"
     );
     run(&m, MODE_RACING, 1);
-    let released = stats_json(&m.dir)["fuse"]["released_entries"]
-        .as_u64()
-        .unwrap_or(0);
+    let released = fuse_counter(&m.dir, "released_entries");
     assert!(
         released > 0,
         "no entry was released in the second racing round"

@@ -286,8 +286,16 @@ pub(crate) fn write_reply(fd: RawFd, unique: u64, reply: &Reply) -> io::Result<(
     if *reply == Reply::None {
         return Ok(());
     }
-    let header = reply.header(unique);
-    let body = reply.body();
+    match write_message(fd, &reply.header(unique), reply.body()) {
+        // The request was interrupted and is gone: nothing to answer.
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        written => written,
+    }
+}
+
+/// Writes one message to the kernel, `header` then `body`, in one
+/// `writev` (a reply, or a notification whole in `header`).
+fn write_message(fd: RawFd, header: &[u8], body: &[u8]) -> io::Result<()> {
     let iov = [
         libc::iovec {
             iov_base: header.as_ptr() as *mut libc::c_void,
@@ -302,13 +310,9 @@ pub(crate) fn write_reply(fd: RawFd, unique: u64, reply: &Reply) -> io::Result<(
     // SAFETY: both iovecs point to live buffers of the given lengths.
     let n = unsafe { libc::writev(fd, iov.as_ptr(), count) };
     if n >= 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        // The request was interrupted and is gone: nothing to answer.
-        Some(libc::ENOENT) => Ok(()),
-        _ => Err(e),
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -322,13 +326,10 @@ fn release_entries<F: Operations>(fd: &OwnedFd, dispatcher: &Dispatcher<F>, ende
         std::thread::sleep(RELEASE_INTERVAL);
         for (parent, name) in dispatcher.entries_to_release() {
             let message = abi::inval_entry_notification(parent, &name);
-            // SAFETY: message is a live buffer of message.len() bytes.
-            let n = unsafe { libc::write(fd.as_raw_fd(), message.as_ptr().cast(), message.len()) };
-            if n >= 0 {
+            let Err(e) = write_message(fd.as_raw_fd(), &message, &[]) else {
                 dispatcher.stats().released(1);
                 continue;
-            }
-            let e = io::Error::last_os_error();
+            };
             match e.raw_os_error() {
                 // The kernel no longer has the directory: nothing to drop.
                 Some(libc::ENOENT) => {}

@@ -60,6 +60,13 @@ pub fn engine_counter(mountpoint: &Path, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no engine counter {name}"))
 }
 
+/// One of the FUSE front end's counters on a mount (`betreefs stats`).
+pub fn fuse_counter(mountpoint: &Path, name: &str) -> u64 {
+    stats_json(mountpoint)["fuse"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no FUSE counter {name}"))
+}
+
 /// The daemon's request counters (`betreefs stats`): count per opcode
 /// name, and the requests each transport carried.
 pub fn request_counts(mountpoint: &Path) -> std::collections::BTreeMap<String, u64> {

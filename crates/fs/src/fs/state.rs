@@ -170,6 +170,14 @@ const ENTRY_SLOT_BYTES: usize = std::mem::size_of::<(Ino, Box<Node>)>()
     + std::mem::size_of::<(u64, Ino)>()
     + std::mem::size_of::<Ino>();
 
+/// An entry released to the kernel is looked up again or leaves the
+/// table: its bytes no longer wait for a FORGET (`State::released_bytes`).
+fn release_ended(released_bytes: &mut usize, node: &Node) {
+    if node.released {
+        *released_bytes = released_bytes.saturating_sub(node.bytes() + ENTRY_SLOT_BYTES);
+    }
+}
+
 /// The inode table's memory, reported to the engine.
 pub(super) struct TableMemory {
     gauge: MemoryBesideCache,
@@ -348,11 +356,7 @@ impl State {
         self.memory.entry_bytes += node.bytes();
         let slot = name_slot(node.parent, &node.name);
         if let Some(old) = self.nodes.insert(ino, node) {
-            if old.released {
-                self.released_bytes = self
-                    .released_bytes
-                    .saturating_sub(old.bytes() + ENTRY_SLOT_BYTES);
-            }
+            release_ended(&mut self.released_bytes, &old);
             self.memory.entry_bytes -= old.bytes();
             self.unindex(ino, name_slot(old.parent, &old.name));
         }
@@ -363,11 +367,7 @@ impl State {
     /// Removes an entry from the table, counting its memory.
     pub(super) fn remove_node(&mut self, ino: Ino) -> Option<Box<Node>> {
         let node = self.nodes.remove(&ino)?;
-        if node.released {
-            self.released_bytes = self
-                .released_bytes
-                .saturating_sub(node.bytes() + ENTRY_SLOT_BYTES);
-        }
+        release_ended(&mut self.released_bytes, &node);
         self.memory.entry_bytes -= node.bytes();
         self.unindex(ino, name_slot(node.parent, &node.name));
         self.account_table();
@@ -594,15 +594,11 @@ impl State {
         let ino = attr.ino;
         let known = self.nodes.get_mut(&ino).map(|node| {
             node.lookups += 1;
+            release_ended(&mut self.released_bytes, node);
             let again = std::mem::take(&mut node.released);
-            let bytes = node.bytes() + ENTRY_SLOT_BYTES;
-            (
-                again.then_some(bytes),
-                home == Home::Path || node.parent == parent,
-            )
+            (again, home == Home::Path || node.parent == parent)
         });
-        if let Some((Some(bytes), _)) = known {
-            self.released_bytes = self.released_bytes.saturating_sub(bytes);
+        if let Some((true, _)) = known {
             self.queue_for_release(ino);
         }
         match known.map(|(_, here)| here) {
