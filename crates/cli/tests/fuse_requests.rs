@@ -4,7 +4,8 @@
 //! whose io_uring queues fail to register, and set-ID bits dropped on
 //! write, truncate, fallocate and chown exactly as the kernel drops them
 //! on tmpfs (the daemon does it since it negotiates
-//! `FUSE_HANDLE_KILLPRIV_V2`).
+//! `FUSE_HANDLE_KILLPRIV_V2`), and requests served while the work left
+//! for after their replies is held.
 
 mod common;
 
@@ -410,16 +411,7 @@ fn a_stopped_uring_queue_fails_the_mount_instead_of_hanging_it() {
     let root = m.dir.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        // SAFETY: the set is zeroed and filled with CPU_SET; the call only
-        // changes this thread's affinity.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(0, &mut set);
-            assert_eq!(
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-                0
-            );
-        }
+        pin_to_cpu_zero();
         // Names are resolved from a descriptor of the mount's root: once
         // the daemon detaches the mount, paths through the mountpoint would
         // reach the directory underneath and succeed.
@@ -460,6 +452,112 @@ fn a_stopped_uring_queue_fails_the_mount_instead_of_hanging_it() {
     let again = Mount::start(&image, &dir, &[]);
     assert_eq!(fs::read(again.path("kept")).unwrap(), b"synced");
     again.unmount();
+}
+
+/// Pins the calling thread to CPU 0: its requests go to io_uring queue 0.
+fn pin_to_cpu_zero() {
+    // SAFETY: the set is zeroed and filled with CPU_SET; the call only
+    // changes this thread's affinity.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+}
+
+/// While one client alone issues requests, the work a request leaves for
+/// after its reply (here the application of staged unlinks, past half
+/// the range deletes that may be staged) is done by a thread that serves
+/// no request: held there by a debug-build hook, the requests the client
+/// goes on to issue from the same CPU (the io_uring queue its next
+/// request goes to) are served meanwhile. Done by the queue's thread
+/// after its replies, as before, they waited behind it (tried: this test
+/// then times out). `/dev/fuse` has several unpinned readers and keeps
+/// the work on the reader that served the request.
+#[test]
+fn requests_are_served_while_the_work_after_their_replies_is_held() {
+    if !fuse_available() || !transports().contains(&"transport=uring") {
+        return;
+    }
+    {
+        let transport = "transport=uring";
+        let (s, image, dir) = formatted("afterreply", "1G");
+        let flag = s.0.join("hold");
+        let held = s.0.join("hold.held");
+        fs::write(&flag, b"").unwrap();
+        let m = Mount::start_with_env(
+            &image,
+            &dir,
+            &[transport],
+            &[("BETREEFS_TEST_HOLD_AFTER_REPLY", flag.to_str().unwrap())],
+        );
+        let done_before = engine_counter(&m.dir, "work_after_reply");
+        let root = m.dir.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            pin_to_cpu_zero();
+            for i in 0..200 {
+                fs::write(root.join(format!("f{i}")), b"x").unwrap();
+            }
+            // Each unlink stages a range delete (the file's data); past
+            // half the limit the writer leaves their application for
+            // after its reply.
+            let mut removed = 0;
+            while !held.exists() && removed < 100 {
+                fs::remove_file(root.join(format!("f{removed}"))).unwrap();
+                removed += 1;
+            }
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while !held.exists() {
+                assert!(std::time::Instant::now() < deadline, "no work was left");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            // The work is pending and held: requests from this CPU go on,
+            // past the staged range deletes' limit (a write that applies
+            // in its request).
+            for j in 0..80 {
+                fs::write(root.join(format!("g{j}")), b"y").unwrap();
+                assert_eq!(fs::read(root.join(format!("g{j}"))).unwrap(), b"y");
+                fs::remove_file(root.join(format!("f{}", removed + j))).unwrap();
+            }
+            let _ = tx.send(removed + 80);
+        });
+        let removed = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("requests wait behind the work after a reply");
+        assert_eq!(
+            engine_counter(&m.dir, "work_after_reply"),
+            done_before,
+            "{transport}: the work ran while held"
+        );
+        fs::remove_file(&flag).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while engine_counter(&m.dir, "work_after_reply") == done_before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{transport}: the work was not done once let go"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut names: Vec<String> = fs::read_dir(&m.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        let mut expected: Vec<String> = (removed..200)
+            .map(|i| format!("f{i}"))
+            .chain((0..80).map(|j| format!("g{j}")))
+            .collect();
+        expected.sort();
+        assert_eq!(names, expected, "{transport}");
+        let m = m.remount(&[transport]);
+        assert_eq!(fs::read(m.path("g79")).unwrap(), b"y");
+        assert!(!m.path("f0").exists());
+        m.unmount_fsck_clean(transport);
+    }
 }
 
 /// Runs `script` with `sh -c` as user and group `uid` (no other groups).

@@ -252,11 +252,12 @@ pub trait Operations: Send + Sync + 'static {
     fn removexattr(&self, ino: Ino, name: &[u8]) -> FsResult<()>;
     /// The kernel's writeback cache is on: it places O_APPEND writes itself.
     fn set_kernel_places_appends(&self, _on: bool) {}
-    /// Called once on each thread of a transport before it serves: the
-    /// thread calls [`Operations::work_after_reply`] whenever
-    /// [`Operations::has_work_after_reply`] says so, once the replies to
-    /// the requests it served are sent, so requests served on it may
-    /// leave work for then.
+    /// Called once on each thread of a transport before it serves:
+    /// whenever [`Operations::has_work_after_reply`] says so, once the
+    /// replies to the requests the thread served are sent, the transport
+    /// has [`Operations::work_after_reply`] called (on a thread of its own
+    /// that serves no request), so requests served on it may leave work
+    /// for then.
     fn serving_thread_started(&self) {}
     /// Entries (parent, name) the kernel should drop, for the transport to
     /// tell it (FUSE_NOTIFY_INVAL_ENTRY, from a thread that serves no

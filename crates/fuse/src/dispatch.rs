@@ -14,6 +14,7 @@ use betreefs_fs::{
 };
 
 use crate::abi::{self, fattr, fopen, init, opcode, Reader, Ttl, Writer};
+use crate::after_reply::{self, AfterReply};
 use crate::request::{InitIn, Op, Request, SetattrIn};
 use crate::stats::Via;
 use crate::{MountConfig, RequestGuard, RequestStats, ENTRY_TTL, MAX_REQUEST, TTL};
@@ -96,6 +97,9 @@ pub struct Dispatcher<F> {
     /// carries only FORGET and INTERRUPT, and its readers gather forgets
     /// ([`Dispatcher::gathers_forgets`]).
     requests_on_queues: AtomicBool,
+    /// Work requests left for after their replies, on its way from the
+    /// serving threads to the after-reply worker.
+    after_reply: AfterReply,
 }
 
 /// The flags this front end asks for (module documentation of the crate
@@ -139,6 +143,7 @@ impl<F: Operations> Dispatcher<F> {
             destroyed: AtomicBool::new(false),
             connection: OnceLock::new(),
             requests_on_queues: AtomicBool::new(false),
+            after_reply: AfterReply::default(),
         }
     }
 
@@ -147,9 +152,10 @@ impl<F: Operations> Dispatcher<F> {
         &self.stats
     }
 
-    /// Called by each serving thread before it serves: it does the work
-    /// requests leave for after their replies
-    /// ([`Dispatcher::work_after_replies`]).
+    /// Called by each serving thread before it serves: the requests it
+    /// serves may leave work for after their replies, which it does
+    /// itself ([`Dispatcher::work_after_replies`]) or hands to the
+    /// after-reply worker ([`Dispatcher::hand_off_work_after_replies`]).
     pub fn serving_thread_started(&self) {
         self.fs.serving_thread_started();
     }
@@ -160,9 +166,11 @@ impl<F: Operations> Dispatcher<F> {
     }
 
     /// Does the work requests left for after their replies, once these
-    /// are sent; a panic in it fails the mount as one in a request does.
+    /// are sent, on the calling thread; a panic in it fails the mount as
+    /// one in a request does.
     pub fn work_after_replies(&self) {
         if self.has_work_after_reply() {
+            after_reply::injected_hold();
             let _ = self.guard.run(
                 || "the work after replies".to_string(),
                 || {
@@ -170,6 +178,23 @@ impl<F: Operations> Dispatcher<F> {
                     Ok(())
                 },
             );
+        }
+    }
+
+    /// Hands the work requests left for after their replies, if any, to
+    /// the after-reply worker (by a serving thread, once the replies are
+    /// on their way).
+    pub fn hand_off_work_after_replies(&self) {
+        if self.has_work_after_reply() {
+            self.after_reply.hand_off();
+        }
+    }
+
+    /// The after-reply worker (a thread of its own, `crate::after_reply`):
+    /// does the work handed off until `ended` is set.
+    pub fn work_after_replies_until(&self, ended: &AtomicBool) {
+        while self.after_reply.wait(ended) {
+            self.work_after_replies();
         }
     }
 

@@ -30,6 +30,7 @@
 use std::time::Duration;
 
 pub mod abi;
+mod after_reply;
 pub mod dispatch;
 pub mod guard;
 pub mod mount;

@@ -201,6 +201,13 @@ fn start_workers<F: Operations>(
         workers.push(worker);
     }
     {
+        let (dispatcher, ended) = (dispatcher.clone(), ended.clone());
+        let worker = std::thread::Builder::new()
+            .name("fuse-after-reply".into())
+            .spawn(move || dispatcher.work_after_replies_until(&ended))?;
+        workers.push(worker);
+    }
+    {
         let (conn, dispatcher) = (fd.clone(), dispatcher.clone());
         let worker = std::thread::Builder::new()
             .name("fuse-release".into())

@@ -43,6 +43,7 @@ use betreefs_fs::Operations;
 use io_uring::{opcode as uring_op, squeue, types, IoUring};
 
 use crate::abi::{self, Reader};
+use crate::after_reply::QueueClients;
 use crate::dispatch::{Dispatcher, Reply};
 use crate::request::Request;
 use crate::session::serve_one;
@@ -256,12 +257,14 @@ pub(crate) fn start<F: Operations>(
     let count = prepared.queues.len();
     let (ready_tx, ready_rx) = mpsc::channel();
     let mut failed = None;
+    let clients = Arc::new(QueueClients::new(count));
     for queue in prepared.queues {
         let (fd, dispatcher, ready) = (fd.clone(), dispatcher.clone(), ready_tx.clone());
+        let clients = clients.clone();
         let qid = queue.qid;
         let spawned = std::thread::Builder::new()
             .name(format!("fuse-uring-{qid}"))
-            .spawn(move || serve_queue(queue, &fd, &dispatcher, ready));
+            .spawn(move || serve_queue(queue, &fd, &dispatcher, &clients, ready));
         match spawned {
             Ok(worker) => workers.push(worker),
             Err(e) => failed = Some(e),
@@ -402,6 +405,7 @@ fn serve_queue<F: Operations>(
     mut q: Queue,
     fd: &OwnedFd,
     dispatcher: &Dispatcher<F>,
+    clients: &QueueClients,
     ready: mpsc::Sender<io::Result<()>>,
 ) {
     let raw = fd.as_raw_fd();
@@ -455,7 +459,7 @@ fn serve_queue<F: Operations>(
                     if let Some(e) = q.entries.get_mut(index) {
                         e.registered = true;
                     }
-                    if let Err(e) = answer(&mut q, index, raw, dispatcher, &mut affinity) {
+                    if let Err(e) = answer(&mut q, index, raw, dispatcher, &mut affinity, clients) {
                         tracing::error!("fuse-uring-{}: {e}", q.qid);
                         broken = Some(e.to_string());
                         live -= 1;
@@ -483,7 +487,9 @@ fn serve_queue<F: Operations>(
         }
         // Work the requests left for after their replies: the replies go
         // now (the commits were pushed, not submitted), their clients go
-        // on while this thread does it.
+        // on while this thread does it — or, while one client alone
+        // issues requests, while the after-reply worker does it and this
+        // thread serves on (`crate::after_reply`).
         if broken.is_none() && dispatcher.has_work_after_reply() {
             if let Err(e) = q.ring.submit() {
                 if e.raw_os_error() != Some(libc::EINTR) {
@@ -491,7 +497,11 @@ fn serve_queue<F: Operations>(
                     break;
                 }
             }
-            dispatcher.work_after_replies();
+            if clients.one_client(usize::from(q.qid)) {
+                dispatcher.hand_off_work_after_replies();
+            } else {
+                dispatcher.work_after_replies();
+            }
         }
     }
     // A queue that stops while the mount lives would leave its CPU's
@@ -563,6 +573,7 @@ fn answer<F: Operations>(
     fd: RawFd,
     dispatcher: &Dispatcher<F>,
     affinity: &mut QueueAffinity,
+    clients: &QueueClients,
 ) -> io::Result<()> {
     let entry = q
         .entries
@@ -576,6 +587,7 @@ fn answer<F: Operations>(
         .unwrap_or_default();
     let h = abi::InHeader::parse(&mut Reader::new(header))
         .map_err(|_| io::Error::other("a request without a header"))?;
+    clients.note_request(usize::from(q.qid), h.pid);
     if h.opcode == abi::opcode::READ {
         // A READ has no payload: its data goes straight into the payload
         // buffer, no copy on the way.
