@@ -1,10 +1,10 @@
 #!/bin/bash
 # rmrf2.sh BIN TAG [perf]: untar, warm dentries with tar cf, then rm -rf + sync timed (as the bench)
 set -e
-BIN=$1; TAG=$2; D=/var/tmp/s26/rm; mkdir -p $D
+BIN=$1; TAG=$2; D=${WORK:-/var/tmp/after-reply}/rm; mkdir -p $D
 IMG=$D/img; MNT=$D/mnt; mkdir -p $MNT
 rm -f $IMG; truncate -s 8G $IMG; chmod 600 $IMG
-if [ "$BIN" = nullfuse ]; then /work/main/target/release/betreefs nullfuse $MNT & sleep 1; else
+if [ "$BIN" = nullfuse ]; then ${NULLFUSE_BIN:-./target/release/betreefs} nullfuse $MNT & sleep 1; else
 $BIN mkfs $IMG --force >/dev/null; $BIN mount $IMG $MNT; fi
 tar xf /dev/shm/linux.tar -C $MNT; sync
 tar cf - -C $MNT . | cat > /dev/null

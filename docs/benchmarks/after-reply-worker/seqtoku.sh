@@ -1,6 +1,6 @@
 #!/bin/bash
 # seqtoku.sh BIN TAG: the micro suite's order by hand: 2 GiB seq write, remount, read, 20K random 4K writes + fsync, 20K 4-byte, rm, sync, tokubench 100K
-BIN=$1; TAG=$2; N=100000; D=/var/tmp/s26/toku; M=$D/mnt; mkdir -p $M
+BIN=$1; TAG=$2; N=100000; D=${WORK:-/var/tmp/after-reply}/toku; M=$D/mnt; mkdir -p $M
 IMG=$D/img; rm -f $IMG; truncate -s 16G $IMG; LOOP=$(losetup -f --show --direct-io=on $IMG)
 $BIN mkfs $LOOP --force > /dev/null; $BIN mount $LOOP $M
 dd if=/dev/urandom of=/dev/shm/seq1m bs=1M count=1 2>/dev/null
@@ -24,7 +24,7 @@ os.close(fd)
 PY
 rm $M/seq; sync
 $BIN stats $M > $D/pre-$TAG.json
-R=$(./toku $M $N 2)
+R=$($D/toku $M $N 2)   # built with: cc -O2 -o $D/toku docs/benchmarks/table-share/toku.c
 $BIN stats $M > $D/post-$TAG.json
 $BIN umount $M; losetup -d $LOOP; rm -f $IMG
 echo "$TAG $R"
