@@ -482,82 +482,80 @@ fn requests_are_served_while_the_work_after_their_replies_is_held() {
     if !fuse_available() || !transports().contains(&"transport=uring") {
         return;
     }
-    {
-        let transport = "transport=uring";
-        let (s, image, dir) = formatted("afterreply", "1G");
-        let flag = s.0.join("hold");
-        let held = s.0.join("hold.held");
-        fs::write(&flag, b"").unwrap();
-        let m = Mount::start_with_env(
-            &image,
-            &dir,
-            &[transport],
-            &[("BETREEFS_TEST_HOLD_AFTER_REPLY", flag.to_str().unwrap())],
-        );
-        let done_before = engine_counter(&m.dir, "work_after_reply");
-        let root = m.dir.clone();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            pin_to_cpu_zero();
-            for i in 0..200 {
-                fs::write(root.join(format!("f{i}")), b"x").unwrap();
-            }
-            // Each unlink stages a range delete (the file's data); past
-            // half the limit the writer leaves their application for
-            // after its reply.
-            let mut removed = 0;
-            while !held.exists() && removed < 100 {
-                fs::remove_file(root.join(format!("f{removed}"))).unwrap();
-                removed += 1;
-            }
-            let deadline = std::time::Instant::now() + Duration::from_secs(30);
-            while !held.exists() {
-                assert!(std::time::Instant::now() < deadline, "no work was left");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            // The work is pending and held: requests from this CPU go on,
-            // past the staged range deletes' limit (a write that applies
-            // in its request).
-            for j in 0..80 {
-                fs::write(root.join(format!("g{j}")), b"y").unwrap();
-                assert_eq!(fs::read(root.join(format!("g{j}"))).unwrap(), b"y");
-                fs::remove_file(root.join(format!("f{}", removed + j))).unwrap();
-            }
-            let _ = tx.send(removed + 80);
-        });
-        let removed = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("requests wait behind the work after a reply");
-        assert_eq!(
-            engine_counter(&m.dir, "work_after_reply"),
-            done_before,
-            "{transport}: the work ran while held"
-        );
-        fs::remove_file(&flag).unwrap();
+    let transport = "transport=uring";
+    let (s, image, dir) = formatted("afterreply", "1G");
+    let flag = s.0.join("hold");
+    let held = s.0.join("hold.held");
+    fs::write(&flag, b"").unwrap();
+    let m = Mount::start_with_env(
+        &image,
+        &dir,
+        &[transport],
+        &[("BETREEFS_TEST_HOLD_AFTER_REPLY", flag.to_str().unwrap())],
+    );
+    let done_before = engine_counter(&m.dir, "work_after_reply");
+    let root = m.dir.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        pin_to_cpu_zero();
+        for i in 0..200 {
+            fs::write(root.join(format!("f{i}")), b"x").unwrap();
+        }
+        // Each unlink stages a range delete (the file's data); past
+        // half the limit the writer leaves their application for
+        // after its reply.
+        let mut removed = 0;
+        while !held.exists() && removed < 100 {
+            fs::remove_file(root.join(format!("f{removed}"))).unwrap();
+            removed += 1;
+        }
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while engine_counter(&m.dir, "work_after_reply") == done_before {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{transport}: the work was not done once let go"
-            );
+        while !held.exists() {
+            assert!(std::time::Instant::now() < deadline, "no work was left");
             std::thread::sleep(Duration::from_millis(10));
         }
-        let mut names: Vec<String> = fs::read_dir(&m.dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        names.sort();
-        let mut expected: Vec<String> = (removed..200)
-            .map(|i| format!("f{i}"))
-            .chain((0..80).map(|j| format!("g{j}")))
-            .collect();
-        expected.sort();
-        assert_eq!(names, expected, "{transport}");
-        let m = m.remount(&[transport]);
-        assert_eq!(fs::read(m.path("g79")).unwrap(), b"y");
-        assert!(!m.path("f0").exists());
-        m.unmount_fsck_clean(transport);
+        // The work is pending and held: requests from this CPU go on,
+        // past the staged range deletes' limit (a write that applies
+        // in its request).
+        for j in 0..80 {
+            fs::write(root.join(format!("g{j}")), b"y").unwrap();
+            assert_eq!(fs::read(root.join(format!("g{j}"))).unwrap(), b"y");
+            fs::remove_file(root.join(format!("f{}", removed + j))).unwrap();
+        }
+        let _ = tx.send(removed + 80);
+    });
+    let removed = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("requests wait behind the work after a reply");
+    assert_eq!(
+        engine_counter(&m.dir, "work_after_reply"),
+        done_before,
+        "{transport}: the work ran while held"
+    );
+    fs::remove_file(&flag).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while engine_counter(&m.dir, "work_after_reply") == done_before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{transport}: the work was not done once let go"
+        );
+        std::thread::sleep(Duration::from_millis(10));
     }
+    let mut names: Vec<String> = fs::read_dir(&m.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let mut expected: Vec<String> = (removed..200)
+        .map(|i| format!("f{i}"))
+        .chain((0..80).map(|j| format!("g{j}")))
+        .collect();
+    expected.sort();
+    assert_eq!(names, expected, "{transport}");
+    let m = m.remount(&[transport]);
+    assert_eq!(fs::read(m.path("g79")).unwrap(), b"y");
+    assert!(!m.path("f0").exists());
+    m.unmount_fsck_clean(transport);
 }
 
 /// Runs `script` with `sh -c` as user and group `uid` (no other groups).

@@ -255,9 +255,9 @@ pub trait Operations: Send + Sync + 'static {
     /// Called once on each thread of a transport before it serves:
     /// whenever [`Operations::has_work_after_reply`] says so, once the
     /// replies to the requests the thread served are sent, the transport
-    /// has [`Operations::work_after_reply`] called (on a thread of its own
-    /// that serves no request), so requests served on it may leave work
-    /// for then.
+    /// has [`Operations::work_after_reply`] called (by that thread, or by
+    /// one of its own that serves no request), so requests served on it
+    /// may leave work for then.
     fn serving_thread_started(&self) {}
     /// Entries (parent, name) the kernel should drop, for the transport to
     /// tell it (FUSE_NOTIFY_INVAL_ENTRY, from a thread that serves no

@@ -789,8 +789,9 @@ impl Store {
     /// batches once past their bound, settling the buffers, evicting — to
     /// [`Store::work_after_reply`], which the thread promises will be
     /// called once the replies to the requests it served are on their way
-    /// (a FUSE serving thread, which hands it to a thread of its own): the
-    /// client goes on with its next request while the daemon applies. A write leaves at most one such piece of work
+    /// (a FUSE serving thread: by itself, or by a thread of its own it
+    /// hands the work to): the client goes on with its next request while
+    /// the daemon applies. A write leaves at most one such piece of work
     /// pending; the next one past it does its work itself, as do writes
     /// on every other thread, so the buffers stay bounded.
     pub fn work_after_replies_on_this_thread(&self) {
