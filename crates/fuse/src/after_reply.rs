@@ -160,10 +160,13 @@ pub(crate) fn injected_hold() {
     if !cfg!(debug_assertions) {
         return;
     }
-    let Some(flag) = std::env::var_os("BETREEFS_TEST_HOLD_AFTER_REPLY") else {
+    static FLAG: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    let flag = FLAG.get_or_init(|| {
+        std::env::var_os("BETREEFS_TEST_HOLD_AFTER_REPLY").map(std::path::PathBuf::from)
+    });
+    let Some(flag) = flag else {
         return;
     };
-    let flag = std::path::PathBuf::from(flag);
     if !flag.exists() {
         return;
     }

@@ -200,7 +200,9 @@ fn start_workers<F: Operations>(
             })?;
         workers.push(worker);
     }
-    {
+    if queues.is_some() {
+        // Only io_uring queues hand their work after replies off
+        // (`crate::after_reply`); `/dev/fuse` readers do it themselves.
         let (dispatcher, ended) = (dispatcher.clone(), ended.clone());
         let worker = std::thread::Builder::new()
             .name("fuse-after-reply".into())
