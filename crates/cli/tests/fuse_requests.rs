@@ -390,22 +390,40 @@ fn names_stay_cached_past_the_attribute_timeout() {
     m.unmount();
 }
 
-/// A queue that stops while the mount lives (its ring broke): the kernel
-/// keeps routing its CPU's requests to it, so the daemon gives the mount
-/// up (every waiting request fails, the daemon exits non-zero after
-/// flushing the log) instead of leaving callers hanging; nothing fsync'd
-/// is lost.
+/// A queue that stops while the mount lives: the kernel keeps routing its
+/// CPU's requests to it, so the daemon gives the mount up (every waiting
+/// request fails, the daemon exits non-zero after flushing the log)
+/// instead of leaving callers hanging; nothing fsync'd is lost. Its ring
+/// broke:
 #[test]
 fn a_stopped_uring_queue_fails_the_mount_instead_of_hanging_it() {
+    stopped_uring_queue_fails_the_mount("broken");
+}
+
+/// ... the kernel ended its entries with ENOTCONN while the connection
+/// lives (as when io_uring cancels them), which looks like an unmount to
+/// the queue alone:
+#[test]
+fn a_uring_queue_whose_entries_were_cancelled_fails_the_mount() {
+    stopped_uring_queue_fails_the_mount("cancelled");
+}
+
+/// ... its thread panicked outside any request:
+#[test]
+fn a_uring_queue_that_panicked_fails_the_mount() {
+    stopped_uring_queue_fails_the_mount("panic");
+}
+
+fn stopped_uring_queue_fails_the_mount(how: &str) {
     if !fuse_available() || !transports().contains(&"transport=uring") {
         return;
     }
-    let (_s, image, dir) = formatted("uringstop", "256M");
+    let (_s, image, dir) = formatted(&format!("uringstop-{how}"), "256M");
     let m = Mount::start_with_env(
         &image,
         &dir,
         &["transport=uring"],
-        &[("BETREEFS_TEST_URING_STOP_QUEUE", "0:200")],
+        &[("BETREEFS_TEST_URING_STOP_QUEUE", &format!("0:200:{how}"))],
     );
     // Requests issued on CPU 0 go to queue 0.
     let root = m.dir.clone();

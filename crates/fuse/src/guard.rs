@@ -66,11 +66,7 @@ impl RequestGuard {
         match std::panic::catch_unwind(AssertUnwindSafe(request)) {
             Ok(result) => result,
             Err(payload) => {
-                let message = payload
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| payload.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic without a message".into());
+                let message = panic_message(&*payload);
                 self.fail(&format!("{} panicked: {message}", describe()));
                 Err(Errno::EIO)
             }
@@ -92,6 +88,15 @@ impl RequestGuard {
             (self.on_fatal)(what);
         }
     }
+}
+
+/// The message a panic was raised with.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// A fault to inject in debug builds (the FUSE tests): a lookup of this

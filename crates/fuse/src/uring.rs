@@ -430,22 +430,56 @@ fn serve_queue<F: Operations>(
         return;
     }
     dispatcher.serving_thread_started();
+    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        serve_entries(&mut q, raw, dispatcher, clients, &mut affinity)
+    }));
+    // A queue that stops while the connection lives leaves its CPU's
+    // requests waiting forever: give the mount up instead. Entries that
+    // the kernel ended with ENOTCONN are no proof of an unmount: it ends
+    // them so too when io_uring cancels them (`fuse_uring_cancel`, on a
+    // ring or task going away) and the connection may live on.
+    let stopped = match served {
+        Ok(Some(why)) => Some(why),
+        Ok(None) if dispatcher.destroyed() || connection_ended(raw) => None,
+        Ok(None) => Some("the kernel ended its entries while the connection lives".into()),
+        Err(panic) => Some(format!(
+            "panicked: {}",
+            crate::guard::panic_message(&*panic)
+        )),
+    };
+    if let Some(why) = stopped {
+        dispatcher.abandon(&format!("io_uring queue {} stopped: {why}", q.qid));
+    }
+}
+
+/// Serves the requests delivered into the queue's entries until none is
+/// left with the kernel; returns why entries were lost if not by an end
+/// of the connection.
+fn serve_entries<F: Operations>(
+    q: &mut Queue,
+    raw: RawFd,
+    dispatcher: &Dispatcher<F>,
+    clients: &QueueClients,
+    affinity: &mut QueueAffinity,
+) -> Option<String> {
     let mut live = q.entries.len();
     let mut done = Vec::new();
-    // Why entries were lost other than by unmounting, if any were.
     let mut broken: Option<String> = None;
-    let mut stop_after = injected_stop(q.qid);
+    let mut injected = InjectedStop::from_env(q.qid);
     while live > 0 {
         if let Err(e) = q.ring.submit_and_wait(1) {
             if e.raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
-            broken = Some(e.to_string());
-            break;
+            return Some(e.to_string());
         }
-        if stop_after == Some(0) {
-            broken = Some("stopped (injected)".into());
-            break;
+        if let Some(how) = injected.as_ref().and_then(InjectedStop::due) {
+            match how {
+                StopHow::Broken => return Some("stopped (injected)".into()),
+                // As if the kernel had ended every entry with ENOTCONN.
+                StopHow::Cancelled => return None,
+                StopHow::Panic => panic!("injected fault: io_uring queue {}", q.qid),
+            }
         }
         done.clear();
         done.extend(
@@ -459,21 +493,24 @@ fn serve_queue<F: Operations>(
                     if let Some(e) = q.entries.get_mut(index) {
                         e.registered = true;
                     }
-                    if let Err(e) = answer(&mut q, index, raw, dispatcher, &mut affinity, clients) {
+                    if let Err(e) = answer(q, index, raw, dispatcher, affinity, clients) {
                         tracing::error!("fuse-uring-{}: {e}", q.qid);
                         broken = Some(e.to_string());
                         live -= 1;
                     }
-                    stop_after = stop_after.map(|n| n.saturating_sub(1));
+                    if let Some(stop) = injected.as_mut() {
+                        stop.served_one();
+                    }
                 }
                 r if r == -libc::EAGAIN || r == -libc::EINTR => {
-                    if let Err(e) = resubmit(&mut q, index, raw) {
+                    if let Err(e) = resubmit(q, index, raw) {
                         tracing::error!("fuse-uring-{}: {e}", q.qid);
                         broken = Some(e.to_string());
                         live -= 1;
                     }
                 }
-                // Unmounted, aborted, or the ring is going away.
+                // Unmounted, aborted, cancelled by io_uring, or the ring is
+                // going away (the caller tells an unmount from the rest).
                 r if r == -libc::ENOTCONN || r == -libc::ECONNABORTED || r == -libc::ECANCELED => {
                     live -= 1
                 }
@@ -493,8 +530,7 @@ fn serve_queue<F: Operations>(
         if broken.is_none() && dispatcher.has_work_after_reply() {
             if let Err(e) = q.ring.submit() {
                 if e.raw_os_error() != Some(libc::EINTR) {
-                    broken = Some(e.to_string());
-                    break;
+                    return Some(e.to_string());
                 }
             }
             if clients.one_client(usize::from(q.qid)) {
@@ -504,23 +540,81 @@ fn serve_queue<F: Operations>(
             }
         }
     }
-    // A queue that stops while the mount lives would leave its CPU's
-    // requests waiting forever: give the mount up instead.
-    if let Some(why) = broken {
-        dispatcher.abandon(&format!("io_uring queue {} stopped: {why}", q.qid));
-    }
+    broken
 }
 
-/// Test hook (debug builds): `BETREEFS_TEST_URING_STOP_QUEUE=<qid>:<n>`
-/// makes that queue stop after serving n requests, as a queue whose ring
-/// broke would.
-fn injected_stop(qid: u16) -> Option<u32> {
-    if !cfg!(debug_assertions) {
-        return None;
+/// Whether the FUSE connection behind `fd` has ended (unmounted or
+/// aborted): the kernel then reports an error condition on the device
+/// (`fuse_dev_poll`). It clears the connection's flag before it tears the
+/// io_uring queues down, so a queue whose entries ended because of the
+/// end of the connection always sees it.
+pub(crate) fn connection_ended(fd: RawFd) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: pfd is one valid pollfd; a zero timeout never blocks.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    if n < 0 {
+        // Cannot tell: say it lives, so that the mount is given up rather
+        // than left with a queue nobody serves.
+        tracing::error!("poll of the FUSE device: {}", io::Error::last_os_error());
+        return false;
     }
-    let spec = std::env::var("BETREEFS_TEST_URING_STOP_QUEUE").ok()?;
-    let (q, n) = spec.split_once(':')?;
-    (q.parse::<u16>().ok()? == qid).then(|| n.parse().ok())?
+    pfd.revents & (libc::POLLERR | libc::POLLNVAL) != 0
+}
+
+/// How an injected stop ends a queue (see [`InjectedStop`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum StopHow {
+    /// Its ring broke (an error from the kernel).
+    Broken,
+    /// The kernel ended every entry with ENOTCONN, as it does when
+    /// io_uring cancels them, while the connection lives.
+    Cancelled,
+    /// Its thread panicked outside any request.
+    Panic,
+}
+
+/// Test hook (debug builds): `BETREEFS_TEST_URING_STOP_QUEUE=<qid>:<n>[:how]`
+/// makes that queue stop after serving n requests, `how` being `broken`
+/// (the default), `cancelled` or `panic` ([`StopHow`]).
+struct InjectedStop {
+    after: u32,
+    how: StopHow,
+}
+
+impl InjectedStop {
+    fn from_env(qid: u16) -> Option<InjectedStop> {
+        if !cfg!(debug_assertions) {
+            return None;
+        }
+        let spec = std::env::var("BETREEFS_TEST_URING_STOP_QUEUE").ok()?;
+        InjectedStop::parse(&spec, qid)
+    }
+
+    fn parse(spec: &str, qid: u16) -> Option<InjectedStop> {
+        let mut parts = spec.split(':');
+        let q: u16 = parts.next()?.parse().ok()?;
+        let after = parts.next()?.parse().ok()?;
+        let how = match parts.next() {
+            None | Some("broken") => StopHow::Broken,
+            Some("cancelled") => StopHow::Cancelled,
+            Some("panic") => StopHow::Panic,
+            Some(_) => return None,
+        };
+        (q == qid && parts.next().is_none()).then_some(InjectedStop { after, how })
+    }
+
+    fn served_one(&mut self) {
+        self.after = self.after.saturating_sub(1);
+    }
+
+    /// How the queue stops now, if it is time.
+    fn due(&self) -> Option<StopHow> {
+        (self.after == 0).then_some(self.how)
+    }
 }
 
 /// Submits a REGISTER for every entry of the queue.
@@ -684,6 +778,49 @@ mod tests {
         assert_eq!(e.u32_at(PAYLOAD_SZ_OFFSET), 3);
         assert_eq!(&e.payload[..3], &[1, 2, 3]);
         assert_eq!(crate::dispatch::reply_unique(&e.header[..16]), Some(77));
+    }
+
+    #[test]
+    fn an_injected_stop_names_its_queue_count_and_way() {
+        let stop = InjectedStop::parse("1:200", 1).unwrap();
+        assert_eq!((stop.after, stop.how), (200, StopHow::Broken));
+        assert!(InjectedStop::parse("1:200", 0).is_none());
+        let mut stop = InjectedStop::parse("0:2:cancelled", 0).unwrap();
+        assert_eq!(stop.due(), None);
+        stop.served_one();
+        stop.served_one();
+        assert_eq!(stop.due(), Some(StopHow::Cancelled));
+        assert_eq!(
+            InjectedStop::parse("0:0:panic", 0).unwrap().due(),
+            Some(StopHow::Panic)
+        );
+        assert!(InjectedStop::parse("0:1:sideways", 0).is_none());
+        assert!(InjectedStop::parse("0:1:panic:x", 0).is_none());
+        assert!(InjectedStop::parse("0", 0).is_none());
+    }
+
+    #[test]
+    fn a_device_without_a_connection_reads_as_ended() {
+        // An open /dev/fuse that never mounted has no connection: the
+        // kernel reports the same error condition as for an ended one.
+        let Ok(dev) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+        else {
+            return;
+        };
+        assert!(connection_ended(dev.as_raw_fd()));
+        // A pipe with nothing in it is no ended connection.
+        let mut fds = [0; 2];
+        // SAFETY: fds has room for the two descriptors pipe writes.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        assert!(!connection_ended(fds[0]));
+        // SAFETY: both descriptors are ours and closed once.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
     }
 
     #[test]
