@@ -305,10 +305,19 @@ impl Mount {
 impl Drop for Mount {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
+            // Known before the lazy unmount hides it: a test that failed
+            // may leave a request the daemon never answers, and its thread
+            // cannot be killed until the connection ends.
+            let connection = betreefs_fuse::mount::connection_id(&self.dir);
             let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
             let deadline = Instant::now() + Duration::from_secs(30);
             while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
+            }
+            if c.try_wait().ok().flatten().is_none() {
+                if let Some(id) = connection {
+                    let _ = betreefs_fuse::mount::abort_connection(id);
+                }
             }
             let _ = c.kill();
             let _ = c.wait();
