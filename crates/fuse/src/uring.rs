@@ -548,7 +548,7 @@ fn serve_entries<F: Operations>(
 /// (`fuse_dev_poll`). It clears the connection's flag before it tears the
 /// io_uring queues down, so a queue whose entries ended because of the
 /// end of the connection always sees it.
-pub(crate) fn connection_ended(fd: RawFd) -> bool {
+fn connection_ended(fd: RawFd) -> bool {
     let mut pfd = libc::pollfd {
         fd,
         events: libc::POLLIN,
