@@ -18,13 +18,9 @@
 //! reading `/dev/fuse` are not pinned, and several: one doing the work
 //! leaves the next request to another, as before.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
-
-/// How often the worker looks whether the connection ended while no work
-/// comes.
-const ENDED_POLL: Duration = Duration::from_millis(50);
 
 /// How long a queue must have seen requests of one client alone for its
 /// thread to hand its work after replies off: a client's requests come
@@ -114,40 +110,55 @@ impl QueueClients {
 /// The serving threads' hand-off to the worker.
 #[derive(Default)]
 pub(crate) struct AfterReply {
-    /// Work was handed off since the worker last took it.
-    wanted: Mutex<bool>,
+    state: Mutex<HandOff>,
     wake: Condvar,
 }
 
+#[derive(Default)]
+struct HandOff {
+    /// Work was handed off since the worker last took it.
+    wanted: bool,
+    /// The connection ended: the worker stops.
+    ended: bool,
+}
+
 impl AfterReply {
+    fn state(&self) -> std::sync::MutexGuard<'_, HandOff> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Wakes the worker (by a serving thread, once the replies to the
     /// requests that left the work are on their way). A hand-off while
     /// one is still untaken wakes nobody again.
     pub(crate) fn hand_off(&self) {
-        let mut wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
-        if !*wanted {
-            *wanted = true;
+        let mut state = self.state();
+        if !state.wanted {
+            state.wanted = true;
             self.wake.notify_one();
         }
     }
 
+    /// Stops the worker: the connection ended (work still untaken goes
+    /// with it, as the store's close applies what is staged).
+    pub(crate) fn end(&self) {
+        self.state().ended = true;
+        self.wake.notify_one();
+    }
+
     /// The worker's wait for work: true once some was handed off (and
-    /// takes it), false once `ended` is set.
-    pub(crate) fn wait(&self, ended: &AtomicBool) -> bool {
-        let mut wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
+    /// takes it), false once [`AfterReply::end`] was called. No timed
+    /// wake-ups: an idle mount's worker sleeps until told.
+    pub(crate) fn wait(&self) -> bool {
+        let mut state = self.state();
         loop {
-            if ended.load(Ordering::Acquire) {
+            if state.ended {
                 return false;
             }
-            if *wanted {
-                *wanted = false;
+            if state.wanted {
+                state.wanted = false;
                 return true;
             }
-            wanted = self
-                .wake
-                .wait_timeout(wanted, ENDED_POLL)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
         }
     }
 }
@@ -231,24 +242,23 @@ mod tests {
     #[test]
     fn a_hand_off_wakes_the_worker_once_and_an_ended_connection_stops_it() {
         let handoff = Arc::new(AfterReply::default());
-        let ended = Arc::new(AtomicBool::new(false));
         handoff.hand_off();
         handoff.hand_off();
-        assert!(handoff.wait(&ended), "the work handed off is taken");
-        let (h, e) = (handoff.clone(), ended.clone());
+        assert!(handoff.wait(), "the work handed off is taken");
+        let h = handoff.clone();
         let worker = std::thread::spawn(move || {
             let mut taken = 0;
-            while h.wait(&e) {
+            while h.wait() {
                 taken += 1;
             }
             taken
         });
         handoff.hand_off();
         // The worker takes it (or sees it still wanted when it ends).
-        while *handoff.wanted.lock().unwrap() {
+        while handoff.state().wanted {
             std::thread::sleep(Duration::from_millis(1));
         }
-        ended.store(true, Ordering::Release);
+        handoff.end();
         assert_eq!(worker.join().unwrap(), 1);
     }
 }

@@ -191,11 +191,17 @@ impl<F: Operations> Dispatcher<F> {
     }
 
     /// The after-reply worker (a thread of its own, `crate::after_reply`):
-    /// does the work handed off until `ended` is set.
-    pub fn work_after_replies_until(&self, ended: &AtomicBool) {
-        while self.after_reply.wait(ended) {
+    /// does the work handed off until [`Dispatcher::connection_ended`].
+    pub fn work_after_replies_until_ended(&self) {
+        while self.after_reply.wait() {
             self.work_after_replies();
         }
+    }
+
+    /// The connection ended (a `/dev/fuse` reader read its end): the
+    /// after-reply worker stops.
+    pub(crate) fn connection_ended(&self) {
+        self.after_reply.end();
     }
 
     /// What INIT settled, once it has been answered.

@@ -181,7 +181,8 @@ fn start_workers<F: Operations>(
 ) -> io::Result<Session> {
     let fd = Arc::new(fd);
     let mut workers = Vec::new();
-    // Set by the /dev/fuse readers when the connection ends.
+    // Set by the /dev/fuse readers when the connection ends (the releaser
+    // looks at it between rounds; the after-reply worker is told).
     let ended = Arc::new(AtomicBool::new(false));
     // The /dev/fuse readers first: they carry FORGET and INTERRUPT in any
     // case, and everything if the queues fail to register.
@@ -197,16 +198,17 @@ fn start_workers<F: Operations>(
             .spawn(move || {
                 serve_device(&conn, &dispatcher);
                 ended.store(true, Ordering::Release);
+                dispatcher.connection_ended();
             })?;
         workers.push(worker);
     }
     if queues.is_some() {
         // Only io_uring queues hand their work after replies off
         // (`crate::after_reply`); `/dev/fuse` readers do it themselves.
-        let (dispatcher, ended) = (dispatcher.clone(), ended.clone());
+        let dispatcher = dispatcher.clone();
         let worker = std::thread::Builder::new()
             .name("fuse-after-reply".into())
-            .spawn(move || dispatcher.work_after_replies_until(&ended))?;
+            .spawn(move || dispatcher.work_after_replies_until_ended())?;
         workers.push(worker);
     }
     {
