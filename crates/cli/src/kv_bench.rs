@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use betreefs_engine::{KeySpace, Options, Store};
+use betreefs_fuse::stats::LatencyHistogram;
 use clap::ValueEnum;
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use serde::Serialize;
@@ -86,6 +87,29 @@ pub struct Args {
     /// Also print the engine's counters (JSON) to stderr at the end.
     #[arg(long)]
     stats: bool,
+    /// Who moves messages down the trees (betreefs): each writer
+    /// (`inline`, as a mount's default) or a thread of the engine
+    /// (`background`, a mount's `-o flush=background`).
+    #[arg(long, value_enum, default_value = "inline")]
+    flush: FlushBy,
+    /// Who writes dirty nodes back when the cache is over budget
+    /// (betreefs): the writer that filled the cache (`writer`, the
+    /// library's default, which the earlier kv-bench tables ran) or a
+    /// thread of the engine (`thread`, as the mount daemon runs it).
+    #[arg(long, value_enum, default_value = "writer")]
+    write_back: WriteBackBy,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum FlushBy {
+    Inline,
+    Background,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum WriteBackBy {
+    Thread,
+    Writer,
 }
 
 /// Parses sizes like `4096`, `64K`, `512M`, `8G`, `1T`.
@@ -307,6 +331,10 @@ struct Report {
     node_kb: usize,
     cache_mb: usize,
     found: u64,
+    /// Latency of the measured phase's gets and puts (None for a kind that
+    /// did not run, and for a scan).
+    get_latency: Option<LatencySummary>,
+    put_latency: Option<LatencySummary>,
 }
 
 /// Key number `id` as 8 bytes; `spread` scatters consecutive ids over the
@@ -356,6 +384,8 @@ fn open_engine(args: &Args) -> Result<Box<dyn KvEngine>> {
         Engine::Betreefs => {
             let mut options = Options {
                 cache_bytes: args.cache_mb << 20,
+                background_flush: args.flush == FlushBy::Background,
+                background_write_back: args.write_back == WriteBackBy::Thread,
                 ..Options::default()
             };
             if let Some(kb) = args.node_kb {
@@ -399,6 +429,43 @@ fn open_engine(args: &Args) -> Result<Box<dyn KvEngine>> {
 struct ClientTotals {
     user_bytes: u64,
     found: u64,
+    /// How long each get and each put took, from the call to its return:
+    /// what a client waited on the engine (issue 11 bounds the longest).
+    gets: LatencyHistogram,
+    puts: LatencyHistogram,
+}
+
+/// Runs `op`, recording how long it took in `into`.
+fn timed<T>(into: &LatencyHistogram, op: impl FnOnce() -> Result<T>) -> Result<T> {
+    let started = Instant::now();
+    let result = op();
+    // The opcode slot names FUSE requests; an engine call has none.
+    into.record(0, started.elapsed().as_nanos() as u64);
+    result
+}
+
+/// Percentiles of one kind of operation's latency, in the report.
+#[derive(Debug, Serialize)]
+struct LatencySummary {
+    count: u64,
+    p50_nanos: u64,
+    p99_nanos: u64,
+    p999_nanos: u64,
+    max_nanos: u64,
+}
+
+impl LatencySummary {
+    /// None when no operation of the kind ran.
+    fn of(histogram: &LatencyHistogram) -> Option<LatencySummary> {
+        let count = histogram.count();
+        (count > 0).then(|| LatencySummary {
+            count,
+            p50_nanos: histogram.quantile(0.5),
+            p99_nanos: histogram.quantile(0.99),
+            p999_nanos: histogram.quantile(0.999),
+            max_nanos: histogram.max_nanos(),
+        })
+    }
 }
 
 /// The operation numbers each of `threads` clients runs: equal shares of
@@ -433,12 +500,13 @@ fn run_client(
             Workload::Fillseq | Workload::Fillrandom => {
                 rng.fill(&mut value[..]);
                 let spread = args.workload == Workload::Fillrandom;
-                engine.put(&key_of(id % args.keys, spread), &value)?;
+                let key = key_of(id % args.keys, spread);
+                timed(&totals.puts, || engine.put(&key, &value))?;
                 totals.user_bytes += 8 + value.len() as u64;
             }
             Workload::Readrandom => {
                 let key = key_of(rng.gen_range(0..args.keys), true);
-                totals.found += engine.get(&key)?.is_some() as u64;
+                totals.found += timed(&totals.gets, || engine.get(&key))?.is_some() as u64;
             }
             Workload::Ws1 | Workload::Ws2 | Workload::Ws3 => {
                 let id = if rng.gen_bool(hot_share) {
@@ -449,10 +517,10 @@ fn run_client(
                 // Hot ids are spread over the key space by key_of.
                 let key = key_of(id, true);
                 if rng.gen_range(0..100) < args.reads {
-                    totals.found += engine.get(&key)?.is_some() as u64;
+                    totals.found += timed(&totals.gets, || engine.get(&key))?.is_some() as u64;
                 } else {
                     rng.fill(&mut value[..]);
-                    engine.put(&key, &value)?;
+                    timed(&totals.puts, || engine.put(&key, &value))?;
                     totals.user_bytes += 8 + value.len() as u64;
                 }
             }
@@ -493,6 +561,7 @@ pub fn run(args: Args) -> Result<()> {
     let before = engine.device_bytes();
     let io_before = process_write_bytes();
     let start = Instant::now();
+    let (gets, puts) = (LatencyHistogram::default(), LatencyHistogram::default());
     let (done, user_bytes, found) = if args.workload == Workload::Scan {
         let found = engine.scan_all()?;
         (found, 0, found)
@@ -517,6 +586,10 @@ pub fn run(args: Args) -> Result<()> {
                 })
                 .collect::<Result<Vec<_>>>()
         })?;
+        for t in &totals {
+            gets.add(&t.gets);
+            puts.add(&t.puts);
+        }
         totals.iter().fold((ops, 0, 0), |(n, u, f), t| {
             (n, u + t.user_bytes, f + t.found)
         })
@@ -545,6 +618,8 @@ pub fn run(args: Args) -> Result<()> {
         node_kb: args.node_kb.unwrap_or(Options::default().node_size >> 10),
         cache_mb: args.cache_mb,
         found,
+        get_latency: LatencySummary::of(&gets),
+        put_latency: LatencySummary::of(&puts),
     };
     if args.stats {
         eprintln!("{}", engine.stats_json());

@@ -104,8 +104,13 @@ impl LatencyHistogram {
         self.max_nanos.load(Ordering::Relaxed)
     }
 
+    /// How many times were recorded.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+    }
+
     /// Adds `other`'s counts to these (its maximum if it is the larger).
-    fn add(&self, other: &LatencyHistogram) {
+    pub fn add(&self, other: &LatencyHistogram) {
         for (mine, theirs) in self.buckets.iter().zip(&other.buckets) {
             mine.fetch_add(theirs.load(Ordering::Relaxed), Ordering::Relaxed);
         }
@@ -437,5 +442,25 @@ mod tests {
             assert!(LatencyHistogram::upper(b) >= v, "{v}");
             last = b;
         }
+    }
+
+    #[test]
+    fn histograms_add_up_counts_and_keep_the_longest() {
+        let (a, b) = (LatencyHistogram::default(), LatencyHistogram::default());
+        assert_eq!(a.count(), 0);
+        for n in 1..=300u64 {
+            a.record(opcode::READ, n * 1000);
+        }
+        for n in 1..=100u64 {
+            b.record(opcode::WRITE, n * 10_000);
+        }
+        b.record(opcode::FSYNC, 50_000_000);
+        a.add(&b);
+        assert_eq!(a.count(), 401);
+        assert_eq!(a.max_nanos(), 50_000_000);
+        assert!(a.to_json().contains("\"max_opcode\":\"fsync\""));
+        // b's 100 values of 10-1000 us now weigh in the upper tail.
+        assert!(a.quantile(0.9) >= 300_000, "{}", a.quantile(0.9));
+        assert_eq!(b.count(), 101, "the source is left as it was");
     }
 }
