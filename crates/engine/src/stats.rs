@@ -156,8 +156,13 @@ pub struct Stats {
     pub staged_application_turns: AtomicU64,
     pub staged_application_bytes_max: AtomicU64,
     pub queries_answered_staged: AtomicU64,
-    /// Writes' work done after their replies (`Store::work_after_reply`).
+    /// Writes' work done after their replies (`Store::work_after_reply`),
+    /// and the longest such piece of work: a FUSE serving thread that
+    /// does it itself takes no request of its queue meanwhile, and a
+    /// request that came in waits that long before its own time (the
+    /// request latency) starts.
     pub work_after_reply: AtomicU64,
+    pub work_after_reply_micros_max: AtomicU64,
     pub log_replayed_records: AtomicU64,
     /// Memory the log's buffer holds (a gauge the store sets after each
     /// append and each log write, `LogWriter::buffer_use`): clean
@@ -272,6 +277,7 @@ pub struct StatsSnapshot {
     pub flush_wait_micros_total: u64,
     pub writes_staged: u64,
     pub work_after_reply: u64,
+    pub work_after_reply_micros_max: u64,
     pub staged_applications: u64,
     pub staged_application_turns: u64,
     pub staged_application_bytes_max: u64,
@@ -380,6 +386,7 @@ impl Stats {
             flush_wait_micros_total: get(&self.flush_wait_micros_total),
             writes_staged: get(&self.writes_staged),
             work_after_reply: get(&self.work_after_reply),
+            work_after_reply_micros_max: get(&self.work_after_reply_micros_max),
             staged_applications: get(&self.staged_applications),
             staged_application_turns: get(&self.staged_application_turns),
             staged_application_bytes_max: get(&self.staged_application_bytes_max),

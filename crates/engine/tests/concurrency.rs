@@ -933,6 +933,43 @@ fn staged_batches_are_applied_a_quarter_bound_per_hold() {
     assert_store_holds(&store, &model);
 }
 
+/// The longest piece of work after a reply is counted: a serving thread
+/// doing it takes no request of its queue meanwhile, and the latency of a
+/// request that came in does not start until it is done. Here the
+/// settling that work does sleeps 2 ms after each step
+/// (`Options::settle_step_hook`): the longest piece is at least that.
+#[test]
+fn the_longest_work_after_a_reply_is_counted() {
+    let pause = Duration::from_millis(2);
+    let options = Options {
+        cache_bytes: 8 << 20,
+        settle_step_hook: Some(TurnHook(Arc::new(move || std::thread::sleep(pause)))),
+        ..small_options()
+    };
+    let (_dev, store) = common::mem_store(32 << 20, options);
+    store.work_after_replies_on_this_thread();
+    let mut model = BTreeMap::new();
+    assert_eq!(store.stats().work_after_reply_micros_max, 0);
+    for round in 1..=3u8 {
+        for i in 0..400 {
+            let (key, value) = (numbered(i), value_of(i, round));
+            store.put(KeySpace::Data, &key, &value).unwrap();
+            model.insert(key, value);
+            if store.has_work_after_reply() {
+                store.work_after_reply().unwrap();
+            }
+        }
+    }
+    let stats = store.stats();
+    assert!(stats.work_after_reply > 0, "{stats:?}");
+    assert!(stats.settle_steps > 0, "{stats:?}");
+    assert!(
+        stats.work_after_reply_micros_max >= pause.as_micros() as u64,
+        "{stats:?}"
+    );
+    assert_store_holds(&store, &model);
+}
+
 /// A writer on a thread that works after its replies (a FUSE serving
 /// thread) leaves the application of what is staged past the bound for
 /// `Store::work_after_reply`, and so does the next one (one piece of

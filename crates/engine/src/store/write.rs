@@ -336,8 +336,10 @@ impl Inner {
             return Ok(());
         }
         add(&self.stats.work_after_reply, 1);
+        let working = Instant::now();
         let wants_tree_flush = self.apply_staged_past_bound()?;
         self.after_write(wants_tree_flush);
+        record_max(&self.stats.work_after_reply_micros_max, working.elapsed());
         Ok(())
     }
 
