@@ -425,7 +425,7 @@ fn write_plots(out: &Path, results: &Results) -> Vec<(String, Result<()>)> {
 const SUITE_NOTES: [(&str, &str); 4] = [
     (
         "micro",
-        "Sequential write of one file in 1 MiB writes + fsync, then its cold sequential read; random block-aligned 4 KiB and 4-byte writes into it, one fsync at the end; tokubench (200-byte files, at most 128 entries per directory, 2 threads, ending with a sync); rename, first hard link and unlink of files of each size, each followed by an fsync of the parent (median of the repeats).",
+        "Sequential write of one file in 1 MiB writes + fsync, then its cold sequential read; random block-aligned 4 KiB and 4-byte writes into it, one fsync at the end; tokubench (200-byte files, at most 128 entries per directory, 2 threads, ending with a sync; also the p99, p99.9 and longest of a file's create + write + close, as its thread waited); rename, first hard link and unlink of files of each size, each followed by an fsync of the parent (median of the repeats).",
     ),
     (
         "source",

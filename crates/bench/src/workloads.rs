@@ -150,18 +150,29 @@ pub fn toku_path(i: usize, total: usize, fanout: usize) -> PathBuf {
     path
 }
 
+/// What a tokubench run measured.
+pub struct Tokubench {
+    /// From the first file to the end of the final sync.
+    pub elapsed: Duration,
+    /// The cumulative throughput (files created, files/s) at regular
+    /// points, the last one after the sync.
+    pub curve: Vec<(f64, f64)>,
+    /// Each file's create + write + close, as its thread waited for them
+    /// (the file system's stalls included, queueing in a FUSE daemon too).
+    pub per_file: Vec<Duration>,
+}
+
 /// tokubench: `total` files of 200 bytes in a balanced tree of at most 128
 /// entries per directory, created by `threads` threads (each its own
-/// contiguous part of the tree), then a sync. Returns the total time and
-/// the cumulative throughput (files created, files/s) at `points` regular
-/// points.
+/// contiguous part of the tree), then a sync; the throughput at `points`
+/// regular points.
 pub fn tokubench(
     root: &Path,
     total: usize,
     threads: usize,
     points: usize,
     sync: &(dyn Fn() -> Result<()> + Sync),
-) -> Result<(Duration, Vec<(f64, f64)>)> {
+) -> Result<Tokubench> {
     const FANOUT: usize = 128;
     let content = random_bytes(200, 7);
     let created = AtomicUsize::new(0);
@@ -169,13 +180,14 @@ pub fn tokubench(
     let curve = Mutex::new(Vec::new());
     let start = Instant::now();
     let per_thread = total.div_ceil(threads);
-    std::thread::scope(|scope| -> Result<()> {
+    let per_file = std::thread::scope(|scope| -> Result<Vec<Duration>> {
         let workers: Vec<_> = (0..threads)
             .map(|t| {
                 let (content, created, curve) = (&content, &created, &curve);
-                scope.spawn(move || -> Result<()> {
+                scope.spawn(move || -> Result<Vec<Duration>> {
                     let first = t * per_thread;
                     let last = ((t + 1) * per_thread).min(total);
+                    let mut times = Vec::with_capacity(last.saturating_sub(first));
                     for i in first..last {
                         let path = root.join(toku_path(i, total, FANOUT));
                         let parent = path.parent().unwrap_or(root);
@@ -183,10 +195,13 @@ pub fn tokubench(
                             std::fs::create_dir_all(parent)
                                 .with_context(|| format!("creating {}", parent.display()))?;
                         }
+                        let began = Instant::now();
                         let mut f = File::create(&path)
                             .with_context(|| format!("creating {}", path.display()))?;
                         f.write_all(content)
                             .with_context(|| format!("writing {}", path.display()))?;
+                        drop(f);
+                        times.push(began.elapsed());
                         let n = created.fetch_add(1, Ordering::Relaxed) + 1;
                         if n % step == 0 {
                             let secs = start.elapsed().as_secs_f64();
@@ -196,15 +211,18 @@ pub fn tokubench(
                                 .push((n as f64, n as f64 / secs));
                         }
                     }
-                    Ok(())
+                    Ok(times)
                 })
             })
             .collect();
+        let mut per_file = Vec::with_capacity(total);
         for w in workers {
-            w.join()
-                .map_err(|_| anyhow::anyhow!("a tokubench thread panicked"))??;
+            per_file.extend(
+                w.join()
+                    .map_err(|_| anyhow::anyhow!("a tokubench thread panicked"))??,
+            );
         }
-        Ok(())
+        Ok(per_file)
     })?;
     sync()?;
     let elapsed = start.elapsed();
@@ -212,7 +230,11 @@ pub fn tokubench(
     curve.sort_by(|a, b| a.0.total_cmp(&b.0));
     // The last point includes the final sync.
     curve.push((total as f64, total as f64 / elapsed.as_secs_f64()));
-    Ok((elapsed, curve))
+    Ok(Tokubench {
+        elapsed,
+        curve,
+        per_file,
+    })
 }
 
 /// Writes a file of `size` bytes and fsyncs it.
@@ -437,9 +459,12 @@ mod tests {
         assert_eq!(before.len(), after.len());
         assert_ne!(before, after);
         let toku = dir.join("toku");
-        let (_, curve) = tokubench(&toku, 1000, 2, 10, &|| Ok(())).unwrap();
-        assert_eq!(curve.last().unwrap().0, 1000.0);
-        assert!(curve.len() >= 10);
+        let run = tokubench(&toku, 1000, 2, 10, &|| Ok(())).unwrap();
+        assert_eq!(run.curve.last().unwrap().0, 1000.0);
+        assert!(run.curve.len() >= 10);
+        // Every file timed once, each within the whole run.
+        assert_eq!(run.per_file.len(), 1000);
+        assert!(run.per_file.iter().all(|t| *t <= run.elapsed));
         let files = walk_count(&toku);
         assert_eq!(files, 1000);
         let r = rename_vs_size(&dir, &[4096, 65536], 3).unwrap();

@@ -124,6 +124,26 @@ impl Recorder<'_> {
             .figure(fs, self.suite.name(), name, unit, value);
     }
 
+    /// Records the p99, p99.9 and longest of `times` in milliseconds, as
+    /// rows "`name`: p99", "`name`: p99.9" and "`name`: max".
+    pub fn latency_quantiles(&mut self, name: &str, times: &[Duration]) {
+        let mut ms: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1e3).collect();
+        ms.sort_by(f64::total_cmp);
+        // The value a fraction `q` of the samples are at or under.
+        let quantile = |q: f64| {
+            let rank = ((ms.len() as f64 * q).ceil() as usize).clamp(1, ms.len());
+            ms.get(rank - 1).copied().unwrap_or(f64::NAN)
+        };
+        for (label, q) in [("p99", 0.99), ("p99.9", 0.999), ("max", 1.0)] {
+            self.record(
+                &format!("{name}: {label}"),
+                "ms",
+                Better::Lower,
+                quantile(q),
+            );
+        }
+    }
+
     /// Records seconds.
     pub fn seconds(&mut self, name: &str, elapsed: Duration) {
         self.record(name, "s", Better::Lower, elapsed.as_secs_f64());

@@ -9,7 +9,6 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, Result};
 
 use super::{run_tool, timed, Recorder};
-use crate::report::Better;
 use crate::workloads;
 
 pub fn run(r: &mut Recorder) -> Result<()> {
@@ -31,17 +30,7 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     std::fs::create_dir(&side)?;
     let probe = dir.join("fsync-probe");
     let times = workloads::fsync_latency_during(&probe, || tree.extract_into(&side))?;
-    let mut ms: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1e3).collect();
-    ms.sort_by(f64::total_cmp);
-    // The value a fraction `q` of the samples are at or under.
-    let quantile = |q: f64| {
-        let rank = ((ms.len() as f64 * q).ceil() as usize).clamp(1, ms.len());
-        ms.get(rank - 1).copied().unwrap_or(f64::NAN)
-    };
-    for (label, q) in [("p99", 0.99), ("p99.9", 0.999), ("max", 1.0)] {
-        let name = format!("4 KiB write + fsync during untar: {label}");
-        r.record(&name, "ms", Better::Lower, quantile(q));
-    }
+    r.latency_quantiles("4 KiB write + fsync during untar", &times);
     std::fs::remove_dir_all(&side)?;
     std::fs::remove_file(&probe)?;
     r.target.sync()?;
