@@ -1,10 +1,10 @@
 #!/bin/bash
-# run2.sh BIN TAG FILES: tokubench by hand (FILES 200-byte files, 2 processes, 128 per directory, then syncfs) on a fresh default mount; then files/s, the daemon's peak resident size, the inode table, entries released/forgotten, the longest request (TOKU=path runs another build of it, e.g. request-wait/toku-lat.c)
+# run2.sh BIN TAG FILES: tokubench by hand (FILES 200-byte files, 2 processes, 128 per directory, then syncfs) on a fresh default mount; then files/s, the daemon's peak resident size, the inode table, entries released/forgotten, the longest request
 BIN=$1; TAG=$2; N=${3:-400000}; D=${D:-/var/tmp/table-share}; M=$D/mnt; mkdir -p $M
 IMG=$D/img; rm -f $IMG; truncate -s 16G $IMG; LOOP=$(losetup -f --show --direct-io=on $IMG)
 $BIN mkfs $LOOP --force > /dev/null; $BIN mount $LOOP $M
 P=$(pgrep -n -f "$(basename $BIN) mount $LOOP"); if [ -n "$RENICE" ]; then for t in /proc/$P/task/*; do renice -n $RENICE -p ${t##*/} >/dev/null; done; fi
-R=$(${TOKU:-$D/toku} $M $N 2)
+R=$($D/toku $M $N 2)
 HWM=$(awk '/VmHWM/{print int($2/1024)}' /proc/$P/status)
 $BIN stats $M > $D/stats-$TAG.json
 S=$(python3 - $D/stats-$TAG.json <<'PY'
