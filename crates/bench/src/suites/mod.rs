@@ -125,8 +125,12 @@ impl Recorder<'_> {
     }
 
     /// Records the p99, p99.9 and longest of `times` in milliseconds, as
-    /// rows "`name`: p99", "`name`: p99.9" and "`name`: max".
+    /// rows "`name`: p99", "`name`: p99.9" and "`name`: max" (none when
+    /// there are no times).
     pub fn latency_quantiles(&mut self, name: &str, times: &[Duration]) {
+        if times.is_empty() {
+            return;
+        }
         let mut ms: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1e3).collect();
         ms.sort_by(f64::total_cmp);
         // The value a fraction `q` of the samples are at or under.
