@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use betreefs_engine::{KeySpace, Options, Store};
-use betreefs_fuse::stats::LatencyHistogram;
+use betreefs_fuse::stats::{LatencyHistogram, LatencySummary};
 use clap::ValueEnum;
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use serde::Serialize;
@@ -444,28 +444,9 @@ fn timed<T>(into: &LatencyHistogram, op: impl FnOnce() -> Result<T>) -> Result<T
     result
 }
 
-/// Percentiles of one kind of operation's latency, in the report.
-#[derive(Debug, Serialize)]
-struct LatencySummary {
-    count: u64,
-    p50_nanos: u64,
-    p99_nanos: u64,
-    p999_nanos: u64,
-    max_nanos: u64,
-}
-
-impl LatencySummary {
-    /// None when no operation of the kind ran.
-    fn of(histogram: &LatencyHistogram) -> Option<LatencySummary> {
-        let count = histogram.count();
-        (count > 0).then(|| LatencySummary {
-            count,
-            p50_nanos: histogram.quantile(0.5),
-            p99_nanos: histogram.quantile(0.99),
-            p999_nanos: histogram.quantile(0.999),
-            max_nanos: histogram.max_nanos(),
-        })
-    }
+/// One kind of operation's latency in the report: None when none ran.
+fn latency_of(histogram: &LatencyHistogram) -> Option<LatencySummary> {
+    Some(histogram.summary()).filter(|s| s.count > 0)
 }
 
 /// The operation numbers each of `threads` clients runs: equal shares of
@@ -618,8 +599,8 @@ pub fn run(args: Args) -> Result<()> {
         node_kb: args.node_kb.unwrap_or(Options::default().node_size >> 10),
         cache_mb: args.cache_mb,
         found,
-        get_latency: LatencySummary::of(&gets),
-        put_latency: LatencySummary::of(&puts),
+        get_latency: latency_of(&gets),
+        put_latency: latency_of(&puts),
     };
     if args.stats {
         eprintln!("{}", engine.stats_json());

@@ -145,6 +145,11 @@ impl AfterReply {
         self.wake.notify_one();
     }
 
+    /// Whether [`AfterReply::end`] was called.
+    pub(crate) fn ended(&self) -> bool {
+        self.state().ended
+    }
+
     /// The worker's wait for work: true once some was handed off (and
     /// takes it), false once [`AfterReply::end`] was called. No timed
     /// wake-ups: an idle mount's worker sleeps until told.
@@ -258,7 +263,9 @@ mod tests {
         while handoff.state().wanted {
             std::thread::sleep(Duration::from_millis(1));
         }
+        assert!(!handoff.ended());
         handoff.end();
+        assert!(handoff.ended(), "the releaser sees the end too");
         assert_eq!(worker.join().unwrap(), 1);
     }
 }

@@ -199,9 +199,15 @@ impl<F: Operations> Dispatcher<F> {
     }
 
     /// The connection ended (a `/dev/fuse` reader read its end): the
-    /// after-reply worker stops.
+    /// after-reply worker stops, and so does the releaser
+    /// ([`Dispatcher::has_connection_ended`]).
     pub(crate) fn connection_ended(&self) {
         self.after_reply.end();
+    }
+
+    /// Whether [`Dispatcher::connection_ended`] was called.
+    pub(crate) fn has_connection_ended(&self) -> bool {
+        self.after_reply.ended()
     }
 
     /// What INIT settled, once it has been answered.

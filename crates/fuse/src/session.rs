@@ -10,7 +10,6 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -181,9 +180,6 @@ fn start_workers<F: Operations>(
 ) -> io::Result<Session> {
     let fd = Arc::new(fd);
     let mut workers = Vec::new();
-    // Set by the /dev/fuse readers when the connection ends (the releaser
-    // looks at it between rounds; the after-reply worker is told).
-    let ended = Arc::new(AtomicBool::new(false));
     // The /dev/fuse readers first: they carry FORGET and INTERRUPT in any
     // case, and everything if the queues fail to register.
     for i in 0..config.threads.max(1) {
@@ -192,12 +188,12 @@ fn start_workers<F: Operations>(
         } else {
             Arc::new(clone_connection(&fd)?)
         };
-        let (dispatcher, ended) = (dispatcher.clone(), ended.clone());
+        let dispatcher = dispatcher.clone();
         let worker = std::thread::Builder::new()
             .name(format!("fuse-dev-{i}"))
             .spawn(move || {
                 serve_device(&conn, &dispatcher);
-                ended.store(true, Ordering::Release);
+                // The after-reply worker and the releaser stop.
                 dispatcher.connection_ended();
             })?;
         workers.push(worker);
@@ -215,7 +211,7 @@ fn start_workers<F: Operations>(
         let (conn, dispatcher) = (fd.clone(), dispatcher.clone());
         let worker = std::thread::Builder::new()
             .name("fuse-release".into())
-            .spawn(move || release_entries(&conn, &dispatcher, &ended))?;
+            .spawn(move || release_entries(&conn, &dispatcher))?;
         workers.push(worker);
     }
     let transport = match queues {
@@ -332,8 +328,8 @@ fn write_message(fd: RawFd, header: &[u8], body: &[u8]) -> io::Result<()> {
 /// ends. A thread of its own, serving no request: the kernel takes the
 /// parent directory's lock for each, which a request in that directory
 /// may hold while it waits for its reply.
-fn release_entries<F: Operations>(fd: &OwnedFd, dispatcher: &Dispatcher<F>, ended: &AtomicBool) {
-    while !ended.load(Ordering::Acquire) {
+fn release_entries<F: Operations>(fd: &OwnedFd, dispatcher: &Dispatcher<F>) {
+    while !dispatcher.has_connection_ended() {
         std::thread::sleep(RELEASE_INTERVAL);
         for (parent, name) in dispatcher.entries_to_release() {
             let message = abi::inval_entry_notification(parent, &name);

@@ -80,33 +80,50 @@ impl LatencyHistogram {
     /// (the upper end of its bucket, never above the maximum); 0 when
     /// nothing was recorded.
     pub fn quantile(&self, q: f64) -> u64 {
+        self.quantiles(&[q])[0]
+    }
+
+    /// [`LatencyHistogram::quantile`] of each of `qs`, from one reading of
+    /// the buckets.
+    fn quantiles<const N: usize>(&self, qs: &[f64; N]) -> [u64; N] {
         let counts: Vec<u64> = self
             .buckets
             .iter()
             .map(|b| b.load(Ordering::Relaxed))
             .collect();
         let total: u64 = counts.iter().sum();
-        if total == 0 {
-            return 0;
-        }
-        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
-        let mut seen = 0;
-        for (i, c) in counts.iter().enumerate() {
-            seen += c;
-            if seen >= rank {
-                return Self::upper(i).min(self.max_nanos());
+        let max = self.max_nanos();
+        qs.map(|q| {
+            if total == 0 {
+                return 0;
             }
-        }
-        self.max_nanos()
+            let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+            let mut seen = 0;
+            for (i, c) in counts.iter().enumerate() {
+                seen += c;
+                if seen >= rank {
+                    return Self::upper(i).min(max);
+                }
+            }
+            max
+        })
     }
 
     pub fn max_nanos(&self) -> u64 {
         self.max_nanos.load(Ordering::Relaxed)
     }
 
-    /// How many times were recorded.
-    pub fn count(&self) -> u64 {
-        self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+    /// How many times were recorded, and the p50, p99, p99.9 and longest.
+    pub fn summary(&self) -> LatencySummary {
+        let count = self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum();
+        let [p50_nanos, p99_nanos, p999_nanos] = self.quantiles(&[0.5, 0.99, 0.999]);
+        LatencySummary {
+            count,
+            p50_nanos,
+            p99_nanos,
+            p999_nanos,
+            max_nanos: self.max_nanos(),
+        }
     }
 
     /// Adds `other`'s counts to these (its maximum if it is the larger).
@@ -125,15 +142,27 @@ impl LatencyHistogram {
     /// .., "p999_nanos": ..}`.
     pub fn to_json(&self) -> String {
         let op = self.max_opcode.load(Ordering::Relaxed) as u32;
+        let s = self.summary();
         format!(
             "{{\"max_nanos\":{},\"max_opcode\":\"{}\",\"p50_nanos\":{},\"p99_nanos\":{},\"p999_nanos\":{}}}",
-            self.max_nanos(),
-            if self.max_nanos() == 0 { "" } else { opcode::name(op) },
-            self.quantile(0.5),
-            self.quantile(0.99),
-            self.quantile(0.999)
+            s.max_nanos,
+            if s.max_nanos == 0 { "" } else { opcode::name(op) },
+            s.p50_nanos,
+            s.p99_nanos,
+            s.p999_nanos
         )
     }
+}
+
+/// A [`LatencyHistogram`]'s count and percentiles (`kv-bench` reports it
+/// as it is; the request statistics' JSON has its percentiles).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LatencySummary {
+    pub count: u64,
+    pub p50_nanos: u64,
+    pub p99_nanos: u64,
+    pub p999_nanos: u64,
+    pub max_nanos: u64,
 }
 
 /// The counters of one mount, shared by its request threads: in shards,
@@ -447,7 +476,7 @@ mod tests {
     #[test]
     fn histograms_add_up_counts_and_keep_the_longest() {
         let (a, b) = (LatencyHistogram::default(), LatencyHistogram::default());
-        assert_eq!(a.count(), 0);
+        assert_eq!(a.summary(), LatencySummary::default());
         for n in 1..=300u64 {
             a.record(opcode::READ, n * 1000);
         }
@@ -456,11 +485,17 @@ mod tests {
         }
         b.record(opcode::FSYNC, 50_000_000);
         a.add(&b);
-        assert_eq!(a.count(), 401);
-        assert_eq!(a.max_nanos(), 50_000_000);
+        let s = a.summary();
+        assert_eq!(s.count, 401);
+        assert_eq!(s.max_nanos, 50_000_000);
         assert!(a.to_json().contains("\"max_opcode\":\"fsync\""));
         // b's 100 values of 10-1000 us now weigh in the upper tail.
         assert!(a.quantile(0.9) >= 300_000, "{}", a.quantile(0.9));
-        assert_eq!(b.count(), 101, "the source is left as it was");
+        assert_eq!(b.summary().count, 101, "the source is left as it was");
+        // One reading of the buckets gives what separate ones do.
+        assert_eq!(
+            (s.p50_nanos, s.p99_nanos, s.p999_nanos),
+            (a.quantile(0.5), a.quantile(0.99), a.quantile(0.999))
+        );
     }
 }
