@@ -56,7 +56,7 @@ mod write;
 use background::{start_log_flusher, start_tree_flusher, start_write_back};
 use read::start_read_ahead;
 pub use read::RangeIter;
-use staging::{StagedAnswer, StagedOverlay, Staging};
+use staging::{StagedAnswer, StagedBatch, StagedOverlay, Staging};
 
 /// Tunables. The defaults were chosen by measurement on the reference
 /// machine (docs/benchmarks/engine-tuning.md).

@@ -163,7 +163,7 @@ impl Inner {
                 Err(StoreError::LogFull { .. }) => return Ok(None),
                 Err(e) => return Err(e.into()),
             }
-            staging.push(seq, batch.clone(), messages, &self.merges);
+            staging.push(seq, batch.body_len(), messages, &self.merges);
             // Counted in the same hold: a query ordered after this write
             // finds it staged and reads the count moved.
             self.batches_applied.fetch_add(1, Ordering::Release);
@@ -350,7 +350,7 @@ impl Inner {
     fn apply_taken(
         &self,
         tree: &mut TreeGuard<'_>,
-        staged: Vec<(u64, WriteBatch)>,
+        staged: Vec<StagedBatch>,
         last: Option<(u64, &WriteBatch)>,
         flushing: Flushing,
     ) -> EngineResult<()> {
@@ -359,17 +359,27 @@ impl Inner {
         }
         if !staged.is_empty() {
             add(&self.stats.staged_applications, 1);
-            let bytes: usize = staged.iter().map(|(_, b)| b.body_len()).sum();
+            let bytes: usize = staged.iter().map(|b| b.body_len).sum();
             note_max(&self.stats.staged_application_bytes_max, bytes as u64);
         }
         let applying = Instant::now();
-        let batches = staged.iter().map(|(seq, b)| (*seq, b)).chain(last);
-        for (seq, batch) in batches {
+        let in_order = |tree: &mut TreeGuard<'_>, seq: u64| {
             assert_eq!(
                 seq, tree.next_seq,
                 "store invariant: batches reach the trees in sequence order"
             );
             tree.next_seq = seq + 1;
+        };
+        // The staged batches' messages were decoded when they came in:
+        // they go to the trees as they are.
+        for batch in staged {
+            in_order(tree, batch.seq);
+            if let Err(e) = tree.apply_messages(batch.seq, batch.messages, flushing) {
+                return Err(self.poison(e));
+            }
+        }
+        if let Some((seq, batch)) = last {
+            in_order(tree, seq);
             if let Err(e) = tree.apply_batch(seq, batch, flushing) {
                 return Err(self.poison(e));
             }

@@ -20,6 +20,17 @@ impl Tree {
         batch: &WriteBatch,
         flushing: Flushing,
     ) -> EngineResult<()> {
+        self.apply_messages(seq, batch.messages(), flushing)
+    }
+
+    /// [`Tree::apply_batch`] of a batch's messages, decoded already (a
+    /// staged batch's).
+    pub fn apply_messages(
+        &mut self,
+        seq: u64,
+        messages: impl IntoIterator<Item = (KeySpace, Message)>,
+        flushing: Flushing,
+    ) -> EngineResult<()> {
         // A batch of many messages (a tree's clone writes a record for
         // every inode in it) settles as it goes past this: the root's
         // buffers would otherwise take all of it before the first flush,
@@ -34,7 +45,7 @@ impl Tree {
             Flushing::Background => 2 * self.flush_backlog_bound(),
         };
         let mut must_settle = [false; KEY_SPACES];
-        for (ks, msg) in batch.messages() {
+        for (ks, msg) in messages {
             let transplant = match &msg {
                 Message::RangeRename(r) => Some((r, Transplant::Move)),
                 Message::RangeClone(r) => Some((r, Transplant::Share)),
