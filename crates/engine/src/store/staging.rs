@@ -227,8 +227,8 @@ impl Staging {
     /// when the map held a copy of each key and value beside the encoded
     /// batches, and are counted so still: applications stay the size they
     /// were measured at (counted by what is held now, about half, they
-    /// came more often and smaller, and untar and rm -rf were 4-12%
-    /// slower), and so does the state a full device's reclaim meets.
+    /// would come smaller and more often than measured), and so does the
+    /// state a full device's reclaim meets.
     pub fn bytes(&self) -> usize {
         self.bytes
     }

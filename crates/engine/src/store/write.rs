@@ -363,18 +363,23 @@ impl Inner {
             note_max(&self.stats.staged_application_bytes_max, bytes as u64);
         }
         let applying = Instant::now();
-        // The staged batches' messages were decoded when they came in:
-        // they go to the trees as they are.
-        let staged = staged.into_iter().map(|b| (b.seq, b.messages));
-        if let Err(e) = tree.apply_staged_batches(staged, flushing) {
-            return Err(self.poison(e));
-        }
-        if let Some((seq, batch)) = last {
+        let in_order = |tree: &mut TreeGuard<'_>, seq: u64| {
             assert_eq!(
                 seq, tree.next_seq,
                 "store invariant: batches reach the trees in sequence order"
             );
             tree.next_seq = seq + 1;
+        };
+        // The staged batches' messages were decoded when they came in:
+        // they go to the trees as they are.
+        for batch in staged {
+            in_order(tree, batch.seq);
+            if let Err(e) = tree.apply_messages(batch.seq, batch.messages, flushing) {
+                return Err(self.poison(e));
+            }
+        }
+        if let Some((seq, batch)) = last {
+            in_order(tree, seq);
             if let Err(e) = tree.apply_batch(seq, batch, flushing) {
                 return Err(self.poison(e));
             }

@@ -20,51 +20,16 @@ impl Tree {
         batch: &WriteBatch,
         flushing: Flushing,
     ) -> EngineResult<()> {
-        let mut held = HeldRoots::default();
-        let applied = self.apply_messages(seq, batch.messages(), flushing, &mut held);
-        self.put_back_roots(&mut held);
-        applied
+        self.apply_messages(seq, batch.messages(), flushing)
     }
 
-    /// Applies staged batches (their messages decoded already), in
-    /// sequence order from the trees' next, as [`Tree::apply_batch`] does
-    /// one by one — but the roots, once taken out of the cache to take
-    /// messages, stay out until something else needs the cache (a settle,
-    /// an eviction) or the last batch is in: taken and put back once a
-    /// message, a root cost a slot of the cache's map and a count of its
-    /// memory each way, an eighth of an `rm -rf`'s applications.
-    pub fn apply_staged_batches(
-        &mut self,
-        batches: impl IntoIterator<Item = (u64, Vec<(KeySpace, Message)>)>,
-        flushing: Flushing,
-    ) -> EngineResult<()> {
-        let mut held = HeldRoots::default();
-        let mut applied = Ok(());
-        for (seq, messages) in batches {
-            assert_eq!(
-                seq, self.next_seq,
-                "store invariant: batches reach the trees in sequence order"
-            );
-            self.next_seq = seq + 1;
-            applied = self.apply_messages(seq, messages, flushing, &mut held);
-            if applied.is_err() {
-                break;
-            }
-        }
-        // Also after a failure: reads go on on a store that failed.
-        self.put_back_roots(&mut held);
-        applied
-    }
-
-    /// The body of [`Tree::apply_batch`]: the roots `held` take the point
-    /// messages and range deletes; whatever reads the cache besides puts
-    /// them back first.
-    fn apply_messages(
+    /// [`Tree::apply_batch`] of a batch's messages, decoded already (a
+    /// staged batch's).
+    pub fn apply_messages(
         &mut self,
         seq: u64,
         messages: impl IntoIterator<Item = (KeySpace, Message)>,
         flushing: Flushing,
-        held: &mut HeldRoots,
     ) -> EngineResult<()> {
         // A batch of many messages (a tree's clone writes a record for
         // every inode in it) settles as it goes past this: the root's
@@ -87,21 +52,11 @@ impl Tree {
                 _ => None,
             };
             let (transplanted, removal) = (transplant.is_some(), msg.is_removal());
-            let slot = &mut held[ks.index()];
             match transplant {
-                Some((r, how)) => {
-                    self.put_back_roots(held);
-                    self.apply_transplant(ks, seq, r, how)?;
-                }
+                Some((r, how)) => self.apply_transplant(ks, seq, r, how)?,
                 // The decoded message is moved into the root's buffer: a
                 // data block is not copied once more on its way there.
-                None => {
-                    let root = match slot {
-                        Some(root) => root,
-                        None => slot.insert(self.take_root(ks)?),
-                    };
-                    self.insert_into_root(&mut root.node, seq, msg);
-                }
+                None => self.apply_message(ks, seq, msg)?,
             }
             must_settle[ks.index()] |= flushing == Flushing::Inline || transplanted;
             if removal {
@@ -109,18 +64,10 @@ impl Tree {
             }
             // Messages flushed early stay below the later ones of the same
             // batch, so later still wins.
-            let buffered = match &held[ks.index()] {
-                Some(root) => root.buffer_bytes(),
-                None => self.root_buffer_bytes(ks),
-            };
-            if buffered > settle_above {
-                self.put_back_roots(held);
+            if self.root_buffer_bytes(ks) > settle_above {
                 self.settle_root(ks)?;
                 self.evict_within_write()?;
             }
-        }
-        if must_settle.contains(&true) {
-            self.put_back_roots(held);
         }
         for ks in KeySpace::ALL {
             if must_settle[ks.index()] {
@@ -306,32 +253,10 @@ impl Tree {
         seq: u64,
         msg: Message,
     ) -> EngineResult<()> {
-        let mut root = self.take_root(ks)?;
-        self.insert_into_root(&mut root.node, seq, msg);
-        self.put(root.num, root.node);
-        Ok(())
-    }
-
-    /// The root of `ks`, interior ([`Tree::interior_root`]), taken out of
-    /// the cache to take messages.
-    fn take_root(&mut self, ks: KeySpace) -> EngineResult<HeldRoot> {
-        let num = self.interior_root(ks)?;
-        let node = self.take(num);
-        Ok(HeldRoot { num, node })
-    }
-
-    /// Puts the roots taken by [`Tree::take_root`] back in the cache.
-    fn put_back_roots(&mut self, held: &mut HeldRoots) {
-        for root in held.iter_mut().filter_map(Option::take) {
-            self.put(root.num, root.node);
-        }
-    }
-
-    /// Puts a message (a point message or a range delete) into the
-    /// buffers of `node`, a root taken out of the cache.
-    fn insert_into_root(&self, node: &mut Node, seq: u64, msg: Message) {
+        let root = self.interior_root(ks)?;
+        let mut node = self.take(root);
         let NodeBody::Interior(int) = &mut node.body else {
-            unreachable!("take_root takes an interior node")
+            unreachable!("interior_root returns an interior node")
         };
         let eaten = match msg {
             Message::RangeDelete { start, end } => {
@@ -350,7 +275,9 @@ impl Tree {
         };
         add(&self.stats.messages_obviated, eaten as u64);
         node.dirty = true;
+        self.put(root, node);
         add(&self.stats.messages_inserted, 1);
+        Ok(())
     }
 
     /// Flushes, splits and collapses at the root until it is within bounds.
@@ -437,24 +364,5 @@ impl SharedBuffer {
         let mut copy = MessageBuffer::clone(&self.buffer);
         copy.unshare_point_chunks(&self.chunks);
         copy
-    }
-}
-
-/// A root out of the cache while messages go into its buffers
-/// ([`Tree::take_root`], [`Tree::put_back_roots`]).
-struct HeldRoot {
-    num: u64,
-    node: Node,
-}
-
-/// Per key space, its root if taken out of the cache.
-type HeldRoots = [Option<HeldRoot>; KEY_SPACES];
-
-impl HeldRoot {
-    fn buffer_bytes(&self) -> usize {
-        match &self.node.body {
-            NodeBody::Interior(int) => int.buffer_bytes(),
-            NodeBody::Leaf(_) => 0,
-        }
     }
 }
