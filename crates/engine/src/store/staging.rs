@@ -287,23 +287,21 @@ impl Staging {
             );
             let (key, entry) = match msg {
                 Message::Put { key, value } => {
-                    let entry = KeyEntry {
-                        staged: Staged::Put,
-                        seq,
-                        at,
-                        order,
-                        counted: key.len() + value.len() + KEY_OVERHEAD_BYTES,
-                    };
+                    let entry = KeyEntry::new(key, Staged::Put, value.len(), seq, at, order);
                     (key, entry)
                 }
-                Message::Delete { key } => (key, KeyEntry::new(key, Staged::Deleted, seq, at, order)),
+                Message::Delete { key } => (key, KeyEntry::new(key, Staged::Deleted, 0, seq, at, order)),
                 Message::Upsert { key, func, arg } => {
                     let staged = match newest_staged(batches, table, ranges, hasher, key) {
                         Some(StagedView::Value(old)) => merged(merges, *func, Some(old), arg),
                         Some(StagedView::Deleted) => merged(merges, *func, None, arg),
                         Some(StagedView::OnTrees) | None => Staged::OnTrees,
                     };
-                    (key, KeyEntry::new(key, staged, seq, at, order))
+                    let merged_len = match &staged {
+                        Staged::Value(v) => v.len(),
+                        Staged::Put | Staged::Deleted | Staged::OnTrees => 0,
+                    };
+                    (key, KeyEntry::new(key, staged, merged_len, seq, at, order))
                 }
                 Message::RangeDelete { start, end } => {
                     let range = StagedRange {
@@ -642,19 +640,22 @@ impl OverlayMerge<'_> {
 
 impl KeyEntry {
     /// The entry of a key whose newest message is `at` of batch `seq`
-    /// and leaves it `staged` (not a put's: [`Staged::Put`] counts the
-    /// put's value).
-    fn new(key: &[u8], staged: Staged, seq: u64, at: usize, order: u64) -> KeyEntry {
-        let value = match &staged {
-            Staged::Value(v) => v.len(),
-            Staged::Put | Staged::Deleted | Staged::OnTrees => 0,
-        };
+    /// and leaves it `staged`, with a value of `value_len` bytes (a put's
+    /// or upserts' merged), counted towards the bound.
+    fn new(
+        key: &[u8],
+        staged: Staged,
+        value_len: usize,
+        seq: u64,
+        at: usize,
+        order: u64,
+    ) -> KeyEntry {
         KeyEntry {
             staged,
             seq,
             at,
             order,
-            counted: key.len() + value + KEY_OVERHEAD_BYTES,
+            counted: key.len() + value_len + KEY_OVERHEAD_BYTES,
         }
     }
 }
