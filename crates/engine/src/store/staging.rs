@@ -285,14 +285,42 @@ impl Staging {
                 &mut ranges[ks.index()],
                 &mut ordered[ks.index()],
             );
-            let (key, entry) = match msg {
-                Message::Put { key, value } => {
-                    let entry = KeyEntry::new(key, Staged::Put, value.len(), seq, at, order);
-                    (key, entry)
+            let Some(key) = point_key(msg) else {
+                let Message::RangeDelete { start, end } = msg else {
+                    panic!("staging invariant: range messages other than deletes are not staged, not {msg:?}")
+                };
+                let range = StagedRange {
+                    start: start.clone(),
+                    end: end.clone(),
+                    seq,
+                    order,
+                };
+                *bytes += range.bytes();
+                ranges.push(range);
+                continue;
+            };
+            if let Some(ordered) = ordered {
+                if !ordered.contains(key) {
+                    ordered.insert(key.to_vec());
                 }
-                Message::Delete { key } => (key, KeyEntry::new(key, Staged::Deleted, 0, seq, at, order)),
-                Message::Upsert { key, func, arg } => {
-                    let staged = match newest_staged(batches, table, ranges, hasher, key) {
+            }
+            // One search of the table for the key: an upsert merges onto
+            // what its entry leaves, and a key staged again keeps one
+            // entry (the old value goes).
+            let slot = table.entry(
+                hasher.hash_one(key),
+                |e| key_at(batches, e) == key,
+                |e| hasher.hash_one(key_at(batches, e)),
+            );
+            let (staged, value_len) = match msg {
+                Message::Put { value, .. } => (Staged::Put, value.len()),
+                Message::Delete { .. } => (Staged::Deleted, 0),
+                Message::Upsert { func, arg, .. } => {
+                    let old = match &slot {
+                        Entry::Occupied(e) => Some(e.get()),
+                        Entry::Vacant(_) => None,
+                    };
+                    let staged = match staged_view(batches, old, ranges, key) {
                         Some(StagedView::Value(old)) => merged(merges, *func, Some(old), arg),
                         Some(StagedView::Deleted) => merged(merges, *func, None, arg),
                         Some(StagedView::OnTrees) | None => Staged::OnTrees,
@@ -301,34 +329,13 @@ impl Staging {
                         Staged::Value(v) => v.len(),
                         Staged::Put | Staged::Deleted | Staged::OnTrees => 0,
                     };
-                    (key, KeyEntry::new(key, staged, merged_len, seq, at, order))
+                    (staged, merged_len)
                 }
-                Message::RangeDelete { start, end } => {
-                    let range = StagedRange {
-                        start: start.clone(),
-                        end: end.clone(),
-                        seq,
-                        order,
-                    };
-                    *bytes += range.bytes();
-                    ranges.push(range);
-                    continue;
-                }
-                other => panic!("staging invariant: range messages other than deletes are not staged, not {other:?}"),
+                other => unreachable!("point_key named a point message, not {other:?}"),
             };
+            let entry = KeyEntry::new(key, staged, value_len, seq, at, order);
             *bytes += entry.counted;
-            if let Some(ordered) = ordered {
-                if !ordered.contains(key) {
-                    ordered.insert(key.clone());
-                }
-            }
-            // A key staged again keeps one entry: the old value goes.
-            let hash = hasher.hash_one(key.as_slice());
-            match table.entry(
-                hash,
-                |e| key_at(batches, e) == key.as_slice(),
-                |e| hasher.hash_one(key_at(batches, e)),
-            ) {
+            match slot {
                 Entry::Occupied(mut slot) => {
                     *bytes -= slot.get().counted;
                     *slot.get_mut() = entry;
@@ -399,13 +406,11 @@ impl Staging {
     /// What the newest staged message to `key` leaves of it: its entry,
     /// or a delete when a staged range delete over it is newer.
     fn newest_staged(&self, ks: KeySpace, key: &[u8]) -> Option<StagedView<'_>> {
-        newest_staged(
-            &self.batches,
-            self.keys_of(ks),
-            self.ranges_of(ks),
-            &self.hasher,
-            key,
-        )
+        let batches = &self.batches;
+        let entry = self
+            .keys_of(ks)
+            .find(self.hasher.hash_one(key), |e| key_at(batches, e) == key);
+        staged_view(batches, entry, self.ranges_of(ks), key)
     }
 
     // Reviewed exception (indexing): a key space's index is below
@@ -517,16 +522,15 @@ impl Staging {
     }
 }
 
-/// [`Staging::newest_staged`] on the parts of a staging (a push reads it
-/// while it changes another part).
-fn newest_staged<'a>(
+/// What the newest staged message to `key` leaves of it, given its entry
+/// if it has one ([`Staging::newest_staged`]; a push reads it from the
+/// entry it found to replace).
+fn staged_view<'a>(
     batches: &'a VecDeque<StagedBatch>,
-    table: &'a HashTable<KeyEntry>,
+    entry: Option<&'a KeyEntry>,
     ranges: &[StagedRange],
-    hasher: &RandomState,
     key: &[u8],
 ) -> Option<StagedView<'a>> {
-    let entry = table.find(hasher.hash_one(key), |e| key_at(batches, e) == key);
     let newest_range = ranges.iter().rev().find(|r| r.covers(key)).map(|r| r.order);
     let entry = match (entry, newest_range) {
         (Some(e), Some(range)) if range > e.order => return Some(StagedView::Deleted),
