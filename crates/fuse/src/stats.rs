@@ -80,12 +80,12 @@ impl LatencyHistogram {
     /// (the upper end of its bucket, never above the maximum); 0 when
     /// nothing was recorded.
     pub fn quantile(&self, q: f64) -> u64 {
-        self.quantiles(&[q])[0]
+        self.quantiles(&[q]).1[0]
     }
 
-    /// [`LatencyHistogram::quantile`] of each of `qs`, from one reading of
-    /// the buckets.
-    fn quantiles<const N: usize>(&self, qs: &[f64; N]) -> [u64; N] {
+    /// How many times were recorded, and [`LatencyHistogram::quantile`]
+    /// of each of `qs`, from one reading of the buckets.
+    fn quantiles<const N: usize>(&self, qs: &[f64; N]) -> (u64, [u64; N]) {
         let counts: Vec<u64> = self
             .buckets
             .iter()
@@ -93,7 +93,7 @@ impl LatencyHistogram {
             .collect();
         let total: u64 = counts.iter().sum();
         let max = self.max_nanos();
-        qs.map(|q| {
+        let values = qs.map(|q| {
             if total == 0 {
                 return 0;
             }
@@ -106,7 +106,8 @@ impl LatencyHistogram {
                 }
             }
             max
-        })
+        });
+        (total, values)
     }
 
     pub fn max_nanos(&self) -> u64 {
@@ -115,8 +116,7 @@ impl LatencyHistogram {
 
     /// How many times were recorded, and the p50, p99, p99.9 and longest.
     pub fn summary(&self) -> LatencySummary {
-        let count = self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum();
-        let [p50_nanos, p99_nanos, p999_nanos] = self.quantiles(&[0.5, 0.99, 0.999]);
+        let (count, [p50_nanos, p99_nanos, p999_nanos]) = self.quantiles(&[0.5, 0.99, 0.999]);
         LatencySummary {
             count,
             p50_nanos,
