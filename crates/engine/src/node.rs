@@ -7,6 +7,7 @@
 //! pivots, children and range deletes always, the point messages of its
 //! buffers a segment at a time ([`PartialPoints`]).
 
+use betreefs_store::BLOCK_SIZE;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -561,7 +562,16 @@ impl Leaf {
         }
     }
 
-    /// Splits oversized basements and drops empty ones, leaving the rest.
+    /// Splits oversized basements, drops empty ones and joins neighbours
+    /// that together fit in one basement (or one block, for basements
+    /// smaller than that), leaving the rest.
+    ///
+    /// Joining keeps the basement count within twice the leaf's bytes over
+    /// [`basement_join_bytes`], plus one (no two neighbours fit in one):
+    /// each basement begins on a block of the node's image, so a leaf
+    /// whose basements only shrank (deletes, splits between basements)
+    /// grew an image of several times its bytes, and on a full device no
+    /// free run could take it (docs/design.md, "A full device").
     // Reviewed exception (indexing): a leaf has one pivot fewer than
     // basements and an interior node as many buffers as children, checked
     // on every load (validate::check_leaf, check_interior) and kept by
@@ -571,13 +581,23 @@ impl Leaf {
     pub fn rebalance_basements(&mut self, basement_size: usize) {
         debug_assert!(self.is_fully_loaded());
         let oversized = |b: &Basement| b.bytes > 2 * basement_size;
-        let needs = self.basements.iter().any(oversized)
+        let join_within = basement_join_bytes(basement_size);
+        let joinable = self
+            .basements
+            .windows(2)
+            .any(|pair| pair[0].bytes + pair[1].bytes <= join_within);
+        let needs = joinable
+            || self.basements.iter().any(oversized)
             || (self.basements.len() > 1 && self.basements.iter().any(|b| b.count == 0));
         if !needs {
             return;
         }
         let old_pivots = std::mem::take(&mut self.pivots);
         let old = std::mem::take(&mut self.basements);
+        // The pieces in key order, each with the pivot it begins at (none
+        // for the leaf's first, and for a split's later pieces, which
+        // begin at their first key).
+        let mut pieces: Vec<(Option<Vec<u8>>, Arc<Entries>)> = Vec::with_capacity(old.len());
         for (bi, b) in old.into_iter().enumerate() {
             if b.count == 0 {
                 continue;
@@ -590,28 +610,66 @@ impl Leaf {
             } else {
                 Some(old_pivots[bi - 1].clone())
             };
-            // A basement that stays whole is kept as it is (shared with
-            // the checkpoint's copy of the leaf, if it has one).
-            let pieces = if b.bytes > 2 * basement_size {
-                chunk(&entries, basement_size)
-                    .into_iter()
-                    .map(Arc::new)
-                    .collect()
-            } else {
-                vec![entries]
-            };
-            for (pi, piece) in pieces.into_iter().enumerate() {
-                if !self.basements.is_empty() {
+            if b.bytes > 2 * basement_size {
+                for (pi, piece) in chunk(&entries, basement_size).into_iter().enumerate() {
                     let pivot = if pi == 0 { lower_pivot.clone() } else { None };
-                    self.pivots
-                        .push(pivot.unwrap_or_else(|| piece.key(0).to_vec()));
+                    pieces.push((pivot, Arc::new(piece)));
                 }
-                self.basements.push(Basement::from_shared(piece));
+            } else {
+                pieces.push((lower_pivot, entries));
             }
+        }
+        // Neighbours joined while they fit in one basement. A piece that
+        // stays alone is kept as it is (shared with the checkpoint's copy
+        // of the leaf, if it has one).
+        let mut group: Vec<(Option<Vec<u8>>, Arc<Entries>)> = Vec::new();
+        let mut group_bytes = 0;
+        for (pivot, entries) in pieces {
+            if !group.is_empty() && group_bytes + entries.bytes() > join_within {
+                self.push_joined(std::mem::take(&mut group));
+                group_bytes = 0;
+            }
+            group_bytes += entries.bytes();
+            group.push((pivot, entries));
+        }
+        if !group.is_empty() {
+            self.push_joined(group);
         }
         if self.basements.is_empty() {
             *self = Leaf::default();
         }
+        debug_assert!(self
+            .basements
+            .windows(2)
+            .all(|pair| pair[0].bytes + pair[1].bytes > join_within));
+    }
+
+    /// Appends a basement of `pieces` joined (consecutive, in key order),
+    /// beginning at the first one's pivot (or, with none, its first key).
+    fn push_joined(&mut self, pieces: Vec<(Option<Vec<u8>>, Arc<Entries>)>) {
+        let mut pieces = pieces.into_iter();
+        let Some((pivot, first)) = pieces.next() else {
+            return;
+        };
+        let rest: Vec<Arc<Entries>> = pieces.map(|(_, entries)| entries).collect();
+        let entries = if rest.is_empty() {
+            first
+        } else {
+            let all = || std::iter::once(&first).chain(&rest);
+            let mut joined = Entries::with_capacity(
+                all().map(|e| e.len()).sum(),
+                all().map(|e| e.bytes()).sum(),
+            );
+            for part in all() {
+                joined.extend_from(part, 0, part.len());
+            }
+            Arc::new(joined)
+        };
+        if !self.basements.is_empty() {
+            self.pivots
+                .push(pivot.unwrap_or_else(|| entries.key(0).to_vec()));
+        }
+        self.basements.push(Basement::from_shared(entries));
     }
 
     /// All entries in order (consumes the basements' contents).
@@ -722,6 +780,14 @@ impl Leaf {
 }
 
 /// Cuts sorted entries into pieces of about `size` serialised bytes.
+/// The bytes neighbouring basements are joined within
+/// ([`Leaf::rebalance_basements`]): a basement's, or a block's if that is
+/// more (each basement begins on a block of the image, so two smaller than
+/// a block apart cost a block each).
+pub fn basement_join_bytes(basement_size: usize) -> usize {
+    basement_size.max(BLOCK_SIZE)
+}
+
 fn chunk(entries: &Entries, size: usize) -> Vec<Entries> {
     let mut pieces = Vec::new();
     let mut start = 0;
@@ -1435,7 +1501,8 @@ mod tests {
         }
         leaf.apply_buffer(buf, &merges, 1000).unwrap();
         leaf.rebalance_basements(1000);
-        assert!(leaf.basements.len() > 5);
+        // Basements smaller than a block are joined up to one.
+        assert!(leaf.basements.len() >= 3);
         assert_eq!(leaf.pivots.len() + 1, leaf.basements.len());
         assert_eq!(leaf.entry_count(), 100);
         let mut del = MessageBuffer::default();
@@ -1449,6 +1516,58 @@ mod tests {
         assert_eq!(leaf.entry_count(), 20);
         assert_eq!(leaf.get(&5u32.to_be_bytes()), Some(Some(&[7u8; 100][..])));
         assert_eq!(leaf.get(&50u32.to_be_bytes()), Some(None));
+    }
+
+    /// Basements that shrank are joined with their neighbours: deletes
+    /// that leave ten basements with a twentieth of their entries each
+    /// leave one basement (each basement begins on a block of the image,
+    /// so kept apart they made it ten blocks for one of entries).
+    #[test]
+    fn shrunken_basements_are_joined() {
+        let merges = MergeRegistry::default();
+        let mut leaf = Leaf::default();
+        let mut buf = MessageBuffer::default();
+        for i in 0..400u32 {
+            buf.insert_point(
+                i.to_be_bytes().to_vec(),
+                PointMsg::put(1, vec![7; 100]),
+                &merges,
+            );
+        }
+        let basement_size = 4096;
+        leaf.apply_buffer(buf, &merges, basement_size).unwrap();
+        leaf.rebalance_basements(basement_size);
+        assert!(leaf.basements.len() >= 10, "{}", leaf.basements.len());
+        let mut del = MessageBuffer::default();
+        for i in (0..400u32).filter(|i| i % 20 != 0) {
+            del.insert_point(i.to_be_bytes().to_vec(), PointMsg::delete(2), &merges);
+        }
+        leaf.apply_buffer(del, &merges, basement_size).unwrap();
+        leaf.rebalance_basements(basement_size);
+        assert_eq!(leaf.entry_count(), 20);
+        assert_eq!(leaf.basements.len(), 1);
+        assert!(leaf.pivots.is_empty());
+        for i in 0..400u32 {
+            let want = (i % 20 == 0).then_some(&[7u8; 100][..]);
+            assert_eq!(leaf.get(&i.to_be_bytes()), Some(want), "key {i}");
+        }
+        // Joined within a basement: two basements' worth stays two or more.
+        let mut more = MessageBuffer::default();
+        for i in 1000..1080u32 {
+            more.insert_point(
+                i.to_be_bytes().to_vec(),
+                PointMsg::put(3, vec![8; 100]),
+                &merges,
+            );
+        }
+        leaf.apply_buffer(more, &merges, basement_size).unwrap();
+        leaf.rebalance_basements(basement_size);
+        assert!(leaf.basements.len() >= 2);
+        assert!(leaf
+            .basements
+            .windows(2)
+            .all(|pair| pair[0].bytes + pair[1].bytes > basement_size));
+        crate::validate::check_leaf(&leaf, &Bounds::full()).unwrap();
     }
 
     /// A range whose exclusive end is where a basement begins stays out

@@ -1212,7 +1212,7 @@ fn a_write_under_the_tree_lock_leaves_its_settling_when_due() {
     store.work_after_replies_on_this_thread();
     let mut model = BTreeMap::new();
     let mut left = 0;
-    for i in 0..400 {
+    for i in 0..800 {
         let mut batch = empty_range_rename();
         batch.put(KeySpace::Data, &numbered(i), &value_of(i, 1));
         model.insert(numbered(i), value_of(i, 1));

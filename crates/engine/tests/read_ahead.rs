@@ -30,6 +30,12 @@ fn value(i: u32, version: u32) -> Vec<u8> {
     v
 }
 
+/// Keys the first scan of a cold store reads: more than a basement holds
+/// (each key is about 600 bytes, and basements of less than a block are
+/// joined up to one), so that it reads on across basements inside the
+/// first leaf, which is what starts read-ahead.
+const FIRST: u32 = 12;
+
 /// Scans [`from`, `to`) keys in chunks of `chunk` keys (each spanning
 /// several basements), returning every pair.
 fn scan(store: &Store, from: u32, to: u32, chunk: u32) -> Vec<(Vec<u8>, Vec<u8>)> {
@@ -142,17 +148,17 @@ fn read_ahead_reads_several_leaves_at_once() {
     // The first chunk reads on across basements inside the first leaf:
     // the leaves after it are read ahead (wait for them, the threads run
     // on their own; a scan going on meanwhile would read them itself).
-    let first = scan(&store, 0, 5, 5);
+    let first = scan(&store, 0, FIRST, FIRST);
     wait_until("read-ahead read one leaf at a time", || {
         device.most_at_once() >= 2
     });
     scan_the_rest_and_close(store, first, N);
 }
 
-/// Scans keys 5.. of `n` after `first` (keys 0..5) and checks that
+/// Scans keys [`FIRST`].. of `n` after `first` (the keys before) and checks that
 /// together they are every key with its first value; closes the store.
 fn scan_the_rest_and_close(store: Store, first: Vec<(Vec<u8>, Vec<u8>)>, n: u32) {
-    let rest = scan(&store, 5, n, 20);
+    let rest = scan(&store, FIRST, n, 20);
     let all: Vec<_> = first.into_iter().chain(rest).collect();
     assert_eq!(all.len(), n as usize);
     for (i, (k, v)) in all.iter().enumerate() {
@@ -167,7 +173,7 @@ fn sequential_scans_read_the_next_leaf_ahead() {
     let store = cold_store_with_keys(N);
     // The first chunk reads on across basements inside the first leaf: the
     // next leaf is read ahead (wait for it, the thread runs on its own).
-    let first = scan(&store, 0, 5, 5);
+    let first = scan(&store, 0, FIRST, FIRST);
     wait_until("nothing was read ahead", || {
         store.stats().nodes_read_ahead > 0
     });

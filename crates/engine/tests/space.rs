@@ -126,3 +126,67 @@ fn deletes_survive_a_full_log(options: Options) {
         .put(KeySpace::Data, b"again", &value)
         .expect("space is back");
 }
+
+/// Fill with values under random keys until refused, delete half of them
+/// at random, fill again, over and over: every refill must find room
+/// again. Counted in node-sized runs, a fragmented device held no run for
+/// the leaves the deletes rewrote (their basements, each beginning on a
+/// block, made images of three times a node) and the device stayed full
+/// for good.
+#[test]
+fn space_freed_by_random_deletes_is_found_again_cycle_after_cycle() {
+    let seeds = common::env_count("BETREEFS_SPACE_SEEDS", 4);
+    for options in flushing_modes() {
+        for seed in 0..seeds {
+            refill_after_random_deletes(options.clone(), seed);
+        }
+    }
+}
+
+fn refill_after_random_deletes(options: Options, seed: u64) {
+    use rand::{rngs::SmallRng, Rng, SeedableRng};
+    const DEVICE: u64 = 12 << 20;
+    let (_dev, store) = common::mem_store(DEVICE, options);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut live: Vec<u64> = Vec::new();
+    for cycle in 0..4 {
+        let mut bytes = 0;
+        let err = loop {
+            let key: u64 = rng.gen();
+            let len = rng.gen_range(1..3000);
+            match store.put(KeySpace::Data, &key.to_be_bytes(), &vec![key as u8; len]) {
+                Ok(_) => {
+                    live.push(key);
+                    bytes += len as u64;
+                }
+                Err(e) => break e,
+            }
+        };
+        assert!(err.is_no_space(), "seed {seed} cycle {cycle}: {err}");
+        // Half the data was deleted before every refill: a refill that
+        // finds less than a tenth of the device has lost what was freed.
+        assert!(
+            bytes > DEVICE / 10,
+            "seed {seed} cycle {cycle}: {bytes} bytes written after deleting half"
+        );
+        store.verify().unwrap();
+        let mut kept = Vec::with_capacity(live.len());
+        for key in live.drain(..) {
+            if rng.gen_bool(0.5) {
+                store
+                    .delete(KeySpace::Data, &key.to_be_bytes())
+                    .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: delete: {e}"));
+            } else {
+                kept.push(key);
+            }
+        }
+        live = kept;
+    }
+    let mut expected: Vec<Vec<u8>> = live.iter().map(|k| k.to_be_bytes().to_vec()).collect();
+    expected.sort();
+    let found: Vec<Vec<u8>> = scan_all(&store, KeySpace::Data)
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(found, expected, "seed {seed}: the keys left");
+}

@@ -153,10 +153,14 @@ pub(crate) struct Tree {
     pub removals_since_reclaim: u64,
     /// `next_seq` at the last attempt to reclaim space.
     pub reclaimed_at_seq: u64,
-    /// Free blocks lying in runs long enough for a full node, and all
-    /// blocks in use, as of the last checkpoint (see [`Tree::space_low`]).
-    node_sized_free_blocks: u64,
-    used_blocks_at_checkpoint: u64,
+    /// Free blocks lying in runs long enough for the largest image, and
+    /// all blocks in use, when they were last counted (see
+    /// [`Tree::image_sized_run_bytes`]).
+    image_sized_free_blocks: u64,
+    used_blocks_at_count: u64,
+    /// The largest extent, in blocks, asked of the allocator since the
+    /// store was opened ([`Tree::allocate_extent`]).
+    largest_extent_asked: u64,
     /// Opened read-only: nothing is ever written (dirty nodes made by log
     /// replay stay in memory).
     pub read_only: bool,
@@ -209,8 +213,9 @@ impl Tree {
             btt_extent: None,
             removals_since_reclaim: 0,
             reclaimed_at_seq: 0,
-            node_sized_free_blocks: u64::MAX,
-            used_blocks_at_checkpoint: 0,
+            image_sized_free_blocks: 0,
+            used_blocks_at_count: 0,
+            largest_extent_asked: 0,
             read_only: false,
             unwritten: HashSet::new(),
             writing_back: FxHashMap::default(),
@@ -238,6 +243,7 @@ impl Tree {
             BlockTable::default(),
             alloc,
         );
+        tree.count_image_sized_runs();
         for ks in KeySpace::ALL {
             tree.roots[ks.index()] =
                 tree.new_node(ks, NodeBody::Leaf(Leaf::default()), Bounds::full());
@@ -291,6 +297,7 @@ impl Tree {
             roots[ks.index()] = root;
         }
         let mut tree = Self::with_parts(device, layout, opts, merges, stats, btt, alloc);
+        tree.count_image_sized_runs();
         tree.roots = roots;
         tree.next_seq = sb.checkpoint_seq + 1;
         tree.generation = sb.generation;

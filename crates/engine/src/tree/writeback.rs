@@ -96,6 +96,55 @@ impl Tree {
         self.put(num, node);
     }
 
+    /// An extent of `len` bytes from the allocator, the request noted
+    /// (found or not) for the count of free runs long enough for it
+    /// ([`Tree::image_sized_run_bytes`]).
+    fn allocate_extent(&mut self, len: u32) -> Option<Extent> {
+        let blocks = (len as u64).div_ceil(BLOCK_SIZE as u64);
+        self.largest_extent_asked = self.largest_extent_asked.max(blocks);
+        let extent = self.alloc.allocate(len);
+        // Each extent may cut a counted run short of an image (the count
+        // takes off only its own blocks): counted again once a quarter of
+        // what was counted is taken, which on a nearly full device is
+        // often, and on an empty one seldom.
+        let taken = self.blocks_allocated_since_count();
+        if taken >= (self.image_sized_free_blocks / 4).max(self.image_blocks_max()) {
+            self.count_image_sized_runs();
+        }
+        extent
+    }
+
+    /// Counts the free blocks in runs long enough for the largest image
+    /// ([`Tree::image_sized_run_bytes`]).
+    pub(super) fn count_image_sized_runs(&mut self) {
+        self.image_sized_free_blocks = self.alloc.free_blocks_in_runs(self.image_blocks_max());
+        self.used_blocks_at_count = self.alloc.used_blocks();
+    }
+
+    fn blocks_allocated_since_count(&self) -> u64 {
+        self.alloc
+            .used_blocks()
+            .saturating_sub(self.used_blocks_at_count)
+    }
+
+    /// The blocks an image may take, as far as the store knows: a full
+    /// leaf's, or the largest extent asked for since it opened (a root
+    /// holding more than a node between two steps, a large block table, a
+    /// single entry larger than a node), whichever is more.
+    ///
+    /// A full leaf holds a node's bytes and a basement (a split cuts
+    /// between basements), in no more than twice as many basements as
+    /// those bytes fill and one (neighbours that fit in one are joined,
+    /// [`crate::node::basement_join_bytes`]), each beginning on a block;
+    /// its header and meta take a block or two.
+    pub(super) fn image_blocks_max(&self) -> u64 {
+        let join = crate::node::basement_join_bytes(self.opts.basement_size);
+        let bytes = self.opts.node_size + join;
+        let basements = 2 * bytes.div_ceil(join) + 1;
+        let full_leaf = bytes.div_ceil(BLOCK_SIZE) + basements + 2;
+        (full_leaf as u64).max(self.largest_extent_asked)
+    }
+
     /// Logs that no extent of `len` bytes was found for `what`.
     fn no_extent(&self, what: &str, len: u32) -> EngineError {
         tracing::warn!(
@@ -164,7 +213,7 @@ impl Tree {
             add(&self.stats.write_backs_dropped, 1);
             return Ok(None);
         }
-        let Some(extent) = self.alloc.allocate(img.len) else {
+        let Some(extent) = self.allocate_extent(img.len) else {
             self.writing_back.remove(&num);
             let height = self.node(num).height();
             return Err(self.no_extent(&format!("node {num} (height {height})"), img.len));
@@ -557,7 +606,7 @@ impl Tree {
         let done = cp.order.is_empty() && cp.snapshots.is_empty();
         let mut writes = Vec::with_capacity(cp.images.len());
         for (num, height, img) in std::mem::take(&mut cp.images) {
-            let Some(extent) = self.alloc.allocate(img.len) else {
+            let Some(extent) = self.allocate_extent(img.len) else {
                 let e = self.no_extent(&format!("node {num}"), img.len);
                 self.checkpoint = Some(cp);
                 self.cancel_checkpoint();
@@ -628,7 +677,7 @@ impl Tree {
             cp.btt.set(p.num, p.extent, p.crc);
         }
         let table = cp.btt.encode();
-        let Some(table_extent) = self.alloc.allocate(table.len() as u32) else {
+        let Some(table_extent) = self.allocate_extent(table.len() as u32) else {
             let e = self.no_extent("the block table", table.len() as u32);
             self.checkpoint = Some(cp);
             self.cancel_checkpoint();
@@ -694,9 +743,7 @@ impl Tree {
         self.generation = generation;
         self.alloc.commit_pending_checkpoint();
         self.unwritten.clear();
-        let node_blocks = (self.opts.node_size / BLOCK_SIZE) as u64;
-        self.node_sized_free_blocks = self.alloc.free_blocks_in_runs(node_blocks);
-        self.used_blocks_at_checkpoint = self.alloc.used_blocks();
+        self.count_image_sized_runs();
         add(&self.stats.checkpoints, 1);
     }
 
@@ -758,16 +805,16 @@ impl Tree {
     /// Whether the device has room enough to let settling wait
     /// (background flushing, or a writer's settling in steps): a quarter
     /// of the node region free after what is used, dirty and promised,
-    /// and as much in node-sized runs. The flusher's work is not admitted
-    /// as a write is ([`Tree::space_low`]): the dirty nodes it makes, and
-    /// the copies they leave until two checkpoints free them, must find
-    /// room without that check; and a node left fuller than a node
-    /// between two steps may be written (a checkpoint, an eviction) as an
-    /// image past a node-sized run.
+    /// and as much in runs long enough for any image. The flusher's work
+    /// is not admitted as a write is ([`Tree::space_low`]): the dirty
+    /// nodes it makes, and the copies they leave until two checkpoints
+    /// free them, must find room without that check; and a node left
+    /// fuller than a node between two steps may be written (a checkpoint,
+    /// an eviction) as an image past a node's size.
     pub fn room_to_defer_settling(&self, promised: u64) -> bool {
         let capacity = self.layout.nodes_bytes;
         self.claimed_bytes(promised).saturating_mul(4) <= capacity.saturating_mul(3)
-            && self.node_sized_run_bytes() >= capacity / 4
+            && self.image_sized_run_bytes() >= capacity / 4
     }
 
     /// Bytes of the node region in use, promised, or to be taken by the
@@ -776,15 +823,23 @@ impl Tree {
         promised + self.alloc.used_blocks() * BLOCK_SIZE as u64 + self.dirty_bytes as u64
     }
 
-    /// Bytes free in runs long enough for a full node: as counted at the
-    /// last checkpoint, less every block allocated since (which may have
-    /// come out of those runs).
-    pub(super) fn node_sized_run_bytes(&self) -> u64 {
-        let consumed = self
-            .alloc
-            .used_blocks()
-            .saturating_sub(self.used_blocks_at_checkpoint);
-        self.node_sized_free_blocks
+    /// Bytes free in runs long enough for the largest image the store may
+    /// make ([`Tree::image_blocks_max`]): as last counted, less every
+    /// block allocated since (which may have come out of those runs). The
+    /// count is made at every checkpoint and again whenever a quarter of
+    /// it has been allocated ([`Tree::allocate_extent`]).
+    ///
+    /// An image can be larger than a node: a leaf's basements each begin
+    /// on a block (with basements of a few kilobytes, a full leaf's image
+    /// came to more than twice a node), and a root between two settling
+    /// steps holds more than a node. Counted in node-sized runs, and only
+    /// at checkpoints, a full and fragmented device showed room for the
+    /// dirty nodes that no run could take: the reclaim after deletes could
+    /// place none of its leaves, and the space the deletes freed never
+    /// came back (docs/design.md, "A full device").
+    pub(super) fn image_sized_run_bytes(&self) -> u64 {
+        let consumed = self.blocks_allocated_since_count();
+        self.image_sized_free_blocks
             .saturating_sub(consumed)
             .saturating_mul(BLOCK_SIZE as u64)
     }
@@ -793,13 +848,14 @@ impl Tree {
     /// could not absorb the dirty nodes plus a reserve for copy-on-write.
     ///
     /// Nodes are written as contiguous extents, so free space counts only
-    /// where it comes in node-sized runs: on a nearly full, fragmented
-    /// device the dirty nodes (and the nodes a checkpoint after deletes
-    /// rewrites) must still find room, or no checkpoint could ever run.
+    /// where it comes in runs long enough for an image: on a nearly full,
+    /// fragmented device the dirty nodes (and the nodes a checkpoint after
+    /// deletes rewrites) must still find room, or no checkpoint could ever
+    /// run.
     ///
     /// `promised` is the space held for writes already allowed (see
     /// [`crate::Reservation`]): it counts as used, and it must be there in
-    /// node-sized runs as the dirty nodes must. A write that draws on
+    /// such runs as the dirty nodes must. A write that draws on
     /// its own promise (`drawing`) may use half of the copy-on-write
     /// reserve as well: the promise was checked against the full reserve
     /// when it was made, so the space is there, and what the write costs
@@ -816,7 +872,7 @@ impl Tree {
         let used = self.claimed_bytes(promised)
             + (self.btt.live_count() as u64 * 16).next_multiple_of(BLOCK_SIZE as u64);
         used + reserve > capacity
-            || promised + self.dirty_bytes as u64 + 4 * node > self.node_sized_run_bytes()
+            || promised + self.dirty_bytes as u64 + 4 * node > self.image_sized_run_bytes()
     }
 }
 
