@@ -606,11 +606,16 @@ fn writer_batch(w: usize, i: usize, value: &[u8]) -> betreefs_engine::WriteBatch
     batch
 }
 
-/// While the background thread is stuck in a checkpoint, writers keep the
-/// log's unflushed bytes (held in memory) bounded by flushing it
-/// themselves; before, the buffer grew by everything written meanwhile.
+/// While the background thread is stuck in a checkpoint, the log's
+/// unflushed bytes (held in memory) stay bounded; before, the buffer grew
+/// by everything written meanwhile. The log's own flusher thread writes
+/// it (the stuck checkpoint does not hold it up), and writers write it
+/// themselves when that thread falls behind: which of the two does
+/// depends on the machine's timing, so the test asks only that the log
+/// was written (it asked for the writers, and failed whenever the
+/// flusher kept up).
 #[test]
-fn writers_bound_the_unflushed_log_while_the_background_checkpoints() {
+fn the_unflushed_log_stays_bounded_while_the_background_checkpoints() {
     let mut options = small_options();
     options.log_bytes = Some(96 << 20);
     options.checkpoint_interval = Some(Duration::from_millis(5));
@@ -637,7 +642,7 @@ fn writers_bound_the_unflushed_log_while_the_background_checkpoints() {
     let Step::Io(_) = next_step(&arrivals) else {
         unreachable!("only IO is reported here")
     };
-    let flushed_before = store.stats().writes_flushed_log;
+    let flushed_before = store.stats().log_flushes;
     let value = vec![0xa5u8; 60 << 10];
     let mut most = 0;
     for i in 0..400u32 {
@@ -651,8 +656,8 @@ fn writers_bound_the_unflushed_log_while_the_background_checkpoints() {
         "the unflushed log grew to {most} bytes"
     );
     assert!(
-        store.stats().writes_flushed_log > flushed_before,
-        "no writer flushed the log: was the background thread not stuck?"
+        store.stats().log_flushes > flushed_before,
+        "the log was not written while the checkpoint was stuck"
     );
     *device.gate.lock().unwrap() = None;
     drop(go);
