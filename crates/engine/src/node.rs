@@ -779,7 +779,6 @@ impl Leaf {
     }
 }
 
-/// Cuts sorted entries into pieces of about `size` serialised bytes.
 /// The bytes neighbouring basements are joined within
 /// ([`Leaf::rebalance_basements`]): a basement's, or a block's if that is
 /// more (each basement begins on a block of the image, so two smaller than
@@ -788,6 +787,7 @@ pub fn basement_join_bytes(basement_size: usize) -> usize {
     basement_size.max(BLOCK_SIZE)
 }
 
+/// Cuts sorted entries into pieces of about `size` serialised bytes.
 fn chunk(entries: &Entries, size: usize) -> Vec<Entries> {
     let mut pieces = Vec::new();
     let mut start = 0;

@@ -6,6 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use betreefs_engine::{KeySpace, Options, Store};
+use betreefs_store::MemDevice;
 use common::{scan_all, small_options};
 
 /// Both ways of flushing: by the writers, and by the engine's thread
@@ -189,4 +190,68 @@ fn refill_after_random_deletes(options: Options, seed: u64) {
         .map(|(k, _)| k)
         .collect();
     assert_eq!(found, expected, "seed {seed}: the keys left");
+}
+
+/// A crash on a full device: filled until refused, half deleted, synced,
+/// then the power cut. The store opens again (its log's replay makes
+/// dirty nodes that the first checkpoint must place on a device with no
+/// room but the reserve), holds every synced key, and takes writes again
+/// once more is deleted.
+#[test]
+fn a_full_device_opens_after_a_crash_and_takes_writes_after_deletes() {
+    for options in flushing_modes() {
+        for seed in 0..2 {
+            reopen_full_after_crash(options.clone(), seed);
+        }
+    }
+}
+
+fn reopen_full_after_crash(options: Options, seed: u64) {
+    use rand::{rngs::SmallRng, Rng, SeedableRng};
+    const DEVICE: u64 = 12 << 20;
+    let (dev, store) = common::mem_store(DEVICE, options.clone());
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut live = std::collections::BTreeMap::new();
+    let err = loop {
+        let key: u64 = rng.gen();
+        let value = vec![key as u8; rng.gen_range(1..3000)];
+        match store.put(KeySpace::Data, &key.to_be_bytes(), &value) {
+            Ok(_) => live.insert(key.to_be_bytes().to_vec(), value),
+            Err(e) => break e,
+        };
+    };
+    assert!(err.is_no_space(), "seed {seed}: {err}");
+    let keys: Vec<Vec<u8>> = live.keys().cloned().collect();
+    for key in keys {
+        if rng.gen_bool(0.5) {
+            store.delete(KeySpace::Data, &key).unwrap();
+            live.remove(&key);
+        }
+    }
+    store.sync().unwrap();
+    let image = dev.crash_image(betreefs_store::CrashMode::DropUnsynced);
+    drop(store);
+    let store = Store::open_on(Arc::new(MemDevice::from_image(image)), options)
+        .unwrap_or_else(|e| panic!("seed {seed}: opening the full device after a crash: {e}"));
+    store.verify().unwrap();
+    let found: std::collections::BTreeMap<Vec<u8>, Vec<u8>> =
+        scan_all(&store, KeySpace::Data).into_iter().collect();
+    assert!(
+        found == live,
+        "seed {seed}: the synced keys after the crash"
+    );
+    let keys: Vec<Vec<u8>> = live.keys().cloned().collect();
+    for key in &keys[..keys.len() / 2] {
+        store.delete(KeySpace::Data, key).unwrap();
+    }
+    let mut written = 0u64;
+    while written < DEVICE / 10 {
+        store
+            .put(KeySpace::Meta, &written.to_be_bytes(), &[1; 1000])
+            .unwrap_or_else(|e| {
+                panic!("seed {seed}: a write after deletes, {written} bytes in: {e}")
+            });
+        written += 1000;
+    }
+    store.close().unwrap();
 }
