@@ -211,14 +211,16 @@ struct DirKeys {
 }
 
 impl DirKeys {
-    fn get(&mut self, ino: Ino, moves: u64) -> Option<Vec<u8>> {
+    /// The key cached for `ino` (made the most recently used), if it was
+    /// cached with `moves` directory moves done.
+    fn get(&mut self, ino: Ino, moves: u64) -> Option<&[u8]> {
         let at = self.keys.iter().rposition(|(i, _, _)| *i == ino)?;
         let entry = self.keys.remove(at);
-        let key = (entry.1 == moves).then(|| entry.2.clone());
-        if key.is_some() {
-            self.keys.push(entry);
+        if entry.1 != moves {
+            return None;
         }
-        key
+        self.keys.push(entry);
+        self.keys.last().map(|(_, _, key)| key.as_slice())
     }
 
     fn put(&mut self, ino: Ino, moves: u64, key: &[u8]) {
@@ -474,19 +476,27 @@ impl State {
 
     /// The encoded path of a directory.
     pub(super) fn dir_key(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        self.with_dir_key(ino, <[u8]>::to_vec)
+    }
+
+    /// `make` of the encoded path of a directory, without a copy of it
+    /// when it is cached (every write to a file builds its key on its
+    /// directory's).
+    pub(super) fn with_dir_key<R>(&self, ino: Ino, make: impl FnOnce(&[u8]) -> R) -> FsResult<R> {
         let in_place = self
             .nodes
             .get(&ino)
             .is_some_and(|n| n.home == Home::Path && n.attr.is_dir());
         if in_place {
-            if let Some(key) = self.dir_keys.borrow_mut().get(ino, self.dir_moves) {
-                debug_assert_eq!(Ok(&key), self.walk_dir_key(ino).as_ref());
-                return Ok(key);
+            let mut cached = self.dir_keys.borrow_mut();
+            if let Some(key) = cached.get(ino, self.dir_moves) {
+                debug_assert_eq!(Ok(key), self.walk_dir_key(ino).as_deref());
+                return Ok(make(key));
             }
         }
         let key = self.walk_dir_key(ino)?;
         self.dir_keys.borrow_mut().put(ino, self.dir_moves, &key);
-        Ok(key)
+        Ok(make(&key))
     }
 
     /// [`State::dir_key`] from the names up to the root.
@@ -519,10 +529,7 @@ impl State {
             Home::Inode => Ok(schema::inode_key(ino)),
             Home::Gone => Err(Errno::ENOENT),
             Home::Path if ino == ROOT_INO => Ok(schema::ROOT_KEY.to_vec()),
-            Home::Path => Ok(schema::into_entry_key(
-                self.dir_key(node.parent)?,
-                &node.name,
-            )),
+            Home::Path => self.with_dir_key(node.parent, |dir| schema::entry_key(dir, &node.name)),
         }
     }
 
