@@ -1487,19 +1487,30 @@ mod tests {
         }
     }
 
+    /// A buffer of puts of 100 bytes of `fill` under keys `keys` (big-endian).
+    fn puts(
+        keys: std::ops::Range<u32>,
+        seq: u64,
+        fill: u8,
+        merges: &MergeRegistry,
+    ) -> MessageBuffer {
+        let mut buf = MessageBuffer::default();
+        for i in keys {
+            buf.insert_point(
+                i.to_be_bytes().to_vec(),
+                PointMsg::put(seq, vec![fill; 100]),
+                merges,
+            );
+        }
+        buf
+    }
+
     #[test]
     fn leaf_apply_and_rebalance() {
         let merges = MergeRegistry::default();
         let mut leaf = Leaf::default();
-        let mut buf = MessageBuffer::default();
-        for i in 0..100u32 {
-            buf.insert_point(
-                i.to_be_bytes().to_vec(),
-                PointMsg::put(1, vec![7; 100]),
-                &merges,
-            );
-        }
-        leaf.apply_buffer(buf, &merges, 1000).unwrap();
+        leaf.apply_buffer(puts(0..100, 1, 7, &merges), &merges, 1000)
+            .unwrap();
         leaf.rebalance_basements(1000);
         // Basements smaller than a block are joined up to one.
         assert!(leaf.basements.len() >= 3);
@@ -1526,16 +1537,9 @@ mod tests {
     fn shrunken_basements_are_joined() {
         let merges = MergeRegistry::default();
         let mut leaf = Leaf::default();
-        let mut buf = MessageBuffer::default();
-        for i in 0..400u32 {
-            buf.insert_point(
-                i.to_be_bytes().to_vec(),
-                PointMsg::put(1, vec![7; 100]),
-                &merges,
-            );
-        }
         let basement_size = 4096;
-        leaf.apply_buffer(buf, &merges, basement_size).unwrap();
+        leaf.apply_buffer(puts(0..400, 1, 7, &merges), &merges, basement_size)
+            .unwrap();
         leaf.rebalance_basements(basement_size);
         assert!(leaf.basements.len() >= 10, "{}", leaf.basements.len());
         let mut del = MessageBuffer::default();
@@ -1552,15 +1556,8 @@ mod tests {
             assert_eq!(leaf.get(&i.to_be_bytes()), Some(want), "key {i}");
         }
         // Joined within a basement: two basements' worth stays two or more.
-        let mut more = MessageBuffer::default();
-        for i in 1000..1080u32 {
-            more.insert_point(
-                i.to_be_bytes().to_vec(),
-                PointMsg::put(3, vec![8; 100]),
-                &merges,
-            );
-        }
-        leaf.apply_buffer(more, &merges, basement_size).unwrap();
+        leaf.apply_buffer(puts(1000..1080, 3, 8, &merges), &merges, basement_size)
+            .unwrap();
         leaf.rebalance_basements(basement_size);
         assert!(leaf.basements.len() >= 2);
         assert!(leaf
