@@ -8,6 +8,7 @@ use std::sync::Arc;
 use betreefs_engine::{KeySpace, Options, Store};
 use betreefs_store::MemDevice;
 use common::{scan_all, small_options};
+use rand::{rngs::SmallRng, Rng, SeedableRng};
 
 /// Both ways of flushing: by the writers, and by the engine's thread
 /// (which stands aside when space runs low).
@@ -144,51 +145,61 @@ fn space_freed_by_random_deletes_is_found_again_cycle_after_cycle() {
     }
 }
 
+/// What the random-key tests below hold: key to value.
+type Live = std::collections::BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// Puts values of 1-3000 bytes under random keys until a put is refused
+/// (which must be for space); returns the bytes written.
+fn fill_until_refused(store: &Store, rng: &mut SmallRng, live: &mut Live, context: &str) -> u64 {
+    let mut bytes = 0;
+    let err = loop {
+        let key: u64 = rng.gen();
+        let value = vec![key as u8; rng.gen_range(1..3000)];
+        match store.put(KeySpace::Data, &key.to_be_bytes(), &value) {
+            Ok(_) => {
+                bytes += value.len() as u64;
+                live.insert(key.to_be_bytes().to_vec(), value);
+            }
+            Err(e) => break e,
+        }
+    };
+    assert!(err.is_no_space(), "{context}: {err}");
+    bytes
+}
+
+/// Deletes each key of `live` with even odds.
+fn delete_random_half(store: &Store, rng: &mut SmallRng, live: &mut Live, context: &str) {
+    live.retain(|key, _| {
+        let keep = rng.gen_bool(0.5);
+        if !keep {
+            store
+                .delete(KeySpace::Data, key)
+                .unwrap_or_else(|e| panic!("{context}: delete: {e}"));
+        }
+        keep
+    });
+}
+
 fn refill_after_random_deletes(options: Options, seed: u64) {
-    use rand::{rngs::SmallRng, Rng, SeedableRng};
     const DEVICE: u64 = 12 << 20;
     let (_dev, store) = common::mem_store(DEVICE, options);
     let mut rng = SmallRng::seed_from_u64(seed);
-    let mut live: Vec<u64> = Vec::new();
+    let mut live = Live::new();
     for cycle in 0..4 {
-        let mut bytes = 0;
-        let err = loop {
-            let key: u64 = rng.gen();
-            let len = rng.gen_range(1..3000);
-            match store.put(KeySpace::Data, &key.to_be_bytes(), &vec![key as u8; len]) {
-                Ok(_) => {
-                    live.push(key);
-                    bytes += len as u64;
-                }
-                Err(e) => break e,
-            }
-        };
-        assert!(err.is_no_space(), "seed {seed} cycle {cycle}: {err}");
+        let context = format!("seed {seed} cycle {cycle}");
+        let bytes = fill_until_refused(&store, &mut rng, &mut live, &context);
         // Half the data was deleted before every refill: a refill that
         // finds less than a tenth of the device has lost what was freed.
         assert!(
             bytes > DEVICE / 10,
-            "seed {seed} cycle {cycle}: {bytes} bytes written after deleting half"
+            "{context}: {bytes} bytes written after deleting half"
         );
         store.verify().unwrap();
-        let mut kept = Vec::with_capacity(live.len());
-        for key in live.drain(..) {
-            if rng.gen_bool(0.5) {
-                store
-                    .delete(KeySpace::Data, &key.to_be_bytes())
-                    .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: delete: {e}"));
-            } else {
-                kept.push(key);
-            }
-        }
-        live = kept;
+        delete_random_half(&store, &mut rng, &mut live, &context);
     }
-    let mut expected: Vec<Vec<u8>> = live.iter().map(|k| k.to_be_bytes().to_vec()).collect();
-    expected.sort();
-    let found: Vec<Vec<u8>> = scan_all(&store, KeySpace::Data)
-        .into_iter()
-        .map(|(k, _)| k)
-        .collect();
+    let expected: Vec<&Vec<u8>> = live.keys().collect();
+    let found = scan_all(&store, KeySpace::Data);
+    let found: Vec<&Vec<u8>> = found.iter().map(|(k, _)| k).collect();
     assert_eq!(found, expected, "seed {seed}: the keys left");
 }
 
@@ -207,35 +218,20 @@ fn a_full_device_opens_after_a_crash_and_takes_writes_after_deletes() {
 }
 
 fn reopen_full_after_crash(options: Options, seed: u64) {
-    use rand::{rngs::SmallRng, Rng, SeedableRng};
     const DEVICE: u64 = 12 << 20;
     let (dev, store) = common::mem_store(DEVICE, options.clone());
     let mut rng = SmallRng::seed_from_u64(seed);
-    let mut live = std::collections::BTreeMap::new();
-    let err = loop {
-        let key: u64 = rng.gen();
-        let value = vec![key as u8; rng.gen_range(1..3000)];
-        match store.put(KeySpace::Data, &key.to_be_bytes(), &value) {
-            Ok(_) => live.insert(key.to_be_bytes().to_vec(), value),
-            Err(e) => break e,
-        };
-    };
-    assert!(err.is_no_space(), "seed {seed}: {err}");
-    let keys: Vec<Vec<u8>> = live.keys().cloned().collect();
-    for key in keys {
-        if rng.gen_bool(0.5) {
-            store.delete(KeySpace::Data, &key).unwrap();
-            live.remove(&key);
-        }
-    }
+    let mut live = Live::new();
+    let context = format!("seed {seed}");
+    fill_until_refused(&store, &mut rng, &mut live, &context);
+    delete_random_half(&store, &mut rng, &mut live, &context);
     store.sync().unwrap();
     let image = dev.crash_image(betreefs_store::CrashMode::DropUnsynced);
     drop(store);
     let store = Store::open_on(Arc::new(MemDevice::from_image(image)), options)
         .unwrap_or_else(|e| panic!("seed {seed}: opening the full device after a crash: {e}"));
     store.verify().unwrap();
-    let found: std::collections::BTreeMap<Vec<u8>, Vec<u8>> =
-        scan_all(&store, KeySpace::Data).into_iter().collect();
+    let found: Live = scan_all(&store, KeySpace::Data).into_iter().collect();
     assert!(
         found == live,
         "seed {seed}: the synced keys after the crash"
