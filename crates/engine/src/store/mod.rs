@@ -93,13 +93,13 @@ pub struct Options {
     /// Called between a checkpoint's turns, without the tree lock (tests
     /// stop the checkpoint there to write and read in between).
     pub checkpoint_turn_hook: Option<TurnHook>,
-    /// While syncs are coming, a background checkpoint writes its node
-    /// images in pieces of at most this many bytes (a multiple of the
-    /// block size), letting a sync's log flush go first between them: an
-    /// fsync waits behind one piece, not the whole checkpoint (512 KiB:
-    /// 0.3 ms at 1.8 GB/s). Tests make it a block so that every image goes
-    /// in several pieces.
-    pub checkpoint_piece_bytes: usize,
+    /// While syncs are coming, a background checkpoint and the write-back
+    /// of dirty nodes write node images in pieces of at most this many
+    /// bytes (a multiple of the block size), letting a sync's log flush go
+    /// first between them: an fsync waits behind one piece, not the whole
+    /// checkpoint or leaf (512 KiB: 0.3 ms at 1.8 GB/s). Tests make it a
+    /// block so that every image goes in several pieces.
+    pub write_piece_bytes: usize,
     /// Move messages down the trees on a thread of their own, in turns,
     /// rather than in the writer's thread (see docs/design.md, "Background
     /// flushing"; off by default: on this 2-core reference machine it
@@ -193,7 +193,7 @@ impl Default for Options {
             read_ahead: true,
             checkpoint_turn_bytes: 2 << 20,
             checkpoint_turn_hook: None,
-            checkpoint_piece_bytes: 512 << 10,
+            write_piece_bytes: 512 << 10,
             background_flush: false,
             background_write_back: false,
             flush_turn_bytes: 1 << 20,
@@ -244,11 +244,10 @@ impl Options {
             ));
         }
         let block = betreefs_store::BLOCK_SIZE;
-        if self.checkpoint_piece_bytes < block || !self.checkpoint_piece_bytes.is_multiple_of(block)
-        {
+        if self.write_piece_bytes < block || !self.write_piece_bytes.is_multiple_of(block) {
             return bad(format!(
-                "checkpoint_piece_bytes {} must be a positive multiple of {block}",
-                self.checkpoint_piece_bytes
+                "write_piece_bytes {} must be a positive multiple of {block}",
+                self.write_piece_bytes
             ));
         }
         Ok(())

@@ -718,12 +718,12 @@ impl Inner {
             };
             record_max(&self.stats.evict_micros_max, placing.elapsed());
             // The device write, of up to a node, with the lock let go
-            // (fairly: whoever waits goes first).
+            // (fairly: whoever waits goes first), leaving gaps for syncs.
             let written = parking_lot::RwLockWriteGuard::unlocked_fair(tree, || {
                 if let Some(hook) = &self.options.evict_step_hook {
                     (hook.0)();
                 }
-                write_back.write(self.device.as_ref())
+                self.write_node_beside_syncs(write_back.image(), write_back.offset())
             });
             let finishing = Instant::now();
             if let Err(e) = tree.finish_write_back(write_back, written) {

@@ -76,6 +76,16 @@ impl WriteBack {
     pub fn write(&self, device: &dyn Device) -> std::io::Result<()> {
         device.write_at(&self.img.buf, self.offset)
     }
+
+    /// The image, for a writer of its own (in pieces).
+    pub fn image(&self) -> &[u8] {
+        &self.img.buf
+    }
+
+    /// Where [`WriteBack::image`] goes on the device.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
 }
 
 impl Tree {
