@@ -333,21 +333,67 @@ fn a_checkpoint_writes_no_node_while_a_log_flush_is_in_flight() {
     store.verify().unwrap();
 }
 
-/// The write-back of dirty nodes lets a log flush in flight go first as
-/// well: while a sync's log write is under way the write-back thread
-/// writes no node, so an fsync waits behind one piece of a leaf rather
-/// than the whole of it (a leaf of 4 MiB written back while a sync ran
-/// cost it 10-15 ms on the reference machine).
+/// The write-back thread lets a log flush in flight go first as well:
+/// while a sync's log write is under way it writes no node, so an fsync
+/// waits behind one piece of a leaf rather than the whole of it (a leaf
+/// of 4 MiB written back while a sync ran cost it 10-15 ms on the
+/// reference machine).
 #[test]
-fn a_write_back_writes_no_node_while_a_log_flush_is_in_flight() {
+fn the_write_back_thread_writes_no_node_while_a_log_flush_is_in_flight() {
+    let options = Options {
+        background_write_back: true,
+        cache_bytes: 1 << 20,
+        ..small_options()
+    };
+    let (budget, node) = (options.cache_bytes as u64, options.node_size as u64);
+    let (_mem, device, store, mut model, _) = prepared_store(17, options);
+    // The cache's budget squeezed to a little under what it holds (by the
+    // memory beside it): past the budget less the thread's headroom, so
+    // the next write wakes the write-back thread, and within a node of it,
+    // so the writer leaves the writing back to the thread.
+    let cached = store.stats().cache_bytes;
+    store.memory_beside_cache().set(budget - cached + node / 4);
+    let before = store.stats();
+    assert!(before.cache_dirty_bytes > 0, "the test needs dirty nodes");
+    let held = SyncFlushHeld::start(&device, &store, &mut model);
+    // Too big to be staged: written under the tree lock, it settles and
+    // evicts as a writer does.
+    let value = vec![0xa5u8; small_options().node_size / 16 + 1];
+    put(&store, &mut model, b"wakes the write-back", &value);
+    if let Some(what) = held.io_within(Duration::from_millis(500)) {
+        panic!("the write-back did {what} during a log flush");
+    }
+    held.release(&device);
+    common::wait_until("the cache within its budget less a node", || {
+        let stats = store.stats();
+        stats.cache_bytes <= stats.cache_budget_bytes - node
+    });
+    let after = store.stats();
+    assert!(after.background_eviction_steps > before.background_eviction_steps);
+    assert_eq!(
+        after.eviction_steps - after.background_eviction_steps,
+        before.eviction_steps - before.background_eviction_steps,
+        "the writer wrote back for itself"
+    );
+    assert!(after.nodes_written > before.nodes_written);
+    common::assert_matches(&store, &model);
+    store.verify().unwrap();
+}
+
+/// ...but not while memory is short: the write-back is then what makes
+/// room, and it goes at once, whole (waiting for syncs let the daemon's
+/// resident size grow by 20-30 MiB in the micro suite's fsync-heavy
+/// phases).
+#[test]
+fn while_memory_is_short_the_write_back_goes_beside_a_log_flush() {
     let options = Options {
         background_write_back: true,
         cache_bytes: 1 << 20,
         ..small_options()
     };
     let budget = options.cache_bytes as u64;
-    let (_mem, device, store, mut model, _) = prepared_store(17, options);
-    // The clean nodes' budget below what is dirty: the write-back thread,
+    let (_mem, device, store, model, _) = prepared_store(17, options);
+    // The clean nodes' budget below what is cached: the write-back thread,
     // once memory is short, has nodes to write.
     store.allocator_overhead().set(budget * 7 / 8);
     let before = store.stats();
@@ -357,43 +403,77 @@ fn a_write_back_writes_no_node_while_a_log_flush_is_in_flight() {
         before.cache_bytes,
         before.cache_clean_budget_bytes
     );
-    let (held_tx, held) = channel();
-    let (release, release_rx) = channel();
-    *device.log_hold.lock().unwrap() = Some((held_tx, release_rx));
-    put(&store, &mut model, b"synced during", b"the write-back");
-    let syncer = {
-        let store = store.clone();
-        std::thread::spawn(move || store.sync())
-    };
-    held.recv_timeout(Duration::from_secs(60))
-        .expect("the sync reached the device");
-    let (arrived, go) = (channel(), channel());
-    *device.gate.lock().unwrap() = Some(Gate {
-        who: Who::AllBut(std::thread::current().id()),
-        arrived: arrived.0,
-        go: Arc::new(Mutex::new(go.1)),
-    });
+    let mut model = model;
+    let held = SyncFlushHeld::start(&device, &store, &mut model);
     store.set_memory_short(true);
-    match arrived.1.recv_timeout(Duration::from_millis(500)) {
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-        Ok(Step::Io(what)) => panic!("the write-back did {what} during a log flush"),
-        Ok(Step::Done(_)) => unreachable!("no checkpoint was started"),
-        Err(e) => panic!("{e}"),
-    }
-    release.send(()).unwrap();
-    syncer.join().unwrap().unwrap();
-    // Everything goes on now, the gate's go dropped.
-    *device.gate.lock().unwrap() = None;
-    drop(go.0);
+    let what = held
+        .io_within(Duration::from_secs(60))
+        .expect("the write-back writes while the log flush is held");
+    assert!(what.starts_with("write "), "{what}");
+    held.release(&device);
     common::wait_until("the cache within the clean nodes' budget", || {
         let stats = store.stats();
         stats.cache_bytes <= stats.cache_clean_budget_bytes
     });
-    let after = store.stats();
-    assert!(after.background_eviction_steps > before.background_eviction_steps);
-    assert!(after.nodes_written > before.nodes_written);
+    assert!(store.stats().background_eviction_steps > before.background_eviction_steps);
     common::assert_matches(&store, &model);
     store.verify().unwrap();
+}
+
+/// A sync whose log write is held at the device, and a gate that reports
+/// every other IO made meanwhile by a thread other than the test's.
+struct SyncFlushHeld {
+    release: Sender<()>,
+    syncer: std::thread::JoinHandle<betreefs_engine::EngineResult<()>>,
+    arrived: Receiver<Step>,
+    go: Sender<()>,
+}
+
+impl SyncFlushHeld {
+    fn start(device: &Arc<SteppedDevice>, store: &Arc<Store>, model: &mut Model) -> SyncFlushHeld {
+        let (held_tx, held) = channel();
+        let (release, release_rx) = channel();
+        *device.log_hold.lock().unwrap() = Some((held_tx, release_rx));
+        put(store, model, b"synced during", b"the write-back");
+        let syncer = {
+            let store = store.clone();
+            std::thread::spawn(move || store.sync())
+        };
+        held.recv_timeout(Duration::from_secs(60))
+            .expect("the sync reached the device");
+        let (arrived_tx, arrived) = channel();
+        let (go, go_rx) = channel();
+        *device.gate.lock().unwrap() = Some(Gate {
+            who: Who::AllBut(std::thread::current().id()),
+            arrived: arrived_tx,
+            go: Arc::new(Mutex::new(go_rx)),
+        });
+        SyncFlushHeld {
+            release,
+            syncer,
+            arrived,
+            go,
+        }
+    }
+
+    /// The IO another thread made within `wait`, if any (it waits at the
+    /// gate until [`SyncFlushHeld::release`]).
+    fn io_within(&self, wait: Duration) -> Option<String> {
+        match self.arrived.recv_timeout(wait) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
+            Ok(Step::Io(what)) => Some(what),
+            Ok(Step::Done(_)) => unreachable!("no checkpoint was started"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Lets the sync and everything at the gate go on for good.
+    fn release(self, device: &SteppedDevice) {
+        self.release.send(()).unwrap();
+        *device.gate.lock().unwrap() = None;
+        drop(self.go);
+        self.syncer.join().unwrap().unwrap();
+    }
 }
 
 /// Staged writes applied while a checkpoint is in flight: the root
