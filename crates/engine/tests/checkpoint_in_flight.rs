@@ -392,7 +392,7 @@ fn while_memory_is_short_the_write_back_goes_beside_a_log_flush() {
         ..small_options()
     };
     let budget = options.cache_bytes as u64;
-    let (_mem, device, store, model, _) = prepared_store(17, options);
+    let (_mem, device, store, mut model, _) = prepared_store(17, options);
     // The clean nodes' budget below what is cached: the write-back thread,
     // once memory is short, has nodes to write.
     store.allocator_overhead().set(budget * 7 / 8);
@@ -403,7 +403,6 @@ fn while_memory_is_short_the_write_back_goes_beside_a_log_flush() {
         before.cache_bytes,
         before.cache_clean_budget_bytes
     );
-    let mut model = model;
     let held = SyncFlushHeld::start(&device, &store, &mut model);
     store.set_memory_short(true);
     let what = held

@@ -127,20 +127,20 @@ impl Inner {
     }
 
     /// Writes a node image that no sync waits for (a background
-    /// checkpoint's, a write-back's) so that an fsync meanwhile waits for
-    /// little of it. While syncs are coming (one began within
-    /// [`URGENT_FLUSH_WINDOW`]), the image goes in pieces of at most
-    /// [`Options::write_piece_bytes`], each after the log flushes that
-    /// syncs wait on have finished. A device sync waits for what was
-    /// written before it: a checkpoint's hundreds of megabytes queued in
-    /// front of every log write (an unlink + fsync took 5-15 ms while one
-    /// ran on the reference machine's loop device, 1 ms in pieces, 0.15 ms
-    /// with none running), and so did a write-back's leaf of 4 MiB (a
-    /// 4 KiB write + fsync during an untar took 10-15 ms ten times a
-    /// second, as leaves were written back). Otherwise whole: the device
-    /// takes big writes faster, and a burst of writes with no sync waits
-    /// for checkpoints to free the log (docs/design.md, "Checkpoints that
-    /// do not stop the world").
+    /// checkpoint's, the write-back thread's) so that an fsync
+    /// meanwhile waits for little of it. While syncs are coming (one
+    /// began within [`URGENT_FLUSH_WINDOW`]), the image goes in pieces
+    /// of at most [`Options::write_piece_bytes`], each after the log
+    /// flushes that syncs wait on have finished. A device sync waits
+    /// for what was written before it: a checkpoint's hundreds of
+    /// megabytes queued in front of every log write (an unlink + fsync
+    /// took 5-15 ms while one ran on the reference machine's loop
+    /// device, 1 ms in pieces, 0.15 ms with none running), and so did a
+    /// write-back's leaf of 4 MiB (a 4 KiB write + fsync during an
+    /// untar took 10-15 ms ten times a second, as leaves were written
+    /// back). Otherwise whole: the device takes big writes faster, and
+    /// a burst of writes with no sync waits for checkpoints to free the
+    /// log (docs/design.md, "Checkpoints that do not stop the world").
     pub(super) fn write_node_beside_syncs(&self, image: &[u8], offset: u64) -> std::io::Result<()> {
         let piece_bytes = if self.log.urgent_flush_within(URGENT_FLUSH_WINDOW) {
             self.options.write_piece_bytes

@@ -719,12 +719,11 @@ impl Inner {
             record_max(&self.stats.evict_micros_max, placing.elapsed());
             // The device write, of up to a node, with the lock let go
             // (fairly: whoever waits goes first). The write-back thread's
-            // leaves gaps for syncs, unless memory is short; a writer's
-            // (the cache past its budget) and one made while memory is
-            // short go whole: they are what makes room, and waiting for
-            // syncs there let the daemon's resident size grow by 20-30 MiB
-            // in the micro suite's fsync-heavy phases
-            // (docs/benchmarks/write-back-pieces.md).
+            // leaves gaps for syncs. A writer's (the cache past its budget)
+            // and any made while memory is short go whole: they are what
+            // makes room, and waiting for syncs there let the daemon's
+            // resident size grow by 20-30 MiB in the micro suite's
+            // fsync-heavy phases (docs/benchmarks/write-back-pieces.md).
             let beside_syncs =
                 evictor == Evictor::WriteBackThread && !self.memory_short.load(Ordering::Relaxed);
             let written = parking_lot::RwLockWriteGuard::unlocked_fair(tree, || {
