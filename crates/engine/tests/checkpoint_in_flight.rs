@@ -302,16 +302,7 @@ fn reads_and_writes_complete_while_a_checkpoint_is_in_flight() {
 #[test]
 fn a_checkpoint_writes_no_node_while_a_log_flush_is_in_flight() {
     let (_mem, device, store, mut model, _) = prepared_store(11, small_options());
-    let (held_tx, held) = channel();
-    let (release, release_rx) = channel();
-    *device.log_hold.lock().unwrap() = Some((held_tx, release_rx));
-    put(&store, &mut model, b"synced during", b"the checkpoint");
-    let syncer = {
-        let store = store.clone();
-        std::thread::spawn(move || store.sync())
-    };
-    held.recv_timeout(Duration::from_secs(60))
-        .expect("the sync reached the device");
+    let sync = HeldSync::start(&device, &store, &mut model);
     let (arrived, go, handle) = stepped_checkpoint(&device, &store);
     // Its turns may go on (a turn that copies interior nodes has nothing
     // to write yet); a write may not.
@@ -324,8 +315,7 @@ fn a_checkpoint_writes_no_node_while_a_log_flush_is_in_flight() {
             Err(e) => panic!("{e}"),
         }
     }
-    release.send(()).unwrap();
-    syncer.join().unwrap().unwrap();
+    sync.release();
     let (ios, result) = let_checkpoint_finish(&arrived, &go, handle);
     result.unwrap();
     assert!(ios > 5, "the checkpoint wrote too little: {ios} IOs");
@@ -340,11 +330,7 @@ fn a_checkpoint_writes_no_node_while_a_log_flush_is_in_flight() {
 /// reference machine).
 #[test]
 fn the_write_back_thread_writes_no_node_while_a_log_flush_is_in_flight() {
-    let options = Options {
-        background_write_back: true,
-        cache_bytes: 1 << 20,
-        ..small_options()
-    };
+    let options = write_back_options();
     let (budget, node) = (options.cache_bytes as u64, options.node_size as u64);
     let (_mem, device, store, mut model, _) = prepared_store(17, options);
     // The cache's budget squeezed to a little under what it holds (by the
@@ -355,15 +341,17 @@ fn the_write_back_thread_writes_no_node_while_a_log_flush_is_in_flight() {
     store.memory_beside_cache().set(budget - cached + node / 4);
     let before = store.stats();
     assert!(before.cache_dirty_bytes > 0, "the test needs dirty nodes");
-    let held = SyncFlushHeld::start(&device, &store, &mut model);
+    let sync = HeldSync::start(&device, &store, &mut model);
+    let others = OthersGated::start(&device);
     // Too big to be staged: written under the tree lock, it settles and
     // evicts as a writer does.
     let value = vec![0xa5u8; small_options().node_size / 16 + 1];
     put(&store, &mut model, b"wakes the write-back", &value);
-    if let Some(what) = held.io_within(Duration::from_millis(500)) {
+    if let Some(what) = others.io_within(Duration::from_millis(500)) {
         panic!("the write-back did {what} during a log flush");
     }
-    held.release(&device);
+    sync.release();
+    others.release(&device);
     common::wait_until("the cache within its budget less a node", || {
         let stats = store.stats();
         stats.cache_bytes <= stats.cache_budget_bytes - node
@@ -386,11 +374,7 @@ fn the_write_back_thread_writes_no_node_while_a_log_flush_is_in_flight() {
 /// phases).
 #[test]
 fn while_memory_is_short_the_write_back_goes_beside_a_log_flush() {
-    let options = Options {
-        background_write_back: true,
-        cache_bytes: 1 << 20,
-        ..small_options()
-    };
+    let options = write_back_options();
     let budget = options.cache_bytes as u64;
     let (_mem, device, store, mut model, _) = prepared_store(17, options);
     // The clean nodes' budget below what is cached: the write-back thread,
@@ -403,13 +387,15 @@ fn while_memory_is_short_the_write_back_goes_beside_a_log_flush() {
         before.cache_bytes,
         before.cache_clean_budget_bytes
     );
-    let held = SyncFlushHeld::start(&device, &store, &mut model);
+    let sync = HeldSync::start(&device, &store, &mut model);
+    let others = OthersGated::start(&device);
     store.set_memory_short(true);
-    let what = held
+    let what = others
         .io_within(Duration::from_secs(60))
         .expect("the write-back writes while the log flush is held");
     assert!(what.starts_with("write "), "{what}");
-    held.release(&device);
+    sync.release();
+    others.release(&device);
     common::wait_until("the cache within the clean nodes' budget", || {
         let stats = store.stats();
         stats.cache_bytes <= stats.cache_clean_budget_bytes
@@ -419,27 +405,54 @@ fn while_memory_is_short_the_write_back_goes_beside_a_log_flush() {
     store.verify().unwrap();
 }
 
-/// A sync whose log write is held at the device, and a gate that reports
-/// every other IO made meanwhile by a thread other than the test's.
-struct SyncFlushHeld {
-    release: Sender<()>,
-    syncer: std::thread::JoinHandle<betreefs_engine::EngineResult<()>>,
-    arrived: Receiver<Step>,
-    go: Sender<()>,
+/// The store of the write-back tests: the write-back thread on, a cache
+/// of 1 MiB.
+fn write_back_options() -> Options {
+    Options {
+        background_write_back: true,
+        cache_bytes: 1 << 20,
+        ..small_options()
+    }
 }
 
-impl SyncFlushHeld {
-    fn start(device: &Arc<SteppedDevice>, store: &Arc<Store>, model: &mut Model) -> SyncFlushHeld {
+/// A sync (of one put) whose log write is held at the device: a log
+/// flush in flight that a sync waits on.
+struct HeldSync {
+    release: Sender<()>,
+    syncer: std::thread::JoinHandle<betreefs_engine::EngineResult<()>>,
+}
+
+impl HeldSync {
+    fn start(device: &SteppedDevice, store: &Arc<Store>, model: &mut Model) -> HeldSync {
         let (held_tx, held) = channel();
         let (release, release_rx) = channel();
         *device.log_hold.lock().unwrap() = Some((held_tx, release_rx));
-        put(store, model, b"synced during", b"the write-back");
+        put(store, model, b"synced during", b"a held log write");
         let syncer = {
             let store = store.clone();
             std::thread::spawn(move || store.sync())
         };
         held.recv_timeout(Duration::from_secs(60))
             .expect("the sync reached the device");
+        HeldSync { release, syncer }
+    }
+
+    /// Lets the log write go and waits for the sync.
+    fn release(self) {
+        self.release.send(()).unwrap();
+        self.syncer.join().unwrap().unwrap();
+    }
+}
+
+/// A gate that stops every IO but the log's made by a thread other than
+/// the test's, and reports it.
+struct OthersGated {
+    arrived: Receiver<Step>,
+    go: Sender<()>,
+}
+
+impl OthersGated {
+    fn start(device: &SteppedDevice) -> OthersGated {
         let (arrived_tx, arrived) = channel();
         let (go, go_rx) = channel();
         *device.gate.lock().unwrap() = Some(Gate {
@@ -447,16 +460,11 @@ impl SyncFlushHeld {
             arrived: arrived_tx,
             go: Arc::new(Mutex::new(go_rx)),
         });
-        SyncFlushHeld {
-            release,
-            syncer,
-            arrived,
-            go,
-        }
+        OthersGated { arrived, go }
     }
 
     /// The IO another thread made within `wait`, if any (it waits at the
-    /// gate until [`SyncFlushHeld::release`]).
+    /// gate until [`OthersGated::release`]).
     fn io_within(&self, wait: Duration) -> Option<String> {
         match self.arrived.recv_timeout(wait) {
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
@@ -466,12 +474,10 @@ impl SyncFlushHeld {
         }
     }
 
-    /// Lets the sync and everything at the gate go on for good.
+    /// Opens the gate for good.
     fn release(self, device: &SteppedDevice) {
-        self.release.send(()).unwrap();
         *device.gate.lock().unwrap() = None;
         drop(self.go);
-        self.syncer.join().unwrap().unwrap();
     }
 }
 
