@@ -118,10 +118,17 @@ pub struct Stats {
     pub settle_step_micros_max: AtomicU64,
     pub settle_step_messages_max: AtomicU64,
     pub settle_step_basements_max: AtomicU64,
-    /// Steps whose merge into a leaf was worked out before the step, with
-    /// queries let in (`PreparedMerge`, tree/flush.rs), and the longest such merge.
-    pub step_merges_beside_queries: AtomicU64,
+    /// Steps whose merge into a leaf was worked out before the step with
+    /// the tree lock let go (`PreparedMerge`, tree/flush.rs), and the
+    /// longest such merge.
+    pub step_merges_unlocked: AtomicU64,
     pub step_merge_micros_max: AtomicU64,
+    /// Merges worked out with the lock let go that the step found made
+    /// from a leaf or buffer changed meanwhile, and made again under it.
+    pub step_merges_redone: AtomicU64,
+    /// Writers that left their settling to another writer's merge in
+    /// flight (which settles on after it, their messages included).
+    pub settling_left_to_a_merging_writer: AtomicU64,
     /// A writer's eviction in steps: the write-backs after which it let
     /// waiting requests take the lock; `evict_micros_max` is the longest
     /// step.
@@ -263,8 +270,10 @@ pub struct StatsSnapshot {
     pub settle_step_micros_max: u64,
     pub settle_step_messages_max: u64,
     pub settle_step_basements_max: u64,
-    pub step_merges_beside_queries: u64,
+    pub step_merges_unlocked: u64,
     pub step_merge_micros_max: u64,
+    pub step_merges_redone: u64,
+    pub settling_left_to_a_merging_writer: u64,
     pub eviction_steps: u64,
     pub background_eviction_steps: u64,
     pub evict_micros_max: u64,
@@ -372,8 +381,10 @@ impl Stats {
             settle_step_micros_max: get(&self.settle_step_micros_max),
             settle_step_messages_max: get(&self.settle_step_messages_max),
             settle_step_basements_max: get(&self.settle_step_basements_max),
-            step_merges_beside_queries: get(&self.step_merges_beside_queries),
+            step_merges_unlocked: get(&self.step_merges_unlocked),
             step_merge_micros_max: get(&self.step_merge_micros_max),
+            step_merges_redone: get(&self.step_merges_redone),
+            settling_left_to_a_merging_writer: get(&self.settling_left_to_a_merging_writer),
             eviction_steps: get(&self.eviction_steps),
             background_eviction_steps: get(&self.background_eviction_steps),
             evict_micros_max: get(&self.evict_micros_max),

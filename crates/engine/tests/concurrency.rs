@@ -540,9 +540,9 @@ fn requests_go_on_between_the_steps_of_a_writers_flushes() {
 }
 
 /// A step of a writer's settling works out its merge into a leaf, most of
-/// its work, with queries let in beside it (other writers wait): while a
-/// writer is held in that merge, a query completes; let go, the step puts
-/// the merge in place, and everything reads back as written.
+/// its work, with the tree lock let go: while a writer is held in that
+/// merge, a query completes; let go, the step puts the merge in place,
+/// and everything reads back as written.
 #[test]
 fn queries_go_on_while_a_step_merges_into_a_leaf() {
     let (hold, armed, held, go) = hook_that_holds_once();
@@ -552,7 +552,7 @@ fn queries_go_on_while_a_step_merges_into_a_leaf() {
         ..small_options()
     };
     let (store, mut model) = store_of_400_numbered(options);
-    let merges_before = store.stats().step_merges_beside_queries;
+    let merges_before = store.stats().step_merges_unlocked;
 
     armed.store(true, Ordering::SeqCst);
     let writer = overwrite_numbered_in_rounds(&store);
@@ -572,7 +572,73 @@ fn queries_go_on_while_a_step_merges_into_a_leaf() {
     drop(go);
     writer.join().unwrap();
     model.extend(last_round_of_overwrites());
-    assert!(store.stats().step_merges_beside_queries > merges_before);
+    assert!(store.stats().step_merges_unlocked > merges_before);
+    assert_store_holds(&store, &model);
+}
+
+/// Other writers go on too while a step's merge into a leaf is worked out:
+/// a write too large to stage (applied under the tree lock) completes
+/// while the merging writer is held, and leaves its own settling to that
+/// writer. The write replaced the messages the held merge was made from
+/// (as many, as large: only the buffer's identity tells), so the step, let
+/// go, makes the merge again under the lock rather than put the stale one
+/// in place — which would lose the write. (A root over leaves: every step
+/// merges out of a root buffer, which the write reaches.)
+#[test]
+fn writers_go_on_while_a_step_merges_and_a_stale_merge_is_made_again() {
+    let (hold, armed, held, go) = hook_that_holds_once();
+    let options = Options {
+        cache_bytes: 8 << 20,
+        step_merge_hook: Some(hold),
+        ..small_options()
+    };
+    let (_dev, store) = common::mem_store(32 << 20, options);
+    let store = Arc::new(store);
+    let mut model = BTreeMap::new();
+    put_numbered(&store, &mut model, 40);
+    assert_eq!(store.stats().tree_heights[KeySpace::Data as usize], 1);
+    let before = store.stats();
+
+    armed.store(true, Ordering::SeqCst);
+    // Overwrites keys 0..40 in rounds until it has been held.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for round in 2..=20u8 {
+                for i in 0..40 {
+                    store
+                        .put(KeySpace::Data, &numbered(i), &value_of(i, round))
+                        .unwrap();
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                }
+            }
+        })
+    };
+    held.recv_timeout(Duration::from_secs(20))
+        .expect("a write's settling merges into a leaf");
+    stop.store(true, Ordering::SeqCst);
+    // Every key again, its value as long as before, in one batch over a
+    // quarter of the staging bound; the root stays over-full.
+    let mut batch = WriteBatch::new();
+    for i in 0..40 {
+        batch.put(KeySpace::Data, &numbered(i), &value_of(i, 99));
+    }
+    {
+        let store = store.clone();
+        finishes_within(Duration::from_secs(20), move || {
+            store.write(&batch).unwrap()
+        })
+        .expect("a write waited for another writer's merge");
+    }
+    drop(go);
+    writer.join().unwrap();
+    model.extend((0..40).map(|i| (numbered(i), value_of(i, 99))));
+    let after = store.stats();
+    assert!(after.settling_left_to_a_merging_writer > before.settling_left_to_a_merging_writer);
+    assert!(after.step_merges_redone > before.step_merges_redone);
     assert_store_holds(&store, &model);
 }
 

@@ -408,6 +408,9 @@ struct Inner {
     /// the staged batches past the bound to apply, the buffers to settle
     /// and the cache to evict ([`Store::work_after_reply`]).
     work_after_reply: std::sync::atomic::AtomicBool,
+    /// Whether a writer is working out a step's merge into a leaf with the
+    /// tree lock let go ([`write::StepMergeClaim`]).
+    step_merge_in_flight: std::sync::atomic::AtomicBool,
     /// The process is near its memory limit ([`Store::set_memory_short`]).
     memory_short: std::sync::atomic::AtomicBool,
 }
@@ -706,6 +709,7 @@ impl Store {
             staging: parking_lot::RwLock::new(staging),
             space_ample: std::sync::atomic::AtomicBool::new(false),
             work_after_reply: std::sync::atomic::AtomicBool::new(false),
+            step_merge_in_flight: std::sync::atomic::AtomicBool::new(false),
             memory_short: std::sync::atomic::AtomicBool::new(false),
         });
         let read_ahead_threads = if inner.options.read_ahead {
@@ -1163,39 +1167,6 @@ impl MemoryBesideCache {
 }
 
 type TreeGuard<'a> = parking_lot::RwLockWriteGuard<'a, Tree>;
-
-/// Runs `f` on the trees with the exclusive hold of `tree` turned into an
-/// upgradable one for its length: queries take the lock shared beside it,
-/// every other writer (and a query that must change the cache) waits, and
-/// the hold is exclusive again when `f` returns — nothing changed the
-/// trees meanwhile, so what `f` worked out from them still holds. (The
-/// `parking_lot` guard types offer the way from upgradable to exclusive
-/// and back, `with_upgraded`, but not this one, from exclusive to
-/// upgradable and back without letting go.)
-fn with_writers_shut_out<R>(tree: &mut TreeGuard<'_>, f: impl FnOnce(&Tree) -> R) -> R {
-    use parking_lot::lock_api::{RawRwLockUpgrade, RawRwLockUpgradeDowngrade};
-    /// Makes the hold exclusive again when dropped, also when `f` panics:
-    /// the write guard then unlocks an exclusive hold, as it expects.
-    struct Reupgrade<'a>(&'a parking_lot::RawRwLock);
-    impl Drop for Reupgrade<'_> {
-        fn drop(&mut self) {
-            // SAFETY: this thread holds the lock upgradable: it turned its
-            // exclusive hold into that below, and nothing lets it go before
-            // this drop.
-            unsafe { self.0.upgrade() }
-        }
-    }
-    let lock = parking_lot::RwLockWriteGuard::rwlock(tree);
-    // SAFETY: `tree` holds the lock exclusively, which is what downgrading
-    // requires; `Reupgrade` makes it exclusive again before `tree` can be
-    // used or dropped, and `f` sees the trees only shared, as the queries
-    // beside it do.
-    let _reupgrade = unsafe {
-        lock.raw().downgrade_to_upgradable();
-        Reupgrade(lock.raw())
-    };
-    f(tree)
-}
 
 /// Something about the trees that a holder of the exclusive tree lock
 /// waits for, giving the lock up meanwhile (a condition variable for a

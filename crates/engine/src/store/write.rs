@@ -3,6 +3,7 @@
 //! and eviction that follow it in steps.
 
 use std::cell::Cell;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use super::staging;
@@ -89,6 +90,26 @@ pub(super) enum Evictor {
     Writer,
     /// The write-back thread ([`Options::background_write_back`]).
     WriteBackThread,
+}
+
+/// A writer's claim on the one merge into a leaf that may be worked out
+/// with the tree lock let go ([`Inner::settle_in_steps`]); given back when
+/// dropped. Taken and given back under the exclusive tree lock — which
+/// orders it with the writes that find it taken — so the flag itself
+/// needs no ordering of its own.
+struct StepMergeClaim<'a>(&'a AtomicBool);
+
+impl<'a> StepMergeClaim<'a> {
+    /// The claim, unless another writer holds it.
+    fn take(flag: &'a AtomicBool) -> Option<StepMergeClaim<'a>> {
+        (!flag.swap(true, Ordering::Relaxed)).then_some(StepMergeClaim(flag))
+    }
+}
+
+impl Drop for StepMergeClaim<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
 }
 
 impl Inner {
@@ -637,22 +658,39 @@ impl Inner {
                 stepping = Instant::now();
                 target = tree.settle_target();
             }
-            let Some(target) = target else {
+            let Some(mut target) = target else {
                 return Ok(());
             };
             // The step's merge into a leaf, most of its work, is made with
-            // queries let in beside it; the step then holds the lock alone
-            // to take its messages out and put the merge in place.
-            let merging = Instant::now();
-            let prepared = with_writers_shut_out(tree, |tree| {
-                if let Some(hook) = &self.options.step_merge_hook {
-                    (hook.0)();
-                }
-                tree.prepare_step_merge(&target)
-            });
-            if prepared.is_some() {
+            // the lock let go: queries and other writers go on beside it.
+            // One merge at a time: a writer that finds another's in flight
+            // leaves the settling to it, which goes on until nothing is
+            // left to settle, this writer's messages included (its claim
+            // is taken and given back under the lock, so it sees them).
+            let mut prepared = None;
+            if let Some(input) = tree.step_merge_input(&target) {
+                let Some(claim) = StepMergeClaim::take(&self.step_merge_in_flight) else {
+                    add(&self.stats.settling_left_to_a_merging_writer, 1);
+                    return Ok(());
+                };
+                let merging = Instant::now();
+                let merged = parking_lot::RwLockWriteGuard::unlocked_fair(tree, || {
+                    if let Some(hook) = &self.options.step_merge_hook {
+                        (hook.0)();
+                    }
+                    input.merge()
+                });
+                drop(claim);
                 record_max(&self.stats.step_merge_micros_max, merging.elapsed());
+                // The trees may have changed meanwhile: the step is chosen
+                // again, and takes the merge only if it was made from the
+                // leaf and the buffer as they are now.
                 stepping = Instant::now();
+                target = match tree.settle_target() {
+                    Some(target) => target,
+                    None => return Ok(()),
+                };
+                prepared = merged;
             }
             tree.settle_step(target, prepared)
                 .map_err(|e| self.poison(e))?;

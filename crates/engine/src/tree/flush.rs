@@ -24,18 +24,23 @@ pub enum SettleTarget {
 }
 
 /// A step's merge of part of a buffer into a leaf, worked out before the
-/// step with other writers shut out and queries let in
-/// ([`Tree::prepare_step_merge`]): the step, holding the tree lock
-/// alone, takes the same part out of the buffer and puts the merged
-/// basements in place. The merge was most of a step's hold of the lock
-/// (a quarter node of messages into a few basements), during which every
-/// query waited.
+/// step holding no tree lock ([`StepMergeInput::merge`]): the step, holding
+/// the lock alone, takes the same part out of the buffer and puts the
+/// merged basements in place. The merge was most of a step's hold of the
+/// lock (a quarter node of messages into a few basements), during which
+/// every query waited — and, made on the upgradable lock with queries let
+/// in, every other writer past the staging bound still did.
 pub struct PreparedMerge {
     /// The leaf merged into.
     leaf: u64,
     /// Its basements' entries as they were merged from: the step checks
     /// that the leaf still has these before it takes the merge.
     from: Vec<Option<Arc<Entries>>>,
+    /// The buffer the part was cut from, held until the step checks that
+    /// its parent still has this one: a buffer is changed copy-on-write,
+    /// and this reference makes any change copy it, so the same allocation
+    /// means the same messages (None once checked).
+    buffer: Option<Arc<MessageBuffer>>,
     /// The basements rewritten, by index.
     merged: Vec<MergedBasement>,
     /// The messages of the part merged: the step checks that it takes as
@@ -43,7 +48,57 @@ pub struct PreparedMerge {
     messages: usize,
 }
 
+/// What a step's merge into a leaf is worked out from, taken from the tree
+/// under its lock for the merge to be made with the lock let go
+/// ([`Tree::step_merge_input`]): the leaf and the buffer shared, not
+/// copied (the leaf's basements and the buffer are replaced, not changed
+/// in place, while these references live).
+pub struct StepMergeInput {
+    leaf_num: u64,
+    leaf: Leaf,
+    buffer: Arc<MessageBuffer>,
+    /// The key the part stops before ([`Tree::step_key_bound`]).
+    before: Option<Vec<u8>>,
+    limit: PartLimit<'static>,
+    merges: Arc<MergeRegistry>,
+    basement_size: usize,
+}
+
+impl StepMergeInput {
+    /// The merge, or None if it fails (an unknown merge function: the
+    /// step under the lock fails the same way).
+    pub fn merge(self) -> Option<PreparedMerge> {
+        let limit = PartLimit {
+            before: self.before.as_deref(),
+            ..self.limit
+        };
+        let cut = self.buffer.part_cut(limit);
+        let part = self.buffer.part(&cut);
+        let merged = self
+            .leaf
+            .merged_basements(&part, &self.merges, self.basement_size)
+            .ok()?;
+        let messages = part.message_count();
+        Some(PreparedMerge {
+            leaf: self.leaf_num,
+            from: self.leaf.basements.into_iter().map(|b| b.entries).collect(),
+            buffer: Some(self.buffer),
+            merged,
+            messages,
+        })
+    }
+}
+
 impl PreparedMerge {
+    /// Whether this merge was cut from `buffer` as it is now; lets go of
+    /// the merge's reference to it either way, so that taking the part out
+    /// does not copy the buffer.
+    fn cut_from(&mut self, buffer: &Arc<MessageBuffer>) -> bool {
+        self.buffer
+            .take()
+            .is_some_and(|from| Arc::ptr_eq(&from, buffer))
+    }
+
     /// Whether this merge was made from `leaf` as it is now (node `num`)
     /// and the part `taken` out of the buffer.
     fn made_from(&self, num: u64, leaf: &Leaf, taken: &MessageBuffer) -> bool {
@@ -222,6 +277,16 @@ impl Tree {
             before: before.as_deref().or(limit.before),
             ..limit
         };
+        // A merge worked out with the lock let go is of this buffer only
+        // if its parent has the very buffer it was cut from.
+        let prepared = prepared.and_then(|mut p| {
+            if p.cut_from(&self.interior(parent).buffers[i]) {
+                Some(p)
+            } else {
+                add(&self.stats.step_merges_redone, 1);
+                None
+            }
+        });
         let batch = self.with_interior(parent, |int| {
             Arc::make_mut(&mut int.buffers[i]).take_first(limit)
         });
@@ -233,10 +298,15 @@ impl Tree {
             NodeBody::Leaf(leaf) => {
                 let r = match prepared {
                     Some(prepared) if prepared.made_from(child, leaf, &batch) => {
-                        add(&self.stats.step_merges_beside_queries, 1);
+                        add(&self.stats.step_merges_unlocked, 1);
                         Ok(leaf.install_basements(prepared.merged))
                     }
-                    _ => leaf.apply_buffer(batch, &merges, self.opts.basement_size),
+                    other => {
+                        if other.is_some() {
+                            add(&self.stats.step_merges_redone, 1);
+                        }
+                        leaf.apply_buffer(batch, &merges, self.opts.basement_size)
+                    }
                 };
                 leaf.rebalance_basements(self.opts.basement_size);
                 r.map(|rewritten| {
@@ -323,7 +393,7 @@ impl Tree {
     /// thus steps of a bounded part each, and the store lets waiting
     /// requests in between them (docs/design.md, "Settling in steps").
     /// A step into a leaf takes `prepared`, its merge worked out
-    /// beforehand ([`Tree::prepare_step_merge`]), if it still fits.
+    /// beforehand ([`Tree::step_merge_input`]), if it still fits.
     pub fn settle_step(
         &mut self,
         target: SettleTarget,
@@ -370,14 +440,13 @@ impl Tree {
         Ok(())
     }
 
-    /// The merge into a leaf that the step on `target` will make, worked
-    /// out from the tree as it is without changing it: for the writer to
-    /// make with other writers shut out but queries let in, before the
-    /// step ([`PreparedMerge`]). None when the step does not merge into a
-    /// leaf that is cached whole and private (it splits, flushes into an
-    /// interior node, drops a subtree, reads or copies the leaf first), or
-    /// the merge fails (the step fails the same way).
-    pub fn prepare_step_merge(&self, target: &SettleTarget) -> Option<PreparedMerge> {
+    /// What the merge into a leaf that the step on `target` will make is
+    /// worked out from, for the writer to work it out with the tree lock
+    /// let go, before the step ([`StepMergeInput::merge`]). None when the
+    /// step does not merge into a leaf that is cached whole and private
+    /// (it splits, flushes into an interior node, drops a subtree, reads
+    /// or copies the leaf first).
+    pub fn step_merge_input(&self, target: &SettleTarget) -> Option<StepMergeInput> {
         let step = self.step_into_leaf(target)?;
         // A node below a root that others share is copied by the step
         // first (`private_child`), and so is a shared leaf.
@@ -397,28 +466,20 @@ impl Tree {
             return None;
         }
         // The part the step will take: flush_part's, with a leaf child.
-        let before = self.step_key_bound(step.node, step.i, step.leaf);
-        let limit = PartLimit {
-            before: before.as_deref(),
-            ..self.flush_step_limit()
-        };
-        let buffer = &int.buffers[step.i];
-        let cut = buffer.part_cut(limit);
-        let part = buffer.part(&cut);
-        let merged = leaf
-            .merged_basements(&part, &self.merges, self.opts.basement_size)
-            .ok()?;
-        Some(PreparedMerge {
-            leaf: step.leaf,
-            from: leaf.basements.iter().map(|b| b.entries.clone()).collect(),
-            merged,
-            messages: part.message_count(),
+        Some(StepMergeInput {
+            leaf_num: step.leaf,
+            leaf: leaf.clone(),
+            buffer: int.buffers[step.i].clone(),
+            before: self.step_key_bound(step.node, step.i, step.leaf),
+            limit: self.flush_step_limit(),
+            merges: self.merges.clone(),
+            basement_size: self.opts.basement_size,
         })
     }
 
     /// Where the step on `target` flushes into a leaf: None when it
     /// flushes into an interior node, splits, or drops the child unread
-    /// (what [`Tree::settle_step_leaf`] and [`Tree::prepare_step_merge`]
+    /// (what [`Tree::settle_step_leaf`] and [`Tree::step_merge_input`]
     /// both look for, as the step itself will find it).
     fn step_into_leaf(&self, target: &SettleTarget) -> Option<StepIntoLeaf> {
         let (ks, node, bounds) = match target {
