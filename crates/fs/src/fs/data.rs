@@ -233,7 +233,8 @@ impl FileSystem {
         let mut written = 0usize;
         while written < data.len() {
             let old_size = st.node(ino)?.attr.size;
-            let mut batch = WriteBatch::new();
+            let mut batch =
+                WriteBatch::with_capacity(data_batch_bytes(data.len() - written, key.len()));
             let mut plan = Planned::new();
             plan.note_data_change(&st, ino, leaves_holes)?;
             let chunk_start = written;
@@ -735,5 +736,74 @@ impl ReadSpan {
             None
         };
         Ok(ReadSpan { len, blocks })
+    }
+}
+
+/// The room a write's batch of data blocks starts with: the data it will
+/// carry (`left` bytes still to write, at most [`BLOCKS_PER_BATCH`]
+/// blocks), each block's key (`file_key_len` and the block number) and
+/// encoding, and the inode record (under the file's key) with room for
+/// the rest.
+fn data_batch_bytes(left: usize, file_key_len: usize) -> usize {
+    let most = BLOCKS_PER_BATCH * BLOCK_SIZE as usize;
+    // A write that starts inside a block reaches one more.
+    let blocks = (left.div_ceil(BLOCK_SIZE as usize) + 1).min(BLOCKS_PER_BATCH);
+    const PER_BLOCK: usize = 8 + 24; // the block number, tags and lengths
+    left.min(most) + (blocks + 1) * (file_key_len + PER_BLOCK) + 512
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema;
+
+    /// A write's batch of data blocks fits the room it starts with (no
+    /// reallocation copies its data again), whole blocks or a write that
+    /// starts inside one, for short and long file keys.
+    #[test]
+    fn a_data_batch_fits_the_room_it_starts_with() {
+        let block = BLOCK_SIZE as usize;
+        for key_len in [8, 100, 4096] {
+            let file_key = vec![b'k'; key_len];
+            for (in_block, len) in [
+                (0, 1),
+                (0, block),
+                (100, 3 * block),
+                (0, 64 * block),
+                (17, 64 * block + 5),
+            ] {
+                let left = len;
+                let room = data_batch_bytes(left, file_key.len());
+                let mut batch = WriteBatch::with_capacity(room);
+                let mut pos = in_block;
+                let mut written = 0;
+                let mut blocks = 0;
+                while written < left && blocks < BLOCKS_PER_BATCH {
+                    let at = pos % block;
+                    let n = (block - at).min(left - written);
+                    let dkey = schema::data_key(&file_key, (pos / block) as u64);
+                    if at == 0 {
+                        batch.put(KeySpace::Data, &dkey, &vec![7; n]);
+                    } else {
+                        batch.upsert(
+                            KeySpace::Data,
+                            &dkey,
+                            MERGE_PATCH,
+                            &patch_arg(at as u64, &vec![7; n]),
+                        );
+                    }
+                    written += n;
+                    pos += n;
+                    blocks += 1;
+                }
+                // The inode record and a count's upsert, as write_data adds.
+                batch.put(KeySpace::Meta, &file_key, &[0; 160]);
+                assert!(
+                    batch.body_len() <= room,
+                    "key {key_len}, start {in_block}, {len} bytes: {} bytes in a batch given room for {room}",
+                    batch.body_len()
+                );
+            }
+        }
     }
 }
