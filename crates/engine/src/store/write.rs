@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::staging;
 use super::*;
+use crate::buffer::MessageBuffer;
 
 thread_local! {
     /// Whether writes on this thread leave their work for after the
@@ -696,7 +697,8 @@ impl Inner {
                 .map_err(|e| self.poison(e))?;
             record_max(&self.stats.settle_step_micros_max, stepping.elapsed());
             add(&self.stats.settle_steps, 1);
-            self.hand_on(tree, &self.options.settle_step_hook);
+            let freed = tree.take_freed_later();
+            self.hand_on(tree, &self.options.settle_step_hook, freed);
         }
     }
 
@@ -800,12 +802,24 @@ impl Inner {
     }
 
     /// Between two steps of a writer's work: the lock goes fairly to
-    /// whoever waits for it (or, in tests, to the hook's requests).
-    fn hand_on(&self, tree: &mut TreeGuard<'_>, hook: &Option<TurnHook>) {
-        match hook {
-            Some(hook) => parking_lot::RwLockWriteGuard::unlocked_fair(tree, || (hook.0)()),
-            None => parking_lot::RwLockWriteGuard::bump(tree),
+    /// whoever waits for it (or, in tests, to the hook's requests), and
+    /// what the step took out of the trees is freed meanwhile.
+    fn hand_on(
+        &self,
+        tree: &mut TreeGuard<'_>,
+        hook: &Option<TurnHook>,
+        freed: Vec<MessageBuffer>,
+    ) {
+        if hook.is_none() && freed.is_empty() {
+            parking_lot::RwLockWriteGuard::bump(tree);
+            return;
         }
+        parking_lot::RwLockWriteGuard::unlocked_fair(tree, || {
+            drop(freed);
+            if let Some(hook) = hook {
+                (hook.0)();
+            }
+        });
     }
 
     /// Back-pressure: while a root's buffers hold more than the backlog

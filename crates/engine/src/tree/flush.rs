@@ -299,6 +299,7 @@ impl Tree {
                 let r = match prepared {
                     Some(prepared) if prepared.made_from(child, leaf, &batch) => {
                         add(&self.stats.step_merges_unlocked, 1);
+                        self.freed_later.push(batch);
                         Ok(leaf.install_basements(prepared.merged))
                     }
                     other => {
@@ -438,6 +439,12 @@ impl Tree {
             self.flush_part(ks, num, i, bounds, part, Cascade::OneLevel, prepared)?;
         }
         Ok(())
+    }
+
+    /// What the steps since the last call took out of the trees to be
+    /// freed with the lock let go.
+    pub fn take_freed_later(&mut self) -> Vec<MessageBuffer> {
+        std::mem::take(&mut self.freed_later)
     }
 
     /// What the merge into a leaf that the step on `target` will make is

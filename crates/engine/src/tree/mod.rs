@@ -181,6 +181,11 @@ pub(crate) struct Tree {
     /// an interior node below a root holding more than it may: the next
     /// step looks for it.
     unsettled_below_roots: bool,
+    /// What a step took out of the trees for the store to free with the
+    /// lock let go ([`Tree::take_freed_later`]): the part of a buffer that
+    /// a merge worked out unlocked replaced, a quarter node of small
+    /// messages (thousands of frees, 15% of such a step's hold).
+    freed_later: Vec<MessageBuffer>,
 }
 
 impl Tree {
@@ -222,6 +227,7 @@ impl Tree {
             write_back_tokens: 0,
             checkpoint: None,
             unsettled_below_roots: false,
+            freed_later: Vec::new(),
         }
     }
 
