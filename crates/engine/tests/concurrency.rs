@@ -551,18 +551,26 @@ fn requests_go_on_between_the_steps_of_a_writers_flushes() {
     assert_store_holds(&store, &model);
 }
 
-/// A step of a writer's settling works out its merge into a leaf, most of
-/// its work, with the tree lock let go: while a writer is held in that
-/// merge, a query completes; let go, the step puts the merge in place,
-/// and everything reads back as written.
-#[test]
-fn queries_go_on_while_a_step_merges_into_a_leaf() {
+/// [`small_options`] with an 8 MiB cache whose `step_merge_hook` holds
+/// the first merge a writer works out once armed
+/// ([`hook_that_holds_once`]).
+fn options_holding_a_step_merge() -> (Options, Arc<AtomicBool>, Receiver<()>, Sender<()>) {
     let (hold, armed, held, go) = hook_that_holds_once();
     let options = Options {
         cache_bytes: 8 << 20,
         step_merge_hook: Some(hold),
         ..small_options()
     };
+    (options, armed, held, go)
+}
+
+/// A step of a writer's settling works out its merge into a leaf, most of
+/// its work, with the tree lock let go: while a writer is held in that
+/// merge, a query completes; let go, the step puts the merge in place,
+/// and everything reads back as written.
+#[test]
+fn queries_go_on_while_a_step_merges_into_a_leaf() {
+    let (options, armed, held, go) = options_holding_a_step_merge();
     let (store, mut model) = store_of_400_numbered(options);
     let merges_before = store.stats().step_merges_unlocked;
 
@@ -598,12 +606,7 @@ fn queries_go_on_while_a_step_merges_into_a_leaf() {
 /// merges out of a root buffer, which the write reaches.)
 #[test]
 fn writers_go_on_while_a_step_merges_and_a_stale_merge_is_made_again() {
-    let (hold, armed, held, go) = hook_that_holds_once();
-    let options = Options {
-        cache_bytes: 8 << 20,
-        step_merge_hook: Some(hold),
-        ..small_options()
-    };
+    let (options, armed, held, go) = options_holding_a_step_merge();
     let (_dev, store) = common::mem_store(32 << 20, options);
     let store = Arc::new(store);
     let mut model = BTreeMap::new();
