@@ -413,13 +413,26 @@ fn store_of_400_numbered(options: Options) -> (Arc<Store>, BTreeMap<Vec<u8>, Vec
 /// round `r` writing `value_of(i, r)`: enough for cascades of settling
 /// in a store of [`small_options`] holding those keys.
 fn overwrite_numbered_in_rounds(store: &Arc<Store>) -> std::thread::JoinHandle<()> {
+    overwrite_first_in_rounds(store, 400, Arc::default())
+}
+
+/// [`overwrite_numbered_in_rounds`] of keys `0..n`, ending after the put
+/// during which `stop` was set, if one was.
+fn overwrite_first_in_rounds(
+    store: &Arc<Store>,
+    n: u32,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
     let store = store.clone();
     std::thread::spawn(move || {
         for round in 2..=20u8 {
-            for i in 0..400 {
+            for i in 0..n {
                 store
                     .put(KeySpace::Data, &numbered(i), &value_of(i, round))
                     .unwrap();
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
             }
         }
     })
@@ -617,21 +630,7 @@ fn writers_go_on_while_a_step_merges_and_a_stale_merge_is_made_again() {
     armed.store(true, Ordering::SeqCst);
     // Overwrites keys 0..40 in rounds until it has been held.
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (store, stop) = (store.clone(), stop.clone());
-        std::thread::spawn(move || {
-            for round in 2..=20u8 {
-                for i in 0..40 {
-                    store
-                        .put(KeySpace::Data, &numbered(i), &value_of(i, round))
-                        .unwrap();
-                    if stop.load(Ordering::SeqCst) {
-                        return;
-                    }
-                }
-            }
-        })
-    };
+    let writer = overwrite_first_in_rounds(&store, 40, stop.clone());
     held.recv_timeout(Duration::from_secs(20))
         .expect("a write's settling merges into a leaf");
     stop.store(true, Ordering::SeqCst);
