@@ -404,7 +404,14 @@ impl MessageBuffer {
     /// large buffer down in such parts, one per turn of the tree lock, and
     /// a writer's settling one per step.
     pub fn take_first(&mut self, limit: PartLimit<'_>) -> MessageBuffer {
-        match self.part_cut(limit) {
+        let cut = self.part_cut(limit);
+        self.take_part(cut)
+    }
+
+    /// Takes the part `cut` ends ([`MessageBuffer::part_cut`] on this
+    /// buffer as it is) out of the buffer.
+    pub fn take_part(&mut self, cut: PartCut) -> MessageBuffer {
+        match cut {
             PartCut::Whole => std::mem::take(self),
             PartCut::Below { key, point_bytes } => {
                 let rest = self.split_counted(&key, Some(point_bytes));

@@ -5,7 +5,7 @@
 #![allow(clippy::indexing_slicing)] // see tree/mod.rs
 
 use super::*;
-use crate::buffer::PartLimit;
+use crate::buffer::{PartCut, PartLimit};
 use crate::node::MergedBasement;
 use crate::tree::readahead::LeafOnDisk;
 
@@ -25,22 +25,34 @@ pub enum SettleTarget {
 
 /// A step's merge of part of a buffer into a leaf, worked out before the
 /// step holding no tree lock ([`StepMergeInput::merge`]): the step, holding
-/// the lock alone, takes the same part out of the buffer and puts the
-/// merged basements in place. The merge was most of a step's hold of the
-/// lock (a quarter node of messages into a few basements), during which
-/// every query waited — and, made on the upgradable lock with queries let
-/// in, every other writer past the staging bound still did.
+/// the lock alone, takes the same part out of the buffer
+/// ([`PreparedMerge::part_in`]) and puts the merged basements in place.
+/// The merge was most of a step's hold of the lock (a quarter node of
+/// messages into a few basements), during which every query waited — and,
+/// made on the upgradable lock with queries let in, every other writer
+/// past the staging bound still did.
 pub struct PreparedMerge {
+    /// The buffer the part was cut from, held until the step checks that
+    /// its parent still has this one: a buffer is changed copy-on-write,
+    /// and this reference makes any change copy it, so the same allocation
+    /// means the same messages.
+    buffer: Arc<MessageBuffer>,
+    /// Where the part ends, and the key bound it was cut under
+    /// ([`Tree::step_key_bound`]): the step takes the same part out
+    /// without searching the buffer again.
+    cut: PartCut,
+    before: Option<Vec<u8>>,
+    merge: LeafMerge,
+}
+
+/// The leaf side of a [`PreparedMerge`]: what the step checks against the
+/// leaf and puts in place.
+struct LeafMerge {
     /// The leaf merged into.
     leaf: u64,
     /// Its basements' entries as they were merged from: the step checks
     /// that the leaf still has these before it takes the merge.
     from: Vec<Option<Arc<Entries>>>,
-    /// The buffer the part was cut from, held until the step checks that
-    /// its parent still has this one: a buffer is changed copy-on-write,
-    /// and this reference makes any change copy it, so the same allocation
-    /// means the same messages (None once checked).
-    buffer: Option<Arc<MessageBuffer>>,
     /// The basements rewritten, by index.
     merged: Vec<MergedBasement>,
     /// The messages of the part merged: the step checks that it takes as
@@ -80,25 +92,37 @@ impl StepMergeInput {
             .ok()?;
         let messages = part.message_count();
         Some(PreparedMerge {
-            leaf: self.leaf_num,
-            from: self.leaf.basements.into_iter().map(|b| b.entries).collect(),
-            buffer: Some(self.buffer),
-            merged,
-            messages,
+            buffer: self.buffer,
+            cut,
+            before: self.before,
+            merge: LeafMerge {
+                leaf: self.leaf_num,
+                from: self.leaf.basements.into_iter().map(|b| b.entries).collect(),
+                merged,
+                messages,
+            },
         })
     }
 }
 
 impl PreparedMerge {
-    /// Whether this merge was cut from `buffer` as it is now; lets go of
-    /// the merge's reference to it either way, so that taking the part out
-    /// does not copy the buffer.
-    fn cut_from(&mut self, buffer: &Arc<MessageBuffer>) -> bool {
-        self.buffer
-            .take()
-            .is_some_and(|from| Arc::ptr_eq(&from, buffer))
+    /// Where the part this merge was made of ends in `buffer` as it is
+    /// now, cut under the key bound `before`, with the leaf side to check
+    /// and put in place: None unless the merge was cut from this very
+    /// buffer under the same bound (then it is the same part). The
+    /// reference to the buffer goes either way, so that taking the part
+    /// out does not copy it.
+    fn part_in(
+        self,
+        buffer: &Arc<MessageBuffer>,
+        before: Option<&[u8]>,
+    ) -> Option<(PartCut, LeafMerge)> {
+        (Arc::ptr_eq(&self.buffer, buffer) && self.before.as_deref() == before)
+            .then_some((self.cut, self.merge))
     }
+}
 
+impl LeafMerge {
     /// Whether this merge was made from `leaf` as it is now (node `num`)
     /// and the part `taken` out of the buffer.
     fn made_from(&self, num: u64, leaf: &Leaf, taken: &MessageBuffer) -> bool {
@@ -278,17 +302,17 @@ impl Tree {
             ..limit
         };
         // A merge worked out with the lock let go is of this buffer only
-        // if its parent has the very buffer it was cut from.
-        let prepared = prepared.and_then(|mut p| {
-            if p.cut_from(&self.interior(parent).buffers[i]) {
-                Some(p)
-            } else {
-                add(&self.stats.step_merges_redone, 1);
-                None
+        // if its parent has the very buffer it was cut from; then the part
+        // it was made of is taken out as it was cut.
+        let offered = prepared.is_some();
+        let prepared =
+            prepared.and_then(|p| p.part_in(&self.interior(parent).buffers[i], limit.before));
+        let (batch, prepared) = self.with_interior(parent, |int| {
+            let buffer = Arc::make_mut(&mut int.buffers[i]);
+            match prepared {
+                Some((cut, merge)) => (buffer.take_part(cut), Some(merge)),
+                None => (buffer.take_first(limit), None),
             }
-        });
-        let batch = self.with_interior(parent, |int| {
-            Arc::make_mut(&mut int.buffers[i]).take_first(limit)
         });
         let moved = batch.bytes();
         let count = batch.message_count() as u64;
@@ -297,13 +321,13 @@ impl Tree {
         let result = match &mut node.body {
             NodeBody::Leaf(leaf) => {
                 let r = match prepared {
-                    Some(prepared) if prepared.made_from(child, leaf, &batch) => {
+                    Some(merge) if merge.made_from(child, leaf, &batch) => {
                         add(&self.stats.step_merges_unlocked, 1);
                         self.freed_later.push(batch);
-                        Ok(leaf.install_basements(prepared.merged))
+                        Ok(leaf.install_basements(merge.merged))
                     }
-                    other => {
-                        if other.is_some() {
+                    _ => {
+                        if offered {
                             add(&self.stats.step_merges_redone, 1);
                         }
                         leaf.apply_buffer(batch, &merges, self.opts.basement_size)
