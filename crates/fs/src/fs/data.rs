@@ -238,30 +238,9 @@ impl FileSystem {
             let mut plan = Planned::new();
             plan.note_data_change(&st, ino, leaves_holes)?;
             let chunk_start = written;
-            let mut pos = offset + written as u64;
-            let mut blocks = 0;
-            while written < data.len() && blocks < BLOCKS_PER_BATCH {
-                let block = pos / BLOCK_SIZE;
-                let in_block = (pos % BLOCK_SIZE) as usize;
-                let n = (BLOCK_SIZE as usize - in_block).min(data.len() - written);
-                let bytes = data.get(written..written + n).unwrap_or_default();
-                let dkey = schema::data_key(&key, block);
-                let block_start = block * BLOCK_SIZE;
-                if in_block == 0 && (n == BLOCK_SIZE as usize || block_start >= old_size) {
-                    // A whole block, or the start of a block nothing is stored in.
-                    batch.put(KeySpace::Data, &dkey, bytes);
-                } else {
-                    batch.upsert(
-                        KeySpace::Data,
-                        &dkey,
-                        MERGE_PATCH,
-                        &patch_arg(in_block as u64, bytes),
-                    );
-                }
-                written += n;
-                pos += n as u64;
-                blocks += 1;
-            }
+            let rest = data.get(written..).unwrap_or_default();
+            written += put_data_blocks(&mut batch, &key, rest, offset + written as u64, old_size);
+            let pos = offset + written as u64;
             // Reserved blocks written give their promise back.
             let released = if preallocated {
                 let first = (offset + chunk_start as u64) / BLOCK_SIZE;
@@ -739,6 +718,44 @@ impl ReadSpan {
     }
 }
 
+/// Puts the first [`BLOCKS_PER_BATCH`] blocks' worth of `data`, written
+/// at `pos` into the file of key `file_key` (whose size is `old_size`),
+/// into `batch`: whole blocks, and the start of a block nothing is stored
+/// in, as puts; the rest as patches of what the block holds. Returns the
+/// bytes put.
+fn put_data_blocks(
+    batch: &mut WriteBatch,
+    file_key: &[u8],
+    data: &[u8],
+    pos: u64,
+    old_size: u64,
+) -> usize {
+    let (mut written, mut pos) = (0usize, pos);
+    for _ in 0..BLOCKS_PER_BATCH {
+        if written == data.len() {
+            break;
+        }
+        let block = pos / BLOCK_SIZE;
+        let in_block = (pos % BLOCK_SIZE) as usize;
+        let n = (BLOCK_SIZE as usize - in_block).min(data.len() - written);
+        let bytes = data.get(written..written + n).unwrap_or_default();
+        let dkey = schema::data_key(file_key, block);
+        if in_block == 0 && (n == BLOCK_SIZE as usize || block * BLOCK_SIZE >= old_size) {
+            batch.put(KeySpace::Data, &dkey, bytes);
+        } else {
+            batch.upsert(
+                KeySpace::Data,
+                &dkey,
+                MERGE_PATCH,
+                &patch_arg(in_block as u64, bytes),
+            );
+        }
+        written += n;
+        pos += n as u64;
+    }
+    written
+}
+
 /// The room a write's batch of data blocks starts with: the data it will
 /// carry (`left` bytes still to write, at most [`BLOCKS_PER_BATCH`]
 /// blocks), each block's key (`file_key_len` and the block number) and
@@ -755,7 +772,6 @@ fn data_batch_bytes(left: usize, file_key_len: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schema;
 
     /// A write's batch of data blocks fits the room it starts with (no
     /// reallocation copies its data again), whole blocks or a write that
@@ -772,37 +788,21 @@ mod tests {
                 (0, 64 * block),
                 (17, 64 * block + 5),
             ] {
-                let left = len;
-                let room = data_batch_bytes(left, file_key.len());
-                let mut batch = WriteBatch::with_capacity(room);
-                let mut pos = in_block;
-                let mut written = 0;
-                let mut blocks = 0;
-                while written < left && blocks < BLOCKS_PER_BATCH {
-                    let at = pos % block;
-                    let n = (block - at).min(left - written);
-                    let dkey = schema::data_key(&file_key, (pos / block) as u64);
-                    if at == 0 {
-                        batch.put(KeySpace::Data, &dkey, &vec![7; n]);
-                    } else {
-                        batch.upsert(
-                            KeySpace::Data,
-                            &dkey,
-                            MERGE_PATCH,
-                            &patch_arg(at as u64, &vec![7; n]),
-                        );
-                    }
-                    written += n;
-                    pos += n;
-                    blocks += 1;
+                let room = data_batch_bytes(len, file_key.len());
+                // Patches of stored blocks (the file's size past the
+                // write) and puts into blocks nothing is stored in.
+                for old_size in [u64::MAX, 0] {
+                    let mut batch = WriteBatch::with_capacity(room);
+                    let data = vec![7; len];
+                    put_data_blocks(&mut batch, &file_key, &data, in_block as u64, old_size);
+                    // The inode record, as write_data adds.
+                    batch.put(KeySpace::Meta, &file_key, &[0; 160]);
+                    assert!(
+                        batch.body_len() <= room,
+                        "key {key_len}, start {in_block}, {len} bytes, size {old_size}: {} bytes in a batch given room for {room}",
+                        batch.body_len()
+                    );
                 }
-                // The inode record and a count's upsert, as write_data adds.
-                batch.put(KeySpace::Meta, &file_key, &[0; 160]);
-                assert!(
-                    batch.body_len() <= room,
-                    "key {key_len}, start {in_block}, {len} bytes: {} bytes in a batch given room for {room}",
-                    batch.body_len()
-                );
             }
         }
     }
