@@ -443,6 +443,69 @@ fn readdirplus_lists_what_readdir_lists() {
     }
 }
 
+/// A listing asked to go on from its last entry finds whatever came into
+/// the directory since, however it came: the kernel asks once more after
+/// every listing's last entry, and that ask is answered without the store
+/// while nothing was written (`listing::DirCookies::end`).
+#[test]
+fn readdir_from_the_end_finds_what_came_since() {
+    let (_dev, fs) = fresh();
+    let d = fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
+    let other = fs.mkdir(ROOT_INO, b"other", 0o755, ME).unwrap().ino;
+    let linked = write_file(&fs, other, b"linked", b"L");
+    let from = |offset: u64, plus: bool| {
+        let mut out = Vec::new();
+        fs.readdir(d, offset, plus, &mut |e| {
+            out.push((e.name.to_vec(), e.offset));
+            false
+        })
+        .unwrap();
+        out
+    };
+    // Names of a later round and a later kind sort after the earlier.
+    for (round, plus) in [(b'a', false), (b'b', true)] {
+        // Empty but for the dots, or as far as the last round left it.
+        let mut end = from(0, plus).last().unwrap().1;
+        for kind in b'0'..=b'4' {
+            // The listing before marked the directory's access (its
+            // mtime had moved): a write, which this ask sees.
+            assert!(from(end, plus).is_empty(), "nothing past the end yet");
+            let store_visits = fs.store().stats().cache_hits;
+            assert!(from(end, !plus).is_empty(), "asked again: still nothing");
+            assert_eq!(
+                fs.store().stats().cache_hits,
+                store_visits,
+                "the end is known without the store while nothing was written"
+            );
+            let name = [round, kind];
+            match kind {
+                b'0' => drop(write_file(&fs, d, &name, b"")),
+                b'1' => drop(fs.mkdir(d, &name, 0o755, ME).unwrap()),
+                b'2' => drop(fs.link(linked, d, &name).unwrap()),
+                b'3' => {
+                    write_file(&fs, other, &name, b"M");
+                    fs.rename(other, &name, d, &name, RenameFlags::default())
+                        .unwrap();
+                }
+                _ => drop(fs.symlink(d, &name, b"t", ME).unwrap()),
+            }
+            let got = from(end, plus);
+            assert_eq!(got.len(), 1, "what came in is listed from the end");
+            assert_eq!(got[0].0, name.to_vec());
+            end = got[0].1;
+        }
+    }
+    // An entry that went away from before the end leaves the end as it
+    // was; one that came in before it is not listed from the end (it is
+    // from the start).
+    let end = from(0, false).last().unwrap().1;
+    fs.unlink(d, b"a0").unwrap();
+    write_file(&fs, d, b"0-first", b"");
+    assert!(from(end, false).is_empty());
+    let names: Vec<Vec<u8>> = from(0, false).into_iter().map(|(n, _)| n).collect();
+    assert!(names.contains(&b"0-first".to_vec()) && !names.contains(&b"a0".to_vec()));
+}
+
 #[test]
 fn readdir_offsets_survive_changes() {
     let (_dev, fs) = fresh();

@@ -91,6 +91,20 @@ impl CookieRun {
 struct DirCookies {
     latest: CookieRun,
     older: CookieRun,
+    /// A listing gave the directory's last entry with this cookie while
+    /// the store had taken this many batches (`Store::batches_applied`):
+    /// asked to go on from it with the count unchanged, nothing is left
+    /// to list. The kernel asks once more after every directory's last
+    /// entry (an empty reply is how a listing ends), and that ask needs
+    /// no visit to the store (`find` makes one per directory).
+    end: Option<ListedEnd>,
+}
+
+/// See [`DirCookies::end`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ListedEnd {
+    cookie: u64,
+    batches: u64,
 }
 
 impl DirCookies {
@@ -120,17 +134,36 @@ impl CookieWindow {
     }
 
     fn remember(&mut self, dir: Ino, cookie: u64, esc: &[u8]) {
-        if let Some(d) = self.dirs.get_mut(&dir) {
-            d.remember(cookie, esc);
-            return;
-        }
-        if self.order.len() >= COOKIE_DIRS {
-            if let Some(old) = self.order.pop_front() {
-                self.dirs.remove(&old);
+        self.dir_mut(dir).remember(cookie, esc);
+    }
+
+    /// A listing of `dir` gave its last entry (cookie `cookie`, 2 for an
+    /// empty directory) with the store at `batches`.
+    fn note_end(&mut self, dir: Ino, cookie: u64, batches: u64) {
+        self.dir_mut(dir).end = Some(ListedEnd { cookie, batches });
+    }
+
+    /// Whether a listing of `dir` from `cookie` has nothing to give, as
+    /// [`CookieWindow::note_end`] was told with the store at `batches`.
+    fn listed_to_end(&self, dir: Ino, cookie: u64, batches: u64) -> bool {
+        self.dirs
+            .get(&dir)
+            .and_then(|d| d.end)
+            .is_some_and(|end| end == ListedEnd { cookie, batches })
+    }
+
+    /// The cookies of `dir`, made if new (the oldest directory's
+    /// forgotten past [`COOKIE_DIRS`]).
+    fn dir_mut(&mut self, dir: Ino) -> &mut DirCookies {
+        if !self.dirs.contains_key(&dir) {
+            if self.order.len() >= COOKIE_DIRS {
+                if let Some(old) = self.order.pop_front() {
+                    self.dirs.remove(&old);
+                }
             }
+            self.order.push_back(dir);
         }
-        self.order.push_back(dir);
-        self.dirs.entry(dir).or_default().remember(cookie, esc);
+        self.dirs.entry(dir).or_default()
     }
 }
 
@@ -193,11 +226,20 @@ impl FileSystem {
     ) -> FsResult<()> {
         let (dir, parent, from, seen) = {
             let st = self.lock();
+            if offset >= 2
+                && st
+                    .cookies
+                    .listed_to_end(ino, offset, self.store.batches_applied())
+            {
+                return self.note_access(st, ino);
+            }
             let dir = st.dir_key(ino)?;
             let parent = st.node(ino)?.parent;
             let from = self.listing_start(&st, ino, &dir, offset)?;
             (dir, parent, from, self.store.batches_applied())
         };
+        // The cookie of the last entry given.
+        let mut last = offset;
         let dots = [(1, ino, &b"."[..]), (2, parent, &b".."[..])];
         for (cookie, dot_ino, name) in dots {
             if offset < cookie {
@@ -211,6 +253,7 @@ impl FileSystem {
                 if add(entry) {
                     return Ok(());
                 }
+                last = cookie;
             }
         }
         let (_, hi) = schema::children_range(&dir);
@@ -221,15 +264,19 @@ impl FileSystem {
         };
         let ahead = self.read_entries(&dir, &from, &hi, plus, limit);
         let mut st = self.lock();
-        match ahead {
+        let end = match ahead {
             Ok((entries, rest)) if self.store.batches_applied() == seen => {
                 for listed in entries {
-                    if self.give_entry(&mut st, ino, &dir, listed, plus, add)? {
-                        return self.note_access(st, ino);
+                    match self.give_entry(&mut st, ino, &dir, listed, plus, add)? {
+                        Some(cookie) => last = cookie,
+                        None => return self.note_access(st, ino),
                     }
                 }
-                if let Some(from) = rest {
-                    self.fill_from(&mut st, ino, &dir, &from, &hi, plus, add)?;
+                match rest {
+                    Some(from) => {
+                        self.fill_from(&mut st, ino, &dir, &from, &hi, plus, last, add)?
+                    }
+                    None => Some(last),
                 }
             }
             _ => {
@@ -239,8 +286,14 @@ impl FileSystem {
                 let dir = st.dir_key(ino)?;
                 let from = self.listing_start(&st, ino, &dir, offset)?;
                 let (_, hi) = schema::children_range(&dir);
-                self.fill_from(&mut st, ino, &dir, &from, &hi, plus, add)?;
+                self.fill_from(&mut st, ino, &dir, &from, &hi, plus, last, add)?
             }
+        };
+        if let Some(cookie) = end {
+            // Under the lock with no write in flight: the count the
+            // entries were read at.
+            let batches = self.store.batches_applied();
+            st.cookies.note_end(ino, cookie, batches);
         }
         self.note_access(st, ino)
     }
@@ -379,7 +432,8 @@ impl FileSystem {
 
     /// Gives one entry to `add`, with the lock held: readdirplus takes
     /// the table's view of an inode it has (it may be newer), and counts
-    /// the entry as a lookup if it went in. Whether the buffer is full.
+    /// the entry as a lookup if it went in. The entry's cookie if it went
+    /// in, None if the buffer is full.
     fn give_entry(
         &self,
         st: &mut State,
@@ -388,7 +442,7 @@ impl FileSystem {
         listed: Listed,
         plus: bool,
         add: &mut dyn FnMut(DirEntry<'_>) -> bool,
-    ) -> FsResult<bool> {
+    ) -> FsResult<Option<u64>> {
         let Listed {
             child: Child { key, name, record },
             stored,
@@ -429,16 +483,18 @@ impl FileSystem {
                 attr: None,
             }),
         };
-        if !full {
-            st.cookies.remember(ino, cookie, esc);
+        if full {
+            return Ok(None);
         }
-        Ok(full)
+        st.cookies.remember(ino, cookie, esc);
+        Ok(Some(cookie))
     }
 
     /// Gives the entries of `dir` from key `from` to `add` until it is
     /// full, with the lock held throughout: read a reply's worth at a
     /// time, so that a long directory is read only as far as the reply
-    /// reaches.
+    /// reaches. The cookie of the last entry given (`last` if none) when
+    /// the directory's end was reached, None when the buffer filled.
     #[allow(clippy::too_many_arguments)]
     fn fill_from(
         &self,
@@ -448,8 +504,9 @@ impl FileSystem {
         from: &[u8],
         hi: &[u8],
         plus: bool,
+        mut last: u64,
         add: &mut dyn FnMut(DirEntry<'_>) -> bool,
-    ) -> FsResult<()> {
+    ) -> FsResult<Option<u64>> {
         let limit = if plus {
             ENTRIES_AHEAD_PLUS
         } else {
@@ -460,13 +517,14 @@ impl FileSystem {
             let (children, rest) = self.read_children(dir, &from, hi, limit)?;
             for child in children {
                 let listed = self.listed(Some(st), child, plus)?;
-                if self.give_entry(st, ino, dir, listed, plus, add)? {
-                    return Ok(());
+                match self.give_entry(st, ino, dir, listed, plus, add)? {
+                    Some(cookie) => last = cookie,
+                    None => return Ok(None),
                 }
             }
             match rest {
                 Some(next) => from = next,
-                None => return Ok(()),
+                None => return Ok(Some(last)),
             }
         }
     }
