@@ -135,20 +135,25 @@ fn check_patch(arg: &[u8]) -> Result<(), String> {
     patch_span(arg).map(|_| ())
 }
 
+/// The old value with `arg`'s bytes written over it at its offset, zeros
+/// filling any gap: built in one allocation of its final size, copying
+/// each byte once (a staged data block takes one patch per partial write
+/// into it; growing a copy of the old value to fit was half their cost).
 fn merge_patch(old: Option<&[u8]>, arg: &[u8]) -> Vec<u8> {
-    let mut value = old.unwrap_or_default().to_vec();
+    let old = old.unwrap_or_default();
     // Arguments are checked where they enter the engine; one that was not
     // (it cannot happen) leaves the value as it was rather than grow it
     // past the limit.
     let Ok((offset, bytes)) = patch_span(arg) else {
-        return value;
+        return old.to_vec();
     };
     let end = offset + bytes.len();
-    if value.len() < end {
-        value.resize(end, 0);
-    }
-    if let Some(dst) = value.get_mut(offset..end) {
-        dst.copy_from_slice(bytes);
+    let mut value = Vec::with_capacity(old.len().max(end));
+    value.extend_from_slice(old.get(..offset).unwrap_or(old));
+    value.resize(offset, 0);
+    value.extend_from_slice(bytes);
+    if let Some(tail) = old.get(end..) {
+        value.extend_from_slice(tail);
     }
     value
 }
@@ -264,6 +269,26 @@ pub fn record_slot(value: &[u8], i: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// A patch is the old value, zero-filled to the patch's end if
+        /// shorter, with the patch's bytes written over it.
+        #[test]
+        fn a_patch_writes_over_a_copy_grown_to_fit(
+            old in proptest::option::of(proptest::collection::vec(proptest::num::u8::ANY, 0..64)),
+            offset in 0u64..80,
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..48),
+        ) {
+            let mut expected = old.clone().unwrap_or_default();
+            let end = offset as usize + bytes.len();
+            if expected.len() < end {
+                expected.resize(end, 0);
+            }
+            expected[offset as usize..end].copy_from_slice(&bytes);
+            let got = merge_patch(old.as_deref(), &patch_arg(offset, &bytes));
+            proptest::prop_assert_eq!(got, expected);
+        }
+    }
 
     #[test]
     fn patch_zero_fills_and_overwrites() {
