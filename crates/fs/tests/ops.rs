@@ -32,8 +32,19 @@ fn remount(dev: &MemDevice, fs: FileSystem) -> FileSystem {
 /// Names and offsets from `offset` on; the `limit`-th entry is seen but
 /// refused, as when the kernel's buffer fills.
 fn list(fs: &FileSystem, dir: u64, offset: u64, limit: usize) -> Vec<(Vec<u8>, u64)> {
+    list_as(fs, dir, offset, limit, false)
+}
+
+/// [`list`] by readdir or (`plus`) readdirplus.
+fn list_as(
+    fs: &FileSystem,
+    dir: u64,
+    offset: u64,
+    limit: usize,
+    plus: bool,
+) -> Vec<(Vec<u8>, u64)> {
     let mut out = Vec::new();
-    fs.readdir(dir, offset, false, &mut |e| {
+    fs.readdir(dir, offset, plus, &mut |e| {
         out.push((e.name.to_vec(), e.offset));
         out.len() == limit
     })
@@ -453,15 +464,7 @@ fn readdir_from_the_end_finds_what_came_since() {
     let d = fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
     let other = fs.mkdir(ROOT_INO, b"other", 0o755, ME).unwrap().ino;
     let linked = write_file(&fs, other, b"linked", b"L");
-    let from = |offset: u64, plus: bool| {
-        let mut out = Vec::new();
-        fs.readdir(d, offset, plus, &mut |e| {
-            out.push((e.name.to_vec(), e.offset));
-            false
-        })
-        .unwrap();
-        out
-    };
+    let from = |offset: u64, plus: bool| list_as(&fs, d, offset, usize::MAX, plus);
     // Names of a later round and a later kind sort after the earlier.
     for (round, plus) in [(b'a', false), (b'b', true)] {
         // Empty but for the dots, or as far as the last round left it.
