@@ -134,6 +134,11 @@ impl CookieWindow {
     }
 
     fn remember(&mut self, dir: Ino, cookie: u64, esc: &[u8]) {
+        // Once per entry listed: one lookup for a directory already here.
+        if let Some(d) = self.dirs.get_mut(&dir) {
+            d.remember(cookie, esc);
+            return;
+        }
         self.dir_mut(dir).remember(cookie, esc);
     }
 
@@ -226,17 +231,14 @@ impl FileSystem {
     ) -> FsResult<()> {
         let (dir, parent, from, seen) = {
             let st = self.lock();
-            if offset >= 2
-                && st
-                    .cookies
-                    .listed_to_end(ino, offset, self.store.batches_applied())
-            {
+            let seen = self.store.batches_applied();
+            if offset >= 2 && st.cookies.listed_to_end(ino, offset, seen) {
                 return self.note_access(st, ino);
             }
             let dir = st.dir_key(ino)?;
             let parent = st.node(ino)?.parent;
             let from = self.listing_start(&st, ino, &dir, offset)?;
-            (dir, parent, from, self.store.batches_applied())
+            (dir, parent, from, seen)
         };
         // The cookie of the last entry given.
         let mut last = offset;
