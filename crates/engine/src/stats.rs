@@ -140,8 +140,14 @@ pub struct Stats {
     /// Writes that needed a checkpoint (a full log, space low) while one
     /// was in flight, and waited for it.
     pub writes_waited_for_checkpoint: AtomicU64,
-    /// Writes that flushed the log themselves: its unflushed bytes were
-    /// past the bound while the background thread was busy.
+    /// Writes held back by the log: its buffer past the bound
+    /// (`log_flush_writer_bytes`), they waited for its device writes to
+    /// make room (how many, the longest wait, all waits together), and
+    /// those of them that found no flush under way and wrote the log
+    /// themselves.
+    pub writes_waited_for_log: AtomicU64,
+    pub log_wait_micros_max: AtomicU64,
+    pub log_wait_micros_total: AtomicU64,
     pub writes_flushed_log: AtomicU64,
     /// Background flushing (`Options::background_flush`): its turns
     /// with the tree lock held (how many, the longest), and the writes
@@ -278,6 +284,9 @@ pub struct StatsSnapshot {
     pub background_eviction_steps: u64,
     pub evict_micros_max: u64,
     pub writes_waited_for_checkpoint: u64,
+    pub writes_waited_for_log: u64,
+    pub log_wait_micros_max: u64,
+    pub log_wait_micros_total: u64,
     pub writes_flushed_log: u64,
     pub flush_turns: u64,
     pub flush_turn_micros_max: u64,
@@ -389,6 +398,9 @@ impl Stats {
             background_eviction_steps: get(&self.background_eviction_steps),
             evict_micros_max: get(&self.evict_micros_max),
             writes_waited_for_checkpoint: get(&self.writes_waited_for_checkpoint),
+            writes_waited_for_log: get(&self.writes_waited_for_log),
+            log_wait_micros_max: get(&self.log_wait_micros_max),
+            log_wait_micros_total: get(&self.log_wait_micros_total),
             writes_flushed_log: get(&self.writes_flushed_log),
             flush_turns: get(&self.flush_turns),
             flush_turn_micros_max: get(&self.flush_turn_micros_max),

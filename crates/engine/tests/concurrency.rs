@@ -1318,6 +1318,43 @@ fn a_write_under_the_tree_lock_leaves_its_settling_when_due() {
     assert_store_holds(&store, &model);
 }
 
+/// With no log flusher, a writer whose records fill the log's buffer past
+/// its bound (twice the eager bound: 2 MiB for this cache) writes the log
+/// itself in its request — counted, with the time it took — so the buffer
+/// never holds much more than the bound; with a flush under way it would
+/// wait for that flush's pieces instead (`LogWriter::make_room`).
+#[test]
+fn a_writer_past_the_log_s_bound_writes_it_itself_when_nobody_else_does() {
+    let options = Options {
+        cache_bytes: 8 << 20,
+        log_bytes: Some(32 << 20),
+        ..common::mid_options()
+    };
+    let bound = 2u64 << 20;
+    let (_dev, store) = common::mem_store(128 << 20, options);
+    let value = vec![3u8; 16 << 10];
+    let mut most = 0;
+    for i in 0..400 {
+        store.put(KeySpace::Data, &numbered(i), &value).unwrap();
+        most = most.max(store.stats().log_unflushed_bytes);
+    }
+    let stats = store.stats();
+    assert!(stats.writes_flushed_log >= 2, "{stats:?}");
+    assert_eq!(stats.writes_waited_for_log, stats.writes_flushed_log);
+    assert!(stats.log_wait_micros_total >= stats.log_wait_micros_max);
+    assert!(stats.log_wait_micros_max > 0, "{stats:?}");
+    assert!(
+        most <= bound + value.len() as u64 + 1024,
+        "the log's buffer held {most} unflushed bytes"
+    );
+    for i in (0..400).step_by(37) {
+        assert_eq!(
+            store.get(KeySpace::Data, &numbered(i)).unwrap(),
+            Some(value.clone())
+        );
+    }
+}
+
 /// A checkpoint in flight does not keep the log from being written: with
 /// the background thread held between two of its checkpoint's turns,
 /// writers buffer more of the log than the eager bound (short of the

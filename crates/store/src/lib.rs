@@ -40,8 +40,8 @@ pub use device::{finishes_within, CrashMode, Device, FileDevice, HeldReads, MemD
 pub use error::{StoreError, StoreResult};
 pub use layout::{Extent, Layout, BLOCK_SIZE};
 pub use log::{
-    replay_log, LogBufferUse, LogHole, LogWriter, ReplayEnd, ReplayStart, LOG_RECORD_HEADER_BYTES,
-    LOG_RECORD_OVERHEAD_BYTES, LOG_RECORD_TRAILER_BYTES,
+    replay_log, LogBufferUse, LogHole, LogWriter, ReplayEnd, ReplayStart, Room,
+    LOG_RECORD_HEADER_BYTES, LOG_RECORD_OVERHEAD_BYTES, LOG_RECORD_TRAILER_BYTES,
 };
 pub use superblock::{Superblock, SuperblockCopies, FORMAT_VERSION, MAGIC, MAX_TREES};
 

@@ -136,9 +136,20 @@ pub struct LogBufferUse {
     /// Bytes appended and not yet durable.
     pub unflushed: u64,
     /// Memory the buffer holds: its unflushed records, those a flush in
-    /// flight is writing, the durable part of the tail block, rounded up
+    /// flight has yet to write, the durable part of the tail block, rounded up
     /// to the buffer's chunks. What a memory budget counts.
     pub held: u64,
+}
+
+/// How [`LogWriter::make_room`] found room in the log's buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Room {
+    /// There was room: a flush under way had written enough already.
+    Ample,
+    /// It waited for a flush under way to write pieces.
+    Waited,
+    /// No flush was under way: it flushed the log itself.
+    Flushed,
 }
 
 /// Appends records to the log region and makes them durable on demand.
@@ -413,6 +424,34 @@ impl LogWriter {
         }
     }
 
+    /// Back-pressure for a writer whose records fill the buffer past
+    /// `bound` bytes: returns once it holds no more. A flush under way
+    /// drops each piece from the buffer once written, so the writer waits
+    /// for the first pieces, not for the whole flush and its sync (with
+    /// 32 MiB buffered behind a checkpoint's node writes, that took 50-70
+    /// ms of an untar's write); with none under way it flushes itself.
+    /// Durability is the flushes' business: the room made says nothing
+    /// about it.
+    pub fn make_room(&self, bound: u64) -> StoreResult<Room> {
+        let mut s = self.lock();
+        let mut room = Room::Ample;
+        loop {
+            if let Some(failure) = &s.failure {
+                return Err(StoreError::Failed(failure.clone()));
+            }
+            if s.append_pos - s.buf_start <= bound {
+                return Ok(room);
+            }
+            if !s.flushing {
+                break;
+            }
+            room = Room::Waited;
+            s = self.flushed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(s);
+        self.flush().map(|()| Room::Flushed)
+    }
+
     /// Writes the buffered stream bytes `[start, end)` (`start` at a block
     /// boundary; the last block padded with zeros), wrapping at the end of
     /// the region. A wrapped write is synced in order (end of the region
@@ -423,7 +462,9 @@ impl LogWriter {
     /// piece by piece: a copy of the whole buffer would double the memory
     /// a huge record takes (one batch of a tree clone is tens of MB). The
     /// flush owns `[start, end)` meanwhile: appends only add after `end`,
-    /// and the head's move leaves the buffer alone while a flush runs.
+    /// the head's move leaves the buffer alone while a flush runs, and the
+    /// flush itself drops each piece once written, up to the block that
+    /// holds `end`.
     fn write_stream(&self, start: u64, end: u64) -> StoreResult<()> {
         let padded_end = end.div_ceil(BLOCK) * BLOCK;
         assert!(
@@ -450,7 +491,13 @@ impl LogWriter {
                 unreachable!("a log piece of {len} bytes, {filled} of them data");
             };
             {
-                let s = self.lock();
+                let mut s = self.lock();
+                // What the pieces before wrote leaves the buffer now: its
+                // memory is what writers are held back for
+                // ([`LogWriter::make_room`]). Nothing writes those bytes
+                // again: a failed write or sync fails the log for good,
+                // and the next flush starts at the block holding `end`.
+                s.advance_buf_start(floor_block(pos));
                 let copied = pos
                     .checked_sub(s.buf_start)
                     .is_some_and(|at| s.buf.copy_to(at as usize, data));
@@ -462,6 +509,10 @@ impl LogWriter {
                 }
             }
             padding.fill(0);
+            if pos > start {
+                // The piece before left the buffer (above).
+                self.flushed.notify_all();
+            }
             let chunk = piece.get(..len).unwrap_or_default();
             self.device
                 .write_at(chunk, self.region_offset + physical)
@@ -1155,6 +1206,97 @@ mod head_tests {
             entered: Mutex::new(Some(entered_tx)),
         });
         (dev, entered, release)
+    }
+
+    /// A device each of whose writes says so and waits for a go (a
+    /// dropped sender lets every write through).
+    struct SteppedDevice {
+        inner: MemDevice,
+        entered: Mutex<mpsc::Sender<()>>,
+        go: Mutex<mpsc::Receiver<()>>,
+    }
+
+    impl Device for SteppedDevice {
+        fn len_bytes(&self) -> u64 {
+            self.inner.len_bytes()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            let _ = self.entered.lock().unwrap().send(());
+            let _ = self.go.lock().unwrap().recv();
+            self.inner.write_at(buf, offset)
+        }
+        fn sync(&self) -> std::io::Result<()> {
+            self.inner.sync()
+        }
+    }
+
+    /// A writer held back for room in the buffer goes on once the pieces
+    /// of the flush under way have taken the buffer under its bound, not
+    /// when the flush ends: here the flush is still held at its third
+    /// piece when both writers have their room. What the flush wrote
+    /// replays whole afterwards.
+    #[test]
+    fn room_is_made_by_a_flush_s_pieces_before_it_ends() {
+        let mem = MemDevice::new(BLOCK + REGION + BLOCK);
+        let (entered_tx, entered) = mpsc::channel();
+        let (go, go_rx) = mpsc::channel();
+        let dev = Arc::new(SteppedDevice {
+            inner: mem.clone(),
+            entered: Mutex::new(entered_tx),
+            go: Mutex::new(go_rx),
+        });
+        let log = Arc::new(LogWriter::new(dev, BLOCK, REGION, 2, 0).unwrap());
+        for seq in 1..=12 {
+            log.append(seq, &[&[seq as u8; 3000]]).unwrap();
+        }
+        let total = log.append_pos();
+        assert!(total > 4 * LOG_WRITE_PIECE_BYTES);
+        let flusher = {
+            let log = log.clone();
+            std::thread::spawn(move || log.flush())
+        };
+        entered.recv().unwrap();
+        // Held at its first piece: nothing written, no room for less.
+        let two_pieces_less = total - 2 * LOG_WRITE_PIECE_BYTES;
+        let waiter = {
+            let log = log.clone();
+            std::thread::spawn(move || log.make_room(two_pieces_less))
+        };
+        assert_eq!(log.make_room(total).unwrap(), Room::Ample);
+        go.send(()).unwrap();
+        entered.recv().unwrap();
+        go.send(()).unwrap();
+        entered.recv().unwrap();
+        // The flush is at its third piece, two written: the waiter has its
+        // room (had the room waited for the flush, this would hang).
+        let room = crate::finishes_within(std::time::Duration::from_secs(10), move || {
+            waiter.join().unwrap()
+        });
+        assert!(
+            matches!(room, Some(Ok(Room::Waited | Room::Ample))),
+            "{room:?}"
+        );
+        assert_eq!(log.make_room(two_pieces_less).unwrap(), Room::Ample);
+        assert!(
+            !flusher.is_finished(),
+            "the flush is held at its third piece"
+        );
+        assert!(log.has_unflushed(), "room says nothing of durability");
+        drop(go);
+        flusher.join().unwrap().unwrap();
+        assert!(!log.has_unflushed());
+        let out = collect(&mem, 0, 2, 1);
+        assert_eq!(out.len(), 12);
+        for (seq, payload) in out {
+            assert_eq!(payload, vec![seq as u8; 3000]);
+        }
+        // With no flush under way, a writer past the bound flushes itself.
+        log.append(13, &[&[13; 3000]]).unwrap();
+        assert_eq!(log.make_room(0).unwrap(), Room::Flushed);
+        assert!(!log.has_unflushed());
     }
 
     /// A checkpoint that moves the head while a flush is in flight must not

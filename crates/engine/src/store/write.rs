@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::staging;
 use super::*;
 use crate::buffer::MessageBuffer;
+use betreefs_store::Room;
 
 thread_local! {
     /// Whether writes on this thread leave their work for after the
@@ -556,17 +557,41 @@ impl Inner {
         if wants_tree_flush {
             self.want_tree_flush();
         }
-        if unflushed > log_flush_writer_bytes(self.options.cache_bytes) {
-            // Back-pressure, without the tree lock: this writer waits for
-            // the log's device writes as a synchronous writer would.
-            add(&self.stats.writes_flushed_log, 1);
-            if let Err(e) = self.flush_log(false) {
-                // The batch is applied, as any write not yet synced; what
-                // failed is its durability, which the next sync reports
-                // (the store refuses writes from here on).
-                let _ = self.poison(e.into());
-            }
+        let bound = log_flush_writer_bytes(self.options.cache_bytes);
+        if unflushed > bound {
+            self.wait_for_log_room(bound);
         }
+    }
+
+    /// Back-pressure, without the tree lock: a writer whose records fill
+    /// the log's buffer past `bound` waits until the log's device writes
+    /// take it back under (`LogWriter::make_room`), as a synchronous
+    /// writer would wait for the device.
+    fn wait_for_log_room(&self, bound: u64) {
+        let waiting = Instant::now();
+        let room = match self.log.make_room(bound) {
+            Ok(room) => room,
+            // The batch is applied, as any write not yet synced; what
+            // failed is its durability, which the next sync reports (the
+            // store refuses writes from here on).
+            Err(e) => {
+                let _ = self.poison(e.into());
+                return;
+            }
+        };
+        if room == Room::Ample {
+            // A flush under way had written enough of the buffer (the
+            // unflushed bytes count until its sync).
+            return;
+        }
+        self.note_log_buffer();
+        let waited = waiting.elapsed();
+        add(&self.stats.writes_waited_for_log, 1);
+        if room == Room::Flushed {
+            add(&self.stats.writes_flushed_log, 1);
+        }
+        record_max(&self.stats.log_wait_micros_max, waited);
+        add(&self.stats.log_wait_micros_total, waited.as_micros() as u64);
     }
 
     /// Before refusing a write for lack of space: push pending deletes down
