@@ -94,6 +94,9 @@ pub struct Stats {
     /// change one, or by a turn) and encoded by its thread without the
     /// tree lock.
     pub checkpoint_node_copies: AtomicU64,
+    /// Nodes a checkpoint in flight named at a write-back's extent rather
+    /// than write them itself (`Tree::take_for_checkpoint`).
+    pub checkpoint_nodes_from_write_backs: AtomicU64,
     /// The most content bytes of such copies a turn handed to the
     /// checkpoint's thread at once (a turn's budget and one node at most:
     /// their images are in memory together).
@@ -268,6 +271,7 @@ pub struct StatsSnapshot {
     pub apply_micros_max: u64,
     pub checkpoint_image_micros_max: u64,
     pub checkpoint_node_copies: u64,
+    pub checkpoint_nodes_from_write_backs: u64,
     pub checkpoint_copies_handed_bytes_max: u64,
     pub checkpoint_images_locked: u64,
     pub root_buffers_copied_unlocked: u64,
@@ -382,6 +386,7 @@ impl Stats {
             apply_micros_max: get(&self.apply_micros_max),
             checkpoint_image_micros_max: get(&self.checkpoint_image_micros_max),
             checkpoint_node_copies: get(&self.checkpoint_node_copies),
+            checkpoint_nodes_from_write_backs: get(&self.checkpoint_nodes_from_write_backs),
             checkpoint_copies_handed_bytes_max: get(&self.checkpoint_copies_handed_bytes_max),
             checkpoint_images_locked: get(&self.checkpoint_images_locked),
             root_buffers_copied_unlocked: get(&self.root_buffers_copied_unlocked),

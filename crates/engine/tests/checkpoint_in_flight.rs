@@ -405,6 +405,93 @@ fn while_memory_is_short_the_write_back_goes_beside_a_log_flush() {
     store.verify().unwrap();
 }
 
+/// A checkpoint in flight and the write-back thread write each dirty node
+/// once. A node written back while the checkpoint still waits to image
+/// it is named by the checkpoint at the write-back's extent; a node being
+/// written back is left for the checkpoint's later turns (to be taken
+/// so); a node the checkpoint has imaged is not written back. Before,
+/// the write-back thread wrote a third of a sequential write's leaves a
+/// second time. The checkpoint's node writes are its thread's device
+/// writes less its block table and superblock; every other node write is
+/// a write-back, and all but the one in flight when the checkpoint took
+/// its last nodes (at most one: one write-back thread) must be named by
+/// the checkpoint. Then a power cut after later writes: the checkpoint's
+/// nodes, write-backs among them, hold what was synced.
+#[test]
+fn a_checkpoint_and_the_write_back_write_each_node_once() {
+    // Images the checkpoint writes before the write-back starts (of the
+    // prepared store's 30-odd dirty nodes).
+    const IMAGED_FIRST: usize = 8;
+    let options = write_back_options();
+    let budget = options.cache_bytes as u64;
+    let (mem, device, store, mut model, mut rng) = prepared_store(23, options);
+    let before = store.stats();
+    assert!(before.cache_dirty_bytes > 0, "the test needs dirty nodes");
+    let (arrived, go, handle) = stepped_checkpoint(&device, &store);
+    let mut checkpoint_writes = 0usize;
+    let mut squeezed = false;
+    let result = loop {
+        match next_step(&arrived) {
+            Step::Io(what) => {
+                if what.starts_with("write ") {
+                    checkpoint_writes += 1;
+                }
+                if !squeezed && checkpoint_writes == IMAGED_FIRST {
+                    // Some nodes imaged, most not yet. The clean nodes'
+                    // budget below what is cached: the write-back thread,
+                    // memory short, writes dirty nodes back — of those
+                    // the checkpoint waits to image, and of none it has
+                    // imaged — racing the checkpoint's turns from here on.
+                    store.allocator_overhead().set(budget * 7 / 8);
+                    store.set_memory_short(true);
+                    common::wait_until("a write-back while the checkpoint waits", || {
+                        store.stats().checkpoint_nodes_from_write_backs > 0
+                    });
+                    // Time for the write-back to reach the imaged nodes
+                    // too, had it no reason to leave them (what it does
+                    // in that time only decides what there is to check).
+                    std::thread::sleep(Duration::from_millis(200));
+                    squeezed = true;
+                }
+                go.send(()).unwrap();
+            }
+            Step::Done(result) => break result,
+        }
+    };
+    handle.join().unwrap();
+    result.unwrap();
+    store.set_memory_short(false);
+    store.allocator_overhead().set(0);
+    let after = store.stats();
+    assert_eq!(after.checkpoints, before.checkpoints + 1);
+    assert_eq!(
+        after.cache_dirty_bytes, 0,
+        "the checkpoint cleaned every node"
+    );
+    // Less the block table and the superblock.
+    let checkpoint_images = checkpoint_writes.saturating_sub(2);
+    let written = (after.nodes_written - before.nodes_written) as usize;
+    let write_backs = written - checkpoint_images;
+    let taken = (after.checkpoint_nodes_from_write_backs - before.checkpoint_nodes_from_write_backs)
+        as usize;
+    assert!(squeezed && taken > 0);
+    assert!(
+        write_backs <= taken + 1,
+        "{write_backs} nodes written back, {taken} of them named by the checkpoint \
+         ({checkpoint_images} images of its own)"
+    );
+    common::assert_matches(&store, &model);
+    store.verify().unwrap();
+    // Later writes reuse what is free; the checkpoint's nodes stay intact.
+    for _ in 0..200 {
+        let batch = random_batch(&mut rng);
+        store.write(&batch).unwrap();
+        model.apply(&batch);
+    }
+    store.sync().unwrap();
+    assert_power_cut_keeps(mem, store, &model, "a checkpoint that named write-backs");
+}
+
 /// The store of the write-back tests: the write-back thread on, a cache
 /// of 1 MiB.
 fn write_back_options() -> Options {

@@ -263,8 +263,34 @@ impl Tree {
         }
         debug_assert!(self.node(wb.num).dirty);
         self.count_node_written(self.node(wb.num).height(), wb.img.buf.len());
+        self.take_for_checkpoint(&wb);
         self.mark_written(wb.num, wb.extent, wb.img.crc, wb.img.basement_locs);
         Ok(true)
+    }
+
+    /// A write-back of a node the checkpoint in flight still waits to
+    /// image is the image it needs: the node is as the write-back copied
+    /// it (its token is current) and as the checkpoint began (a change
+    /// takes it out of `pending`). The checkpoint names the write-back's
+    /// extent instead of writing the node again. In a sequential write
+    /// the write-back thread wrote a third of the leaves a checkpoint
+    /// was about to write, and each went to the device twice
+    /// (docs/benchmarks/checkpoint-takes-write-backs.md).
+    fn take_for_checkpoint(&mut self, wb: &WriteBack) {
+        let Some(cp) = &mut self.checkpoint else {
+            return;
+        };
+        if !cp.pending.remove(&wb.num) {
+            return;
+        }
+        cp.from_write_backs.push((wb.num, wb.extent, wb.img.crc));
+        self.alloc.hold_for_checkpoint(wb.extent);
+        if let Slot::OnDisk { extent: old, .. } = self.btt.get(wb.num) {
+            // Named by neither the checkpoint nor, once the write-back is
+            // taken in, the live tree.
+            self.alloc.release_from_checkpoint(old);
+        }
+        add(&self.stats.checkpoint_nodes_from_write_backs, 1);
     }
 
     /// Drops nodes until the cache is under 90% of its budget: clean ones
@@ -445,9 +471,12 @@ impl Tree {
             .cache
             .iter()
             .filter(|(num, n)| {
-                (write_dirty || !n.dirty)
-                    && (n.dirty || !self.unwritten.contains(num))
-                    && !self.writing_back.contains_key(num)
+                let may_go = if n.dirty {
+                    write_dirty && !self.imaged_for_checkpoint(**num)
+                } else {
+                    !self.unwritten.contains(num)
+                };
+                may_go && !self.writing_back.contains_key(num)
             })
             .map(|(num, n)| (n.dirty, n.height() > 0, n.last_used.get(), *num))
             .collect();
@@ -517,6 +546,7 @@ impl Tree {
             snapshots: Vec::new(),
             placed: Vec::new(),
             unchanged: HashSet::new(),
+            from_write_backs: Vec::new(),
             btt: self.btt.clone(),
             superblock: Superblock {
                 generation: self.generation + 1,
@@ -585,21 +615,31 @@ impl Tree {
                 cp.images.push((snap.num, snap.height, img));
             }
         }
+        // A node being written back is left for later turns: its
+        // write-back, if the node stays as it is, is the image this
+        // checkpoint needs ([`Tree::take_for_checkpoint`]). Unless the
+        // turn has nothing else to take (it would only turn again).
+        let mut being_written_back = Vec::new();
+        let mut taken_any = false;
         while bytes < budget {
             let Some(num) = cp.order.pop() else { break };
-            if !cp.pending.remove(&num) {
+            if !cp.pending.contains(&num) {
                 continue; // imaged or copied when it was about to change
             }
-            let node = self.node(num);
-            cp.unchanged.insert(num);
-            if copy_nodes {
-                bytes += node.content_bytes();
-                cp.copy_node(num, node, &self.stats);
-            } else {
-                let img = encode_image(node, num);
-                add(&self.stats.checkpoint_images_locked, 1);
-                bytes += img.buf.len();
-                cp.images.push((num, node.height(), img));
+            if copy_nodes && self.writing_back.contains_key(&num) {
+                being_written_back.push(num);
+                continue;
+            }
+            bytes += self.image_for_checkpoint(&mut cp, num, copy_nodes);
+            taken_any = true;
+        }
+        if taken_any || bytes >= budget {
+            // Popped last: after every other node of the checkpoint.
+            cp.order.splice(0..0, being_written_back);
+        } else {
+            // Past the budget or not, the turn's last take.
+            for num in being_written_back {
+                self.image_for_checkpoint(&mut cp, num, copy_nodes);
             }
         }
         // At most a budget of copies handed over (at least one): the
@@ -635,6 +675,40 @@ impl Tree {
         }
         self.checkpoint = Some(cp);
         Ok((done, writes, snapshots))
+    }
+
+    /// Whether the checkpoint in flight has an image (or a copy to
+    /// encode) of node `num` as it is now: it is writing the node, which
+    /// its seal makes clean — written back too, it went to the device
+    /// twice.
+    fn imaged_for_checkpoint(&self, num: u64) -> bool {
+        self.checkpoint
+            .as_ref()
+            .is_some_and(|cp| cp.unchanged.contains(&num))
+    }
+
+    /// Takes pending node `num` into checkpoint `cp`: a copy for its
+    /// thread to encode (`copy_nodes`), else an image made here; the bytes
+    /// it counts against the turn's budget.
+    fn image_for_checkpoint(
+        &self,
+        cp: &mut CheckpointInProgress,
+        num: u64,
+        copy_nodes: bool,
+    ) -> usize {
+        cp.pending.remove(&num);
+        cp.unchanged.insert(num);
+        let node = self.node(num);
+        if copy_nodes {
+            cp.copy_node(num, node, &self.stats);
+            node.content_bytes()
+        } else {
+            let img = encode_image(node, num);
+            add(&self.stats.checkpoint_images_locked, 1);
+            let bytes = img.buf.len();
+            cp.images.push((num, node.height(), img));
+            bytes
+        }
     }
 
     /// Copies node `num` for the checkpoint in flight now, if it still
@@ -685,6 +759,9 @@ impl Tree {
         };
         for p in &cp.placed {
             cp.btt.set(p.num, p.extent, p.crc);
+        }
+        for &(num, extent, crc) in &cp.from_write_backs {
+            cp.btt.set(num, extent, crc);
         }
         let table = cp.btt.encode();
         let Some(table_extent) = self.allocate_extent(table.len() as u32) else {
@@ -951,6 +1028,10 @@ pub(super) struct CheckpointInProgress {
     placed: Vec<PlacedImage>,
     /// Imaged nodes not taken out to change since.
     unchanged: HashSet<u64>,
+    /// Nodes it waited to image that a write-back wrote as they were
+    /// when it began: node number, the write-back's extent and checksum
+    /// ([`Tree::take_for_checkpoint`]).
+    from_write_backs: Vec<(u64, Extent, u32)>,
     /// The block table when it began.
     btt: BlockTable,
     /// The superblock to write; its table extent and checksum come last.
