@@ -1167,12 +1167,14 @@ mod head_tests {
     use crate::MemDevice;
     use std::sync::mpsc;
 
-    /// A device whose first write waits until the test lets it go, so a
-    /// flush can be held in flight.
+    /// A device whose first `holds` writes (the first, or every one) each
+    /// say so and wait for the test's go (a dropped sender lets every
+    /// write through), so a flush can be held in flight.
     struct GatedDevice {
         inner: MemDevice,
-        gate: Mutex<Option<mpsc::Receiver<()>>>,
-        entered: Mutex<Option<mpsc::Sender<()>>>,
+        holds: std::sync::atomic::AtomicUsize,
+        entered: Mutex<mpsc::Sender<()>>,
+        go: Mutex<mpsc::Receiver<()>>,
     }
 
     impl Device for GatedDevice {
@@ -1183,10 +1185,13 @@ mod head_tests {
             self.inner.read_at(buf, offset)
         }
         fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-            if let Some(entered) = self.entered.lock().unwrap().take() {
-                entered.send(()).unwrap();
-                let gate = self.gate.lock().unwrap().take().unwrap();
-                gate.recv().unwrap();
+            let held = self
+                .holds
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if held {
+                let _ = self.entered.lock().unwrap().send(());
+                let _ = self.go.lock().unwrap().recv();
             }
             self.inner.write_at(buf, offset)
         }
@@ -1195,42 +1200,21 @@ mod head_tests {
         }
     }
 
-    /// A gated device over `mem`: its first write says so on the first
-    /// channel and waits for a go on the second.
-    fn gated(mem: &MemDevice) -> (Arc<GatedDevice>, mpsc::Receiver<()>, mpsc::Sender<()>) {
-        let (release, gate) = mpsc::channel();
+    /// A gated device over `mem` holding its first `holds` writes: each
+    /// says so on the first channel and waits for a go on the second.
+    fn gated(
+        mem: &MemDevice,
+        holds: usize,
+    ) -> (Arc<GatedDevice>, mpsc::Receiver<()>, mpsc::Sender<()>) {
+        let (go, go_rx) = mpsc::channel();
         let (entered_tx, entered) = mpsc::channel();
         let dev = Arc::new(GatedDevice {
             inner: mem.clone(),
-            gate: Mutex::new(Some(gate)),
-            entered: Mutex::new(Some(entered_tx)),
+            holds: std::sync::atomic::AtomicUsize::new(holds),
+            entered: Mutex::new(entered_tx),
+            go: Mutex::new(go_rx),
         });
-        (dev, entered, release)
-    }
-
-    /// A device each of whose writes says so and waits for a go (a
-    /// dropped sender lets every write through).
-    struct SteppedDevice {
-        inner: MemDevice,
-        entered: Mutex<mpsc::Sender<()>>,
-        go: Mutex<mpsc::Receiver<()>>,
-    }
-
-    impl Device for SteppedDevice {
-        fn len_bytes(&self) -> u64 {
-            self.inner.len_bytes()
-        }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-            self.inner.read_at(buf, offset)
-        }
-        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-            let _ = self.entered.lock().unwrap().send(());
-            let _ = self.go.lock().unwrap().recv();
-            self.inner.write_at(buf, offset)
-        }
-        fn sync(&self) -> std::io::Result<()> {
-            self.inner.sync()
-        }
+        (dev, entered, go)
     }
 
     /// A writer held back for room in the buffer goes on once the pieces
@@ -1241,13 +1225,7 @@ mod head_tests {
     #[test]
     fn room_is_made_by_a_flush_s_pieces_before_it_ends() {
         let mem = MemDevice::new(BLOCK + REGION + BLOCK);
-        let (entered_tx, entered) = mpsc::channel();
-        let (go, go_rx) = mpsc::channel();
-        let dev = Arc::new(SteppedDevice {
-            inner: mem.clone(),
-            entered: Mutex::new(entered_tx),
-            go: Mutex::new(go_rx),
-        });
+        let (dev, entered, go) = gated(&mem, usize::MAX);
         let log = Arc::new(LogWriter::new(dev, BLOCK, REGION, 2, 0).unwrap());
         for seq in 1..=12 {
             log.append(seq, &[&[seq as u8; 3000]]).unwrap();
@@ -1306,7 +1284,7 @@ mod head_tests {
     fn head_moving_during_a_flush_never_overruns_the_region() {
         let region = 64 * 1024;
         let mem = MemDevice::new(BLOCK + region + BLOCK);
-        let (dev, entered, release) = gated(&mem);
+        let (dev, entered, release) = gated(&mem, 1);
         let log = Arc::new(LogWriter::new(dev, BLOCK, region, 1, 0).unwrap());
         log.append(1, &[&[1; 700]]).unwrap();
         let flusher = {
@@ -1340,7 +1318,7 @@ mod head_tests {
     #[test]
     fn a_flush_in_pieces_writes_its_records_and_only_them() {
         let mem = MemDevice::new(BLOCK + REGION + BLOCK);
-        let (dev, entered, release) = gated(&mem);
+        let (dev, entered, release) = gated(&mem, 1);
         // Start near the end of the region so that the flush wraps.
         let start = REGION - 3 * BLOCK;
         let log = Arc::new(LogWriter::new(dev, BLOCK, REGION, 3, start).unwrap());
