@@ -415,8 +415,9 @@ fn while_memory_is_short_the_write_back_goes_beside_a_log_flush() {
 /// writes less its block table and superblock; every other node write is
 /// a write-back, and all but the one in flight when the checkpoint took
 /// its last nodes (at most one: one write-back thread) must be named by
-/// the checkpoint. Then a power cut after later writes: the checkpoint's
-/// nodes, write-backs among them, hold what was synced.
+/// the checkpoint. A power cut at each of the checkpoint's IOs from there
+/// on, and one after later writes: the checkpoint's nodes, write-backs
+/// among them, hold what was synced.
 #[test]
 fn a_checkpoint_and_the_write_back_write_each_node_once() {
     // Images the checkpoint writes before the write-back starts (of the
@@ -452,6 +453,13 @@ fn a_checkpoint_and_the_write_back_write_each_node_once() {
                     // in that time only decides what there is to check).
                     std::thread::sleep(Duration::from_millis(200));
                     squeezed = true;
+                }
+                if squeezed {
+                    // A power cut here, as the checkpoint and the
+                    // write-backs stand: everything was synced before.
+                    let mode = CrashMode::from_random(rng.gen());
+                    let context = format!("a cut at checkpoint IO {what} ({mode:?})");
+                    assert_image_recovers(mem.crash_image(mode), &model, &context);
                 }
                 go.send(()).unwrap();
             }
@@ -677,6 +685,12 @@ fn assert_power_cut_keeps(mem: MemDevice, store: Arc<Store>, model: &Model, afte
     mem.power_off();
     let image = mem.crash_image(CrashMode::DropUnsynced);
     drop(store);
+    assert_image_recovers(image, model, after);
+}
+
+/// A store opened on `image` (what a power cut left) is valid and holds
+/// `model`.
+fn assert_image_recovers(image: Vec<u8>, model: &Model, after: &str) {
     let recovered = Store::open_on(Arc::new(MemDevice::from_image(image)), small_options())
         .unwrap_or_else(|e| panic!("recovery after {after}: {e}"));
     recovered.verify().unwrap();
