@@ -135,6 +135,10 @@ impl LogState {
 pub struct LogBufferUse {
     /// Bytes appended and not yet durable.
     pub unflushed: u64,
+    /// Bytes the buffer holds from its first block on: the unflushed ones
+    /// less the pieces a flush in flight has written
+    /// ([`LogWriter::make_room`]'s bound is on these).
+    pub buffered: u64,
     /// Memory the buffer holds: its unflushed records, those a flush in
     /// flight has yet to write, the durable part of the tail block, rounded up
     /// to the buffer's chunks. What a memory budget counts.
@@ -261,6 +265,7 @@ impl LogWriter {
         let s = self.lock();
         LogBufferUse {
             unflushed: s.append_pos.saturating_sub(s.durable_pos),
+            buffered: s.append_pos - s.buf_start,
             held: s.buf.held_bytes() as u64,
         }
     }
@@ -946,7 +951,9 @@ mod tests {
         let (dev, log) = fresh(1);
         for seq in 1..=100u64 {
             log.append(seq, &[&payload(seq)]).unwrap();
-            let LogBufferUse { unflushed, held } = log.buffer_use();
+            let LogBufferUse {
+                unflushed, held, ..
+            } = log.buffer_use();
             assert!(held >= unflushed, "{held} held for {unflushed} bytes");
             assert!(
                 held <= unflushed + 2 * BLOCK,

@@ -31,8 +31,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use betreefs_store::{
-    replay_log, AlignedBuf, Device, FileDevice, Layout, LogHole, LogWriter, ReplayStart,
-    StoreError, Superblock, BLOCK_SIZE,
+    replay_log, AlignedBuf, Device, FileDevice, Layout, LogBufferUse, LogHole, LogWriter,
+    ReplayStart, StoreError, Superblock, BLOCK_SIZE,
 };
 
 use crate::error::{EngineError, EngineResult};
@@ -1227,13 +1227,13 @@ impl Inner {
     }
 
     /// Tells the cache's budget what the log's buffer holds now (after
-    /// every append and log write); returns its unflushed bytes.
-    fn note_log_buffer(&self) -> u64 {
+    /// every append and log write); returns what it holds.
+    fn note_log_buffer(&self) -> LogBufferUse {
         let buffer = self.log.buffer_use();
         self.stats
             .log_buffered
             .store(buffer.held, Ordering::Relaxed);
-        buffer.unflushed
+        buffer
     }
 
     fn lock_tree(&self) -> TreeGuard<'_> {

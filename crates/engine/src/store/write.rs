@@ -541,12 +541,12 @@ impl Inner {
     /// when wanted, and a writer far ahead of the log's device writes
     /// waits for them (back-pressure).
     fn after_write(&self, wants_tree_flush: bool) {
-        let unflushed = self.note_log_buffer();
+        let buffer = self.note_log_buffer();
         // A third of the log: the writer keeps the records of the previous
         // checkpoint's head on as well, so two of these fit in the region
         // with room to spare while the checkpoint runs.
         let wants_checkpoint = self.log.used() > self.log.capacity() / 3;
-        let wants_flush = unflushed > log_flush_eager_bytes(self.options.cache_bytes);
+        let wants_flush = buffer.unflushed > log_flush_eager_bytes(self.options.cache_bytes);
         if wants_checkpoint {
             self.lock_background().checkpoint_wanted = true;
             self.wake.notify_all();
@@ -558,7 +558,7 @@ impl Inner {
             self.want_tree_flush();
         }
         let bound = log_flush_writer_bytes(self.options.cache_bytes);
-        if unflushed > bound {
+        if buffer.buffered > bound {
             self.wait_for_log_room(bound);
         }
     }
@@ -580,8 +580,7 @@ impl Inner {
             }
         };
         if room == Room::Ample {
-            // A flush under way had written enough of the buffer (the
-            // unflushed bytes count until its sync).
+            // A flush under way wrote enough of it meanwhile.
             return;
         }
         self.note_log_buffer();
