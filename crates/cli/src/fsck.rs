@@ -27,6 +27,8 @@ pub const FSCK_USAGE: i32 = 16;
 /// Repair passes at most: each pass can expose one more layer (a
 /// recreated directory changes its parent's link count).
 const REPAIR_PASSES: usize = 6;
+/// Bytes in a MiB, for the figures fsck prints.
+const MIB: f64 = 1024.0 * 1024.0;
 
 #[derive(clap::Args)]
 pub struct FsckArgs {
@@ -116,9 +118,13 @@ fn check_store(store: &Store, bar: &indicatif::ProgressBar) -> Result<Findings> 
     bar.set_message("verifying the trees (checksums, order, bounds)");
     match store.verify() {
         Ok(v) => {
-            findings
-                .notes
-                .push(format!("{} nodes in the trees", v.nodes));
+            findings.notes.push(format!(
+                "{} nodes in the trees, {} of them leaves holding {:.1} MiB ({:.2} MiB each on average)",
+                v.nodes,
+                v.leaves,
+                v.leaf_bytes as f64 / MIB,
+                v.leaf_bytes as f64 / MIB / v.leaves.max(1) as f64
+            ));
             findings.unreachable = v.unreachable.len() as u64;
             if findings.unreachable > 0 {
                 findings.problems.push((

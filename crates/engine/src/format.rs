@@ -654,6 +654,7 @@ pub fn decode_meta(header: &NodeHeader, meta: &[u8], bounds: &Bounds) -> DecodeR
         let mut leaf = Leaf {
             pivots: Vec::with_capacity(count - 1),
             basements: Vec::with_capacity(count),
+            grows_at_end: false,
         };
         for i in 0..count {
             let (pivot, loc, entries) = decode_part_entry(&mut d, prefix, i == 0)?;

@@ -388,6 +388,14 @@ pub struct Leaf {
     /// `pivots[i]` is the smallest key of basement `i + 1`.
     pub pivots: Vec<Vec<u8>>,
     pub basements: Vec<Basement>,
+    /// Whether the last messages applied to this leaf that moved its last
+    /// key took it further and reached only its last basement: it grows
+    /// by appends (a file written sequentially). A hint kept in memory only (a leaf
+    /// read from its image starts without it, and the next application
+    /// sets it again): such a leaf splits with its first pieces full, not
+    /// in halves, and its growing tail is not merged back as underfull
+    /// (docs/design.md, "Leaves that grow at their end").
+    pub grows_at_end: bool,
 }
 
 impl Default for Leaf {
@@ -395,6 +403,7 @@ impl Default for Leaf {
         Leaf {
             pivots: Vec::new(),
             basements: vec![Basement::from_entries(Entries::default())],
+            grows_at_end: false,
         }
     }
 }
@@ -521,6 +530,10 @@ impl Leaf {
     /// as it is in place; returns how many it rewrote.
     pub fn install_basements(&mut self, merged: Vec<MergedBasement>) -> usize {
         let count = merged.len();
+        // Appends reach only the last basement and end past its last key.
+        let last = self.basements.len().saturating_sub(1);
+        let tail_before = (count > 0 && merged.iter().all(|(bi, _)| *bi == last))
+            .then(|| self.last_key().map(<[u8]>::to_vec));
         // From the last: a basement cut in pieces moves those after it.
         for (bi, pieces) in merged.into_iter().rev() {
             let mut pieces = pieces.into_iter();
@@ -543,8 +556,35 @@ impl Leaf {
         // that basement as it was, read.
         if count > 0 {
             self.own_read_values();
+            // Changes at the end that leave the last key where it was
+            // (a file's last block written again) keep the mark as it is.
+            self.grows_at_end = match (tail_before, self.last_key()) {
+                (Some(None), Some(_)) => true,
+                (Some(Some(before)), Some(now)) => match now.cmp(before.as_slice()) {
+                    std::cmp::Ordering::Greater => true,
+                    std::cmp::Ordering::Equal => self.grows_at_end,
+                    std::cmp::Ordering::Less => false,
+                },
+                _ => false,
+            };
         }
         count
+    }
+
+    /// Whether the leaf is small enough to be merged with a neighbour:
+    /// under a quarter of a node, and not growing at its end — such a
+    /// leaf fills up by itself (it is what is left of a split made with
+    /// its first pieces full), and merged into the full leaf before it
+    /// would only split off again, rewriting that leaf each time.
+    pub fn is_underfull(&self, node_size: usize) -> bool {
+        !self.grows_at_end && self.bytes() < node_size / 4
+    }
+
+    /// The leaf's largest key, None when it is empty. Requires its last
+    /// non-empty basement loaded (as applying messages does).
+    fn last_key(&self) -> Option<&[u8]> {
+        let last = self.basements.iter().rev().find(|b| b.count > 0)?;
+        last.entries.as_deref()?.last_key()
     }
 
     /// Makes every loaded basement own its values if they lie in the
@@ -716,6 +756,7 @@ impl Leaf {
         let mut right = Leaf {
             pivots: right_pivots,
             basements: right_basements,
+            grows_at_end: false,
         };
         right.forget_locations();
         right
@@ -727,6 +768,7 @@ impl Leaf {
         Leaf {
             pivots: self.pivots.clone(),
             basements: self.basements.iter().map(Basement::clone_place).collect(),
+            grows_at_end: false,
         }
     }
 
@@ -757,6 +799,8 @@ impl Leaf {
         self.pivots.push(separator);
         self.pivots.append(&mut right.pivots);
         self.basements.append(&mut right.basements);
+        // The merged leaf ends where `right` did, and grows there if it did.
+        self.grows_at_end = right.grows_at_end;
     }
 
     /// A fully loaded leaf chunked into basements of about `basement_size`.
@@ -765,6 +809,7 @@ impl Leaf {
         let mut leaf = Leaf {
             pivots: Vec::new(),
             basements: Vec::with_capacity(pieces.len()),
+            grows_at_end: false,
         };
         for piece in pieces {
             if !leaf.basements.is_empty() {
@@ -1529,6 +1574,65 @@ mod tests {
         assert_eq!(leaf.get(&50u32.to_be_bytes()), Some(None));
     }
 
+    /// Only messages that reach the last basement alone and take the
+    /// leaf's last key further mark it as growing at its end; an insert
+    /// anywhere before, or a delete of its tail, clear the mark, and
+    /// overwrites at its end leave it as it was. A leaf so marked is not
+    /// underfull, however small.
+    #[test]
+    fn appends_mark_a_leaf_as_growing_at_its_end() {
+        let merges = MergeRegistry::default();
+        let basement_size = 4096;
+        let mut leaf = Leaf::default();
+        let apply = |leaf: &mut Leaf, buffer: MessageBuffer| {
+            leaf.apply_buffer(buffer, &merges, basement_size).unwrap();
+            leaf.rebalance_basements(basement_size);
+        };
+        // An empty leaf taking its first keys grows at its end.
+        apply(&mut leaf, puts(100..110, 1, 7, &merges));
+        assert!(leaf.grows_at_end);
+        assert!(
+            !leaf.is_underfull(1 << 20),
+            "a growing leaf is not underfull"
+        );
+        apply(&mut leaf, puts(110..400, 2, 7, &merges));
+        assert!(leaf.grows_at_end && leaf.basements.len() >= 5);
+        // An overwrite of the last key alone leaves the mark as it was.
+        apply(&mut leaf, puts(399..400, 3, 8, &merges));
+        assert!(leaf.grows_at_end);
+        apply(&mut leaf, puts(400..420, 4, 7, &merges));
+        assert!(leaf.grows_at_end);
+        // Appends with an insert into an earlier basement: not appends.
+        let mut mixed = puts(420..430, 5, 7, &merges);
+        mixed.insert_point(
+            50u32.to_be_bytes().to_vec(),
+            PointMsg::put(5, vec![1; 100]),
+            &merges,
+        );
+        apply(&mut leaf, mixed);
+        assert!(!leaf.grows_at_end);
+        assert!(leaf.is_underfull(1 << 20));
+        apply(&mut leaf, puts(429..430, 6, 9, &merges));
+        assert!(
+            !leaf.grows_at_end,
+            "overwrites at the end keep the mark off"
+        );
+        apply(&mut leaf, puts(430..440, 6, 7, &merges));
+        assert!(leaf.grows_at_end);
+        // A delete of the tail takes the end back.
+        let mut del = MessageBuffer::default();
+        del.insert_range_delete(
+            435u32.to_be_bytes().to_vec(),
+            440u32.to_be_bytes().to_vec(),
+            7,
+        );
+        apply(&mut leaf, del);
+        assert!(!leaf.grows_at_end);
+        // Keys 100..435 and 50.
+        assert_eq!(leaf.entry_count(), 336);
+        crate::validate::check_leaf(&leaf, &Bounds::full()).unwrap();
+    }
+
     /// Basements that shrank are joined with their neighbours: deletes
     /// that leave ten basements with a twentieth of their entries each
     /// leave one basement (each basement begins on a block of the image,
@@ -1577,6 +1681,7 @@ mod tests {
             basements: (0..3)
                 .map(|_| Basement::from_entries(Entries::default()))
                 .collect(),
+            grows_at_end: false,
         };
         assert_eq!(leaf.basement_for(b"k"), 1);
         assert_eq!(leaf.last_basement_before(b"k", 0), 0);

@@ -24,21 +24,25 @@ fn options(warm_bytes: usize) -> Options {
     }
 }
 
-/// A closed store of 20,000 data keys and 2,000 metadata keys, some
-/// overwritten since (so buffers above the leaves hold messages), and its
-/// model.
+/// Data keys a store is filled with, in key order: enough for a data
+/// tree three levels high with mid_options, its leaves filled by appends.
+const KEYS: u32 = 40_000;
+
+/// A closed store of [`KEYS`] data keys and a tenth as many metadata
+/// keys, some overwritten since (so buffers above the leaves hold
+/// messages), and its model.
 fn filled(seed: u64) -> (MemDevice, Model) {
     let dev = MemDevice::new(256 << 20);
     let store = Store::create_on(Arc::new(dev.clone()), options(0)).unwrap();
     let mut model = Model::default();
-    let fill = (0..20_000u32).flat_map(|i| {
+    let fill = (0..KEYS).flat_map(|i| {
         let data = (KeySpace::Data, key(i), Some(vec![(i % 251) as u8; 60]));
         let meta = Some(i.to_le_bytes().to_vec());
         let meta = (i % 10 == 0).then(|| (KeySpace::Meta, key(i), meta));
         std::iter::once(data).chain(meta)
     });
     write_changes(&store, &mut model, 100, fill);
-    let changes = random_data_changes(seed, 3_000, 20_000, 4, 90);
+    let changes = random_data_changes(seed, 3_000, KEYS, 4, 90);
     write_changes(&store, &mut model, 50, changes);
     store.close().unwrap();
     (dev, model)
@@ -137,7 +141,7 @@ fn a_cold_point_query_after_a_warm_open_reads_only_its_basement() {
     let basement = 8 << 10;
     let mut rng = SmallRng::seed_from_u64(9);
     for _ in 0..20 {
-        let i = rng.gen_range(0..20_000);
+        let i = rng.gen_range(0..KEYS);
         let leaves = store.stats().node_bytes_read_per_level[0];
         assert_get(&store, &model, KeySpace::Data, &key(i));
         let stats = store.stats();
@@ -167,7 +171,7 @@ fn warming_after_log_replay_finds_the_replayed_writes() {
     // the open replays them (caching the nodes they change, dirty), then
     // warms what replay left on the device.
     let store = open(&dev, 0);
-    let changes = random_data_changes(10, 2_000, 25_000, 5, 70);
+    let changes = random_data_changes(10, 2_000, KEYS + 5_000, 5, 70);
     write_changes(&store, &mut model, 40, changes);
     let crashed = power_cut_after_sync(&dev, store);
 

@@ -87,6 +87,10 @@ pub(crate) enum Want<'a> {
 pub struct VerifyReport {
     /// Nodes visited (each tree's nodes, read whole).
     pub nodes: u64,
+    /// Leaves among them, and the bytes of entries they hold: how full
+    /// the leaves are.
+    pub leaves: u64,
+    pub leaf_bytes: u64,
     /// Node numbers the block table holds but no tree reaches.
     pub unreachable: Vec<u64>,
 }

@@ -25,7 +25,7 @@ impl Tree {
 
     pub(super) fn is_underfull(&self, node: &Node) -> bool {
         match &node.body {
-            NodeBody::Leaf(leaf) => leaf.bytes() < self.opts.node_size / 4,
+            NodeBody::Leaf(leaf) => leaf.is_underfull(self.opts.node_size),
             NodeBody::Interior(int) => int.children.len() < (self.opts.fanout / 4).max(2),
         }
     }
@@ -127,28 +127,26 @@ impl Tree {
             // by flushes, or by appends when neighbours merged, is split
             // without copying its megabytes).
             NodeBody::Leaf(leaf) if leaf.basements.len() >= 2 => {
-                let total = leaf.bytes();
-                let target_piece = (self.opts.node_size * 3 / 4).max(1);
-                let k = total.div_ceil(target_piece).clamp(2, leaf.basements.len());
-                let per = total.div_ceil(k);
-                // Basement indices where pieces 1..k begin.
-                let mut cuts = Vec::with_capacity(k - 1);
-                let mut acc = 0;
-                for (i, b) in leaf.basements.iter().enumerate() {
-                    if i > 0 && cuts.len() < k - 1 && acc >= per * (cuts.len() + 1) {
-                        cuts.push(i);
-                    }
-                    acc += b.bytes;
-                }
+                let mut cuts = if leaf.grows_at_end {
+                    full_pieces_cuts(leaf, self.opts.node_size)
+                } else {
+                    even_pieces_cuts(leaf, self.opts.node_size)
+                };
                 if cuts.is_empty() {
                     cuts.push(leaf.basements.len() / 2);
                 }
-                for &c in cuts.iter().rev() {
+                // Only the last piece holds the end the leaf grew at.
+                let grows_at_end = std::mem::take(&mut leaf.grows_at_end);
+                for (n, &c) in cuts.iter().rev().enumerate() {
                     let basements = leaf.basements.split_off(c);
                     let mut pivots = leaf.pivots.split_off(c - 1);
                     // The lower bound of basement `c` separates the pieces.
                     let sep = pivots.remove(0);
-                    let mut piece = Leaf { pivots, basements };
+                    let mut piece = Leaf {
+                        pivots,
+                        basements,
+                        grows_at_end: grows_at_end && n == 0,
+                    };
                     piece.forget_locations();
                     pieces.push((sep, NodeBody::Leaf(piece)));
                 }
@@ -239,4 +237,42 @@ impl Tree {
         add(&self.stats.splits, splits.len() as u64);
         Ok(splits)
     }
+}
+
+/// Where the pieces of a leaf split between whole basements begin (basement
+/// indices of pieces 1..k): pieces of about equal bytes, at most three
+/// quarters of a node each, so that inserts anywhere find room in them.
+fn even_pieces_cuts(leaf: &Leaf, node_size: usize) -> Vec<usize> {
+    let total = leaf.bytes();
+    let target_piece = (node_size * 3 / 4).max(1);
+    let k = total.div_ceil(target_piece).clamp(2, leaf.basements.len());
+    let per = total.div_ceil(k);
+    let mut cuts = Vec::with_capacity(k - 1);
+    let mut acc = 0;
+    for (i, b) in leaf.basements.iter().enumerate() {
+        if i > 0 && cuts.len() < k - 1 && acc >= per * (cuts.len() + 1) {
+            cuts.push(i);
+        }
+        acc += b.bytes;
+    }
+    cuts
+}
+
+/// The cuts for a leaf that grows at its end ([`Leaf::grows_at_end`]):
+/// every piece but the last as full as a node allows, the last one what
+/// is left, where the appends go on. Halves would leave every leaf of a
+/// file written sequentially half full for good — twice the leaves to
+/// write, read, cache and point at (docs/design.md, "Leaves that grow at
+/// their end").
+fn full_pieces_cuts(leaf: &Leaf, node_size: usize) -> Vec<usize> {
+    let mut cuts = Vec::new();
+    let mut acc = 0;
+    for (i, b) in leaf.basements.iter().enumerate() {
+        if i > 0 && acc + b.bytes > node_size {
+            cuts.push(i);
+            acc = 0;
+        }
+        acc += b.bytes;
+    }
+    cuts
 }

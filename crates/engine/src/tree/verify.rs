@@ -5,6 +5,17 @@
 
 use super::*;
 
+/// What a verifying walk has seen so far.
+#[derive(Default)]
+pub(super) struct Walk {
+    /// Nodes reached: the key space of their first parent, and how many
+    /// parents named them (shared nodes, more than one).
+    visited: HashMap<u64, (KeySpace, u32)>,
+    /// Leaves reached (a shared one once), and the bytes they hold.
+    leaves: u64,
+    leaf_bytes: u64,
+}
+
 impl Tree {
     /// Walks every node of every tree, reading all of them, and checks
     /// ordering, bounds, heights, buffer placement and fanout; also finds
@@ -13,13 +24,18 @@ impl Tree {
     /// names them, walked below once, and their reference counts in the
     /// block table must equal the references the trees hold.
     pub fn verify(&mut self) -> EngineResult<VerifyReport> {
-        let mut visited = HashMap::new();
+        let mut walk = Walk::default();
         for ks in KeySpace::ALL {
             let root = self.roots[ks.index()];
             self.load(ks, root, &Bounds::full(), Want::Whole, None)?;
             let height = self.node(root).height();
-            self.verify_subtree(ks, root, &Bounds::full(), height, &mut visited)?;
+            self.verify_subtree(ks, root, &Bounds::full(), height, &mut walk)?;
         }
+        let Walk {
+            visited,
+            leaves,
+            leaf_bytes,
+        } = walk;
         for (&num, &(ks, found)) in &visited {
             let counted = self.btt.refs(num);
             if counted != found {
@@ -37,6 +53,8 @@ impl Tree {
             .collect();
         Ok(VerifyReport {
             nodes: visited.len() as u64,
+            leaves,
+            leaf_bytes,
             unreachable,
         })
     }
@@ -88,9 +106,9 @@ impl Tree {
         num: u64,
         bounds: &Bounds,
         height: u32,
-        visited: &mut HashMap<u64, (KeySpace, u32)>,
+        walk: &mut Walk,
     ) -> EngineResult<()> {
-        let seen = visited.entry(num).or_insert((ks, 0));
+        let seen = walk.visited.entry(num).or_insert((ks, 0));
         seen.1 += 1;
         if seen.1 > 1 {
             if seen.1 > self.btt.refs(num) {
@@ -127,6 +145,8 @@ impl Tree {
                     }
                 }
                 self.verify_chunk_dirs(ks, num, bounds)?;
+                walk.leaves += 1;
+                walk.leaf_bytes += leaf.bytes() as u64;
                 Vec::new()
             }
             NodeBody::Interior(int) => {
@@ -167,7 +187,7 @@ impl Tree {
             }
         };
         for (child, child_bounds) in kids {
-            self.verify_subtree(ks, child, &child_bounds, height - 1, visited)?;
+            self.verify_subtree(ks, child, &child_bounds, height - 1, walk)?;
             // A whole-tree walk must not hold the whole tree in memory.
             self.evict_clean_if_needed();
         }
