@@ -390,11 +390,12 @@ pub struct Leaf {
     pub basements: Vec<Basement>,
     /// Whether the last messages applied to this leaf that moved its last
     /// key took it further and reached only its last basement: it grows
-    /// by appends (a file written sequentially). A hint kept in memory only (a leaf
-    /// read from its image starts without it, and the next application
-    /// sets it again): such a leaf splits with its first pieces full, not
-    /// in halves, and its growing tail is not merged back as underfull
-    /// (docs/design.md, "Leaves that grow at their end").
+    /// by appends (a file written sequentially). A hint kept in memory
+    /// only (a leaf read from its image starts without it, and the next
+    /// application sets it again): such a leaf splits with its first
+    /// pieces full, not in halves, and its growing tail is not merged
+    /// back as underfull (docs/design.md, "Leaves that grow at their
+    /// end").
     pub grows_at_end: bool,
 }
 

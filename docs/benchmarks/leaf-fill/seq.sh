@@ -9,15 +9,8 @@
 # WORK: a scratch directory (rand2g, 2 GiB of random bytes, is made there).
 set -eu
 ROUNDS=$1; shift
-work=${WORK:-/var/tmp/leaf-fill}
-mkdir -p "$work/mnt"
-[ -f "$work/rand2g" ] || head -c 2147483648 /dev/urandom > "$work/rand2g"
-img=$work/ab.img
-rm -f "$img"; truncate -s 8G "$img"; chmod 600 "$img"
-dev=$(losetup -f --show --direct-io=on "$img")
-unmount() { umount "$work/mnt"; while pgrep -f "mount $dev $work/mnt" > /dev/null; do sleep 0.1; done; }
-cleanup() { if mountpoint -q "$work/mnt"; then unmount; fi; losetup -d "$dev"; rm -f "$img"; }
-trap cleanup EXIT
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/loop-image.sh"
 for r in $(seq "$ROUNDS"); do
   for B in "$@"; do
     "$B" mkfs --force "$dev" > /dev/null
