@@ -10,8 +10,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/loop-image.sh"
 for r in $(seq "$ROUNDS"); do
   for B in "$@"; do
-    "$B" mkfs --force "$dev" > /dev/null
-    "$B" mount "$dev" "$work/mnt"
+    fresh_mount "$B"
     dd if="$work/rand2g" of="$work/mnt/f" bs=1M count=2048 conv=fsync status=none
     unmount
     "$B" mount "$dev" "$work/mnt"; sync; echo 3 > /proc/sys/vm/drop_caches
