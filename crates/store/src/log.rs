@@ -98,6 +98,13 @@ struct LogState {
 }
 
 impl LogState {
+    /// Stream bytes the buffer holds, [buf_start, append_pos): what
+    /// [`LogWriter::make_room`]'s bound and [`LogBufferUse::buffered`]
+    /// count alike.
+    fn buffered(&self) -> u64 {
+        self.append_pos - self.buf_start
+    }
+
     fn advance_buf_start(&mut self, to: u64) {
         if to > self.buf_start {
             let n = ((to - self.buf_start) as usize).min(self.buf.len());
@@ -265,7 +272,7 @@ impl LogWriter {
         let s = self.lock();
         LogBufferUse {
             unflushed: s.append_pos.saturating_sub(s.durable_pos),
-            buffered: s.append_pos - s.buf_start,
+            buffered: s.buffered(),
             held: s.buf.held_bytes() as u64,
         }
     }
@@ -444,7 +451,7 @@ impl LogWriter {
             if let Some(failure) = &s.failure {
                 return Err(StoreError::Failed(failure.clone()));
             }
-            if s.append_pos - s.buf_start <= bound {
+            if s.buffered() <= bound {
                 return Ok(room);
             }
             if !s.flushing {
