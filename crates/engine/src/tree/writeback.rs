@@ -931,6 +931,13 @@ impl Tree {
             .saturating_mul(BLOCK_SIZE as u64)
     }
 
+    /// The most a write can dirty of nodes that were clean: a path from
+    /// each root to a leaf, and a node more for a split on each.
+    fn write_path_bytes(&self) -> u64 {
+        let nodes: u64 = self.heights().iter().map(|&h| u64::from(h) + 2).sum();
+        nodes * self.opts.node_size as u64
+    }
+
     /// Whether writes that add data should be refused: the node region
     /// could not absorb the dirty nodes plus a reserve for copy-on-write.
     ///
@@ -947,19 +954,25 @@ impl Tree {
     /// reserve as well: the promise was checked against the full reserve
     /// when it was made, so the space is there, and what the write costs
     /// beyond its own bytes (dirty copies of nodes) is what the reserve is
-    /// for.
+    /// for. In runs, the reserve is counted in write paths
+    /// ([`Tree::write_path_bytes`]): other writes stop with two free, and
+    /// a drawing write needs one. With a margin of four nodes between the
+    /// two, what the last fill writes dirtied (a path in each tree) took
+    /// the margin and more, and a 128 MiB mount refused the write into
+    /// its preallocated range.
     pub fn space_low(&self, promised: u64, drawing: bool) -> bool {
         let capacity = self.layout.nodes_bytes;
         let node = self.opts.node_size as u64;
-        let reserve = if drawing {
-            (capacity / 16).max(4 * node)
+        let path = self.write_path_bytes().max(4 * node);
+        let (reserve, run_reserve) = if drawing {
+            ((capacity / 16).max(4 * node), path)
         } else {
-            (capacity / 8).max(8 * node)
+            ((capacity / 8).max(8 * node), 2 * path)
         };
         let used = self.claimed_bytes(promised)
             + (self.btt.live_count() as u64 * 16).next_multiple_of(BLOCK_SIZE as u64);
         used + reserve > capacity
-            || promised + self.dirty_bytes as u64 + 4 * node > self.image_sized_run_bytes()
+            || promised + self.dirty_bytes as u64 + run_reserve > self.image_sized_run_bytes()
     }
 }
 
