@@ -955,11 +955,19 @@ impl Tree {
     /// when it was made, so the space is there, and what the write costs
     /// beyond its own bytes (dirty copies of nodes) is what the reserve is
     /// for. In runs, the reserve is counted in write paths
-    /// ([`Tree::write_path_bytes`]): other writes stop with two free, and
-    /// a drawing write needs one. With a margin of four nodes between the
-    /// two, what the last fill writes dirtied (a path in each tree) took
-    /// the margin and more, and a 128 MiB mount refused the write into
-    /// its preallocated range.
+    /// ([`Tree::write_path_bytes`]): other writes stop with the promises
+    /// and two paths free, and a drawing write needs one path beyond the
+    /// dirty nodes, the promises not counted. With a margin of four nodes
+    /// between the two, what the last fill writes dirtied (a path in each
+    /// tree) took the margin and more, and a 128 MiB mount refused the
+    /// write into its preallocated range. With the promises counted for a
+    /// drawing write too, image-sized runs on a fragmented device shrank
+    /// faster than the promises as they were drawn on (each checkpoint
+    /// cuts runs with new images, and the copies it frees are scattered),
+    /// and a write into preallocated blocks was refused with two fifths of
+    /// the node region's blocks free (`crates/fs/tests/preallocation.rs`). Counted
+    /// without them, a drawing write is refused only when what is dirty
+    /// could not be checkpointed.
     pub fn space_low(&self, promised: u64, drawing: bool) -> bool {
         let capacity = self.layout.nodes_bytes;
         let node = self.opts.node_size as u64;
@@ -971,8 +979,10 @@ impl Tree {
         };
         let used = self.claimed_bytes(promised)
             + (self.btt.live_count() as u64 * 16).next_multiple_of(BLOCK_SIZE as u64);
+        // What runs must hold beyond the dirty nodes and the reserve.
+        let run_promised = if drawing { 0 } else { promised };
         used + reserve > capacity
-            || promised + self.dirty_bytes as u64 + run_reserve > self.image_sized_run_bytes()
+            || run_promised + self.dirty_bytes as u64 + run_reserve > self.image_sized_run_bytes()
     }
 }
 
