@@ -113,11 +113,14 @@ impl Tree {
         let blocks = (len as u64).div_ceil(BLOCK_SIZE as u64);
         self.largest_extent_asked = self.largest_extent_asked.max(blocks);
         let extent = self.alloc.allocate(len);
+        if let Some(extent) = &extent {
+            self.blocks_allocated_since_count += extent.blocks();
+        }
         // Each extent may cut a counted run short of an image (the count
         // takes off only its own blocks): counted again once a quarter of
         // what was counted is taken, which on a nearly full device is
         // often, and on an empty one seldom.
-        let taken = self.blocks_allocated_since_count();
+        let taken = self.blocks_allocated_since_count;
         if taken >= (self.image_sized_free_blocks / 4).max(self.image_blocks_max()) {
             self.count_image_sized_runs();
         }
@@ -128,13 +131,7 @@ impl Tree {
     /// ([`Tree::image_sized_run_bytes`]).
     pub(super) fn count_image_sized_runs(&mut self) {
         self.image_sized_free_blocks = self.alloc.free_blocks_in_runs(self.image_blocks_max());
-        self.used_blocks_at_count = self.alloc.used_blocks();
-    }
-
-    fn blocks_allocated_since_count(&self) -> u64 {
-        self.alloc
-            .used_blocks()
-            .saturating_sub(self.used_blocks_at_count)
+        self.blocks_allocated_since_count = 0;
     }
 
     /// The blocks an image may take, as far as the store knows: a full
@@ -925,7 +922,7 @@ impl Tree {
     /// place none of its leaves, and the space the deletes freed never
     /// came back (docs/design.md, "A full device").
     pub(super) fn image_sized_run_bytes(&self) -> u64 {
-        let consumed = self.blocks_allocated_since_count();
+        let consumed = self.blocks_allocated_since_count;
         self.image_sized_free_blocks
             .saturating_sub(consumed)
             .saturating_mul(BLOCK_SIZE as u64)
