@@ -16,7 +16,7 @@ use std::sync::Arc;
 use betreefs_engine::{Options, Store};
 use betreefs_fs::{AtimePolicy, Errno, FileSystem, Operations, RenameFlags, SetAttr, ROOT_INO};
 use betreefs_store::{CrashMode, MemDevice};
-use common::ME;
+use common::{env_count, option_sets, ME};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -83,29 +83,11 @@ impl Model {
     }
 }
 
-fn option_sets() -> [Options; 2] {
-    [
-        common::options(),
-        Options {
-            node_size: 256 << 10,
-            basement_size: 32 << 10,
-            cache_bytes: 8 << 20,
-            ..common::options()
-        },
-    ]
-}
-
 #[test]
 fn random_operations_on_a_device_that_fills_match_the_model() {
-    let count = |name: &str, default: u64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(default)
-    };
     // BETREEFS_FULL_DEVICE_FIRST_SEED and _OPTIONS replay one failure.
-    let seeds = count("BETREEFS_FULL_DEVICE_SEEDS", 6);
-    let first = count("BETREEFS_FULL_DEVICE_FIRST_SEED", 0);
+    let seeds = env_count("BETREEFS_FULL_DEVICE_SEEDS", 6);
+    let first = env_count("BETREEFS_FULL_DEVICE_FIRST_SEED", 0);
     let only = std::env::var("BETREEFS_FULL_DEVICE_OPTIONS")
         .ok()
         .and_then(|s| s.parse::<usize>().ok());

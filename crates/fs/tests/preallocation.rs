@@ -18,7 +18,7 @@ use std::sync::Arc;
 use betreefs_engine::{Options, Store};
 use betreefs_fs::{AtimePolicy, Errno, FileSystem, Operations, RenameFlags, ROOT_INO};
 use betreefs_store::MemDevice;
-use common::ME;
+use common::{env_count, option_sets, ME};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -65,26 +65,9 @@ impl Preallocated {
     }
 }
 
-/// Node sizes as the tests' stores use them and as `betreefs mkfs` picks
-/// them for a small device (256 KiB, basements of an eighth).
-fn option_sets() -> [Options; 2] {
-    [
-        common::options(),
-        Options {
-            node_size: 256 << 10,
-            basement_size: 32 << 10,
-            cache_bytes: 8 << 20,
-            ..common::options()
-        },
-    ]
-}
-
 #[test]
 fn preallocated_blocks_take_their_writes_after_random_fills() {
-    let seeds = std::env::var("BETREEFS_PREALLOC_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(4u64);
+    let seeds = env_count("BETREEFS_PREALLOC_SEEDS", 4);
     for (set, options) in option_sets().into_iter().enumerate() {
         let mut left = 0;
         for seed in 0..seeds {

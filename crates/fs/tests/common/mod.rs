@@ -19,6 +19,28 @@ pub fn options() -> Options {
     }
 }
 
+/// [`options`], and nodes as `betreefs mkfs` sizes them for a small
+/// device (256 KiB, basements of an eighth).
+pub fn option_sets() -> [Options; 2] {
+    [
+        options(),
+        Options {
+            node_size: 256 << 10,
+            basement_size: 32 << 10,
+            cache_bytes: 8 << 20,
+            ..options()
+        },
+    ]
+}
+
+/// A count from the environment (to run a test longer), or `default`.
+pub fn env_count(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Creates `name` in `dir` holding `data`; its inode number.
 pub fn write_file(fs: &FileSystem, dir: u64, name: &[u8], data: &[u8]) -> u64 {
     let (attr, fh) = fs.create(dir, name, 0o644, 0, ME).unwrap();
