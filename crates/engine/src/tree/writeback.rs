@@ -962,9 +962,9 @@ impl Tree {
     /// faster than the promises as they were drawn on (each checkpoint
     /// cuts runs with new images, and the copies it frees are scattered),
     /// and a write into preallocated blocks was refused with two fifths of
-    /// the node region's blocks free (`crates/fs/tests/preallocation.rs`). Counted
-    /// without them, a drawing write is refused only when what is dirty
-    /// could not be checkpointed.
+    /// the node region's blocks free (`crates/fs/tests/preallocation.rs`).
+    /// Counted without them, a drawing write is refused only when what is
+    /// dirty could not be checkpointed.
     pub fn space_low(&self, promised: u64, drawing: bool) -> bool {
         let capacity = self.layout.nodes_bytes;
         let node = self.opts.node_size as u64;
