@@ -30,8 +30,8 @@ const DEVICE: u64 = 24 << 20;
 enum Entry {
     /// A regular file (its inode number).
     File(u64),
-    /// A directory (its inode number): `d1`..`d3` hold files, the
-    /// others are kept empty.
+    /// A directory (its inode number): the root and `d1`..`d3` (renamed
+    /// as the run goes) hold files, the others are kept empty.
     Dir(u64),
 }
 
@@ -380,6 +380,14 @@ fn compare(fs: &FileSystem, model: &Model, context: &str) {
             assert_eq!(attr.ino, *ino, "{context}: the inode of {dir}/{name:?}");
             if model.dirs.contains_key(ino) {
                 pending.push(*ino);
+            } else if matches!(entry, Entry::Dir(_)) {
+                let mut listed = 0;
+                fs.readdir(*ino, 0, false, &mut |e| {
+                    listed += usize::from(e.name != b"." && e.name != b"..");
+                    false
+                })
+                .unwrap_or_else(|e| panic!("{context}: readdir {dir}/{name:?}: {e:?}"));
+                assert_eq!(listed, 0, "{context}: {dir}/{name:?} is not empty");
             }
         }
     }

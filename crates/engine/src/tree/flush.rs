@@ -741,11 +741,12 @@ impl Tree {
     }
 
     /// How many dirty bytes a reclaim step may make: a quarter of what the
-    /// image-sized free runs hold, at least two nodes. The dirty bytes
-    /// count what nodes hold, not their images, whose basements each
-    /// begin on a block: with basements of a few kilobytes the images
-    /// came to nearly twice the count, and a step budgeted at half the
-    /// runs made more than its checkpoint could place.
+    /// image-sized free runs hold, at least two nodes. When the dirty
+    /// bytes counted what nodes hold and not the blocks their basements
+    /// begin on (`dirty_estimate` counts those now), the images came to
+    /// nearly twice the count with basements of a few kilobytes, and a
+    /// step budgeted at half the runs made more than its checkpoint
+    /// could place.
     pub fn reclaim_budget(&self) -> usize {
         let runs = self.image_sized_run_bytes();
         ((runs / 4) as usize).max(2 * self.opts.node_size)

@@ -929,10 +929,12 @@ impl Tree {
     }
 
     /// The most a write can dirty of nodes that were clean: a path from
-    /// each root to a leaf, and a node more for a split on each.
+    /// each root to a leaf, and a node more for a split on each, each at
+    /// the largest image a node may take ([`Tree::image_blocks_max`]: the
+    /// dirty nodes are counted at their images' size too).
     fn write_path_bytes(&self) -> u64 {
         let nodes: u64 = self.heights().iter().map(|&h| u64::from(h) + 2).sum();
-        nodes * self.opts.node_size as u64
+        nodes * self.image_blocks_max() * BLOCK_SIZE as u64
     }
 
     /// Whether writes that add data should be refused: the node region
@@ -945,8 +947,9 @@ impl Tree {
     /// run.
     ///
     /// `promised` is the space held for writes already allowed (see
-    /// [`crate::Reservation`]): it counts as used, and it must be there in
-    /// such runs as the dirty nodes must. A write that draws on
+    /// [`crate::Reservation`]): it counts as used, and for writes that
+    /// do not draw on it, it must be there in such runs as the dirty nodes
+    /// must. A write that draws on
     /// its own promise (`drawing`) may use half of the copy-on-write
     /// reserve as well: the promise was checked against the full reserve
     /// when it was made, so the space is there, and what the write costs
