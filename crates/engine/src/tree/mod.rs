@@ -339,10 +339,15 @@ impl Tree {
     }
 
     pub fn heights(&self) -> Vec<u32> {
+        self.root_heights().collect()
+    }
+
+    /// Each tree's height (0 for a root not cached, which only an open
+    /// without warming leaves so).
+    fn root_heights(&self) -> impl Iterator<Item = u32> + '_ {
         self.roots
             .iter()
             .map(|r| self.cache.get(r).map_or(0, |n| n.height()))
-            .collect()
     }
 }
 

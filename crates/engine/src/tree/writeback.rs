@@ -933,7 +933,7 @@ impl Tree {
     /// the largest image a node may take ([`Tree::image_blocks_max`]: the
     /// dirty nodes are counted at their images' size too).
     fn write_path_bytes(&self) -> u64 {
-        let nodes: u64 = self.heights().iter().map(|&h| u64::from(h) + 2).sum();
+        let nodes: u64 = self.root_heights().map(|h| u64::from(h) + 2).sum();
         nodes * self.image_blocks_max() * BLOCK_SIZE as u64
     }
 
@@ -971,18 +971,18 @@ impl Tree {
     pub fn space_low(&self, promised: u64, drawing: bool) -> bool {
         let capacity = self.layout.nodes_bytes;
         let node = self.opts.node_size as u64;
-        let path = self.write_path_bytes().max(4 * node);
-        let (reserve, run_reserve) = if drawing {
+        let path = self.write_path_bytes();
+        // The reserve, and what image-sized runs must hold beyond the
+        // dirty nodes.
+        let (reserve, runs_needed) = if drawing {
             ((capacity / 16).max(4 * node), path)
         } else {
-            ((capacity / 8).max(8 * node), 2 * path)
+            ((capacity / 8).max(8 * node), promised + 2 * path)
         };
         let used = self.claimed_bytes(promised)
             + (self.btt.live_count() as u64 * 16).next_multiple_of(BLOCK_SIZE as u64);
-        // What runs must hold beyond the dirty nodes and the reserve.
-        let run_promised = if drawing { 0 } else { promised };
         used + reserve > capacity
-            || run_promised + self.dirty_bytes as u64 + run_reserve > self.image_sized_run_bytes()
+            || self.dirty_bytes as u64 + runs_needed > self.image_sized_run_bytes()
     }
 }
 
