@@ -14,12 +14,11 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 
-use betreefs_engine::{Options, Store};
-use betreefs_fs::{AtimePolicy, Errno, FileSystem, Operations, RenameFlags, SetAttr, ROOT_INO};
+use betreefs_engine::Options;
+use betreefs_fs::{Errno, FileSystem, Operations, RenameFlags, SetAttr, ROOT_INO};
 use betreefs_store::{CrashMode, MemDevice};
-use common::{env_count, option_sets, ME};
+use common::{env_count, format_fs, mount_fs, option_sets, ME};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -119,19 +118,10 @@ fn random_operations_on_a_device_that_fills_match_the_model() {
     }
 }
 
-fn mount(dev: &MemDevice, options: &Options, context: &str) -> FileSystem {
-    let store = Store::open_on(Arc::new(dev.clone()), options.clone())
-        .unwrap_or_else(|e| panic!("{context}: opening the store: {e}"));
-    FileSystem::mount(store, AtimePolicy::Relatime).unwrap()
-}
-
 /// One seeded run; how many operations were refused for space.
 fn run(options: Options, seed: u64, context: &str) -> u64 {
     const OPS: u32 = 1200;
-    let dev = MemDevice::new(DEVICE);
-    let store = Store::create_on(Arc::new(dev.clone()), options.clone()).unwrap();
-    FileSystem::format(&store, ME).unwrap();
-    let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
+    let (dev, fs) = format_fs(DEVICE, &options);
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut model = Model {
         dirs: BTreeMap::from([(ROOT_INO, BTreeMap::new())]),
@@ -168,7 +158,7 @@ fn run(options: Options, seed: u64, context: &str) -> u64 {
             fs.fsync().unwrap();
             let crashed = MemDevice::from_image(dev.crash_image(CrashMode::DropUnsynced));
 
-            let after = mount(&crashed, &options, &format!("{context}, after a power cut"));
+            let after = mount_fs(&crashed, &options, &format!("{context}, after a power cut"));
             compare(&after, &model, &format!("{context}, after a power cut"));
             let report = betreefs_fs::fsck::check(after.store(), |_| {}).unwrap();
             assert!(report.is_clean(), "{context}: {:?}", report.problems);
@@ -181,7 +171,7 @@ fn run(options: Options, seed: u64, context: &str) -> u64 {
     }
     fs.close()
         .unwrap_or_else(|e| panic!("{context}: closing the store: {e}"));
-    let fs = mount(&dev, &options, &format!("{context}, remounting"));
+    let fs = mount_fs(&dev, &options, &format!("{context}, remounting"));
     compare(&fs, &model, &format!("{context}, after a remount"));
     let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
     assert!(report.is_clean(), "{context}: {:?}", report.problems);
@@ -195,7 +185,7 @@ fn random_op(
     rng: &mut SmallRng,
     names: &mut u32,
 ) -> Result<(), Errno> {
-    let dirs: Vec<u64> = fixed.to_vec();
+    let dirs = fixed;
     let files = model.file_entries();
     let mut fresh_name = |prefix: &str| {
         *names += 1;

@@ -14,13 +14,7 @@ use betreefs_store::MemDevice;
 use common::{options, write_file, ME};
 
 fn fresh() -> (MemDevice, FileSystem) {
-    let dev = MemDevice::new(64 << 20);
-    let store = Store::create_on(Arc::new(dev.clone()), options()).unwrap();
-    FileSystem::format(&store, ME).unwrap();
-    (
-        dev,
-        FileSystem::mount(store, AtimePolicy::Relatime).unwrap(),
-    )
+    common::format_fs(64 << 20, &options())
 }
 
 fn remount(dev: &MemDevice, fs: FileSystem) -> FileSystem {

@@ -13,12 +13,10 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
-use betreefs_engine::{Options, Store};
-use betreefs_fs::{AtimePolicy, Errno, FileSystem, Operations, RenameFlags, ROOT_INO};
-use betreefs_store::MemDevice;
-use common::{env_count, option_sets, ME};
+use betreefs_engine::Options;
+use betreefs_fs::{Errno, FileSystem, Operations, RenameFlags, ROOT_INO};
+use common::{env_count, format_fs, mount_fs, option_sets, ME};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -88,10 +86,7 @@ fn preallocated_blocks_take_their_writes_after_random_fills() {
 
 /// One seeded run; the blocks still preallocated when the device was full.
 fn run(options: Options, seed: u64, context: &str) -> usize {
-    let dev = MemDevice::new(DEVICE);
-    let store = Store::create_on(Arc::new(dev.clone()), options.clone()).unwrap();
-    FileSystem::format(&store, ME).unwrap();
-    let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
+    let (dev, fs) = format_fs(DEVICE, &options);
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut preallocated: Vec<Preallocated> = Vec::new();
     let mut fills: Vec<(Vec<u8>, u64, u64)> = Vec::new();
@@ -219,8 +214,7 @@ fn run(options: Options, seed: u64, context: &str) -> usize {
         fs.release(fh).unwrap();
     }
     fs.close().unwrap();
-    let store = Store::open_on(Arc::new(dev), options).unwrap();
-    let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
+    let fs = mount_fs(&dev, &options, context);
     for p in &preallocated {
         let ino = fs
             .lookup(ROOT_INO, &p.name)
@@ -263,8 +257,11 @@ fn write_reserved_blocks(
     context: &str,
 ) {
     for _ in 0..runs {
-        let blocks: Vec<u64> = p.reserved.iter().copied().collect();
-        let Some(&first) = blocks.get(rng.gen_range(0..blocks.len().max(1))) else {
+        let Some(&first) = p
+            .reserved
+            .iter()
+            .nth(rng.gen_range(0..p.reserved.len().max(1)))
+        else {
             return;
         };
         // The run of reserved blocks from `first`, up to 64 of them.

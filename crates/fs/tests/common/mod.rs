@@ -1,8 +1,11 @@
 //! Pieces the file-system tests share.
 #![allow(dead_code)]
 
-use betreefs_engine::Options;
-use betreefs_fs::{Caller, FileSystem, Operations};
+use std::sync::Arc;
+
+use betreefs_engine::{Options, Store};
+use betreefs_fs::{AtimePolicy, Caller, FileSystem, Operations};
+use betreefs_store::MemDevice;
 
 pub const ME: Caller = Caller::new(1000, 1000);
 
@@ -17,6 +20,24 @@ pub fn options() -> Options {
         checkpoint_interval: None,
         ..Options::default()
     }
+}
+
+/// A file system formatted on a new in-memory device of `bytes`.
+pub fn format_fs(bytes: u64, options: &Options) -> (MemDevice, FileSystem) {
+    let dev = MemDevice::new(bytes);
+    let store = Store::create_on(Arc::new(dev.clone()), options.clone()).unwrap();
+    FileSystem::format(&store, ME).unwrap();
+    (
+        dev,
+        FileSystem::mount(store, AtimePolicy::Relatime).unwrap(),
+    )
+}
+
+/// The file system on `dev`, opened and mounted.
+pub fn mount_fs(dev: &MemDevice, options: &Options, context: &str) -> FileSystem {
+    let store = Store::open_on(Arc::new(dev.clone()), options.clone())
+        .unwrap_or_else(|e| panic!("{context}: opening the store: {e}"));
+    FileSystem::mount(store, AtimePolicy::Relatime).unwrap()
 }
 
 /// [`options`], and nodes as `betreefs mkfs` sizes them for a small
