@@ -863,6 +863,27 @@ pub fn buffer_mem_bytes(buffer: &MessageBuffer) -> usize {
     buffer.bytes() + buffer.message_count() * MESSAGE_MEM_OVERHEAD
 }
 
+/// What [`Interior::insert_point_counted`] did.
+#[derive(Clone, Copy, Debug)]
+pub struct PointInserted {
+    /// Messages the new one made obsolete.
+    pub eaten: usize,
+    /// The buffer was shared (with a checkpoint's copy of the node) and
+    /// copied first.
+    pub copied: bool,
+    /// Change of the buffer's bytes ([`MessageBuffer::bytes`]), and so of
+    /// the node's content.
+    pub bytes: isize,
+    /// Change of the buffer's memory ([`buffer_mem_bytes`]), and so of the
+    /// node's.
+    pub mem: isize,
+}
+
+/// `after - before` as a signed count (sizes in memory fit an `isize`).
+fn signed_change(before: usize, after: usize) -> isize {
+    after as isize - before as isize
+}
+
 #[derive(Clone, Debug)]
 pub struct Interior {
     /// Distance from the leaves (children of a height-1 node are leaves).
@@ -1139,12 +1160,6 @@ impl Interior {
         eaten
     }
 
-    // Reviewed exception (indexing): a leaf has one pivot fewer than
-    // basements and an interior node as many buffers as children, checked
-    // on every load (validate::check_leaf, check_interior) and kept by
-    // split, merge and rebalance; indices come from basement_for,
-    // child_index or a loop over those counts.
-    #[allow(clippy::indexing_slicing)]
     /// Returns how many older messages the new one ate, and whether the
     /// buffer it went to was shared (with the checkpoint in flight's copy
     /// of this node), so copied first.
@@ -1154,10 +1169,35 @@ impl Interior {
         msg: PointMsg,
         merges: &MergeRegistry,
     ) -> (usize, bool) {
+        let inserted = self.insert_point_counted(key, msg, merges);
+        (inserted.eaten, inserted.copied)
+    }
+
+    /// [`Interior::insert_point`], telling also how the one buffer it
+    /// changed grew: the node's content and memory change by as much, so
+    /// a caller changing a node where it lies in the cache can count it
+    /// without summing over every buffer.
+    // Reviewed exception (indexing), as for insert_range_delete: as many
+    // buffers as children, and child_index names one of them.
+    #[allow(clippy::indexing_slicing)]
+    pub fn insert_point_counted(
+        &mut self,
+        key: Vec<u8>,
+        msg: PointMsg,
+        merges: &MergeRegistry,
+    ) -> PointInserted {
         let i = self.child_index(&key);
         let buffer = &mut self.buffers[i];
-        let shared = Arc::strong_count(buffer) > 1;
-        (Arc::make_mut(buffer).insert_point(key, msg, merges), shared)
+        let copied = Arc::strong_count(buffer) > 1;
+        let (bytes, mem) = (buffer.bytes(), buffer_mem_bytes(buffer));
+        let buffer = Arc::make_mut(buffer);
+        let eaten = buffer.insert_point(key, msg, merges);
+        PointInserted {
+            eaten,
+            copied,
+            bytes: signed_change(bytes, buffer.bytes()),
+            mem: signed_change(mem, buffer_mem_bytes(buffer)),
+        }
     }
 
     /// Distributes a batch flushed from the parent into our children's
@@ -1368,6 +1408,54 @@ mod tests {
                 .map(|(k, v)| k.len() + v.len() + crate::entries::ENTRY_OVERHEAD_BYTES)
                 .sum();
             prop_assert_eq!(merged.bytes(), counted);
+        }
+    }
+
+    proptest! {
+        /// What `insert_point_counted` says a buffer grew by is what the
+        /// node's memory and content grew by: a root changed where it lies
+        /// in the cache is counted from it alone (`Tree::apply_message`).
+        /// Small keys, so messages meet and eat each other; some buffers
+        /// shared, as with a checkpoint's copy of the node.
+        #[test]
+        fn a_point_insert_counts_what_the_node_grew_by(
+            messages in vec((vec(0u8..8, 1..3), 0u8..3, vec(any::<u8>(), 0..40), any::<bool>()), 1..60),
+        ) {
+            let merges = MergeRegistry::default();
+            let mut int = Interior {
+                height: 1,
+                pivots: vec![vec![2], vec![5]],
+                children: vec![1, 2, 3],
+                buffers: vec![Default::default(), Default::default(), Default::default()],
+                partial: None,
+            };
+            let content = |int: &Interior| Node {
+                body: NodeBody::Interior(int.clone()),
+                bounds: Bounds::full(),
+                tree: 0,
+                dirty: true,
+                last_used: Default::default(),
+            }
+            .content_bytes();
+            let mut held = Vec::new();
+            for (seq, (key, kind, value, share)) in messages.into_iter().enumerate() {
+                let seq = seq as u64 + 1;
+                if share {
+                    held.push(int.clone());
+                }
+                let msg = match kind {
+                    0 => PointMsg::put(seq, value),
+                    1 => PointMsg::delete(seq),
+                    _ => PointMsg::upsert(seq, crate::merge::MERGE_PATCH, crate::merge::patch_arg(0, &value)),
+                };
+                let before = (int.mem_bytes(), content(&int));
+                let inserted = int.insert_point_counted(key, msg, &merges);
+                let after = (int.mem_bytes(), content(&int));
+                prop_assert_eq!(after.0 as isize - before.0 as isize, inserted.mem);
+                prop_assert_eq!(after.1 as isize - before.1 as isize, inserted.bytes);
+                prop_assert_eq!(inserted.copied, share);
+                held.clear();
+            }
         }
     }
 

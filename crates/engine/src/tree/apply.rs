@@ -45,6 +45,10 @@ impl Tree {
             Flushing::Background => 2 * self.flush_backlog_bound(),
         };
         let mut must_settle = [false; KEY_SPACES];
+        // What each root buffers, carried from message to message while
+        // only its own inserts change it (summed over a root's buffers
+        // for every message, this was a pass over all of its children).
+        let mut root_bytes: [Option<usize>; KEY_SPACES] = [None; KEY_SPACES];
         for (ks, msg) in messages {
             let transplant = match &msg {
                 Message::RangeRename(r) => Some((r, Transplant::Move)),
@@ -52,21 +56,33 @@ impl Tree {
                 _ => None,
             };
             let (transplanted, removal) = (transplant.is_some(), msg.is_removal());
-            match transplant {
-                Some((r, how)) => self.apply_transplant(ks, seq, r, how)?,
+            let grown = match transplant {
+                Some((r, how)) => {
+                    self.apply_transplant(ks, seq, r, how)?;
+                    None
+                }
                 // The decoded message is moved into the root's buffer: a
                 // data block is not copied once more on its way there.
                 None => self.apply_message(ks, seq, msg)?,
-            }
+            };
             must_settle[ks.index()] |= flushing == Flushing::Inline || transplanted;
             if removal {
                 self.removals_since_reclaim += 1;
             }
+            let known = &mut root_bytes[ks.index()];
+            let bytes = match (*known, grown) {
+                (Some(bytes), Some(grown)) => bytes.checked_add_signed(grown),
+                _ => None,
+            }
+            .unwrap_or_else(|| self.root_buffer_bytes(ks));
+            debug_assert_eq!(bytes, self.root_buffer_bytes(ks), "a root's bytes carried");
+            *known = Some(bytes);
             // Messages flushed early stay below the later ones of the same
             // batch, so later still wins.
-            if self.root_buffer_bytes(ks) > settle_above {
+            if bytes > settle_above {
                 self.settle_root(ks)?;
                 self.evict_within_write()?;
+                root_bytes[ks.index()] = None;
             }
         }
         for ks in KeySpace::ALL {
@@ -247,37 +263,113 @@ impl Tree {
         adopted
     }
 
+    /// Puts one message into the root's buffers. Returns by how much the
+    /// root's buffered bytes grew when that is known without summing
+    /// them (a point message into a root dirty already).
     pub(super) fn apply_message(
         &mut self,
         ks: KeySpace,
         seq: u64,
         msg: Message,
-    ) -> EngineResult<()> {
+    ) -> EngineResult<Option<isize>> {
         let root = self.interior_root(ks)?;
+        let (eaten, grown) = match msg {
+            Message::RangeDelete { start, end } => {
+                let eaten = self.change_root(root, |int, _| {
+                    int.insert_range_delete(&start, &end, seq, &Bounds::full())
+                });
+                (eaten, None)
+            }
+            msg => match point_msg(seq, msg) {
+                Some((key, m)) => self.insert_point_into_root(root, key, m),
+                None => (0, None),
+            },
+        };
+        add(&self.stats.messages_obviated, eaten as u64);
+        add(&self.stats.messages_inserted, 1);
+        Ok(grown)
+    }
+
+    /// Changes root `root` (cached whole, interior) taken out of the cache
+    /// and put back dirty, its memory and dirty bytes counted whole.
+    fn change_root<T>(
+        &mut self,
+        root: u64,
+        change: impl FnOnce(&mut Interior, &MergeRegistry) -> T,
+    ) -> T {
         let mut node = self.take(root);
         let NodeBody::Interior(int) = &mut node.body else {
             unreachable!("interior_root returns an interior node")
         };
-        let eaten = match msg {
-            Message::RangeDelete { start, end } => {
-                int.insert_range_delete(&start, &end, seq, &Bounds::full())
-            }
-            msg => match point_msg(seq, msg) {
-                Some((key, m)) => {
-                    let (eaten, copied) = int.insert_point(key, m, &self.merges);
-                    if copied {
-                        add(&self.stats.root_buffers_copied_locked, 1);
-                    }
-                    eaten
-                }
-                None => 0,
-            },
-        };
-        add(&self.stats.messages_obviated, eaten as u64);
+        let changed = change(int, &self.merges);
         node.dirty = true;
         self.put(root, node);
-        add(&self.stats.messages_inserted, 1);
-        Ok(())
+        changed
+    }
+
+    /// A point message into root `root` (cached whole, interior). Most go
+    /// into a root that is dirty already, which changes where it lies in
+    /// the cache: its memory and dirty bytes change by what the one buffer
+    /// it went into changed. Taken out and put back, every message summed
+    /// the root's buffers and pivots four times, a pass over each of its
+    /// children (the applications of staged writes are the serial part of
+    /// a store with several writers; docs/design.md, "Staged writes").
+    /// Returns messages eaten, and the growth of the root's buffered bytes
+    /// when changed in place.
+    fn insert_point_into_root(
+        &mut self,
+        root: u64,
+        key: Vec<u8>,
+        m: PointMsg,
+    ) -> (usize, Option<isize>) {
+        let tick = self.next_tick();
+        let node = match self.cache.get_mut(&root) {
+            Some(node) if node.dirty => node,
+            // A clean root becomes dirty: counted whole, once.
+            _ => {
+                let (eaten, copied) =
+                    self.change_root(root, |int, merges| int.insert_point(key, m, merges));
+                if copied {
+                    add(&self.stats.root_buffers_copied_locked, 1);
+                }
+                return (eaten, None);
+            }
+        };
+        // What `take` and `put` do around a change, the node staying put.
+        if let Some(cp) = &mut self.checkpoint {
+            cp.before_change(root, node, &self.stats);
+        }
+        self.writing_back.remove(&root);
+        node.last_used.set(tick);
+        #[cfg(debug_assertions)]
+        let before = (node.mem_bytes(), dirty_estimate(node));
+        let NodeBody::Interior(int) = &mut node.body else {
+            unreachable!("interior_root returns an interior node")
+        };
+        let inserted = int.insert_point_counted(key, m, &self.merges);
+        #[cfg(debug_assertions)]
+        {
+            let after = (node.mem_bytes(), dirty_estimate(node));
+            debug_assert_eq!(
+                (
+                    after.0 as isize - before.0 as isize,
+                    after.1 as isize - before.1 as isize
+                ),
+                (inserted.mem, inserted.bytes),
+                "tree invariant: a root changed in place counts what its buffer changed"
+            );
+        }
+        if inserted.copied {
+            add(&self.stats.root_buffers_copied_locked, 1);
+        }
+        let counted = |total: usize, change: isize| match total.checked_add_signed(change) {
+            Some(total) => total,
+            None => panic!("tree invariant: counted bytes below zero ({total} {change:+})"),
+        };
+        self.cache_bytes = counted(self.cache_bytes, inserted.mem);
+        self.cache_bytes_peak = self.cache_bytes_peak.max(self.cache_bytes);
+        self.dirty_bytes = counted(self.dirty_bytes, inserted.bytes);
+        (inserted.eaten, Some(inserted.bytes))
     }
 
     /// Flushes, splits and collapses at the root until it is within bounds.

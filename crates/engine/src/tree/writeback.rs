@@ -728,15 +728,7 @@ impl Tree {
     /// dropped): its image is made first, if it has none yet.
     pub(super) fn before_change(&mut self, num: u64, node: &Node) {
         if let Some(cp) = &mut self.checkpoint {
-            if cp.pending.remove(&num) {
-                let started = std::time::Instant::now();
-                // A copy sharing the buffers or basements: the change that
-                // follows copies only a buffer it changes (a basement is
-                // replaced, not changed).
-                cp.copy_node(num, node, &self.stats);
-                record_max(&self.stats.checkpoint_image_micros_max, started.elapsed());
-            }
-            cp.unchanged.remove(&num);
+            cp.before_change(num, node, &self.stats);
         }
     }
 
@@ -1062,6 +1054,21 @@ pub(super) struct CheckpointInProgress {
 }
 
 impl CheckpointInProgress {
+    /// [`Tree::before_change`]: node `num` (`node`) is about to change;
+    /// copied first if it still waits for its image. Called with the
+    /// node where it lies in the cache, too, when it changes in place.
+    pub(super) fn before_change(&mut self, num: u64, node: &Node, stats: &Stats) {
+        if self.pending.remove(&num) {
+            let started = std::time::Instant::now();
+            // A copy sharing the buffers or basements: the change that
+            // follows copies only a buffer it changes (a basement is
+            // replaced, not changed).
+            self.copy_node(num, node, stats);
+            record_max(&stats.checkpoint_image_micros_max, started.elapsed());
+        }
+        self.unchanged.remove(&num);
+    }
+
     /// Copies node `num` (`node`) for the checkpoint's thread to encode.
     fn copy_node(&mut self, num: u64, node: &Node, stats: &Stats) {
         add(&stats.checkpoint_node_copies, 1);
