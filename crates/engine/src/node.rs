@@ -1437,12 +1437,10 @@ mod tests {
                 last_used: Default::default(),
             }
             .content_bytes();
-            let mut held = Vec::new();
             for (seq, (key, kind, value, share)) in messages.into_iter().enumerate() {
                 let seq = seq as u64 + 1;
-                if share {
-                    held.push(int.clone());
-                }
+                // A copy holding every buffer while the message goes in.
+                let held = share.then(|| int.clone());
                 let msg = match kind {
                     0 => PointMsg::put(seq, value),
                     1 => PointMsg::delete(seq),
@@ -1454,7 +1452,7 @@ mod tests {
                 prop_assert_eq!(after.0 as isize - before.0 as isize, inserted.mem);
                 prop_assert_eq!(after.1 as isize - before.1 as isize, inserted.bytes);
                 prop_assert_eq!(inserted.copied, share);
-                held.clear();
+                drop(held);
             }
         }
     }

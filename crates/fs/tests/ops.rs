@@ -19,8 +19,7 @@ fn fresh() -> (MemDevice, FileSystem) {
 
 fn remount(dev: &MemDevice, fs: FileSystem) -> FileSystem {
     fs.close().unwrap();
-    let store = Store::open_on(Arc::new(dev.clone()), options()).unwrap();
-    FileSystem::mount(store, AtimePolicy::Relatime).unwrap()
+    common::mount_fs(dev, &options(), "remounting")
 }
 
 /// Names and offsets from `offset` on; the `limit`-th entry is seen but
@@ -728,8 +727,7 @@ fn fsck_repairs_what_it_can() {
     }
     assert!(report.is_clean(), "{:?}", report.problems);
     store.close().unwrap();
-    let store = Store::open_on(Arc::new(dev.clone()), options()).unwrap();
-    let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
+    let fs = common::mount_fs(&dev, &options(), "reopening");
     let d = fs.lookup(ROOT_INO, b"d").unwrap();
     assert!(d.is_dir());
     let sub = fs.lookup(d.ino, b"sub").unwrap();
@@ -1154,15 +1152,13 @@ fn older_images_are_upgraded_by_a_read_write_mount() {
             read_only: true,
             ..options()
         };
-        let store = Store::open_on(Arc::new(dev.clone()), read_only).unwrap();
-        let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
+        let fs = common::mount_fs(&dev, &read_only, "opening read-only");
         assert_eq!(version(fs.store()), u32::from(old));
         assert_eq!(bound(fs.store()), None);
         let f = fs.lookup(ROOT_INO, b"f").unwrap().ino;
         assert_eq!(read_all(&fs, f), b"kept");
         fs.close().unwrap();
-        let store = Store::open_on(Arc::new(dev.clone()), options()).unwrap();
-        let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
+        let fs = common::mount_fs(&dev, &options(), "reopening");
         assert_eq!(version(fs.store()), FS_VERSION);
         let found = bound(fs.store()).expect("the key bound, written by the upgrade");
         // Three directory names of 200 bytes and their separators.
@@ -1811,8 +1807,7 @@ fn a_damaged_key_bound_is_refused_and_repaired() {
     betreefs_fs::fsck::repair(&store, &report).unwrap();
     assert!(betreefs_fs::fsck::check(&store, |_| {}).unwrap().is_clean());
     store.close().unwrap();
-    let store = Store::open_on(Arc::new(dev.clone()), options()).unwrap();
-    let fs = FileSystem::mount(store, AtimePolicy::Relatime).unwrap();
+    let fs = common::mount_fs(&dev, &options(), "reopening");
     assert_eq!(key_bound(&fs), 256);
     let f = fs.lookup(ROOT_INO, b"f").unwrap().ino;
     assert_eq!(read_all(&fs, f), b"kept");

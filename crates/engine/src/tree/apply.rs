@@ -323,17 +323,12 @@ impl Tree {
         m: PointMsg,
     ) -> (usize, Option<isize>) {
         let tick = self.next_tick();
-        let node = match self.cache.get_mut(&root) {
-            Some(node) if node.dirty => node,
+        let Some(node) = self.cache.get_mut(&root).filter(|node| node.dirty) else {
             // A clean root becomes dirty: counted whole, once.
-            _ => {
-                let (eaten, copied) =
-                    self.change_root(root, |int, merges| int.insert_point(key, m, merges));
-                if copied {
-                    add(&self.stats.root_buffers_copied_locked, 1);
-                }
-                return (eaten, None);
-            }
+            let (eaten, copied) =
+                self.change_root(root, |int, merges| int.insert_point(key, m, merges));
+            self.count_root_buffer_copy(copied);
+            return (eaten, None);
         };
         // What `take` and `put` do around a change, the node staying put.
         if let Some(cp) = &mut self.checkpoint {
@@ -359,9 +354,7 @@ impl Tree {
                 "tree invariant: a root changed in place counts what its buffer changed"
             );
         }
-        if inserted.copied {
-            add(&self.stats.root_buffers_copied_locked, 1);
-        }
+        self.count_root_buffer_copy(inserted.copied);
         let counted = |total: usize, change: isize| match total.checked_add_signed(change) {
             Some(total) => total,
             None => panic!("tree invariant: counted bytes below zero ({total} {change:+})"),
@@ -370,6 +363,14 @@ impl Tree {
         self.cache_bytes_peak = self.cache_bytes_peak.max(self.cache_bytes);
         self.dirty_bytes = counted(self.dirty_bytes, inserted.bytes);
         (inserted.eaten, Some(inserted.bytes))
+    }
+
+    /// A root's buffer shared with the checkpoint in flight's copy was
+    /// copied under the tree lock to take a message.
+    fn count_root_buffer_copy(&self, copied: bool) {
+        if copied {
+            add(&self.stats.root_buffers_copied_locked, 1);
+        }
     }
 
     /// Flushes, splits and collapses at the root until it is within bounds.
