@@ -464,6 +464,39 @@ fn times(root: &Path, paths: &[PathBuf]) -> HashMap<u64, (PathBuf, i64, i64, i64
     out
 }
 
+/// [`times`] by statx(2) with `AT_STATX_FORCE_SYNC`: what the daemon
+/// says now, whatever the kernel has cached.
+fn forced_times(root: &Path, paths: &[PathBuf]) -> HashMap<u64, (PathBuf, i64, u32, i64, u32)> {
+    let mut out = HashMap::new();
+    for rel in paths {
+        let Ok(path) = std::ffi::CString::new(root.join(rel).as_os_str().as_bytes()) else {
+            continue;
+        };
+        // SAFETY: a zeroed statx is a valid buffer for statx(2) to fill.
+        let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+        // SAFETY: path is NUL-terminated and sx is a valid out buffer.
+        let r = unsafe {
+            libc::statx(
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_FORCE_SYNC,
+                libc::STATX_BASIC_STATS,
+                &mut sx,
+            )
+        };
+        if r == 0 {
+            out.entry(sx.stx_ino).or_insert((
+                rel.clone(),
+                sx.stx_mtime.tv_sec,
+                sx.stx_mtime.tv_nsec,
+                sx.stx_ctime.tv_sec,
+                sx.stx_ctime.tv_nsec,
+            ));
+        }
+    }
+    out
+}
+
 /// tmpfs takes timestamps from the coarse clock: two changes within one
 /// tick can get the same time, and a change would look like none. Wait
 /// until the coarse clock is past every timestamp about to be compared.
@@ -602,9 +635,13 @@ fn run_ops(
         let want_marked = changed(&ref_before, &ref_after);
         let got_marked = changed(&sub_before, &sub_after);
         if got_marked != want_marked && !same_size_truncate {
+            // Asked of the daemon again, past the kernel's cache: tells a
+            // stale cached attribute from a wrong one in the daemon.
             eprintln!(
                 "reference before {ref_before:?}\nafter {ref_after:?}\n\
-                 betreefs before {sub_before:?}\nafter {sub_after:?}"
+                 betreefs before {sub_before:?}\nafter {sub_after:?}\n\
+                 betreefs from the daemon now {:?}",
+                forced_times(subject, &affected)
             );
         }
         assert!(

@@ -307,6 +307,14 @@ impl Operations for FileSystem {
         let mut st = self.lock_table();
         for &(ino, count) in forgets {
             if let Some(node) = st.nodes.get_mut(&ino) {
+                if count > node.lookups {
+                    // The kernel and the table disagree on the count: the
+                    // node goes while the kernel may still hold it.
+                    tracing::warn!(
+                        "FORGET of {count} references to inode {ino}, {} counted",
+                        node.lookups
+                    );
+                }
                 node.lookups = node.lookups.saturating_sub(count);
                 st.drop_if_unused(ino);
             }
