@@ -211,6 +211,88 @@ fn removals_found_in_the_table_follow_renames_and_links() {
     assert!(report.is_clean(), "{:?}", report.problems);
 }
 
+/// rmdir (and a rename over a directory) answers from the table's count
+/// of a directory's entries when it has one — from the directory's making,
+/// or from a listing that went from its first entry to its end — kept by
+/// every way an entry comes or goes. Debug builds check each answer from a
+/// count against the tree as well.
+#[test]
+fn rmdir_answers_from_counted_entries() {
+    let (dev, fs) = fresh();
+    let d = fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
+    assert_eq!(fs.entries_known(d), Some(0));
+    for name in [&b"a"[..], b"b", b"c"] {
+        write_file(&fs, d, name, name);
+    }
+    fs.mkdir(d, b"s", 0o755, ME).unwrap();
+    assert_eq!(fs.entries_known(d), Some(4));
+    let fs = remount(&dev, fs);
+    let d = fs.lookup(ROOT_INO, b"d").unwrap().ino;
+    assert_eq!(fs.entries_known(d), None);
+    // A listing cut short (the kernel's buffer full) counts nothing; one
+    // resumed from an entry's offset neither.
+    let first = list(&fs, d, 0, 4);
+    assert_eq!(fs.entries_known(d), None);
+    let resume = first.last().map(|(_, off)| *off).unwrap_or_default();
+    list(&fs, d, resume, usize::MAX);
+    assert_eq!(fs.entries_known(d), None);
+    assert_eq!(names(&fs, d).len(), 6);
+    assert_eq!(fs.entries_known(d), Some(4));
+    assert_eq!(fs.rmdir(ROOT_INO, b"d"), Err(Errno::ENOTEMPTY));
+    fs.unlink(d, b"a").unwrap();
+    let b = fs.lookup(d, b"b").unwrap().ino;
+    // A first hard link elsewhere leaves the entry where it is.
+    fs.link(b, ROOT_INO, b"b-link").unwrap();
+    fs.unlink(d, b"b").unwrap();
+    // Renamed within the directory: still one entry; over another: one.
+    fs.rename(d, b"c", d, b"c2", RenameFlags::default())
+        .unwrap();
+    assert_eq!(fs.entries_known(d), Some(2));
+    write_file(&fs, d, b"t", b"t");
+    assert_eq!(fs.entries_known(d), Some(3));
+    fs.rename(d, b"t", d, b"c2", RenameFlags::default())
+        .unwrap();
+    assert_eq!(fs.entries_known(d), Some(2));
+    fs.rename(d, b"c2", d, b"s", RenameFlags::default())
+        .map(|_| panic!("a file renamed over a directory"))
+        .unwrap_or_else(|e| assert_eq!(e, Errno::EISDIR));
+    let e = fs.mkdir(ROOT_INO, b"e", 0o755, ME).unwrap().ino;
+    // An exchange across directories moves no count.
+    let exchange = RenameFlags {
+        exchange: true,
+        ..RenameFlags::default()
+    };
+    fs.rename(d, b"s", ROOT_INO, b"e", exchange).unwrap();
+    assert_eq!(fs.entries_known(d), Some(2));
+    // The whiteout takes the old name: the directory keeps its count.
+    let whiteout = RenameFlags {
+        whiteout: Some(ME),
+        ..RenameFlags::default()
+    };
+    fs.rename(d, b"c2", ROOT_INO, b"c3", whiteout).unwrap();
+    assert_eq!(fs.entries_known(d), Some(2));
+    assert_eq!(fs.rmdir(ROOT_INO, b"d"), Err(Errno::ENOTEMPTY));
+    fs.unlink(d, b"c2").unwrap();
+    // What came back from the exchange (e, empty) moves out; a directory
+    // renamed over an empty one.
+    assert_eq!(fs.lookup(d, b"s").unwrap().ino, e);
+    let f = fs.mkdir(ROOT_INO, b"f", 0o755, ME).unwrap().ino;
+    write_file(&fs, f, b"x", b"x");
+    assert_eq!(
+        fs.rename(d, b"s", ROOT_INO, b"f", RenameFlags::default()),
+        Err(Errno::ENOTEMPTY)
+    );
+    fs.unlink(f, b"x").unwrap();
+    fs.rename(d, b"s", ROOT_INO, b"f", RenameFlags::default())
+        .unwrap();
+    assert_eq!(fs.entries_known(d), Some(0));
+    fs.rmdir(ROOT_INO, b"d").unwrap();
+    assert_eq!(names(&fs, ROOT_INO).len(), 6, "., .., b-link, c3, e, f");
+    let fs = remount(&dev, fs);
+    let report = betreefs_fs::fsck::check(fs.store(), |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
+
 /// A file written from its start with no gap has data everywhere and its
 /// one hole at the end (answered from its flags, without reading its
 /// blocks); extended by truncate, the new part is a hole.

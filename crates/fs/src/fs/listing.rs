@@ -179,6 +179,14 @@ impl CookieWindow {
 const ENTRIES_AHEAD: usize = 256;
 const ENTRIES_AHEAD_PLUS: usize = 96;
 
+/// What a listing that began at a directory's first entry gave: how many
+/// entries, and whether they are all it has (`Node::entries`) if it
+/// reaches the end.
+struct Counted {
+    given: u64,
+    whole: bool,
+}
+
 /// Children read in one visit are gathered in a vector reserved for this
 /// many (a directory of the kernel tree holds 16 on average).
 const CHILDREN_RESERVED: usize = 32;
@@ -266,18 +274,36 @@ impl FileSystem {
         };
         let ahead = self.read_entries(&dir, &from, &hi, plus, limit);
         let mut st = self.lock();
+        // The entries given from the first, to count them if they reach
+        // the end.
+        let mut counted = Counted {
+            given: 0,
+            whole: offset <= 2,
+        };
         let end = match ahead {
-            Ok((entries, rest)) if self.store.batches_applied() == seen => {
+            Ok((entries, rest, every_key_named)) if self.store.batches_applied() == seen => {
+                counted.whole &= every_key_named;
                 for listed in entries {
                     match self.give_entry(&mut st, ino, &dir, listed, plus, add)? {
-                        Some(cookie) => last = cookie,
+                        Some(cookie) => {
+                            last = cookie;
+                            counted.given += 1;
+                        }
                         None => return self.note_access(st, ino),
                     }
                 }
                 match rest {
-                    Some(from) => {
-                        self.fill_from(&mut st, ino, &dir, &from, &hi, plus, last, add)?
-                    }
+                    Some(from) => self.fill_from(
+                        &mut st,
+                        ino,
+                        &dir,
+                        &from,
+                        &hi,
+                        plus,
+                        last,
+                        &mut counted,
+                        add,
+                    )?,
                     None => Some(last),
                 }
             }
@@ -288,7 +314,17 @@ impl FileSystem {
                 let dir = st.dir_key(ino)?;
                 let from = self.listing_start(&st, ino, &dir, offset)?;
                 let (_, hi) = schema::children_range(&dir);
-                self.fill_from(&mut st, ino, &dir, &from, &hi, plus, last, add)?
+                self.fill_from(
+                    &mut st,
+                    ino,
+                    &dir,
+                    &from,
+                    &hi,
+                    plus,
+                    last,
+                    &mut counted,
+                    add,
+                )?
             }
         };
         if let Some(cookie) = end {
@@ -296,6 +332,11 @@ impl FileSystem {
             // entries were read at.
             let batches = self.store.batches_applied();
             st.cookies.note_end(ino, cookie, batches);
+            // Listed whole from its first entry, as the table stands now
+            // (read at `seen` with no write since, or with the lock held).
+            if counted.whole {
+                st.node_mut(ino)?.entries = Some(counted.given);
+            }
         }
         self.note_access(st, ino)
     }
@@ -354,10 +395,13 @@ impl FileSystem {
         from: &[u8],
         hi: &[u8],
         limit: usize,
-    ) -> FsResult<(Vec<Child>, Option<Vec<u8>>)> {
+    ) -> FsResult<(Vec<Child>, Option<Vec<u8>>, bool)> {
         let mut children = Vec::with_capacity(limit.min(CHILDREN_RESERVED));
         let mut rest = None;
         let mut undecodable = None;
+        // Whether every key in the range named an entry (a damaged one
+        // is passed over here, and the listing then counts nothing).
+        let mut every_key_named = true;
         self.store
             .visit_range_while(KeySpace::Meta, from, hi, &mut |key, value| {
                 if children.len() == limit {
@@ -365,6 +409,7 @@ impl FileSystem {
                     return ControlFlow::Break(());
                 }
                 let Some(name) = schema::child_name(dir, key) else {
+                    every_key_named = false;
                     return ControlFlow::Continue(());
                 };
                 match decode(value) {
@@ -384,7 +429,7 @@ impl FileSystem {
             })?;
         match undecodable {
             Some(e) => Err(e),
-            None => Ok((children, rest)),
+            None => Ok((children, rest, every_key_named)),
         }
     }
 
@@ -397,13 +442,13 @@ impl FileSystem {
         hi: &[u8],
         plus: bool,
         limit: usize,
-    ) -> FsResult<(Vec<Listed>, Option<Vec<u8>>)> {
-        let (children, rest) = self.read_children(dir, from, hi, limit)?;
+    ) -> FsResult<(Vec<Listed>, Option<Vec<u8>>, bool)> {
+        let (children, rest, every_key_named) = self.read_children(dir, from, hi, limit)?;
         let mut entries = Vec::with_capacity(children.len());
         for child in children {
             entries.push(self.listed(None, child, plus)?);
         }
-        Ok((entries, rest))
+        Ok((entries, rest, every_key_named))
     }
 
     /// A child with what readdirplus needs from the store. With the lock
@@ -507,6 +552,7 @@ impl FileSystem {
         hi: &[u8],
         plus: bool,
         mut last: u64,
+        counted: &mut Counted,
         add: &mut dyn FnMut(DirEntry<'_>) -> bool,
     ) -> FsResult<Option<u64>> {
         let limit = if plus {
@@ -516,11 +562,15 @@ impl FileSystem {
         };
         let mut from = from.to_vec();
         loop {
-            let (children, rest) = self.read_children(dir, &from, hi, limit)?;
+            let (children, rest, every_key_named) = self.read_children(dir, &from, hi, limit)?;
+            counted.whole &= every_key_named;
             for child in children {
                 let listed = self.listed(Some(st), child, plus)?;
                 match self.give_entry(st, ino, dir, listed, plus, add)? {
-                    Some(cookie) => last = cookie,
+                    Some(cookie) => {
+                        last = cookie;
+                        counted.given += 1;
+                    }
                     None => return Ok(None),
                 }
             }

@@ -275,6 +275,13 @@ impl FileSystem {
             .store(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// How many entries directory `ino` has, if the inode table knows
+    /// without a query (it counts them from a directory's making or from
+    /// a whole listing on): what rmdir answers from.
+    pub fn entries_known(&self, ino: Ino) -> Option<u64> {
+        self.lock_table().nodes.get(&ino).and_then(|n| n.entries)
+    }
+
     /// The engine underneath (stats, checkpoints).
     pub fn store(&self) -> &Store {
         &self.store
@@ -419,7 +426,8 @@ impl Operations for FileSystem {
         if !found.is_dir() {
             return Err(Errno::ENOTDIR);
         }
-        if !self.dir_is_empty(&schema::child_dir_key(&found.dir, name))? {
+        let dir = schema::child_dir_key(&found.dir, name);
+        if !self.dir_is_empty_known(&st, found.ino(), &dir)? {
             return Err(Errno::ENOTEMPTY);
         }
         self.remove_and_commit(&mut st, parent, name, found)

@@ -185,7 +185,7 @@ impl FileSystem {
         };
         batch.put(KeySpace::Meta, &key, &inode_record(&attr, target));
         put_back_pointer(&mut batch, attr.ino, parent, name);
-        plan.touch_dir(st, parent, now, if is_dir { 1 } else { 0 })?;
+        plan.touch_dir(st, parent, now, if is_dir { 1 } else { 0 }, 1)?;
         plan.put_record_at(st, &mut batch, &parent_key, parent)?;
         count_update(&mut batch, 1);
         st.write(&batch)?;
@@ -196,6 +196,7 @@ impl FileSystem {
             n.has_xattrs = Some(inherited_acls);
             if is_dir {
                 n.child_names = Some(Default::default());
+                n.entries = Some(0);
             }
         });
         Ok(attr)
@@ -388,7 +389,7 @@ impl FileSystem {
         let is_dir = found.is_dir();
         let sub = schema::child_dir_key(&found.dir, name);
         let released = self.remove_entry(st, &mut plan, &mut batch, &found, &sub, now, true)?;
-        plan.touch_dir(st, parent, now, if is_dir { -1 } else { 0 })?;
+        plan.touch_dir(st, parent, now, if is_dir { -1 } else { 0 }, -1)?;
         plan.put_record_at(st, &mut batch, &dir_record_key(&found.dir), parent)?;
         st.write_reserving(&batch, released.reservation())?;
         st.commit(plan);
@@ -406,6 +407,26 @@ impl FileSystem {
                 ControlFlow::Break(())
             })?;
         Ok(empty)
+    }
+
+    /// [`FileSystem::dir_is_empty`] of directory `ino` (whose directory
+    /// key is `dir`), from its count of entries when the table knows it
+    /// (`Node::entries`). Debug builds check the count against the tree.
+    pub(super) fn dir_is_empty_known(&self, st: &State, ino: Ino, dir: &[u8]) -> FsResult<bool> {
+        let Some(entries) = st.nodes.get(&ino).and_then(|n| n.entries) else {
+            return self.dir_is_empty(dir);
+        };
+        #[cfg(debug_assertions)]
+        {
+            let stored = self.dir_is_empty(dir)?;
+            assert_eq!(
+                entries == 0,
+                stored,
+                "inode {ino}: the table counts {entries} entries, the tree {}",
+                if stored { "none" } else { "some" }
+            );
+        }
+        Ok(entries == 0)
     }
 
     /// The longest metadata key below a directory (for rename's key
@@ -627,7 +648,7 @@ impl FileSystem {
             &new_key,
             &Record::Link { ino, mode }.encode(),
         );
-        plan.touch_dir(&st, new_parent, now, 0)?;
+        plan.touch_dir(&st, new_parent, now, 0, 1)?;
         plan.put_record_at(&st, &mut batch, &parent_key, new_parent)?;
         st.write(&batch)?;
         st.commit(plan);
@@ -694,7 +715,7 @@ impl FileSystem {
                     (false, true) => return Err(Errno::EISDIR),
                     (true, true) => {
                         let d_dir = schema::child_dir_key(&dst_dir, new_name);
-                        if !self.dir_is_empty(&d_dir)? {
+                        if !self.dir_is_empty_known(&st, d.ino(), &d_dir)? {
                             return Err(Errno::ENOTEMPTY);
                         }
                     }
@@ -767,11 +788,11 @@ impl FileSystem {
             }
             if parent != new_parent && src.is_dir() != d.is_dir() {
                 let delta = if src.is_dir() { 1 } else { -1 };
-                plan.touch_dir(&st, parent, now, -delta)?;
-                plan.touch_dir(&st, new_parent, now, delta)?;
+                plan.touch_dir(&st, parent, now, -delta, 0)?;
+                plan.touch_dir(&st, new_parent, now, delta, 0)?;
             } else {
-                plan.touch_dir(&st, parent, now, 0)?;
-                plan.touch_dir(&st, new_parent, now, 0)?;
+                plan.touch_dir(&st, parent, now, 0, 0)?;
+                plan.touch_dir(&st, new_parent, now, 0, 0)?;
             }
         } else {
             if let Some(d) = &dst {
@@ -807,12 +828,18 @@ impl FileSystem {
                 count_update(&mut batch, 1);
             }
             let replaced_dir = dst.as_ref().is_some_and(Found::is_dir);
+            // The old name goes (a whiteout takes its place); the new one
+            // comes unless it replaced an entry.
+            let left = if flags.whiteout.is_some() { 0 } else { -1 };
+            let arrived = if dst.is_some() { 0 } else { 1 };
             if src.is_dir() && parent != new_parent {
-                plan.touch_dir(&st, parent, now, -1)?;
-                plan.touch_dir(&st, new_parent, now, if replaced_dir { 0 } else { 1 })?;
+                plan.touch_dir(&st, parent, now, -1, left)?;
+                let nlink = if replaced_dir { 0 } else { 1 };
+                plan.touch_dir(&st, new_parent, now, nlink, arrived)?;
             } else {
-                plan.touch_dir(&st, parent, now, 0)?;
-                plan.touch_dir(&st, new_parent, now, if replaced_dir { -1 } else { 0 })?;
+                plan.touch_dir(&st, parent, now, 0, left)?;
+                let nlink = if replaced_dir { -1 } else { 0 };
+                plan.touch_dir(&st, new_parent, now, nlink, arrived)?;
             }
         }
         plan.put_record_at(&st, &mut batch, &dir_record_key(&src_dir), parent)?;

@@ -27,6 +27,8 @@ struct PlannedNode {
     home: Home,
     /// Its entries change (a directory's `dir_version` is bumped).
     listing_changed: bool,
+    /// By how many its entries grow (a directory's `entries`, if known).
+    entries_delta: i64,
     /// Its data changes (its stored blocks are counted again).
     data_changed: bool,
 }
@@ -63,6 +65,7 @@ impl Planned {
                     attr: node.attr.clone(),
                     home: node.home,
                     listing_changed: false,
+                    entries_delta: 0,
                     data_changed: false,
                 });
                 self.nodes.len() - 1
@@ -92,19 +95,23 @@ impl Planned {
         Ok(())
     }
 
-    /// Directory `dir` gains or loses an entry: its times are marked, its
-    /// link count changes by `nlink_delta`, its listing changed.
+    /// Directory `dir`'s entries change: its times are marked, its link
+    /// count changes by `nlink_delta`, its number of entries by
+    /// `entries_delta` (a name replaced in place changes none), its
+    /// listing changed.
     pub(super) fn touch_dir(
         &mut self,
         st: &State,
         dir: Ino,
         now: Timespec,
         nlink_delta: i32,
+        entries_delta: i32,
     ) -> FsResult<()> {
         let n = self.stage(st, dir)?;
         n.attr.mtime = now;
         n.attr.ctime = now;
         n.attr.nlink = n.attr.nlink.saturating_add_signed(nlink_delta);
+        n.entries_delta += i64::from(entries_delta);
         n.listing_changed = true;
         Ok(())
     }
@@ -195,6 +202,16 @@ impl State {
                 node.attr = planned.attr;
                 node.home = planned.home;
                 node.dir_version += u64::from(planned.listing_changed);
+                node.entries = node.entries.and_then(|n| {
+                    let counted = n.checked_add_signed(planned.entries_delta);
+                    debug_assert!(
+                        counted.is_some(),
+                        "inode {}: {n} entries {:+}",
+                        planned.ino,
+                        planned.entries_delta
+                    );
+                    counted
+                });
                 node.data_version += u64::from(planned.data_changed);
             }
         }

@@ -59,6 +59,14 @@ pub(super) struct Node {
     /// without a query (the LOOKUP before each CREATE of an untar). None
     /// when unknown (directories found on the image, or grown too big).
     pub(super) child_names: Option<HashSet<u64>>,
+    /// For a directory: how many entries it has, when the table knows —
+    /// made during this mount (none), or listed whole in one READDIR with
+    /// nothing written meanwhile — and kept by every change of its
+    /// entries ([`super::planned::Planned::touch_dir`]). rmdir then needs
+    /// no query of the tree, which waits for the tree's lock while staged
+    /// writes are applied (rm -rf's rmdirs, each after its directory's
+    /// unlinks). None when unknown.
+    pub(super) entries: Option<u64>,
     /// Bumped on every change of a file's data (write, truncate,
     /// fallocate).
     pub(super) data_version: u64,
@@ -95,6 +103,7 @@ impl Node {
             has_capability: None,
             released: false,
             child_names: None,
+            entries: None,
             data_version: 0,
             stored_blocks: None,
         }

@@ -56,7 +56,7 @@ impl FileSystem {
         }
         st.check_dir_change(dst, false)?;
         let (src_dir, dst_dir) = (st.dir_key(src)?, st.dir_key(dst)?);
-        if !self.dir_is_empty(&dst_dir)? {
+        if !self.dir_is_empty_known(&st, dst, &dst_dir)? {
             return Err(Errno::ENOTEMPTY);
         }
         let (src_key, dst_key) = (st.file_key(src)?, st.file_key(dst)?);
@@ -93,6 +93,7 @@ impl FileSystem {
             node.has_xattrs = None;
             node.has_capability = None;
             node.child_names = None;
+            node.entries = None;
         })
         .ok_or(Errno::ESTALE)?;
         Ok(attr)
