@@ -18,6 +18,24 @@ pub trait Device: Send + Sync {
     fn len_bytes(&self) -> u64;
     /// Fills `buf` from `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// [`Device::read_at`] into the `len` bytes at `buf`, which need not
+    /// be initialised: on success every one of them is written. A node
+    /// read into fresh memory needs no fill before the device writes it
+    /// (a zeroed allocation of megabytes is faulted in page by page for
+    /// the kernel to clear). The default zeroes them and calls `read_at`.
+    ///
+    /// # Safety
+    /// `buf` must be valid for writes of `len` bytes, and nothing else
+    /// may read or write them during the call.
+    unsafe fn read_at_uninit(&self, buf: *mut u8, len: usize, offset: u64) -> io::Result<()> {
+        // SAFETY: the caller gives `len` writable bytes at `buf`, used by
+        // nothing else; zeroed, they are initialised for the slice.
+        let slice = unsafe {
+            std::ptr::write_bytes(buf, 0, len);
+            std::slice::from_raw_parts_mut(buf, len)
+        };
+        self.read_at(slice, offset)
+    }
     /// Writes `buf` at `offset`; durable only after [`Device::sync`].
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Makes every completed write durable.
@@ -182,6 +200,46 @@ impl Device for FileDevice {
             return Ok(());
         }
         self.file.read_exact_at(buf, offset)
+    }
+
+    unsafe fn read_at_uninit(&self, buf: *mut u8, len: usize, offset: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        check_aligned(len, offset)?;
+        if self.bounce_needed(buf) {
+            // SAFETY: the caller's promise, passed on; zeroed, the bytes
+            // are initialised for the slice `read_at` takes.
+            let slice = unsafe {
+                std::ptr::write_bytes(buf, 0, len);
+                std::slice::from_raw_parts_mut(buf, len)
+            };
+            return self.read_at(slice, offset);
+        }
+        self.injected_fault()?;
+        let mut done = 0;
+        while done < len {
+            let at = libc::off_t::try_from(offset + done as u64)
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset past off_t"))?;
+            // SAFETY: `buf + done` is valid for writes of `len - done`
+            // bytes (the caller's promise), at most what pread writes.
+            let n =
+                unsafe { libc::pread(self.file.as_raw_fd(), buf.add(done).cast(), len - done, at) };
+            match n {
+                0 => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "read past the end of the device",
+                    ))
+                }
+                n if n > 0 => done += n as usize,
+                _ => {
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
@@ -597,6 +655,38 @@ mod tests {
         assert!(r1.sync().is_err());
         drop((r1, r2));
         assert!(FileDevice::open(&path).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Reads into memory not initialised first: the file device's own
+    /// loop of preads and the default (`MemDevice`) give every byte the
+    /// device holds, and an error for a read past the end.
+    #[test]
+    fn reads_into_fresh_memory() {
+        let dir = std::env::temp_dir().join(format!("betreefs-uninit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = FileDevice::create_file(&dir.join("img"), 1 << 20).unwrap();
+        let mem = MemDevice::new(1 << 20);
+        let data: Vec<u8> = (0..3 * BLOCK_SIZE).map(|i| (i % 253) as u8 + 1).collect();
+        let at = 4 * BLOCK_SIZE as u64;
+        let devices: [&dyn Device; 2] = [&file, &mem];
+        for dev in devices {
+            dev.write_at(&AlignedBuf::from_slice(&data), at).unwrap();
+            // SAFETY: read_at_uninit writes every byte it is given when it
+            // succeeds; the pointer and length are filled_by's.
+            let back = unsafe {
+                AlignedBuf::filled_by(data.len(), |ptr, n| dev.read_at_uninit(ptr, n, at))
+            }
+            .unwrap();
+            assert_eq!(&back[..], &data[..]);
+            let end = (1 << 20) - BLOCK_SIZE as u64;
+            // SAFETY: as above.
+            let past = unsafe {
+                AlignedBuf::filled_by(2 * BLOCK_SIZE, |ptr, n| dev.read_at_uninit(ptr, n, end))
+            };
+            assert!(past.is_err());
+        }
+        drop(file);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

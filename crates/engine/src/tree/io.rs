@@ -16,25 +16,27 @@ pub(super) fn read_node_bytes(
     height: u32,
     stats: &Stats,
 ) -> EngineResult<AlignedBuf> {
-    let mut buf = AlignedBuf::for_overwrite(len);
-    read_into(device, &mut buf, at, height, stats)?;
-    Ok(buf)
+    // SAFETY: `read_at_uninit` writes every byte it is given when it
+    // succeeds, as `filled_by` requires; the pointer and length are the
+    // ones `filled_by` hands over.
+    let buf = unsafe { AlignedBuf::filled_by(len, |ptr, n| device.read_at_uninit(ptr, n, at)) };
+    counted_read(buf, 0, height, stats)
 }
 
-/// Fills `buf` from byte `at` of the device with bytes of a node at
-/// height `height`, counted in the stats.
-fn read_into(
-    device: &dyn Device,
-    buf: &mut [u8],
-    at: u64,
+/// A node's bytes read (or the error), those past the first `known`
+/// counted in the stats as read from the device.
+fn counted_read(
+    read: std::io::Result<AlignedBuf>,
+    known: usize,
     height: u32,
     stats: &Stats,
-) -> EngineResult<()> {
-    device
-        .read_at(buf, at)
-        .map_err(|e| betreefs_store::StoreError::io("reading node", e))?;
-    add(&stats.node_bytes_read[level(height)], buf.len() as u64);
-    Ok(())
+) -> EngineResult<AlignedBuf> {
+    let buf = read.map_err(|e| betreefs_store::StoreError::io("reading node", e))?;
+    add(
+        &stats.node_bytes_read[level(height)],
+        buf.len().saturating_sub(known) as u64,
+    );
+    Ok(buf)
 }
 
 /// `head`, the first bytes of a node at byte `at` of the device, made
@@ -53,11 +55,17 @@ pub(super) fn extend_node_read(
     if len <= head.len() {
         return Ok(head);
     }
-    let mut buf = AlignedBuf::for_overwrite(len);
-    let (first, rest) = buf.split_at_mut(head.len());
-    first.copy_from_slice(&head);
-    read_into(device, rest, at + head.len() as u64, height, stats)?;
-    Ok(buf)
+    let known = head.len();
+    // SAFETY: `n` (`len` in whole blocks) is more than `known`: the head
+    // is copied into the first `known` bytes and the device writes the
+    // rest, every byte `filled_by` hands over, when it succeeds.
+    let buf = unsafe {
+        AlignedBuf::filled_by(len, |ptr, n| {
+            std::ptr::copy_nonoverlapping(head.as_ptr(), ptr, known);
+            device.read_at_uninit(ptr.add(known), n - known, at + known as u64)
+        })
+    };
+    counted_read(buf, known, height, stats)
 }
 
 impl Tree {
