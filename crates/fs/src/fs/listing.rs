@@ -280,7 +280,9 @@ impl FileSystem {
             given: 0,
             whole: offset <= 2,
         };
-        let end = match ahead {
+        // Where the listing goes on with the lock held, if it does: past
+        // what was read ahead, or all again.
+        let (dir, hi, rest) = match ahead {
             Ok((entries, rest, every_key_named)) if self.store.batches_applied() == seen => {
                 counted.whole &= every_key_named;
                 for listed in entries {
@@ -292,20 +294,7 @@ impl FileSystem {
                         None => return self.note_access(st, ino),
                     }
                 }
-                match rest {
-                    Some(from) => self.fill_from(
-                        &mut st,
-                        ino,
-                        &dir,
-                        &from,
-                        &hi,
-                        plus,
-                        last,
-                        &mut counted,
-                        add,
-                    )?,
-                    None => Some(last),
-                }
+                (dir, hi, rest)
             }
             _ => {
                 // Changed meanwhile (the directory itself may have moved,
@@ -314,18 +303,22 @@ impl FileSystem {
                 let dir = st.dir_key(ino)?;
                 let from = self.listing_start(&st, ino, &dir, offset)?;
                 let (_, hi) = schema::children_range(&dir);
-                self.fill_from(
-                    &mut st,
-                    ino,
-                    &dir,
-                    &from,
-                    &hi,
-                    plus,
-                    last,
-                    &mut counted,
-                    add,
-                )?
+                (dir, hi, Some(from))
             }
+        };
+        let end = match rest {
+            Some(from) => self.fill_from(
+                &mut st,
+                ino,
+                &dir,
+                &from,
+                &hi,
+                plus,
+                last,
+                &mut counted,
+                add,
+            )?,
+            None => Some(last),
         };
         if let Some(cookie) = end {
             // Under the lock with no write in flight: the count the
