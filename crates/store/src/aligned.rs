@@ -134,7 +134,8 @@ impl AlignedBuf {
     }
 
     /// A buffer of `len` bytes rounded up to whole blocks, filled by
-    /// `fill` (given its address and that length): a recycled buffer
+    /// `fill` (given its address and that length: bytes valid for writes
+    /// that nothing else uses while it runs): a recycled buffer
     /// when one of its size class is pooled, else fresh memory that is
     /// not zeroed first — the device writes it, and a zeroed allocation of
     /// megabytes is purged and faulted back in page by page for the kernel

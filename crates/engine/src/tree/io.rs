@@ -16,9 +16,9 @@ pub(super) fn read_node_bytes(
     height: u32,
     stats: &Stats,
 ) -> EngineResult<AlignedBuf> {
-    // SAFETY: `read_at_uninit` writes every byte it is given when it
-    // succeeds, as `filled_by` requires; the pointer and length are the
-    // ones `filled_by` hands over.
+    // SAFETY: `filled_by` hands over `n` writable bytes that nothing else
+    // uses (what `read_at_uninit` needs), and `read_at_uninit` writes
+    // every one of them when it succeeds (what `filled_by` needs).
     let buf = unsafe { AlignedBuf::filled_by(len, |ptr, n| device.read_at_uninit(ptr, n, at)) };
     counted_read(buf, 0, height, stats)
 }
@@ -56,9 +56,11 @@ pub(super) fn extend_node_read(
         return Ok(head);
     }
     let known = head.len();
-    // SAFETY: `n` (`len` in whole blocks) is more than `known`: the head
-    // is copied into the first `known` bytes and the device writes the
-    // rest, every byte `filled_by` hands over, when it succeeds.
+    // SAFETY: `filled_by` hands over `n` writable bytes that nothing else
+    // uses, `n` (`len` in whole blocks) more than `known`: the head is
+    // copied into the first `known` (`head` is another buffer) and the
+    // device writes the rest when it succeeds — every byte, as
+    // `filled_by` needs.
     let buf = unsafe {
         AlignedBuf::filled_by(len, |ptr, n| {
             std::ptr::copy_nonoverlapping(head.as_ptr(), ptr, known);
