@@ -11,7 +11,7 @@ for d in range(300):
 PY
 }
 if [ "${SPEC%%:*}" = null ]; then
-  BIN=${SPEC#null:}; $BIN nullfuse $M; P=$(pgrep -n -f "$(basename $BIN) nullfuse $M"); mk
+  BIN=${SPEC#null:}; $BIN nullfuse $M; P=$(pgrep -n -f "$(basename $BIN) mount nullfuse $M"); mk
 else
   BIN=$SPEC; IMG=$D/img; rm -f $IMG; truncate -s 16G $IMG; LOOP=$(losetup -f --show --direct-io=on $IMG)
   $BIN mkfs $LOOP --force > /dev/null; $BIN mount $LOOP $M; mk; sync
