@@ -87,7 +87,7 @@ pub struct Stats {
     /// settles inline; settling in steps is `settle_step_micros_max`).
     pub apply_micros_max: AtomicU64,
     /// The longest a request spent copying a node the checkpoint in
-    /// flight had not imaged yet, before changing it (`Tree::before_change`;
+    /// flight had not imaged yet, before changing it (`CheckpointInProgress::before_change`;
     /// part of an apply, settle or eviction hold above).
     pub checkpoint_image_micros_max: AtomicU64,
     /// Nodes copied for the checkpoint in flight (by a request about to

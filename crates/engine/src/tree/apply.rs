@@ -3,6 +3,7 @@
 
 #![allow(clippy::indexing_slicing)] // see tree/mod.rs
 
+use super::cache::Grown;
 use super::surgery::Transplant;
 use super::*;
 
@@ -275,7 +276,7 @@ impl Tree {
         let root = self.interior_root(ks)?;
         let (eaten, grown) = match msg {
             Message::RangeDelete { start, end } => {
-                let eaten = self.change_root(root, |int, _| {
+                let eaten = self.with_interior(root, |int| {
                     int.insert_range_delete(&start, &end, seq, &Bounds::full())
                 });
                 (eaten, None)
@@ -290,87 +291,48 @@ impl Tree {
         Ok(grown)
     }
 
-    /// Changes root `root` (cached whole, interior) taken out of the cache
-    /// and put back dirty, its memory and dirty bytes counted whole.
-    fn change_root<T>(
-        &mut self,
-        root: u64,
-        change: impl FnOnce(&mut Interior, &MergeRegistry) -> T,
-    ) -> T {
-        let mut node = self.take(root);
-        let NodeBody::Interior(int) = &mut node.body else {
-            unreachable!("interior_root returns an interior node")
-        };
-        let changed = change(int, &self.merges);
-        node.dirty = true;
-        self.put(root, node);
-        changed
-    }
-
     /// A point message into root `root` (cached whole, interior). Most go
-    /// into a root that is dirty already, which changes where it lies in
-    /// the cache: its memory and dirty bytes change by what the one buffer
-    /// it went into changed. Taken out and put back, every message summed
-    /// the root's buffers and pivots four times, a pass over each of its
-    /// children (the applications of staged writes are the serial part of
-    /// a store with several writers; docs/design.md, "Staged writes").
-    /// Returns messages eaten, and the growth of the root's buffered bytes
-    /// when changed in place.
+    /// into a root that is dirty already, changed where it lies in the
+    /// cache and counted by what the one buffer it went into changed.
+    /// Taken out and put back, every message summed the root's buffers and
+    /// pivots four times, a pass over each of its children (the
+    /// applications of staged writes are the serial part of a store with
+    /// several writers; docs/design.md, "Staged writes"). Returns messages
+    /// eaten, and the growth of the root's buffered bytes when changed in
+    /// place.
     fn insert_point_into_root(
         &mut self,
         root: u64,
         key: Vec<u8>,
         m: PointMsg,
     ) -> (usize, Option<isize>) {
-        let tick = self.next_tick();
-        let Some(node) = self.cache.get_mut(&root).filter(|node| node.dirty) else {
+        let in_place = self.change_dirty_in_place(root, (key, m), |node, merges, (key, m)| {
+            let NodeBody::Interior(int) = &mut node.body else {
+                unreachable!("interior_root returns an interior node")
+            };
+            let inserted = int.insert_point_counted(key, m, merges);
+            let grown = Grown {
+                mem: inserted.mem,
+                content: inserted.bytes,
+            };
+            (inserted, grown)
+        });
+        let (inserted, grown) = match in_place {
+            Ok(inserted) => (inserted, Some(inserted.bytes)),
             // A clean root becomes dirty: counted whole, once.
-            let (eaten, copied) =
-                self.change_root(root, |int, merges| int.insert_point(key, m, merges));
-            self.count_root_buffer_copy(copied);
-            return (eaten, None);
+            Err((key, m)) => {
+                let merges = Arc::clone(&self.merges);
+                let inserted =
+                    self.with_interior(root, |int| int.insert_point_counted(key, m, &merges));
+                (inserted, None)
+            }
         };
-        // What `take` and `put` do around a change, the node staying put.
-        if let Some(cp) = &mut self.checkpoint {
-            cp.before_change(root, node, &self.stats);
-        }
-        self.writing_back.remove(&root);
-        node.last_used.set(tick);
-        #[cfg(debug_assertions)]
-        let before = (node.mem_bytes(), dirty_estimate(node));
-        let NodeBody::Interior(int) = &mut node.body else {
-            unreachable!("interior_root returns an interior node")
-        };
-        let inserted = int.insert_point_counted(key, m, &self.merges);
-        #[cfg(debug_assertions)]
-        {
-            let after = (node.mem_bytes(), dirty_estimate(node));
-            debug_assert_eq!(
-                (
-                    after.0 as isize - before.0 as isize,
-                    after.1 as isize - before.1 as isize
-                ),
-                (inserted.mem, inserted.bytes),
-                "tree invariant: a root changed in place counts what its buffer changed"
-            );
-        }
-        self.count_root_buffer_copy(inserted.copied);
-        let counted = |total: usize, change: isize| match total.checked_add_signed(change) {
-            Some(total) => total,
-            None => panic!("tree invariant: counted bytes below zero ({total} {change:+})"),
-        };
-        self.cache_bytes = counted(self.cache_bytes, inserted.mem);
-        self.cache_bytes_peak = self.cache_bytes_peak.max(self.cache_bytes);
-        self.dirty_bytes = counted(self.dirty_bytes, inserted.bytes);
-        (inserted.eaten, Some(inserted.bytes))
-    }
-
-    /// A root's buffer shared with the checkpoint in flight's copy was
-    /// copied under the tree lock to take a message.
-    fn count_root_buffer_copy(&self, copied: bool) {
-        if copied {
+        if inserted.copied {
+            // Shared with the checkpoint in flight's copy of the root, the
+            // buffer was copied under the tree lock.
             add(&self.stats.root_buffers_copied_locked, 1);
         }
+        (inserted.eaten, grown)
     }
 
     /// Flushes, splits and collapses at the root until it is within bounds.

@@ -713,7 +713,7 @@ impl Tree {
     /// interior node's buffers are then shared with the copy, and a writer about to
     /// change some of them copies those with the tree lock let go
     /// ([`Tree::shared_root_buffers`]) rather than in
-    /// [`Tree::before_change`]'s hold.
+    /// [`CheckpointInProgress::before_change`]'s hold.
     pub(super) fn copy_for_checkpoint_now(&mut self, num: u64) {
         let (Some(cp), Some(node)) = (&mut self.checkpoint, self.cache.get(&num)) else {
             return;
@@ -721,14 +721,6 @@ impl Tree {
         if cp.pending.remove(&num) {
             cp.copy_node(num, node, &self.stats);
             cp.unchanged.insert(num);
-        }
-    }
-
-    /// A node of the checkpoint in flight is taken out to change (or to be
-    /// dropped): its image is made first, if it has none yet.
-    pub(super) fn before_change(&mut self, num: u64, node: &Node) {
-        if let Some(cp) = &mut self.checkpoint {
-            cp.before_change(num, node, &self.stats);
         }
     }
 
@@ -1054,9 +1046,9 @@ pub(super) struct CheckpointInProgress {
 }
 
 impl CheckpointInProgress {
-    /// [`Tree::before_change`]: node `num` (`node`) is about to change;
-    /// copied first if it still waits for its image. Called with the
-    /// node where it lies in the cache, too, when it changes in place.
+    /// Node `num` (`node`) is about to change, or to be dropped: copied
+    /// first if it still waits for its image ([`Tree::take`], and
+    /// [`Tree::change_dirty_in_place`] for a node changed where it lies).
     pub(super) fn before_change(&mut self, num: u64, node: &Node, stats: &Stats) {
         if self.pending.remove(&num) {
             let started = std::time::Instant::now();
