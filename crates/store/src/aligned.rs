@@ -145,10 +145,10 @@ impl AlignedBuf {
     /// # Safety
     /// When `fill` returns `Ok`, it must have written every one of the
     /// bytes it was given.
-    pub unsafe fn filled_by(
+    pub unsafe fn filled_by<E>(
         len: usize,
-        fill: impl FnOnce(*mut u8, usize) -> std::io::Result<()>,
-    ) -> std::io::Result<Self> {
+        fill: impl FnOnce(*mut u8, usize) -> Result<(), E>,
+    ) -> Result<Self, E> {
         let len = block_len(len);
         if let Some(mut buf) = Self::take_pooled(len) {
             // Initialised already: an error leaves it whole for the pool.
@@ -156,12 +156,7 @@ impl AlignedBuf {
             return Ok(buf);
         }
         let cap = capacity_for(len);
-        let layout = Self::layout(cap);
-        // SAFETY: layout has non-zero size (at least one block).
-        let raw = unsafe { alloc::alloc(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
-            alloc::handle_alloc_error(layout)
-        };
+        let ptr = Self::allocate(cap, false);
         // SAFETY: the bytes past `len`, up to `cap`, are inside the
         // allocation: zeroed, so that a recycled buffer is initialised
         // whole (the pool's rule), as `fill` will make the rest.
@@ -171,7 +166,7 @@ impl AlignedBuf {
             Err(e) => {
                 // SAFETY: allocated just above with this layout, and no
                 // slice over its bytes was ever made.
-                unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
+                unsafe { alloc::dealloc(ptr.as_ptr(), Self::layout(cap)) };
                 Err(e)
             }
         }
@@ -181,44 +176,43 @@ impl AlignedBuf {
     pub fn zeroed(len: usize) -> Self {
         let len = block_len(len);
         let cap = capacity_for(len);
+        AlignedBuf {
+            ptr: Self::allocate(cap, true),
+            len,
+            cap,
+        }
+    }
+
+    /// A fresh allocation of `cap` bytes, zeroed when asked.
+    fn allocate(cap: usize, zeroed: bool) -> NonNull<u8> {
         let layout = Self::layout(cap);
         // SAFETY: layout has non-zero size (at least one block).
-        let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
-            alloc::handle_alloc_error(layout)
+        let raw = unsafe {
+            if zeroed {
+                alloc::alloc_zeroed(layout)
+            } else {
+                alloc::alloc(layout)
+            }
         };
-        AlignedBuf { ptr, len, cap }
+        NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout))
     }
 
     /// A buffer holding `data` followed by zero padding to a whole block.
     /// Only the padding is zeroed: for a node of megabytes, zeroing it all
     /// first (what an aligned zeroed allocation does) doubles the cost.
     pub fn from_slice(data: &[u8]) -> Self {
-        let len = block_len(data.len());
-        if let Some(mut buf) = Self::take_pooled(len) {
-            // `len` is `data.len()` rounded up: both parts exist.
-            let (head, tail) = buf.split_at_mut(data.len().min(len));
-            head.copy_from_slice(data);
-            tail.fill(0);
-            return buf;
-        }
-        let cap = capacity_for(len);
-        let layout = Self::layout(cap);
-        // SAFETY: layout has non-zero size (at least one block).
-        let raw = unsafe { alloc::alloc(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
-            alloc::handle_alloc_error(layout)
+        // SAFETY: the fill writes every byte it is given (`data`, then
+        // zeros to the whole block: `n` is `data.len()` rounded up), and
+        // `data` cannot overlap a buffer no one else holds.
+        let filled = unsafe {
+            Self::filled_by(data.len(), |ptr, n| {
+                std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, data.len());
+                std::ptr::write_bytes(ptr.add(data.len()), 0, n - data.len());
+                Ok::<(), std::convert::Infallible>(())
+            })
         };
-        // SAFETY: the allocation holds `cap >= data.len()` bytes; the copy
-        // and the fill below initialise every one of them (the part past
-        // `len` too, which a later user of a recycled buffer may see)
-        // before any slice over them exists, and `data` cannot overlap a
-        // fresh block.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), ptr.as_ptr(), data.len());
-            std::ptr::write_bytes(ptr.as_ptr().add(data.len()), 0, cap - data.len());
-        }
-        AlignedBuf { ptr, len, cap }
+        let Ok(buf) = filled;
+        buf
     }
 
     /// The bytes allocated for this buffer (its length or more).
@@ -356,7 +350,7 @@ mod tests {
             AlignedBuf::filled_by(len, |ptr, n| {
                 assert_eq!(n, len);
                 std::ptr::write_bytes(ptr, 0x5a, n);
-                Ok(())
+                Ok::<(), std::io::Error>(())
             })
         }
         .unwrap();
@@ -375,7 +369,7 @@ mod tests {
         let small = unsafe {
             AlignedBuf::filled_by(10, |ptr, n| {
                 std::ptr::write_bytes(ptr, 1, n);
-                Ok(())
+                Ok::<(), std::io::Error>(())
             })
         }
         .unwrap();

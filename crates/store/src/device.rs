@@ -28,18 +28,33 @@ pub trait Device: Send + Sync {
     /// `buf` must be valid for writes of `len` bytes, and nothing else
     /// may read or write them during the call.
     unsafe fn read_at_uninit(&self, buf: *mut u8, len: usize, offset: u64) -> io::Result<()> {
-        // SAFETY: the caller gives `len` writable bytes at `buf`, used by
-        // nothing else; zeroed, they are initialised for the slice.
-        let slice = unsafe {
-            std::ptr::write_bytes(buf, 0, len);
-            std::slice::from_raw_parts_mut(buf, len)
-        };
-        self.read_at(slice, offset)
+        // SAFETY: the caller's promise, passed on.
+        unsafe { read_zeroed(self, buf, len, offset) }
     }
     /// Writes `buf` at `offset`; durable only after [`Device::sync`].
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Makes every completed write durable.
     fn sync(&self) -> io::Result<()>;
+}
+
+/// [`Device::read_at_uninit`] by zeroing the bytes and reading into them
+/// with [`Device::read_at`].
+///
+/// # Safety
+/// As for [`Device::read_at_uninit`].
+unsafe fn read_zeroed<D: Device + ?Sized>(
+    device: &D,
+    buf: *mut u8,
+    len: usize,
+    offset: u64,
+) -> io::Result<()> {
+    // SAFETY: the caller gives `len` writable bytes at `buf`, used by
+    // nothing else; zeroed, they are initialised for the slice.
+    let slice = unsafe {
+        std::ptr::write_bytes(buf, 0, len);
+        std::slice::from_raw_parts_mut(buf, len)
+    };
+    device.read_at(slice, offset)
 }
 
 fn check_aligned(len: usize, offset: u64) -> io::Result<()> {
@@ -206,13 +221,8 @@ impl Device for FileDevice {
         use std::os::fd::AsRawFd;
         check_aligned(len, offset)?;
         if self.bounce_needed(buf) {
-            // SAFETY: the caller's promise, passed on; zeroed, the bytes
-            // are initialised for the slice `read_at` takes.
-            let slice = unsafe {
-                std::ptr::write_bytes(buf, 0, len);
-                std::slice::from_raw_parts_mut(buf, len)
-            };
-            return self.read_at(slice, offset);
+            // SAFETY: the caller's promise, passed on.
+            return unsafe { read_zeroed(self, buf, len, offset) };
         }
         self.injected_fault()?;
         let mut done = 0;
