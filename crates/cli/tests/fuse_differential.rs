@@ -448,17 +448,33 @@ fn apply(root: &Path, op: &Op) -> Result<(), i32> {
 
 /// The mtime and ctime of each existing path, by inode (a file reached
 /// by two names counts once), labelled with the first path naming it.
-fn times(root: &Path, paths: &[PathBuf]) -> HashMap<u64, (PathBuf, i64, i64, i64, i64)> {
+fn times(root: &Path, paths: &[PathBuf]) -> HashMap<u64, Times> {
+    times_by(root, paths, |path| {
+        let m = fs::symlink_metadata(path).ok()?;
+        Some((
+            m.ino(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+        ))
+    })
+}
+
+/// A path (relative to the root) and its mtime and ctime (seconds,
+/// nanoseconds), by inode number.
+type Times = (PathBuf, i64, i64, i64, i64);
+
+/// [`times`] with `stat` telling a path's inode number, mtime and ctime.
+fn times_by(
+    root: &Path,
+    paths: &[PathBuf],
+    stat: impl Fn(&Path) -> Option<(u64, i64, i64, i64, i64)>,
+) -> HashMap<u64, Times> {
     let mut out = HashMap::new();
     for rel in paths {
-        if let Ok(m) = fs::symlink_metadata(root.join(rel)) {
-            out.entry(m.ino()).or_insert((
-                rel.clone(),
-                m.mtime(),
-                m.mtime_nsec(),
-                m.ctime(),
-                m.ctime_nsec(),
-            ));
+        if let Some((ino, ms, mn, cs, cn)) = stat(&root.join(rel)) {
+            out.entry(ino).or_insert((rel.clone(), ms, mn, cs, cn));
         }
     }
     out
@@ -466,12 +482,9 @@ fn times(root: &Path, paths: &[PathBuf]) -> HashMap<u64, (PathBuf, i64, i64, i64
 
 /// [`times`] by statx(2) with `AT_STATX_FORCE_SYNC`: what the daemon
 /// says now, whatever the kernel has cached.
-fn forced_times(root: &Path, paths: &[PathBuf]) -> HashMap<u64, (PathBuf, i64, u32, i64, u32)> {
-    let mut out = HashMap::new();
-    for rel in paths {
-        let Ok(path) = std::ffi::CString::new(root.join(rel).as_os_str().as_bytes()) else {
-            continue;
-        };
+fn forced_times(root: &Path, paths: &[PathBuf]) -> HashMap<u64, Times> {
+    times_by(root, paths, |path| {
+        let path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
         // SAFETY: a zeroed statx is a valid buffer for statx(2) to fill.
         let mut sx: libc::statx = unsafe { std::mem::zeroed() };
         // SAFETY: path is NUL-terminated and sx is a valid out buffer.
@@ -484,23 +497,23 @@ fn forced_times(root: &Path, paths: &[PathBuf]) -> HashMap<u64, (PathBuf, i64, u
                 &mut sx,
             )
         };
-        if r == 0 {
-            out.entry(sx.stx_ino).or_insert((
-                rel.clone(),
-                sx.stx_mtime.tv_sec,
-                sx.stx_mtime.tv_nsec,
-                sx.stx_ctime.tv_sec,
-                sx.stx_ctime.tv_nsec,
-            ));
-        }
-    }
-    out
+        (r == 0).then(|| {
+            let (m, c) = (sx.stx_mtime, sx.stx_ctime);
+            (
+                sx.stx_ino,
+                m.tv_sec,
+                i64::from(m.tv_nsec),
+                c.tv_sec,
+                i64::from(c.tv_nsec),
+            )
+        })
+    })
 }
 
 /// tmpfs takes timestamps from the coarse clock: two changes within one
 /// tick can get the same time, and a change would look like none. Wait
 /// until the coarse clock is past every timestamp about to be compared.
-fn wait_for_coarse_clock_past(before: &HashMap<u64, (PathBuf, i64, i64, i64, i64)>) {
+fn wait_for_coarse_clock_past(before: &HashMap<u64, Times>) {
     let newest = before
         .values()
         .flat_map(|(_, ms, mn, cs, cn)| [(*ms, *mn), (*cs, *cn)])
@@ -522,8 +535,8 @@ fn wait_for_coarse_clock_past(before: &HashMap<u64, (PathBuf, i64, i64, i64, i64
 
 /// Which timestamps an operation changed: (path before, "mtime"/"ctime").
 fn changed(
-    before: &HashMap<u64, (PathBuf, i64, i64, i64, i64)>,
-    after: &HashMap<u64, (PathBuf, i64, i64, i64, i64)>,
+    before: &HashMap<u64, Times>,
+    after: &HashMap<u64, Times>,
 ) -> BTreeSet<(PathBuf, &'static str)> {
     let mut out = BTreeSet::new();
     for (ino, (label, ms, mn, cs, cn)) in before {
