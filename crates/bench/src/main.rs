@@ -5,6 +5,7 @@
 //! with ratios to the best file system, and PNG plots.
 
 mod cleanup;
+mod device_stalls;
 mod devstats;
 mod plot;
 mod progress;
@@ -429,7 +430,7 @@ const SUITE_NOTES: [(&str, &str); 4] = [
     ),
     (
         "source",
-        "A source tree: untar + sync; the p99, p99.9 and longest 4 KiB write + fsync (into a 1 MiB file, round-robin) while a second untar of the tree runs; then cold-cache find, grep -r and tar cf (to a pipe: GNU tar does not read files when the archive is /dev/null), mv of the tree root + sync, a clone of it + sync (betreefs clone; cp -a --reflink=auto on the others: reflinks on XFS and btrfs, a copy on ext4, tmpfs and nullfuse), rm -rf + sync.",
+        "A source tree: untar + sync; the p99, p99.9 and longest 4 KiB write + fsync (into a 1 MiB file, round-robin) while a second untar of the tree runs, and on a device the longest call with the device's stalls taken out (windows of 5 ms or more in which the loop device held requests and completed none, sampled every 2 ms: the table \"Device stalls\" below); then cold-cache find, grep -r and tar cf (to a pipe: GNU tar does not read files when the archive is /dev/null), mv of the tree root + sync, a clone of it + sync (betreefs clone; cp -a --reflink=auto on the others: reflinks on XFS and btrfs, a copy on ext4, tmpfs and nullfuse), rm -rf + sync.",
     ),
     (
         "app",
@@ -479,7 +480,13 @@ fn markdown(report: &Report, specs: &[FsSpec], plots: &[(String, Result<()>)]) -
     let order: Vec<String> = report.file_systems.iter().map(|s| s.to_string()).collect();
     let keeps_data = |fs: &str| specs.iter().any(|s| s.label == fs && s.kind.keeps_data());
     for suite in report.results.suites() {
-        if suite == suites::REQUESTS_TABLE || suite == suites::MEMORY_TABLE {
+        if [
+            suites::REQUESTS_TABLE,
+            suites::MEMORY_TABLE,
+            suites::DEVICE_TABLE,
+        ]
+        .contains(&suite.as_str())
+        {
             continue;
         }
         let _ = writeln!(md, "## {suite}\n");
@@ -518,6 +525,29 @@ fn markdown(report: &Report, specs: &[FsSpec], plots: &[(String, Result<()>)]) -
             report
                 .results
                 .markdown(suites::MEMORY_TABLE, &fuse, &|_| false)
+        );
+    }
+    if has_table(suites::DEVICE_TABLE) {
+        let on_device: Vec<String> = specs
+            .iter()
+            .filter(|s| s.kind.has_device())
+            .map(|s| s.label.clone())
+            .collect();
+        let _ = writeln!(md, "## Device stalls\n");
+        let _ = writeln!(
+            md,
+            "The longest window of a phase in which the loop device under the file system held \
+             requests and completed none (its block statistics sampled every 2 ms; windows of 5 ms \
+             or more): time the device, not the file system, made callers wait. The suites' rows \
+             \"device stalls taken out\" are their calls less these windows \
+             (docs/benchmarks/fsync-stalls.md).\n"
+        );
+        let _ = writeln!(
+            md,
+            "{}",
+            report
+                .results
+                .markdown(suites::DEVICE_TABLE, &on_device, &|_| false)
         );
     }
     if has_table(suites::REQUESTS_TABLE) {

@@ -58,13 +58,13 @@ pub fn sequential_read(path: &Path) -> Result<(Duration, u64)> {
 
 /// Times 4 KiB writes, each followed by an fsync, into `probe` (a 1 MiB
 /// file, written round-robin) for as long as `alongside` runs in this
-/// thread; returns every write + fsync's time. The latency an
-/// fsync-heavy application sees while the file system is busy (issue 11:
-/// checkpoints and flush cascades must not stall it).
+/// thread; returns when each write + fsync began and what it took. The
+/// latency an fsync-heavy application sees while the file system is busy
+/// (issue 11: checkpoints and flush cascades must not stall it).
 pub fn fsync_latency_during(
     probe: &Path,
     alongside: impl FnOnce() -> Result<()>,
-) -> Result<Vec<Duration>> {
+) -> Result<Vec<(Instant, Duration)>> {
     const PROBE_BYTES: u64 = 1 << 20;
     let f = OpenOptions::new()
         .create(true)
@@ -78,7 +78,7 @@ pub fn fsync_latency_during(
     let stop = std::sync::atomic::AtomicBool::new(false);
     let payload = random_bytes(BLOCK as usize, 6);
     let (times, result) = std::thread::scope(|s| {
-        let writer = s.spawn(|| -> Result<Vec<Duration>> {
+        let writer = s.spawn(|| -> Result<Vec<(Instant, Duration)>> {
             let mut times = Vec::new();
             let mut offset = 0;
             while !stop.load(Ordering::Relaxed) {
@@ -86,7 +86,7 @@ pub fn fsync_latency_during(
                 f.write_all_at(&payload, offset)
                     .and_then(|()| f.sync_all())
                     .with_context(|| format!("write + fsync of {}", probe.display()))?;
-                times.push(start.elapsed());
+                times.push((start, start.elapsed()));
                 offset = (offset + BLOCK) % PROBE_BYTES;
             }
             Ok(times)

@@ -25,6 +25,10 @@ pub const REQUESTS_TABLE: &str = "requests";
 /// file systems only).
 pub const MEMORY_TABLE: &str = "daemon memory";
 
+/// The table of what the device under a file system held back during a
+/// phase (file systems on a device only; `crate::device_stalls`).
+pub const DEVICE_TABLE: &str = "device stalls";
+
 /// A suite the harness can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -107,6 +111,21 @@ impl Recorder<'_> {
             let row = format!("{} suite: daemon peak resident", self.suite.name());
             self.record_memory(&row, peak);
         }
+    }
+
+    /// Records the longest window of `phase` in which the file system's
+    /// device held requests and completed none, in the device table.
+    pub fn record_device_stall(&mut self, phase: &str, longest: Duration) {
+        let fs = self.target.label.as_str();
+        let row = format!("{}: {phase}: longest stall", self.suite.name());
+        self.results.record(
+            DEVICE_TABLE,
+            &row,
+            "ms",
+            Better::Lower,
+            fs,
+            longest.as_secs_f64() * 1e3,
+        );
     }
 
     fn record_memory(&mut self, row: &str, mib: f64) {

@@ -5,10 +5,13 @@
 //! write + fsync while a second untar runs.
 
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 
 use super::{run_tool, timed, Recorder};
+use crate::device_stalls::{self, QueueWatch};
+use crate::report::Better;
 use crate::workloads;
 
 pub fn run(r: &mut Recorder) -> Result<()> {
@@ -29,8 +32,29 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     let side = dir.join("beside");
     std::fs::create_dir(&side)?;
     let probe = dir.join("fsync-probe");
-    let times = workloads::fsync_latency_during(&probe, || tree.extract_into(&side))?;
+    let watch = r.target.device().map(QueueWatch::start).transpose()?;
+    let calls = workloads::fsync_latency_during(&probe, || tree.extract_into(&side))?;
+    let times: Vec<Duration> = calls.iter().map(|&(_, took)| took).collect();
     r.latency_quantiles("4 KiB write + fsync during untar", &times);
+    if let Some(watch) = watch {
+        // What the device held back is not the file system's doing: the
+        // longest call with those windows taken out, beside the longest
+        // window (docs/benchmarks/fsync-stalls.md).
+        let stalls = device_stalls::stall_windows(&watch.stop()?, device_stalls::STALL_MIN);
+        let own = calls
+            .iter()
+            .map(|&(start, took)| device_stalls::outside(start, took, &stalls))
+            .max()
+            .unwrap_or_default();
+        r.record(
+            "4 KiB write + fsync during untar: max, device stalls taken out",
+            "ms",
+            Better::Lower,
+            own.as_secs_f64() * 1e3,
+        );
+        let longest = stalls.iter().map(|&(from, to)| to - from).max();
+        r.record_device_stall("write + fsync during untar", longest.unwrap_or_default());
+    }
     std::fs::remove_dir_all(&side)?;
     std::fs::remove_file(&probe)?;
     r.target.sync()?;
