@@ -33,14 +33,17 @@ pub fn run(r: &mut Recorder) -> Result<()> {
     std::fs::create_dir(&side)?;
     let probe = dir.join("fsync-probe");
     let watch = r.target.device().map(QueueWatch::start).transpose()?;
-    let calls = workloads::fsync_latency_during(&probe, || tree.extract_into(&side))?;
+    let calls = workloads::fsync_latency_during(&probe, || tree.extract_into(&side));
+    // Stopped whether the phase went well or not.
+    let samples = watch.map(QueueWatch::stop).transpose()?;
+    let calls = calls?;
     let times: Vec<Duration> = calls.iter().map(|&(_, took)| took).collect();
     r.latency_quantiles("4 KiB write + fsync during untar", &times);
-    if let Some(watch) = watch {
+    if let Some(samples) = samples {
         // What the device held back is not the file system's doing: the
         // longest call with those windows taken out, beside the longest
         // window (docs/benchmarks/fsync-stalls.md).
-        let stalls = device_stalls::stall_windows(&watch.stop()?, device_stalls::STALL_MIN);
+        let stalls = device_stalls::stall_windows(&samples, device_stalls::STALL_MIN);
         let own = calls
             .iter()
             .map(|&(start, took)| device_stalls::outside(start, took, &stalls))
