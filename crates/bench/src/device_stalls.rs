@@ -5,8 +5,9 @@
 //!
 //! The source suite's 4 KiB write + fsync beside an untar waited 40-80 ms
 //! at its longest on the reference machine's virtual disk, whatever the
-//! file system did: a log write of a few KiB queued behind a flush that
-//! the disk took 20-80 ms over (docs/benchmarks/fsync-stalls.md). Taking
+//! file system did: a log write of a few KiB that the loop device held
+//! for 35-70 ms while it and the disk below completed nothing
+//! (docs/benchmarks/fsync-stalls.md). Taking
 //! those windows out of each call tells what the file system itself made
 //! a caller wait, which is what issue 11's stall target is about.
 
