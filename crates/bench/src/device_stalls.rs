@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
+use crate::devstats::{read_stat, stat_fields, stat_path};
+
 /// How often the watch samples the device.
 const SAMPLE_EVERY: Duration = Duration::from_millis(2);
 
@@ -39,12 +41,7 @@ pub struct QueueSample {
 
 impl QueueSample {
     pub fn parse(text: &str) -> Result<QueueSample> {
-        let fields: Vec<u64> = text
-            .split_whitespace()
-            .map(|f| f.parse::<u64>())
-            .collect::<Result<_, _>>()
-            .with_context(|| format!("not a block stat line: {text:?}"))?;
-        anyhow::ensure!(fields.len() >= 9, "short block stat line: {text:?}");
+        let fields = stat_fields(text, 9)?;
         let field = |i: usize| fields.get(i).copied().unwrap_or(0);
         Ok(QueueSample {
             completed: field(0) + field(4) + field(11) + field(15),
@@ -110,11 +107,8 @@ impl QueueWatch {
     /// Starts sampling `dev` (such as `/dev/loop3`); fails at once if its
     /// statistics cannot be read.
     pub fn start(dev: &str) -> Result<QueueWatch> {
-        let path = format!("/sys/block/{}/stat", dev.trim_start_matches("/dev/"));
-        let read = move || -> Result<QueueSample> {
-            let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-            QueueSample::parse(&text)
-        };
+        let path = stat_path(dev);
+        let read = move || QueueSample::parse(&read_stat(&path)?);
         let first = read()?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();

@@ -28,12 +28,7 @@ impl IoCounters {
     /// read merges, read sectors, read ticks, write IOs, write merges,
     /// write sectors, ...
     pub fn parse(text: &str) -> Result<IoCounters> {
-        let fields: Vec<u64> = text
-            .split_whitespace()
-            .map(|f| f.parse::<u64>())
-            .collect::<Result<_, _>>()
-            .with_context(|| format!("not a block stat line: {text:?}"))?;
-        anyhow::ensure!(fields.len() >= 7, "short block stat line: {text:?}");
+        let fields = stat_fields(text, 7)?;
         Ok(IoCounters {
             read_ios: fields[0],
             read_bytes: fields[2] * 512,
@@ -44,10 +39,7 @@ impl IoCounters {
 
     /// Reads the counters of a device such as `/dev/loop3`.
     pub fn of_device(dev: &str) -> Result<IoCounters> {
-        let name = dev.trim_start_matches("/dev/");
-        let path = format!("/sys/block/{name}/stat");
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        Self::parse(&text)
+        Self::parse(&read_stat(&stat_path(dev))?)
     }
 
     /// What happened between `earlier` and `self`.
@@ -59,6 +51,26 @@ impl IoCounters {
             write_ios: self.write_ios.saturating_sub(earlier.write_ios),
         }
     }
+}
+
+/// Where the block statistics of a device such as `/dev/loop3` are.
+pub fn stat_path(dev: &str) -> String {
+    format!("/sys/block/{}/stat", dev.trim_start_matches("/dev/"))
+}
+
+pub fn read_stat(path: &str) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {path}"))
+}
+
+/// The fields of a block device's `stat` line, at least `at_least` of them.
+pub fn stat_fields(text: &str, at_least: usize) -> Result<Vec<u64>> {
+    let fields: Vec<u64> = text
+        .split_whitespace()
+        .map(|f| f.parse::<u64>())
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("not a block stat line: {text:?}"))?;
+    anyhow::ensure!(fields.len() >= at_least, "short block stat line: {text:?}");
+    Ok(fields)
 }
 
 fn statvfs(dir: &Path) -> Result<libc::statvfs> {

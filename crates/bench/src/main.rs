@@ -504,69 +504,57 @@ fn markdown(report: &Report, specs: &[FsSpec], plots: &[(String, Result<()>)]) -
         .filter(|s| s.kind.is_fuse())
         .map(|s| s.label.clone())
         .collect();
-    let has_table = |table: &str| report.results.suites().iter().any(|s| s == table);
-    if has_table(suites::MEMORY_TABLE) {
-        let _ = writeln!(
-            md,
-            "## Daemon memory
-"
-        );
-        let _ = writeln!(
-            md,
+    let on_device: Vec<String> = specs
+        .iter()
+        .filter(|s| s.kind.has_device())
+        .map(|s| s.label.clone())
+        .collect();
+    // The tables of figures that rank nothing: a heading, what they hold,
+    // and a column for each file system they concern.
+    let unranked: [(&str, &str, &str, &[String]); 3] = [
+        (
+            suites::MEMORY_TABLE,
+            "Daemon memory",
             "The mount daemon's peak resident size over each suite and each of its phases (the \
              kernel's high-water mark, VmHWM, read at the end of every phase and before every \
              unmount, then reset; the final checkpoint after the last unmount is not in it). \
              betreefs runs with its default memory budget, `cache=256M` (node cache, inode \
-             table and IO buffers); its target is the budget + 64 MiB, 320 MiB.\n"
-        );
-        let _ = writeln!(
-            md,
-            "{}",
-            report
-                .results
-                .markdown(suites::MEMORY_TABLE, &fuse, &|_| false)
-        );
-    }
-    if has_table(suites::DEVICE_TABLE) {
-        let on_device: Vec<String> = specs
-            .iter()
-            .filter(|s| s.kind.has_device())
-            .map(|s| s.label.clone())
-            .collect();
-        let _ = writeln!(md, "## Device stalls\n");
-        let _ = writeln!(
-            md,
+             table and IO buffers); its target is the budget + 64 MiB, 320 MiB.",
+            &fuse,
+        ),
+        (
+            suites::DEVICE_TABLE,
+            "Device stalls",
             "The longest window of a phase in which the loop device under the file system held \
              requests and completed none (its block statistics sampled every 2 ms; windows of 5 ms \
              or more): time the device, not the file system, made callers wait. The suites' rows \
              \"device stalls taken out\" are their calls less these windows \
-             (docs/benchmarks/fsync-stalls.md).\n"
-        );
-        let _ = writeln!(
-            md,
-            "{}",
-            report
-                .results
-                .markdown(suites::DEVICE_TABLE, &on_device, &|_| false)
-        );
-    }
-    if has_table(suites::REQUESTS_TABLE) {
-        let _ = writeln!(md, "## FUSE requests\n");
-        let _ = writeln!(
-            md,
+             (docs/benchmarks/fsync-stalls.md).",
+            &on_device,
+        ),
+        (
+            suites::REQUESTS_TABLE,
+            "FUSE requests",
             "Requests the daemon answered during each phase (its per-opcode counters, \
              `betreefs stats`), divided by the phase's operations: the entries of the tree for \
              untar, tar and rm -rf, its directories for find, its files for grep, the files \
-             created for tokubench; the phase's closing sync included.\n"
-        );
+             created for tokubench; the phase's closing sync included.",
+            &fuse,
+        ),
+    ];
+    for (table, heading, about, columns) in unranked {
+        if !report.results.suites().iter().any(|s| s == table) {
+            continue;
+        }
+        let _ = writeln!(md, "## {heading}\n\n{about}\n");
         let _ = writeln!(
             md,
             "{}",
-            report
-                .results
-                .markdown(suites::REQUESTS_TABLE, &fuse, &|_| false)
+            report.results.markdown(table, columns, &|_| false)
         );
-        let _ = writeln!(md, "{}", report.results.request_mix_markdown(&fuse));
+        if table == suites::REQUESTS_TABLE {
+            let _ = writeln!(md, "{}", report.results.request_mix_markdown(&fuse));
+        }
     }
     if !plots.is_empty() {
         let _ = writeln!(md, "## Plots\n");
