@@ -479,26 +479,6 @@ fn markdown(report: &Report, specs: &[FsSpec], plots: &[(String, Result<()>)]) -
     );
     let order: Vec<String> = report.file_systems.iter().map(|s| s.to_string()).collect();
     let keeps_data = |fs: &str| specs.iter().any(|s| s.label == fs && s.kind.keeps_data());
-    for suite in report.results.suites() {
-        if [
-            suites::REQUESTS_TABLE,
-            suites::MEMORY_TABLE,
-            suites::DEVICE_TABLE,
-        ]
-        .contains(&suite.as_str())
-        {
-            continue;
-        }
-        let _ = writeln!(md, "## {suite}\n");
-        if let Some((_, note)) = SUITE_NOTES.iter().find(|(s, _)| *s == suite) {
-            let _ = writeln!(md, "{note}\n");
-        }
-        let _ = writeln!(
-            md,
-            "{}",
-            report.results.markdown(&suite, &order, &keeps_data)
-        );
-    }
     let fuse: Vec<String> = specs
         .iter()
         .filter(|s| s.kind.is_fuse())
@@ -542,6 +522,20 @@ fn markdown(report: &Report, specs: &[FsSpec], plots: &[(String, Result<()>)]) -
             &fuse,
         ),
     ];
+    for suite in report.results.suites() {
+        if unranked.iter().any(|(table, ..)| *table == suite) {
+            continue;
+        }
+        let _ = writeln!(md, "## {suite}\n");
+        if let Some((_, note)) = SUITE_NOTES.iter().find(|(s, _)| *s == suite) {
+            let _ = writeln!(md, "{note}\n");
+        }
+        let _ = writeln!(
+            md,
+            "{}",
+            report.results.markdown(&suite, &order, &keeps_data)
+        );
+    }
     for (table, heading, about, columns) in unranked {
         if !report.results.suites().iter().any(|s| s == table) {
             continue;
