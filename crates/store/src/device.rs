@@ -28,33 +28,18 @@ pub trait Device: Send + Sync {
     /// `buf` must be valid for writes of `len` bytes, and nothing else
     /// may read or write them during the call.
     unsafe fn read_at_uninit(&self, buf: *mut u8, len: usize, offset: u64) -> io::Result<()> {
-        // SAFETY: the caller's promise, passed on.
-        unsafe { read_zeroed(self, buf, len, offset) }
+        // SAFETY: the caller gives `len` writable bytes at `buf`, used by
+        // nothing else; zeroed, they are initialised for the slice.
+        let slice = unsafe {
+            std::ptr::write_bytes(buf, 0, len);
+            std::slice::from_raw_parts_mut(buf, len)
+        };
+        self.read_at(slice, offset)
     }
     /// Writes `buf` at `offset`; durable only after [`Device::sync`].
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Makes every completed write durable.
     fn sync(&self) -> io::Result<()>;
-}
-
-/// [`Device::read_at_uninit`] by zeroing the bytes and reading into them
-/// with [`Device::read_at`].
-///
-/// # Safety
-/// As for [`Device::read_at_uninit`].
-unsafe fn read_zeroed<D: Device + ?Sized>(
-    device: &D,
-    buf: *mut u8,
-    len: usize,
-    offset: u64,
-) -> io::Result<()> {
-    // SAFETY: the caller gives `len` writable bytes at `buf`, used by
-    // nothing else; zeroed, they are initialised for the slice.
-    let slice = unsafe {
-        std::ptr::write_bytes(buf, 0, len);
-        std::slice::from_raw_parts_mut(buf, len)
-    };
-    device.read_at(slice, offset)
 }
 
 fn check_aligned(len: usize, offset: u64) -> io::Result<()> {
@@ -198,33 +183,28 @@ impl FileDevice {
     fn bounce_needed(&self, ptr: *const u8) -> bool {
         self.direct && !(ptr as usize).is_multiple_of(BLOCK_SIZE)
     }
-}
 
-impl Device for FileDevice {
-    fn len_bytes(&self) -> u64 {
-        self.len
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        check_aligned(buf.len(), offset)?;
-        self.injected_fault()?;
-        if self.bounce_needed(buf.as_ptr()) {
-            let mut bounce = AlignedBuf::for_overwrite(buf.len());
-            self.file.read_exact_at(&mut bounce, offset)?;
-            buf.copy_from_slice(&bounce);
-            return Ok(());
-        }
-        self.file.read_exact_at(buf, offset)
-    }
-
-    unsafe fn read_at_uninit(&self, buf: *mut u8, len: usize, offset: u64) -> io::Result<()> {
+    /// Fills the `len` bytes at `buf`, initialised or not, from `offset`
+    /// (both [`Device::read_at`] and [`Device::read_at_uninit`]): every one
+    /// of them is written when it succeeds. A buffer O_DIRECT cannot take
+    /// (not block-aligned) is read through an aligned bounce buffer.
+    ///
+    /// # Safety
+    /// `buf` must be valid for writes of `len` bytes, and nothing else may
+    /// read or write them during the call.
+    unsafe fn read_exact_into(&self, buf: *mut u8, len: usize, offset: u64) -> io::Result<()> {
         use std::os::fd::AsRawFd;
         check_aligned(len, offset)?;
-        if self.bounce_needed(buf) {
-            // SAFETY: the caller's promise, passed on.
-            return unsafe { read_zeroed(self, buf, len, offset) };
-        }
         self.injected_fault()?;
+        if self.bounce_needed(buf) {
+            let mut bounce = AlignedBuf::for_overwrite(len);
+            self.file.read_exact_at(&mut bounce, offset)?;
+            // SAFETY: `bounce` holds `len` bytes (a whole number of blocks
+            // already) in another allocation; `buf` takes `len` (the
+            // caller's promise).
+            unsafe { std::ptr::copy_nonoverlapping(bounce.as_ptr(), buf, len) };
+            return Ok(());
+        }
         let mut done = 0;
         while done < len {
             let at = libc::off_t::try_from(offset + done as u64)
@@ -250,6 +230,23 @@ impl Device for FileDevice {
             }
         }
         Ok(())
+    }
+}
+
+impl Device for FileDevice {
+    fn len_bytes(&self) -> u64 {
+        self.len
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        // SAFETY: a slice is valid for writes of its length, and the
+        // `&mut` borrow keeps anything else from using it.
+        unsafe { self.read_exact_into(buf.as_mut_ptr(), buf.len(), offset) }
+    }
+
+    unsafe fn read_at_uninit(&self, buf: *mut u8, len: usize, offset: u64) -> io::Result<()> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.read_exact_into(buf, len, offset) }
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
