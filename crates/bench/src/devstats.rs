@@ -58,6 +58,7 @@ pub fn stat_path(dev: &str) -> String {
     format!("/sys/block/{}/stat", dev.trim_start_matches("/dev/"))
 }
 
+/// The text of a block statistics file (see [`stat_path`]).
 pub fn read_stat(path: &str) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("reading {path}"))
 }
