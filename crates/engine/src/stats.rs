@@ -28,6 +28,9 @@ pub struct Stats {
     pub chunks_read: AtomicU64,
     /// Leaves read ahead of a sequential scan and cached.
     pub nodes_read_ahead: AtomicU64,
+    /// Query reads that began where the last one in their tree ended,
+    /// each handing the read-ahead planner what follows.
+    pub sequential_query_reads: AtomicU64,
     /// Leaves point queries read holding no tree lock and cached.
     pub leaves_read_unlocked: AtomicU64,
     /// Basements of cached leaves read by queries holding no lock and
@@ -235,6 +238,7 @@ pub struct StatsSnapshot {
     pub chunk_dirs_read: u64,
     pub chunks_read: u64,
     pub nodes_read_ahead: u64,
+    pub sequential_query_reads: u64,
     pub leaves_read_unlocked: u64,
     pub basement_reads_unlocked: u64,
     pub leaves_read_for_flushes: u64,
@@ -353,6 +357,7 @@ impl Stats {
             chunk_dirs_read: get(&self.chunk_dirs_read),
             chunks_read: get(&self.chunks_read),
             nodes_read_ahead: get(&self.nodes_read_ahead),
+            sequential_query_reads: get(&self.sequential_query_reads),
             leaves_read_unlocked: get(&self.leaves_read_unlocked),
             basement_reads_unlocked: get(&self.basement_reads_unlocked),
             leaves_read_for_flushes: get(&self.leaves_read_for_flushes),

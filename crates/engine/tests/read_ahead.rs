@@ -240,3 +240,73 @@ fn read_ahead_never_caches_a_stale_leaf() {
     assert_eq!(scan(&store, 0, N, 25), expected);
     store.verify().unwrap();
 }
+
+/// Visits key `i` alone: a query short enough to stay inside one
+/// basement, never reading on across basements itself (a directory
+/// listing of a find).
+fn visit_one_key(store: &Store, i: u32) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut out = Vec::new();
+    store
+        .visit_range(KeySpace::Data, &key(i), &key(i + 1), &mut |k, v| {
+            out.push((k.to_vec(), v.to_vec()))
+        })
+        .unwrap();
+    out
+}
+
+/// Visits of one key each, in key order (as a find lists directories in
+/// the order of their keys): the second that reads from the device where
+/// the first read ended is sequential, and the planner reads ahead what
+/// follows — the rest of the leaf's basements, and the leaves after it.
+#[test]
+fn short_queries_in_key_order_start_read_ahead() {
+    const N: u32 = 3000;
+    let store = cold_store_with_keys(N);
+    let mut i = 0;
+    while store.stats().sequential_query_reads == 0 {
+        assert!(i < 200, "no sequential query read in {i} visits");
+        assert_eq!(visit_one_key(&store, i), vec![(key(i), value(i, 0))]);
+        i += 1;
+    }
+    wait_until("nothing was read ahead", || {
+        store.stats().nodes_read_ahead > 0
+    });
+    let before = store.stats();
+    for j in i..N {
+        assert_eq!(visit_one_key(&store, j), vec![(key(j), value(j, 0))]);
+    }
+    let after = store.stats();
+    // Every read by a query that continues the last starts the next
+    // window of read-ahead; the queries read far fewer basements and
+    // leaves themselves than the scan crossed.
+    let by_queries =
+        |s: &betreefs_engine::StatsSnapshot| s.basement_reads_unlocked + s.leaves_read_unlocked;
+    let query_reads = by_queries(&after) - by_queries(&before);
+    assert!(
+        after.nodes_read_ahead > before.nodes_read_ahead,
+        "read-ahead stopped after its first window"
+    );
+    assert!(
+        query_reads < after.nodes_read_ahead,
+        "queries read {query_reads} leaves and basements themselves, {} were read ahead",
+        after.nodes_read_ahead
+    );
+    store.close().unwrap();
+}
+
+/// Visits of one key each against key order: no read continues where the
+/// last ended, so nothing is read ahead (random reads stay at what they
+/// touch).
+#[test]
+fn short_queries_against_key_order_read_nothing_ahead() {
+    const N: u32 = 1500;
+    let store = cold_store_with_keys(N);
+    for i in (0..N).rev() {
+        assert_eq!(visit_one_key(&store, i), vec![(key(i), value(i, 0))]);
+    }
+    let stats = store.stats();
+    assert_eq!(stats.sequential_query_reads, 0);
+    assert_eq!(stats.nodes_read_ahead, 0);
+    assert!(stats.basement_reads_unlocked + stats.leaves_read_unlocked > 10);
+    store.close().unwrap();
+}

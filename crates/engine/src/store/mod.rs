@@ -37,7 +37,7 @@ use betreefs_store::{
 
 use crate::error::{EngineError, EngineResult};
 use crate::merge::MergeRegistry;
-use crate::message::{KeySpace, Message, WriteBatch};
+use crate::message::{KeySpace, Message, WriteBatch, KEY_SPACES};
 use crate::node::Node;
 use crate::stats::{add, note_max, record_max, Stats, StatsSnapshot};
 use crate::tree::readahead::{read_leaf, LeafOnDisk, ReadFor};
@@ -379,6 +379,10 @@ struct Inner {
     /// rather than read it a second time.
     reading_ahead: Mutex<HashSet<u64>>,
     read_ahead_landed: Condvar,
+    /// For each tree, where the basements a query last read from the
+    /// device ended (None past the tree's last key): a read that begins
+    /// there is sequential ([`Inner::note_query_read`]).
+    query_read_ends: Mutex<[Option<Vec<u8>>; KEY_SPACES]>,
     /// Wakes the tree flusher (with `background`).
     tree_flush_wake: Condvar,
     /// Signalled after every turn of the tree flusher: writers past the
@@ -699,6 +703,7 @@ impl Store {
             read_ahead: Mutex::new(None),
             reading_ahead: Mutex::new(HashSet::new()),
             read_ahead_landed: Condvar::new(),
+            query_read_ends: Mutex::new([None, None]),
             tree_flush_wake: Condvar::new(),
             flush_progress: TreeEvent::default(),
             tree_flusher_running: std::sync::atomic::AtomicBool::new(false),
@@ -880,6 +885,11 @@ impl Store {
         };
         let mut tree = match shared {
             Shared::Answer(value) => return value.map_err(|e| self.inner.read_failed(e)),
+            // A read-ahead reader reading the leaf: waited for, then
+            // looked up under the lock, the leaf most likely cached.
+            Shared::ReadLeaf(place) if self.inner.wait_for_read_ahead(place.num) => {
+                self.inner.lock_tree()
+            }
             Shared::ReadLeaf(place) => {
                 self.inner
                     .read_leaf_unlocked(&place, Want::Key(key), ReadFor::Query)

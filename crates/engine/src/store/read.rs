@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use super::staging::OverlayMerge;
 use super::*;
+use crate::node::NodeBody;
+use crate::validate;
 
 /// Leaves kept read ahead of a sequential scan, the next one included.
 const READ_AHEAD_LEAVES: usize = 4;
@@ -28,7 +30,7 @@ const READ_AHEAD_READERS: usize = 3;
 /// closing the scans' channel ends the planner, which closes the readers'.
 pub(super) fn start_read_ahead(inner: &Arc<Inner>) -> Vec<JoinHandle<()>> {
     let (send, receive) = std::sync::mpsc::channel::<(KeySpace, Vec<u8>)>();
-    let (send_leaf, receive_leaf) = std::sync::mpsc::channel::<LeafOnDisk>();
+    let (send_leaf, receive_leaf) = std::sync::mpsc::channel::<LeafToRead>();
     let receive_leaf = Arc::new(Mutex::new(receive_leaf));
     let mut threads = Vec::new();
     let weak = Arc::downgrade(inner);
@@ -58,11 +60,11 @@ pub(super) fn start_read_ahead(inner: &Arc<Inner>) -> Vec<JoinHandle<()>> {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .recv();
-                let Ok(place) = next else {
+                let Ok(leaf) = next else {
                     return;
                 };
                 match weak.upgrade() {
-                    Some(inner) => inner.read_leaf_ahead(&place),
+                    Some(inner) => inner.read_leaf_ahead(&leaf),
                     None => return,
                 }
             });
@@ -75,6 +77,15 @@ pub(super) fn start_read_ahead(inner: &Arc<Inner>) -> Vec<JoinHandle<()>> {
     }
     *inner.read_ahead.lock().unwrap_or_else(|e| e.into_inner()) = Some(send);
     threads
+}
+
+/// A leaf the read-ahead planner hands its readers: where it lies, and
+/// the key to read it from — its start for a leaf the cache does not hold
+/// (read whole), else where the basements still on the device that the
+/// scan reaches next begin.
+struct LeafToRead {
+    place: LeafOnDisk,
+    from: Vec<u8>,
 }
 
 /// Iterator over a key range; see [`Store::range`].
@@ -131,7 +142,9 @@ impl Inner {
     /// stay for the writers to apply in their own time — unless upserts
     /// onto the trees' values are staged in the range. Returns where the
     /// next leaf begins (None once `visit` broke); tells the read-ahead
-    /// thread when the visit read on across basements.
+    /// thread when the visit read on across basements. A leaf to read that
+    /// a read-ahead reader is reading is waited for, once, and the visit
+    /// tried again.
     pub(super) fn visit_one_leaf(
         &self,
         ks: KeySpace,
@@ -139,32 +152,22 @@ impl Inner {
         end: Option<&[u8]>,
         visit: &mut PairVisitor<'_>,
     ) -> EngineResult<Option<Vec<u8>>> {
-        self.wait_for_read_ahead(ks, from);
-        let shared = {
-            let tree = self.tree.read();
-            let overlay = self.staged_overlay(ks, from, end);
-            match overlay {
-                Some(overlay) => {
-                    let mut merge = overlay.merge(visit);
-                    let mut shared =
-                        tree.visit_leaf_cached(ks, from, end, &mut |k, v| merge.tree_pair(k, v));
-                    if let Shared::Answer(Ok(visited)) = &mut shared {
-                        finish_overlay(visited, merge);
+        let mut waited = false;
+        let visited = loop {
+            match self.visit_leaf_shared(ks, from, end, visit) {
+                Shared::Answer(visited) => break visited,
+                Shared::ReadLeaf(place) => {
+                    if !waited && self.wait_for_read_ahead(place.num) {
+                        waited = true;
+                        continue;
                     }
-                    shared
+                    let want = Want::Range(from, end);
+                    let tree = self.read_leaf_unlocked(&place, want, ReadFor::Query);
+                    break self.visit_leaf_exclusively(tree, ks, from, end, visit)?;
                 }
-                None => Shared::Exclusive,
-            }
-        };
-        let visited = match shared {
-            Shared::Answer(visited) => visited,
-            Shared::ReadLeaf(place) => {
-                let want = Want::Range(from, end);
-                let tree = self.read_leaf_unlocked(&place, want, ReadFor::Query);
-                self.visit_leaf_exclusively(tree, ks, from, end, visit)?
-            }
-            Shared::Exclusive => {
-                self.visit_leaf_exclusively(self.lock_tree(), ks, from, end, visit)?
+                Shared::Exclusive => {
+                    break self.visit_leaf_exclusively(self.lock_tree(), ks, from, end, visit)?;
+                }
             }
         };
         let visited = visited.map_err(|e| self.read_failed(e))?;
@@ -172,6 +175,27 @@ impl Inner {
             self.read_ahead_from(ks, read_on);
         }
         Ok(visited.next)
+    }
+
+    /// [`Inner::visit_one_leaf`] on the shared tree lock, if the leaf and
+    /// the way to it are cached; nothing is visited otherwise.
+    fn visit_leaf_shared(
+        &self,
+        ks: KeySpace,
+        from: &[u8],
+        end: Option<&[u8]>,
+        visit: &mut PairVisitor<'_>,
+    ) -> Shared<EngineResult<LeafVisited>> {
+        let tree = self.tree.read();
+        let Some(overlay) = self.staged_overlay(ks, from, end) else {
+            return Shared::Exclusive;
+        };
+        let mut merge = overlay.merge(visit);
+        let mut shared = tree.visit_leaf_cached(ks, from, end, &mut |k, v| merge.tree_pair(k, v));
+        if let Shared::Answer(Ok(visited)) = &mut shared {
+            finish_overlay(visited, merge);
+        }
+        shared
     }
 
     /// [`Inner::visit_one_leaf`] on the exclusive tree lock: what is staged
@@ -231,7 +255,9 @@ impl Inner {
     /// `want` needs of the leaf at `place` (`by` whom: a query or a
     /// read-ahead reader) and caching it if the tree still names it there
     /// ([`Inner::adopt_read`]). Other requests go on while the device
-    /// reads.
+    /// reads. A query's read that goes on where the last one in its tree
+    /// ended hands the read-ahead planner what follows
+    /// ([`Inner::note_query_read`]).
     pub(super) fn read_leaf_unlocked(
         &self,
         place: &LeafOnDisk,
@@ -239,9 +265,49 @@ impl Inner {
         by: ReadFor,
     ) -> TreeGuard<'_> {
         let read = read_leaf(place, self.device.as_ref(), want, &self.stats);
+        let span = match (&read, want, by) {
+            (Ok(node), Want::Key(key) | Want::Range(key, _), ReadFor::Query) => {
+                basements_read(place, node, key)
+            }
+            _ => None,
+        };
         let mut tree = self.lock_tree();
         self.adopt_read(&mut tree, place, read, by);
+        // After the adoption: the planner, which waits for this hold of
+        // the lock to end, finds what was read cached.
+        if let Some((lo, hi)) = span {
+            self.note_query_read(place.ks, lo, hi);
+        }
         tree
+    }
+
+    /// A query read the basements of tree `ks` spanning [lo, hi) from the
+    /// device. When they reach on from where the last ones a query read
+    /// in that tree ended — basement after basement, as a find or an `ls
+    /// -R` walks the metadata in key order, each listing too short to
+    /// read on across basements itself — the read-ahead planner is handed
+    /// what follows. Random reads seldom land on the next basement. (The
+    /// span may begin before that end: a read of a cached leaf's basements
+    /// reads the cached ones inside its span again.)
+    fn note_query_read(&self, ks: KeySpace, lo: Vec<u8>, hi: Option<Vec<u8>>) {
+        let sequential = {
+            let mut ends = self
+                .query_read_ends
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let Some(end) = ends.get_mut(ks.index()) else {
+                return;
+            };
+            let sequential = end
+                .as_ref()
+                .is_some_and(|e| lo <= *e && hi.as_ref().is_none_or(|hi| e < hi));
+            end.clone_from(&hi);
+            sequential
+        };
+        if let (true, Some(hi)) = (sequential, hi) {
+            add(&self.stats.sequential_query_reads, 1);
+            self.read_ahead_from(ks, hi);
+        }
     }
 
     /// Caches what was read of the leaf at `place` holding no lock if the
@@ -276,23 +342,30 @@ impl Inner {
 
     /// Hands the read-ahead readers the leaf holding `key` and the ones
     /// after it, [`READ_AHEAD_LEAVES`] in all, that are neither cached nor
-    /// being read: a reader that has just asked for the next leaf would
-    /// otherwise often reach it first and read it itself.
-    fn plan_read_ahead(&self, ks: KeySpace, key: &[u8], readers: &Sender<LeafOnDisk>) {
+    /// being read — of the first, if cached, the basements from `key` on
+    /// still on the device: a reader that has just asked for the next
+    /// leaf would otherwise often reach it first and read it itself.
+    fn plan_read_ahead(&self, ks: KeySpace, key: &[u8], readers: &Sender<LeafToRead>) {
         // One hold of the shared lock for the whole walk: nothing here
         // waits for the device (the readers do).
         let tree = self.tree.read();
         let mut key = key.to_vec();
-        for _ in 0..READ_AHEAD_LEAVES {
+        for n in 0..READ_AHEAD_LEAVES {
             let Some((place, next)) = tree.leaf_for(ks, &key) else {
                 return;
             };
-            // Marked under the tree lock: a scan that finds the leaf
-            // uncached after this waits for it.
+            let place = match place {
+                None if n == 0 => tree.basements_on_disk_from(ks, &key),
+                place => place,
+            };
+            // Marked under the tree lock: a scan that finds the leaf (or
+            // the basements) to read after this waits for it.
             if let Some(place) = place {
                 if self.lock_reading_ahead().insert(place.num) {
-                    if let Err(unsent) = readers.send(place) {
-                        self.lock_reading_ahead().remove(&unsent.0.num);
+                    let from = key.clone();
+                    let leaf = LeafToRead { place, from };
+                    if let Err(unsent) = readers.send(leaf) {
+                        self.lock_reading_ahead().remove(&unsent.0.place.num);
                         return;
                     }
                 }
@@ -304,10 +377,17 @@ impl Inner {
         }
     }
 
-    /// Reads a leaf the planner handed over, caches it if the tree still
+    /// Reads a leaf the planner handed over (whole, or a cached one's
+    /// basements from where the scan goes on), caches it if the tree still
     /// names it there, and wakes scans waiting for it.
-    fn read_leaf_ahead(&self, place: &LeafOnDisk) {
-        self.read_leaf_unlocked(place, Want::Whole, ReadFor::ReadAhead)
+    fn read_leaf_ahead(&self, leaf: &LeafToRead) {
+        let place = &leaf.place;
+        let want = if place.is_of_cached_leaf() {
+            Want::Range(&leaf.from, None)
+        } else {
+            Want::Whole
+        };
+        self.read_leaf_unlocked(place, want, ReadFor::ReadAhead)
             .evict_clean_if_needed();
         self.lock_reading_ahead().remove(&place.num);
         self.read_ahead_landed.notify_all();
@@ -317,31 +397,55 @@ impl Inner {
         self.reading_ahead.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Before a scan reads the leaf holding `key`: if the read-ahead
-    /// thread is reading that leaf now, wait (without the tree lock) until
-    /// it lands, so it is read once. Bounded: a slow device never holds a
-    /// scan up for more than a moment.
-    pub(super) fn wait_for_read_ahead(&self, ks: KeySpace, key: &[u8]) {
-        if self.lock_reading_ahead().is_empty() {
-            return;
-        }
-        let num = match self.tree.read().leaf_for(ks, key) {
-            Some((Some(place), _)) => place.num,
-            _ => return,
-        };
-        let deadline = Instant::now() + Duration::from_millis(200);
+    /// Before a query reads leaf `num` (or basements of it): if a
+    /// read-ahead reader is reading it now, wait (without the tree lock)
+    /// until it lands, so it is read once; whether it was being read.
+    /// Bounded: a slow device never holds a query up for more than a
+    /// moment.
+    pub(super) fn wait_for_read_ahead(&self, num: u64) -> bool {
         let mut reading = self.lock_reading_ahead();
+        if !reading.contains(&num) {
+            return false;
+        }
+        let deadline = Instant::now() + Duration::from_millis(200);
         while reading.contains(&num) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return;
+                break;
             }
             reading = match self.read_ahead_landed.wait_timeout(reading, left) {
                 Ok((guard, _)) => guard,
                 Err(e) => e.into_inner().0,
             };
         }
+        true
     }
+}
+
+/// The key range of the basements a query's read of the leaf at `place`
+/// (`read`, as decoded) loaded from `key` on: the basement holding `key`
+/// and those loaded after it in a row. None when that basement was not
+/// loaded whole (a point query reads below it, a few chunks).
+fn basements_read(
+    place: &LeafOnDisk,
+    read: &Node,
+    key: &[u8],
+) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
+    let NodeBody::Leaf(leaf) = &read.body else {
+        return None;
+    };
+    let first = leaf.basement_for(key);
+    leaf.basements.get(first)?.entries.as_ref()?;
+    let loaded = leaf
+        .basements
+        .get(first..)?
+        .iter()
+        .take_while(|b| b.entries.is_some())
+        .count();
+    let last = first + loaded - 1;
+    let lo = validate::basement_bounds(leaf, first, &place.bounds).lo;
+    let hi = validate::basement_bounds(leaf, last, &place.bounds).hi;
+    Some((lo, hi))
 }
 
 /// Hands on what is staged after the trees' last pair of a leaf visit;

@@ -56,6 +56,12 @@ pub struct LeafOnDisk {
 }
 
 impl LeafOnDisk {
+    /// Whether this names basements of a leaf the cache holds (a read of
+    /// it fills in that leaf), not a leaf the cache does not hold.
+    pub fn is_of_cached_leaf(&self) -> bool {
+        self.cached.is_some()
+    }
+
     /// Whether `other` names the same leaf at the same place on disk.
     fn same_place(&self, other: &LeafOnDisk) -> bool {
         (self.ks, self.num, &self.bounds, self.extent, self.crc)
@@ -78,6 +84,41 @@ impl Tree {
         ks: KeySpace,
         key: &[u8],
     ) -> Option<(Option<LeafOnDisk>, Option<Vec<u8>>)> {
+        let (num, bounds) = self.leaf_reached(ks, key)?;
+        let next = bounds.hi.clone();
+        if self.cache.contains_key(&num) {
+            return Some((None, next));
+        }
+        let place = self.leaf_on_disk(ks, num, bounds)?;
+        Some((Some(place), next))
+    }
+
+    /// The basements from `key` on that the cached leaf of tree `ks`
+    /// holding `key` still has on the device: the leaf's place with its
+    /// skeleton, to read them from `key` (`Want::Range(key, None)`). None
+    /// if that leaf is not cached, or holds them all.
+    pub fn basements_on_disk_from(&self, ks: KeySpace, key: &[u8]) -> Option<LeafOnDisk> {
+        let (num, bounds) = self.leaf_reached(ks, key)?;
+        let node = self.cache.get(&num)?;
+        let NodeBody::Leaf(leaf) = &node.body else {
+            return None;
+        };
+        let from = leaf.basement_for(key);
+        let missing = leaf
+            .basements
+            .iter()
+            .skip(from)
+            .any(|b| b.entries.is_none());
+        if missing {
+            self.basements_on_disk(ks, num, &bounds)
+        } else {
+            None
+        }
+    }
+
+    /// The leaf of tree `ks` that holds `key` and its bounds, reached
+    /// through cached interior nodes (the leaf itself may be uncached).
+    fn leaf_reached(&self, ks: KeySpace, key: &[u8]) -> Option<(u64, Bounds)> {
         let mut num = self.roots[ks.index()];
         let mut bounds = Bounds::full();
         loop {
@@ -93,12 +134,7 @@ impl Tree {
                 bounds = child_bounds;
                 continue;
             }
-            let next = child_bounds.hi.clone();
-            if self.cache.contains_key(&child) {
-                return Some((None, next));
-            }
-            let place = self.leaf_on_disk(ks, child, child_bounds)?;
-            return Some((Some(place), next));
+            return Some((child, child_bounds));
         }
     }
 
