@@ -91,6 +91,10 @@ pub(super) enum StagedAnswer {
 /// message to it, message `at` of batch `seq` ([`key_at`]).
 #[derive(Clone, Debug)]
 struct KeyEntry {
+    /// The key's hash: the table's probes compare it before reading the
+    /// key from its message (a walk through the batches to a long full
+    /// path), and growing the table rehashes nothing.
+    hash: u64,
     staged: Staged,
     /// The sequence number of the newest staged batch that touches the
     /// key: once the batches up to it are applied, the trees answer.
@@ -307,10 +311,11 @@ impl Staging {
             // One search of the table for the key: an upsert merges onto
             // what its entry leaves, and a key staged again keeps one
             // entry (the old value goes).
+            let hash = hasher.hash_one(key);
             let slot = table.entry(
-                hasher.hash_one(key),
-                |e| key_at(batches, e) == key,
-                |e| hasher.hash_one(key_at(batches, e)),
+                hash,
+                |e| e.hash == hash && key_at(batches, e) == key,
+                |e| e.hash,
             );
             let (staged, value_len) = match msg {
                 Message::Put { value, .. } => (Staged::Put, value.len()),
@@ -333,7 +338,7 @@ impl Staging {
                 }
                 other => unreachable!("point_key named a point message, not {other:?}"),
             };
-            let entry = KeyEntry::new(key, staged, value_len, seq, at, order);
+            let entry = KeyEntry::new(key, hash, staged, value_len, seq, at, order);
             *bytes += entry.counted;
             match slot {
                 Entry::Occupied(mut slot) => {
@@ -407,9 +412,10 @@ impl Staging {
     /// or a delete when a staged range delete over it is newer.
     fn newest_staged(&self, ks: KeySpace, key: &[u8]) -> Option<StagedView<'_>> {
         let batches = &self.batches;
+        let hash = self.hasher.hash_one(key);
         let entry = self
             .keys_of(ks)
-            .find(self.hasher.hash_one(key), |e| key_at(batches, e) == key);
+            .find(hash, |e| e.hash == hash && key_at(batches, e) == key);
         staged_view(batches, entry, self.ranges_of(ks), key)
     }
 
@@ -648,6 +654,7 @@ impl KeyEntry {
     /// or upserts' merged), counted towards the bound.
     fn new(
         key: &[u8],
+        hash: u64,
         staged: Staged,
         value_len: usize,
         seq: u64,
@@ -655,6 +662,7 @@ impl KeyEntry {
         order: u64,
     ) -> KeyEntry {
         KeyEntry {
+            hash,
             staged,
             seq,
             at,
