@@ -74,6 +74,13 @@ fn cold_store_with_keys(n: u32) -> Store {
     Store::open_on(Arc::new(device_with_keys(n)), options()).unwrap()
 }
 
+/// Whether this thread is one of the store's read-ahead threads.
+fn on_a_read_ahead_thread() -> bool {
+    std::thread::current()
+        .name()
+        .is_some_and(|n| n.starts_with("betreefs-readahead"))
+}
+
 /// A device that counts the reads the read-ahead threads have in flight
 /// and keeps each one in flight until another one joins it (or a second
 /// passes): reads made one after another never overlap, reads made at
@@ -97,10 +104,7 @@ impl Device for OverlappingReads {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.inner.read_at(buf, offset)?;
-        let ahead = std::thread::current()
-            .name()
-            .is_some_and(|n| n.starts_with("betreefs-readahead"));
-        if ahead {
+        if on_a_read_ahead_thread() {
             let mut counts = self.in_flight.lock().unwrap();
             counts.0 += 1;
             counts.1 = counts.1.max(counts.0);
@@ -279,10 +283,7 @@ impl Device for QueryReads {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let ahead = std::thread::current()
-            .name()
-            .is_some_and(|n| n.starts_with("betreefs-readahead"));
-        if !ahead {
+        if !on_a_read_ahead_thread() {
             self.by_queries
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }

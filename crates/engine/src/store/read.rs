@@ -80,9 +80,9 @@ pub(super) fn start_read_ahead(inner: &Arc<Inner>) -> Vec<JoinHandle<()>> {
 }
 
 /// A leaf the read-ahead planner hands its readers: where it lies, and
-/// the key to read it from — its start for a leaf the cache does not hold
-/// (read whole), else where the basements still on the device that the
-/// scan reaches next begin.
+/// the key the planner found it by. A leaf the cache does not hold is read
+/// whole; of one it holds in part, the basements from that key on (where
+/// the scan goes on).
 struct LeafToRead {
     place: LeafOnDisk,
     from: Vec<u8>,
@@ -351,18 +351,15 @@ impl Inner {
         let tree = self.tree.read();
         let mut key = key.to_vec();
         for n in 0..READ_AHEAD_LEAVES {
-            let Some((place, next)) = tree.leaf_for(ks, &key) else {
+            let Some((place, next)) = tree.leaf_for(ks, &key, n == 0) else {
                 return;
-            };
-            let place = match place {
-                None if n == 0 => tree.basements_on_disk_from(ks, &key),
-                place => place,
             };
             // Marked under the tree lock: a scan that finds the leaf (or
             // the basements) to read after this waits for it.
             if let Some(place) = place {
                 if self.lock_reading_ahead().insert(place.num) {
-                    let from = key.clone();
+                    // The walk goes on from `next`: the key is the reader's.
+                    let from = std::mem::take(&mut key);
                     let leaf = LeafToRead { place, from };
                     if let Err(unsent) = readers.send(leaf) {
                         self.lock_reading_ahead().remove(&unsent.0.place.num);

@@ -73,47 +73,42 @@ impl Tree {
     /// The leaf of tree `ks` that holds `key`, when every node above it is
     /// cached and the leaf is not (nothing to read ahead otherwise).
     pub fn uncached_leaf_for(&self, ks: KeySpace, key: &[u8]) -> Option<LeafOnDisk> {
-        self.leaf_for(ks, key).and_then(|(place, _)| place)
+        self.leaf_for(ks, key, false).and_then(|(place, _)| place)
     }
 
     /// The leaf of tree `ks` that holds `key`, found through cached nodes:
-    /// its place on disk unless it is cached, and where the leaf after it
-    /// begins. None when a node above it is not cached.
+    /// what of it there is to read on disk, and where the leaf after it
+    /// begins. To read is the leaf if the cache does not hold it, or, with
+    /// `basements_from_key`, the basements from `key` on that a leaf the
+    /// cache holds still has on the device (its place with its skeleton,
+    /// to read them from `key`: `Want::Range(key, None)`); None if nothing.
+    /// None when a node above it is not cached.
     pub fn leaf_for(
         &self,
         ks: KeySpace,
         key: &[u8],
+        basements_from_key: bool,
     ) -> Option<(Option<LeafOnDisk>, Option<Vec<u8>>)> {
         let (num, bounds) = self.leaf_reached(ks, key)?;
         let next = bounds.hi.clone();
-        if self.cache.contains_key(&num) {
-            return Some((None, next));
-        }
-        let place = self.leaf_on_disk(ks, num, bounds)?;
-        Some((Some(place), next))
-    }
-
-    /// The basements from `key` on that the cached leaf of tree `ks`
-    /// holding `key` still has on the device: the leaf's place with its
-    /// skeleton, to read them from `key` (`Want::Range(key, None)`). None
-    /// if that leaf is not cached, or holds them all.
-    pub fn basements_on_disk_from(&self, ks: KeySpace, key: &[u8]) -> Option<LeafOnDisk> {
-        let (num, bounds) = self.leaf_reached(ks, key)?;
-        let node = self.cache.get(&num)?;
-        let NodeBody::Leaf(leaf) = &node.body else {
-            return None;
+        let Some(node) = self.cache.get(&num) else {
+            let place = self.leaf_on_disk(ks, num, bounds)?;
+            return Some((Some(place), next));
         };
-        let from = leaf.basement_for(key);
-        let missing = leaf
-            .basements
-            .iter()
-            .skip(from)
-            .any(|b| b.entries.is_none());
-        if missing {
+        let missing_from_key = match &node.body {
+            NodeBody::Leaf(leaf) if basements_from_key => leaf
+                .basements
+                .iter()
+                .skip(leaf.basement_for(key))
+                .any(|b| b.entries.is_none()),
+            _ => false,
+        };
+        let basements = if missing_from_key {
             self.basements_on_disk(ks, num, &bounds)
         } else {
             None
-        }
+        };
+        Some((basements, next))
     }
 
     /// The leaf of tree `ks` that holds `key` and its bounds, reached
