@@ -1050,6 +1050,110 @@ fn the_longest_work_after_a_reply_is_counted() {
     assert_store_holds(&store, &model);
 }
 
+/// A range rename is staged, not applied in its writer's call: on a
+/// thread that works after its replies it leaves the application (the
+/// surgery) for after the reply, flagged long; until then a query of a
+/// key in its source or destination range, or a visit into either, has
+/// everything staged applied first and sees the rename, and a query
+/// elsewhere is answered without that. Where nothing works after
+/// replies, the writer applies it in its own call.
+#[test]
+fn a_range_rename_is_staged_and_applied_after_the_reply() {
+    let (_dev, store) = common::mem_store(64 << 20, staging_64k_options());
+    store.work_after_replies_on_this_thread();
+    let mut model = BTreeMap::new();
+    let with = |prefix: &[u8], i: u32| [prefix, &[0], &i.to_be_bytes()].concat();
+    // The first write finds the space not yet judged ample and applies.
+    store.put(KeySpace::Data, b"first", b"1").unwrap();
+    model.insert(b"first".to_vec(), b"1".to_vec());
+    for i in 0..600u32 {
+        let mut batch = WriteBatch::new();
+        batch.put(KeySpace::Data, &with(b"src", i), &value_of(i, 1));
+        model.insert(with(b"src", i), value_of(i, 1));
+        if i % 3 == 0 {
+            batch.put(KeySpace::Data, &with(b"dst", i + 1), b"old");
+            model.insert(with(b"dst", i + 1), b"old".to_vec());
+        }
+        store.write(&batch).unwrap();
+        if store.has_work_after_reply() {
+            store.work_after_reply().unwrap();
+        }
+    }
+    store.work_after_reply().unwrap();
+    let renamed =
+        |store: &Store, model: &mut BTreeMap<Vec<u8>, Vec<u8>>, from: &[u8], to: &[u8]| {
+            let mut batch = WriteBatch::new();
+            let rename = common::subtree_rename(from, to).unwrap();
+            batch.push(
+                KeySpace::Data,
+                betreefs_engine::Message::RangeRename(rename),
+            );
+            batch.put(KeySpace::Data, b"zzz", from);
+            let before = store.stats();
+            store.write(&batch).unwrap();
+            let range = |p: &[u8]| [p, &[0]].concat()..[p, &[2]].concat();
+            let moved: Vec<_> = model
+                .range(range(from))
+                .map(|(k, v)| ([to, &k[from.len()..]].concat(), v.clone()))
+                .collect();
+            let (source, destination) = (range(from), range(to));
+            model.retain(|k, _| !source.contains(k) && !destination.contains(k));
+            model.extend(moved);
+            model.insert(b"zzz".to_vec(), from.to_vec());
+            before
+        };
+
+    let before = renamed(&store, &mut model, b"src", b"dst");
+    let stats = store.stats();
+    assert_eq!(stats.writes_staged, before.writes_staged + 1, "{stats:?}");
+    let transplants =
+        |s: &betreefs_engine::StatsSnapshot| s.range_renames_by_surgery + s.range_renames_copied;
+    assert_eq!(transplants(&stats), transplants(&before), "not applied yet");
+    assert!(store.has_work_after_reply() && store.work_after_reply_is_long());
+    // Elsewhere: answered from the staged batches and the trees as they are.
+    assert_eq!(
+        store.get(KeySpace::Data, b"first").unwrap().as_deref(),
+        Some(&b"1"[..])
+    );
+    assert_eq!(
+        store.get(KeySpace::Data, b"zzz").unwrap().as_deref(),
+        Some(&b"src"[..])
+    );
+    assert_eq!(transplants(&store.stats()), transplants(&before));
+    // In the destination: applied first, in the query's call.
+    assert_eq!(
+        store.get(KeySpace::Data, &with(b"dst", 7)).unwrap(),
+        Some(value_of(7, 1))
+    );
+    assert_eq!(store.get(KeySpace::Data, &with(b"dst", 600)).unwrap(), None);
+    assert_eq!(transplants(&store.stats()), transplants(&before) + 1);
+    assert_store_holds(&store, &model);
+
+    // Back again, applied by the work after the reply; a visit into the
+    // source range before it applies it too.
+    let before = renamed(&store, &mut model, b"dst", b"src");
+    assert!(store.work_after_reply_is_long());
+    store.work_after_reply().unwrap();
+    assert!(!store.work_after_reply_is_long() && !store.has_work_after_reply());
+    assert_eq!(transplants(&store.stats()), transplants(&before) + 1);
+    assert_store_holds(&store, &model);
+    let before = renamed(&store, &mut model, b"src", b"dst");
+    let visited: BTreeMap<_, _> = common::scan_all(&store, KeySpace::Data)
+        .into_iter()
+        .collect();
+    assert_eq!(visited, model);
+    assert_eq!(transplants(&store.stats()), transplants(&before) + 1);
+
+    // A thread that does not work after its replies applies in its call.
+    let before = std::thread::scope(|s| {
+        s.spawn(|| renamed(&store, &mut model, b"dst", b"src"))
+            .join()
+            .unwrap()
+    });
+    assert_eq!(transplants(&store.stats()), transplants(&before) + 1);
+    assert_store_holds(&store, &model);
+}
+
 /// A writer on a thread that works after its replies (a FUSE serving
 /// thread) leaves the application of what is staged past the bound for
 /// `Store::work_after_reply`, and so does the next one (one piece of

@@ -272,6 +272,12 @@ pub trait Operations: Send + Sync + 'static {
     fn has_work_after_reply(&self) -> bool {
         false
     }
+    /// Whether the work left for after replies is long (a rename's tree
+    /// surgery): a transport hands it to a thread that serves no request
+    /// rather than holding the requests behind it.
+    fn work_after_reply_is_long(&self) -> bool {
+        false
+    }
     /// Does the work requests left for after their replies (a write's
     /// application of what is staged, settling, eviction: its client goes
     /// on meanwhile).

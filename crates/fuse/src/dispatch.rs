@@ -165,6 +165,12 @@ impl<F: Operations> Dispatcher<F> {
         !self.guard.failed() && self.fs.has_work_after_reply()
     }
 
+    /// Whether the work left for after replies is long (see
+    /// [`Operations::work_after_reply_is_long`]): better handed off.
+    pub fn work_after_reply_is_long(&self) -> bool {
+        self.fs.work_after_reply_is_long()
+    }
+
     /// Does the work requests left for after their replies, once these
     /// are sent, on the calling thread; a panic in it fails the mount as
     /// one in a request does.

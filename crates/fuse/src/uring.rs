@@ -525,15 +525,17 @@ fn serve_entries<F: Operations>(
         // Work the requests left for after their replies: the replies go
         // now (the commits were pushed, not submitted), their clients go
         // on while this thread does it — or, while one client alone
-        // issues requests, while the after-reply worker does it and this
-        // thread serves on (`crate::after_reply`).
+        // issues requests, or when the work is long (a rename's surgery:
+        // the requests on this queue would wait for it), while the
+        // after-reply worker does it and this thread serves on
+        // (`crate::after_reply`).
         if broken.is_none() && dispatcher.has_work_after_reply() {
             if let Err(e) = q.ring.submit() {
                 if e.raw_os_error() != Some(libc::EINTR) {
                     return Some(e.to_string());
                 }
             }
-            if clients.one_client(usize::from(q.qid)) {
+            if clients.one_client(usize::from(q.qid)) || dispatcher.work_after_reply_is_long() {
                 dispatcher.hand_off_work_after_replies();
             } else {
                 dispatcher.work_after_replies();

@@ -416,6 +416,12 @@ struct Inner {
     /// the staged batches past the bound to apply, the buffers to settle
     /// and the cache to evict ([`Store::work_after_reply`]).
     work_after_reply: std::sync::atomic::AtomicBool,
+    /// The work left for after replies includes a staged range rename or
+    /// clone (a surgery: up to tens of milliseconds under the tree lock),
+    /// better done by a thread that serves no request
+    /// ([`Store::work_after_reply_is_long`]). A hint, cleared when the
+    /// work begins.
+    work_after_reply_is_long: std::sync::atomic::AtomicBool,
     /// Whether a writer is working out a step's merge into a leaf with the
     /// tree lock let go ([`write::StepMergeClaim`]).
     step_merge_in_flight: std::sync::atomic::AtomicBool,
@@ -719,6 +725,7 @@ impl Store {
             staging: parking_lot::RwLock::new(staging),
             space_ample: std::sync::atomic::AtomicBool::new(false),
             work_after_reply: std::sync::atomic::AtomicBool::new(false),
+            work_after_reply_is_long: std::sync::atomic::AtomicBool::new(false),
             step_merge_in_flight: std::sync::atomic::AtomicBool::new(false),
             memory_short: std::sync::atomic::AtomicBool::new(false),
         });
@@ -814,6 +821,14 @@ impl Store {
     /// Whether a write left work for [`Store::work_after_reply`].
     pub fn has_work_after_reply(&self) -> bool {
         self.inner.work_after_reply.load(Ordering::Acquire)
+    }
+
+    /// Whether the work left for after replies is long (a staged rename's
+    /// or clone's surgery): a transport serving requests on the thread
+    /// that would do it hands it to a thread of its own instead, so the
+    /// requests that come meanwhile are not held behind it.
+    pub fn work_after_reply_is_long(&self) -> bool {
+        self.inner.work_after_reply_is_long.load(Ordering::Acquire)
     }
 
     /// Does the work writes left for after their replies, if any (see

@@ -1,8 +1,8 @@
 //! Staged writes: batches that are logged, numbered and visible to point
 //! queries, but not yet applied to the trees.
 //!
-//! A batch of point messages (puts, deletes, upserts) and range deletes
-//! — not range renames or clones — is logged and staged
+//! A batch of point messages (puts, deletes, upserts), range deletes and
+//! range renames or clones is logged and staged
 //! under the staging lock alone — the tree lock is not taken — and the
 //! staged batches are applied together, in sequence order, under one
 //! exclusive hold of the tree lock once they pass a bound, or as soon as
@@ -17,6 +17,14 @@
 //! exclusively, so a query never ran beside a write; with it, queries run
 //! beside the writes and wait only for the applications (docs/design.md,
 //! "Staged writes").
+//!
+//! A staged range rename or clone ([`StagedTransplant`]) is not read
+//! through: a query of a key in its source or destination range, or a
+//! visit that reaches into one, has the staged batches applied first. A
+//! writer that stages one leaves their application for after its reply
+//! (or applies at once where nothing works after replies): a rename's
+//! surgery, tens of milliseconds for a large tree, no longer holds its
+//! client (docs/design.md, "Renames staged").
 //!
 //! Ordering: the staging lock is taken inside the tree lock, never the
 //! other way round. A batch is staged and logged in the same hold of the
@@ -34,7 +42,7 @@ use std::ops::{Bound, ControlFlow};
 use hashbrown::hash_table::{Entry, HashTable};
 
 use crate::merge::MergeRegistry;
-use crate::message::{KeySpace, Message, KEY_SPACES};
+use crate::message::{KeySpace, Message, RangeRename, KEY_SPACES};
 use crate::tree::PairVisitor;
 
 /// A staged batch: its messages, decoded once, when the writer's
@@ -118,6 +126,50 @@ struct StagedRange {
     order: u64,
 }
 
+/// A staged range rename or clone: the keys of its source range and of
+/// its destination range are the trees' to answer, once the staged
+/// batches are applied (what it moves where cannot be read from the
+/// staged batches).
+#[derive(Clone, Debug)]
+struct StagedTransplant {
+    /// [start, end) of the source, then of the destination.
+    ranges: [(Vec<u8>, Vec<u8>); 2],
+    seq: u64,
+}
+
+impl StagedTransplant {
+    fn new(r: &RangeRename, seq: u64) -> StagedTransplant {
+        StagedTransplant {
+            ranges: [(r.start.clone(), r.end.clone()), r.destination_range()],
+            seq,
+        }
+    }
+
+    /// Whether `key` is in its source or its destination.
+    fn touches(&self, key: &[u8]) -> bool {
+        self.ranges
+            .iter()
+            .any(|(start, end)| start.as_slice() <= key && key < end.as_slice())
+    }
+
+    /// Whether its source or its destination meets [from, end) (`end`
+    /// None: unbounded).
+    fn meets(&self, from: &[u8], end: Option<&[u8]>) -> bool {
+        self.ranges
+            .iter()
+            .any(|(s, e)| e.as_slice() > from && end.is_none_or(|end| s.as_slice() < end))
+    }
+
+    /// What it counts towards the staging bound ([`Staging::bytes`]).
+    fn bytes(&self) -> usize {
+        self.ranges
+            .iter()
+            .map(|(s, e)| s.len() + e.len())
+            .sum::<usize>()
+            + KEY_OVERHEAD_BYTES
+    }
+}
+
 impl StagedRange {
     fn covers(&self, key: &[u8]) -> bool {
         self.start.as_slice() <= key && key < self.end.as_slice()
@@ -129,9 +181,9 @@ impl StagedRange {
     }
 }
 
-/// The most range deletes staged at once: a point query compares its key
-/// with each of them. A batch that would pass it is applied under the
-/// tree lock instead.
+/// The most range deletes, renames and clones staged at once: a point
+/// query compares its key with each of them. A batch that would pass it
+/// is applied under the tree lock instead.
 pub(super) const STAGED_RANGES_MAX: usize = 64;
 
 /// The staged batches, guarded by the store's staging lock.
@@ -160,6 +212,8 @@ pub(super) struct Staging {
     ordered: [Option<BTreeSet<Vec<u8>>>; KEY_SPACES],
     /// Per key space, the staged range deletes, oldest first.
     ranges: [Vec<StagedRange>; KEY_SPACES],
+    /// Per key space, the staged range renames and clones, oldest first.
+    transplants: [Vec<StagedTransplant>; KEY_SPACES],
     /// The order of the next staged message ([`KeyEntry::order`]).
     next_order: u64,
     /// What the staging bound measures ([`Staging::bytes`]).
@@ -212,6 +266,7 @@ impl Staging {
             hasher: RandomState::new(),
             ordered: Default::default(),
             ranges: Default::default(),
+            transplants: Default::default(),
             next_order: 0,
             bytes: 0,
             batch_bytes: 0,
@@ -237,17 +292,17 @@ impl Staging {
         self.bytes
     }
 
-    /// How many range deletes are staged (at most [`STAGED_RANGES_MAX`]).
+    /// How many range deletes, renames and clones are staged (at most
+    /// [`STAGED_RANGES_MAX`]).
     pub fn range_count(&self) -> usize {
-        self.ranges.iter().map(Vec::len).sum()
+        self.ranges.iter().map(Vec::len).sum::<usize>()
+            + self.transplants.iter().map(Vec::len).sum::<usize>()
     }
 
     /// Stages a batch of `body_len` bytes encoded, logged with sequence
     /// number `seq`; `messages` are its messages, decoded (the writer's
-    /// admission decoded them), kept for the trees. Only batches of point
-    /// messages and range deletes are staged (a rename's or clone's
-    /// effect on a key cannot be read from the staged batches), and no
-    /// more than [`STAGED_RANGES_MAX`] range deletes (the caller checks).
+    /// admission decoded them), kept for the trees. No more than
+    /// [`STAGED_RANGES_MAX`] range messages are staged (the caller checks).
     pub fn push(
         &mut self,
         seq: u64,
@@ -271,6 +326,7 @@ impl Staging {
             hasher,
             ordered,
             ranges,
+            transplants,
             next_order,
             bytes,
             ..
@@ -284,23 +340,31 @@ impl Staging {
             // Reviewed exception (indexing): a key space's index is
             // below KEY_SPACES by construction.
             #[allow(clippy::indexing_slicing)]
-            let (table, ranges, ordered) = (
+            let (table, ranges, transplants, ordered) = (
                 &mut keys[ks.index()],
                 &mut ranges[ks.index()],
+                &mut transplants[ks.index()],
                 &mut ordered[ks.index()],
             );
             let Some(key) = point_key(msg) else {
-                let Message::RangeDelete { start, end } = msg else {
-                    panic!("staging invariant: range messages other than deletes are not staged, not {msg:?}")
-                };
-                let range = StagedRange {
-                    start: start.clone(),
-                    end: end.clone(),
-                    seq,
-                    order,
-                };
-                *bytes += range.bytes();
-                ranges.push(range);
+                match msg {
+                    Message::RangeDelete { start, end } => {
+                        let range = StagedRange {
+                            start: start.clone(),
+                            end: end.clone(),
+                            seq,
+                            order,
+                        };
+                        *bytes += range.bytes();
+                        ranges.push(range);
+                    }
+                    Message::RangeRename(r) | Message::RangeClone(r) => {
+                        let transplant = StagedTransplant::new(r, seq);
+                        *bytes += transplant.bytes();
+                        transplants.push(transplant);
+                    }
+                    other => unreachable!("point_key named no point message: {other:?}"),
+                }
                 continue;
             };
             if let Some(ordered) = ordered {
@@ -325,7 +389,14 @@ impl Staging {
                         Entry::Occupied(e) => Some(e.get()),
                         Entry::Vacant(_) => None,
                     };
-                    let staged = match staged_view(batches, old, ranges, key) {
+                    // Under a staged rename or clone the key's value is
+                    // what the trees make of it once that is applied.
+                    let view = if transplants.iter().any(|t| t.touches(key)) {
+                        None
+                    } else {
+                        staged_view(batches, old, ranges, key)
+                    };
+                    let staged = match view {
                         Some(StagedView::Value(old)) => merged(merges, *func, Some(old), arg),
                         Some(StagedView::Deleted) => merged(merges, *func, None, arg),
                         Some(StagedView::OnTrees) | None => Staged::OnTrees,
@@ -352,15 +423,22 @@ impl Staging {
         }
     }
 
-    /// The keys of `ks` the staged batches touch, and where their range
-    /// deletes begin.
+    /// The keys of `ks` the staged batches touch, where their range
+    /// deletes begin, and where the ranges of their renames and clones
+    /// begin and end (a surgery cuts there).
     pub fn keys(&self, ks: KeySpace) -> impl Iterator<Item = &[u8]> {
         let starts = self.ranges_of(ks).iter().map(|r| r.start.as_slice());
+        let cuts = self.transplants_of(ks).iter().flat_map(|t| {
+            t.ranges
+                .iter()
+                .flat_map(|(s, e)| [s.as_slice(), e.as_slice()])
+        });
         let batches = &self.batches;
         self.keys_of(ks)
             .iter()
             .map(move |e| key_at(batches, e))
             .chain(starts)
+            .chain(cuts)
     }
 
     /// What the staged batches say of `key`.
@@ -385,6 +463,9 @@ impl Staging {
             self.keys_ordered(ks),
             "staging invariant: keys ordered for a visit"
         );
+        if self.transplants_of(ks).iter().any(|t| t.meets(from, end)) {
+            return None;
+        }
         let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
         let mut points = Vec::new();
         let ordered = self.ordered_of(ks);
@@ -409,8 +490,13 @@ impl Staging {
     }
 
     /// What the newest staged message to `key` leaves of it: its entry,
-    /// or a delete when a staged range delete over it is newer.
+    /// or a delete when a staged range delete over it is newer — or the
+    /// trees' answer once every staged batch is applied, when a staged
+    /// rename or clone touches it.
     fn newest_staged(&self, ks: KeySpace, key: &[u8]) -> Option<StagedView<'_>> {
+        if self.transplants_of(ks).iter().any(|t| t.touches(key)) {
+            return Some(StagedView::OnTrees);
+        }
         let batches = &self.batches;
         let hash = self.hasher.hash_one(key);
         let entry = self
@@ -456,6 +542,12 @@ impl Staging {
         &self.ranges[ks.index()]
     }
 
+    // Reviewed exception (indexing): as in `keys_of`.
+    #[allow(clippy::indexing_slicing)]
+    fn transplants_of(&self, ks: KeySpace) -> &[StagedTransplant] {
+        &self.transplants[ks.index()]
+    }
+
     /// Takes every staged batch, in sequence order, for the trees.
     pub fn take(&mut self) -> Vec<StagedBatch> {
         for keys in &mut self.keys {
@@ -464,6 +556,9 @@ impl Staging {
         self.ordered = Default::default();
         for ranges in &mut self.ranges {
             ranges.clear();
+        }
+        for transplants in &mut self.transplants {
+            transplants.clear();
         }
         self.bytes = 0;
         self.batch_bytes = 0;
@@ -518,6 +613,15 @@ impl Staging {
                 let keep = r.seq > newest_taken;
                 if !keep {
                     freed += r.bytes();
+                }
+                keep
+            });
+        }
+        for transplants in &mut self.transplants {
+            transplants.retain(|t| {
+                let keep = t.seq > newest_taken;
+                if !keep {
+                    freed += t.bytes();
                 }
                 keep
             });
@@ -682,19 +786,6 @@ fn merged(merges: &MergeRegistry, func: u8, old: Option<&[u8]>, arg: &[u8]) -> S
     }
 }
 
-/// Whether a batch holding `message` may be staged: point messages and
-/// range deletes (a rename or clone of a range moves keys a point query
-/// cannot follow in the staged batches).
-pub(super) fn is_stageable(message: &Message) -> bool {
-    matches!(
-        message,
-        Message::Put { .. }
-            | Message::Delete { .. }
-            | Message::Upsert { .. }
-            | Message::RangeDelete { .. }
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -814,24 +905,94 @@ mod tests {
         );
     }
 
+    /// A staged rename sends the keys of its source and destination to
+    /// the trees (and visits that reach into either), whatever else is
+    /// staged for them, before or after it; an upsert staged after it
+    /// onto a key there does not merge onto what was staged before it.
+    /// Keys elsewhere are answered as before, and once the rename's batch
+    /// is taken, by the batches left.
     #[test]
-    fn point_messages_and_range_deletes_are_stageable() {
+    fn a_staged_rename_leaves_its_ranges_to_the_trees() {
+        let merges = registry();
+        let mut staging = Staging::new(1);
         let ks = KeySpace::Meta;
-        let stageable = |b: &WriteBatch| b.messages().all(|(_, m)| is_stageable(&m));
-        assert!(stageable(
+        // "a/x" (source a/..) moves to "b/x"; "b/" held "b/y" before.
+        stage(
+            &mut staging,
+            1,
             WriteBatch::new()
-                .put(ks, b"a", b"1")
-                .delete(ks, b"b")
-                .range_delete(ks, b"a", b"b")
-        ));
-        assert!(!stageable(
+                .put(ks, b"a/x", b"1")
+                .put(ks, b"b/y", b"2")
+                .put(ks, b"c", b"3")
+                .clone(),
+            &merges,
+        );
+        stage(
+            &mut staging,
+            2,
             WriteBatch::new()
-                .put(ks, b"a", b"1")
-                .range_rename(ks, b"a", b"b", 0, b"c")
-        ));
-        assert!(!stageable(
-            WriteBatch::new().range_clone(ks, b"a", b"b", 0, b"c")
-        ));
+                .range_rename(ks, b"a/", b"a0", 1, b"b")
+                .clone(),
+            &merges,
+        );
+        assert_eq!(staging.range_count(), 1);
+        for key in [&b"a/x"[..], b"b/y", b"b/x", b"a/"] {
+            assert_eq!(staging.lookup(ks, key), StagedAnswer::NeedsTrees, "{key:?}");
+        }
+        assert_eq!(staging.lookup(ks, b"a0"), StagedAnswer::NotStaged);
+        assert_eq!(
+            staging.lookup(ks, b"c"),
+            StagedAnswer::Found(Some(b"3".to_vec()))
+        );
+        assert_eq!(
+            staging.lookup(KeySpace::Data, b"a/x"),
+            StagedAnswer::NotStaged
+        );
+        staging.order_keys(ks);
+        assert!(
+            staging.overlay(ks, b"b/z", None).is_none(),
+            "reaches into b/"
+        );
+        assert!(
+            staging.overlay(ks, b"", Some(b"a/")).is_some(),
+            "ends before a/"
+        );
+        assert!(staging.overlay(ks, b"b0", None).is_some(), "after both");
+        let cuts: Vec<&[u8]> = staging
+            .keys(ks)
+            .filter(|k| !k.ends_with(b"x") && !k.ends_with(b"y"))
+            .collect();
+        assert!(
+            cuts.contains(&&b"a/"[..]) && cuts.contains(&&b"b0"[..]),
+            "{cuts:?}"
+        );
+        // An upsert after the rename onto "b/y", which a put staged
+        // before it set: the rename emptied "b/" first.
+        let patch = patch_arg(0, b"z");
+        stage(
+            &mut staging,
+            3,
+            WriteBatch::new()
+                .upsert(ks, b"b/y", MERGE_PATCH, &patch)
+                .put(ks, b"c", b"4")
+                .clone(),
+            &merges,
+        );
+        // The batches up to the rename's taken: the trees hold it, and
+        // the upsert after it is still the trees' to combine.
+        let taken = staging.take_oldest(1);
+        assert_eq!(taken.len(), 1);
+        let taken = staging.take_oldest(1);
+        assert_eq!(taken.iter().map(|b| b.seq).collect::<Vec<_>>(), [2]);
+        assert_eq!(staging.range_count(), 0);
+        assert_eq!(staging.lookup(ks, b"b/y"), StagedAnswer::NeedsTrees);
+        assert_eq!(staging.lookup(ks, b"b/x"), StagedAnswer::NotStaged);
+        assert_eq!(
+            staging.lookup(ks, b"c"),
+            StagedAnswer::Found(Some(b"4".to_vec()))
+        );
+        staging.take();
+        assert_eq!(staging.bytes(), 0);
     }
 
     /// A range delete decides the keys it covers against older messages in
@@ -916,7 +1077,7 @@ mod tests {
         #[test]
         fn the_oldest_batches_taken_leave_the_rest_answering(
             ops in proptest::collection::vec(
-                (0u8..12, 0u8..6, 0u8..255, 0usize..4),
+                (0u8..12, 0u8..8, 0u8..255, 0usize..4),
                 1..150,
             ),
         ) {
@@ -925,6 +1086,17 @@ mod tests {
             let mut trees: BTreeMap<u8, Vec<u8>> = BTreeMap::new();
             let mut everything = trees.clone();
             let mut staged_sizes = VecDeque::new();
+            fn transplant(map: &mut BTreeMap<u8, Vec<u8>>, r: &RangeRename, moves: bool) {
+                let (from, to) = (r.start[0], r.new_prefix[0]);
+                let value = map.get(&from).cloned();
+                map.remove(&to);
+                if let Some(value) = value {
+                    map.insert(to, value);
+                }
+                if moves {
+                    map.remove(&from);
+                }
+            }
             let apply = |map: &mut BTreeMap<u8, Vec<u8>>, messages: &[(KeySpace, Message)]| {
                 for (_, m) in messages.iter().cloned() {
                     match m {
@@ -939,7 +1111,10 @@ mod tests {
                         Message::RangeDelete { start, end } => {
                             map.retain(|k, _| !(start[0]..end[0]).contains(k));
                         }
-                        other => panic!("not staged: {other:?}"),
+                        // Single-byte keys: the source range holds one
+                        // key, the destination one.
+                        Message::RangeRename(r) => transplant(map, &r, true),
+                        Message::RangeClone(r) => transplant(map, &r, false),
                     }
                 }
             };
@@ -956,6 +1131,18 @@ mod tests {
                     4 => batch
                         .range_delete(KeySpace::Meta, &span[..1], &span[1..])
                         .put(KeySpace::Meta, &[k], &[v]),
+                    // Key k renamed or cloned to another (its range [k],
+                    // [k, ff) holds only it among single-byte keys), with
+                    // an upsert onto the destination after it.
+                    6 | 7 => {
+                        let to = (k + 1 + v % 11) % 12;
+                        if kind == 6 {
+                            batch.range_rename(KeySpace::Meta, &[k], &[k, 0xff], 1, &[to]);
+                        } else {
+                            batch.range_clone(KeySpace::Meta, &[k], &[k, 0xff], 1, &[to]);
+                        }
+                        batch.upsert(KeySpace::Meta, &[to], MERGE_PATCH, &patch_arg(0, &[v]))
+                    }
                     _ => batch
                         .upsert(KeySpace::Meta, &[k], MERGE_PATCH, &patch_arg(0, &[v]))
                         .range_delete(KeySpace::Meta, &span[..1], &span[1..])

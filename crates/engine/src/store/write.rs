@@ -32,8 +32,7 @@ struct Admission {
     needs_space: bool,
     /// Key and value bytes (write amplification's denominator).
     user_bytes: u64,
-    /// The messages, decoded, of a batch that may be staged (point
-    /// messages and range deletes, [`staging::is_stageable`], and at most
+    /// The messages, decoded, of a batch that may be staged (at most
     /// [`STAGED_BATCH_MAX_BYTES`]): what the staged batches' map takes,
     /// so a staged batch is decoded once on its way in.
     stageable: Option<Vec<(KeySpace, Message)>>,
@@ -56,9 +55,6 @@ fn admit(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<Admission> 
             removes = true;
         } else {
             added += m.user_bytes();
-        }
-        if !staging::is_stageable(&m) {
-            stageable = None;
         }
         if let Some(messages) = &mut stageable {
             messages.push((ks, m));
@@ -147,13 +143,14 @@ impl Inner {
         Ok(seq)
     }
 
-    /// Logs and stages `batch` (of point messages and range deletes only;
-    /// `messages`, its messages decoded) holding the staging lock alone, if it may be
-    /// (`store/staging.rs`): a batch small beside the bound, no more than
-    /// twice the bound staged already, space ample, room in the log. Past
-    /// the bound the writer applies what is staged. Returns the sequence
-    /// number and whether the tree flusher is wanted; None: the caller
-    /// writes under the tree lock.
+    /// Logs and stages `batch` (`messages`, its messages decoded) holding
+    /// the staging lock alone, if it may be (`store/staging.rs`): a batch
+    /// small beside the bound, no more than twice the bound staged
+    /// already, space ample, room in the log. Past the bound, or with a
+    /// range rename or clone among its messages, the writer applies what
+    /// is staged — after its reply where that is done. Returns the
+    /// sequence number and whether the tree flusher is wanted; None: the
+    /// caller writes under the tree lock.
     fn stage(
         &self,
         batch: &WriteBatch,
@@ -163,12 +160,15 @@ impl Inner {
         if bound == 0 || batch.body_len() > bound / 4 || !self.space_ample.load(Ordering::Acquire) {
             return Ok(None);
         }
-        let (seq, past_bound) = {
+        let (seq, past_bound, transplants) = {
             let mut staging = self.staging.write();
-            let ranges = messages
+            let ranges = messages.iter().filter(|(_, m)| m.is_range()).count();
+            // A rename or clone is applied soon (until then, every query
+            // of its ranges applies everything staged in its request),
+            // after the reply where that is done.
+            let transplants = messages
                 .iter()
-                .filter(|(_, m)| matches!(m, Message::RangeDelete { .. }))
-                .count();
+                .any(|(_, m)| matches!(m, Message::RangeRename(_) | Message::RangeClone(_)));
             if staging.bytes() > 2 * bound
                 || staging.range_count() + ranges > staging::STAGED_RANGES_MAX
             {
@@ -194,9 +194,10 @@ impl Inner {
             // writers that would pass the most apply in their requests,
             // and one that passes half of it can leave the work for after
             // its reply (a file system's unlinks stage one each).
-            let past_bound =
-                staging.bytes() > bound || staging.range_count() > staging::STAGED_RANGES_MAX / 2;
-            (seq, past_bound)
+            let past_bound = staging.bytes() > bound
+                || staging.range_count() > staging::STAGED_RANGES_MAX / 2
+                || transplants;
+            (seq, past_bound, transplants)
         };
         add(&self.stats.writes_staged, 1);
         // Left for after the reply, the staging lock's bounds (twice these)
@@ -204,6 +205,9 @@ impl Inner {
         let wants_tree_flush = if past_bound && !self.staged_left_for_after_reply() {
             self.apply_staged_past_bound()?
         } else {
+            if transplants {
+                self.work_after_reply_is_long.store(true, Ordering::Release);
+            }
             false
         };
         Ok(Some((seq, wants_tree_flush)))
@@ -223,8 +227,9 @@ impl Inner {
         self.apply_staged(&mut tree)
     }
 
-    /// A write under the tree lock: a batch that cannot be staged (range
-    /// messages, a reservation, space or the log running short). The
+    /// A write under the tree lock: a batch that cannot be staged (a
+    /// reservation, a large batch, too many range messages staged, space
+    /// or the log running short). The
     /// staged batches are applied before it, in the same hold.
     fn write_locked(
         &self,
@@ -358,6 +363,8 @@ impl Inner {
         if !self.work_after_reply.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
+        self.work_after_reply_is_long
+            .store(false, Ordering::Release);
         add(&self.stats.work_after_reply, 1);
         let working = Instant::now();
         let wants_tree_flush = self.apply_staged_past_bound()?;

@@ -588,6 +588,10 @@ impl Operations for FileSystem {
         self.store.has_work_after_reply()
     }
 
+    fn work_after_reply_is_long(&self) -> bool {
+        self.store.work_after_reply_is_long()
+    }
+
     fn work_after_reply(&self) {
         // A failure here is the store's: it refuses writes from now on and
         // the next sync reports it to the client.
