@@ -204,7 +204,10 @@ fn start_workers<F: Operations>(
         let dispatcher = dispatcher.clone();
         let worker = std::thread::Builder::new()
             .name("fuse-after-reply".into())
-            .spawn(move || dispatcher.work_after_replies_until_ended())?;
+            .spawn(move || {
+                crate::after_reply::lower_worker_priority();
+                dispatcher.work_after_replies_until_ended()
+            })?;
         workers.push(worker);
     }
     {
