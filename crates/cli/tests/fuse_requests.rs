@@ -576,6 +576,110 @@ fn requests_are_served_while_the_work_after_their_replies_is_held() {
     m.unmount_fsck_clean(transport);
 }
 
+/// A directory rename returns before its surgery: the rename is staged
+/// and its application left to the after-reply worker, held here by the
+/// debug-build hook. Meanwhile the tree answers under its new name — the
+/// reads of the renamed tree apply what is staged themselves — and the
+/// work, let go, finds nothing left to do wrongly; the tree is whole
+/// after a remount. The client is one thread pinned to CPU 0, as in the
+/// test above.
+#[test]
+fn a_renamed_tree_is_served_while_the_rename_waits_for_the_worker() {
+    if !fuse_available() || !transports().contains(&"transport=uring") {
+        return;
+    }
+    let transport = "transport=uring";
+    let (s, image, dir) = formatted("renamestaged", "1G");
+    let flag = s.0.join("hold");
+    let held = s.0.join("hold.held");
+    let m = Mount::start_with_env(
+        &image,
+        &dir,
+        &[transport],
+        &[("BETREEFS_TEST_HOLD_AFTER_REPLY", flag.to_str().unwrap())],
+    );
+    fn content(i: usize) -> Vec<u8> {
+        format!("file {i} ").repeat(600).into_bytes()
+    }
+    let in_client = |work: Box<dyn FnOnce() + Send>| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            pin_to_cpu_zero();
+            work();
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("the client's requests wait behind the held work");
+    };
+    let root = m.dir.clone();
+    in_client(Box::new(move || {
+        for d in 0..4 {
+            fs::create_dir_all(root.join(format!("a/d{d}"))).unwrap();
+            for i in 0..50 {
+                fs::write(root.join(format!("a/d{d}/f{i}")), content(d * 50 + i)).unwrap();
+            }
+        }
+        File::open(&root).unwrap().sync_all().unwrap();
+    }));
+    let renames = || {
+        engine_counter(&m.dir, "range_renames_by_surgery")
+            + engine_counter(&m.dir, "range_renames_copied")
+    };
+    fs::write(&flag, b"").unwrap();
+    // Work begun before the flag was there ends meanwhile.
+    std::thread::sleep(Duration::from_millis(200));
+    let (renamed_before, done_before) = (renames(), engine_counter(&m.dir, "work_after_reply"));
+    let staged_before = engine_counter(&m.dir, "writes_staged");
+    let (root, held_too) = (m.dir.clone(), held.clone());
+    in_client(Box::new(move || {
+        fs::rename(root.join("a"), root.join("b")).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !held_too.exists() {
+            assert!(std::time::Instant::now() < deadline, "no work was left");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Held: the tree is served under its new name all the same.
+        assert!(!root.join("a").exists());
+        for d in 0..4 {
+            let mut names: Vec<String> = fs::read_dir(root.join(format!("b/d{d}")))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            names.sort();
+            let mut want: Vec<String> = (0..50).map(|i| format!("f{i}")).collect();
+            want.sort();
+            assert_eq!(names, want);
+            for i in [0, 17, 49] {
+                assert_eq!(
+                    fs::read(root.join(format!("b/d{d}/f{i}"))).unwrap(),
+                    content(d * 50 + i)
+                );
+            }
+        }
+    }));
+    assert!(engine_counter(&m.dir, "writes_staged") > staged_before);
+    assert!(renames() > renamed_before, "the reads applied the rename");
+    assert_eq!(
+        engine_counter(&m.dir, "work_after_reply"),
+        done_before,
+        "the work ran while held"
+    );
+    fs::remove_file(&flag).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while engine_counter(&m.dir, "work_after_reply") == done_before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the work was not done once let go"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let m = m.remount(&[transport]);
+    assert!(!m.path("a").exists());
+    assert_eq!(fs::read(m.path("b/d3/f49")).unwrap(), content(199));
+    assert_eq!(fs::read_dir(m.path("b/d0")).unwrap().count(), 50);
+    m.unmount_fsck_clean(transport);
+}
+
 /// Runs `script` with `sh -c` as user and group `uid` (no other groups).
 fn as_user(uid: u32, script: &str) {
     let status = Command::new("setpriv")

@@ -1056,14 +1056,26 @@ fn the_longest_work_after_a_reply_is_counted() {
 /// key in its source or destination range, or a visit into either, has
 /// everything staged applied first and sees the rename, and a query
 /// elsewhere is answered without that. Where nothing works after
-/// replies, the writer applies it in its own call.
+/// replies, the writer applies it in its own call. A range clone is not
+/// staged.
 #[test]
 fn a_range_rename_is_staged_and_applied_after_the_reply() {
     let (_dev, store) = common::mem_store(64 << 20, staging_64k_options());
     store.work_after_replies_on_this_thread();
     let mut model = BTreeMap::new();
     let with = |prefix: &[u8], i: u32| [prefix, &[0], &i.to_be_bytes()].concat();
-    // The first write finds the space not yet judged ample and applies.
+    // The store judges its space when it opens and when its promises are
+    // set: a rename as the first write is staged too (a mount's `mv`).
+    store.set_promised_bytes(1 << 20);
+    let mut batch = WriteBatch::new();
+    let rename = common::subtree_rename(b"none", b"nil").unwrap();
+    batch.push(
+        KeySpace::Data,
+        betreefs_engine::Message::RangeRename(rename),
+    );
+    store.write(&batch).unwrap();
+    assert_eq!(store.stats().writes_staged, 1);
+    store.work_after_reply().unwrap();
     store.put(KeySpace::Data, b"first", b"1").unwrap();
     model.insert(b"first".to_vec(), b"1".to_vec());
     for i in 0..600u32 {
@@ -1152,6 +1164,24 @@ fn a_range_rename_is_staged_and_applied_after_the_reply() {
     });
     assert_eq!(transplants(&store.stats()), transplants(&before) + 1);
     assert_store_holds(&store, &model);
+
+    // A clone is not staged (it adds what it copies: the tree's space
+    // check): applied in its writer's call on this thread too. (The
+    // long-work flag of the rename a visit applied above stays until the
+    // work after the reply runs.)
+    store.work_after_reply().unwrap();
+    assert!(!store.work_after_reply_is_long());
+    let before = store.stats();
+    let mut batch = WriteBatch::new();
+    let clone = common::subtree_rename(b"src", b"cln").unwrap();
+    batch.push(KeySpace::Data, betreefs_engine::Message::RangeClone(clone));
+    store.write(&batch).unwrap();
+    let stats = store.stats();
+    assert_eq!(stats.writes_staged, before.writes_staged, "{stats:?}");
+    let clones =
+        |s: &betreefs_engine::StatsSnapshot| s.range_clones_by_surgery + s.range_clones_copied;
+    assert_eq!(clones(&stats), clones(&before) + 1);
+    assert!(!store.work_after_reply_is_long());
 }
 
 /// A writer on a thread that works after its replies (a FUSE serving
@@ -1165,11 +1195,13 @@ fn writes_leave_their_work_for_after_the_reply() {
     let (_dev, store) = common::mem_store(64 << 20, staging_64k_options());
     store.work_after_replies_on_this_thread();
     let mut model = BTreeMap::new();
-    // The first write finds the space not yet judged ample: it takes the
-    // tree lock, with nothing to settle, so it leaves nothing.
+    // The store judged its space when it opened: the first write is
+    // staged like the others, and leaves nothing.
+    let staged = store.stats().writes_staged;
     store.put(KeySpace::Data, b"first", b"1").unwrap();
     model.insert(b"first".to_vec(), b"1".to_vec());
     assert!(!store.has_work_after_reply());
+    assert_eq!(store.stats().writes_staged, staged + 1);
     let applications = store.stats().staged_applications;
     let mut i = 0;
     // About 0.5 KiB a batch: past the 64 KiB bound after ~130.
@@ -1252,8 +1284,6 @@ fn writes_leave_their_work_for_after_the_reply() {
 fn staged_range_deletes_past_half_their_limit_leave_work_after_the_reply() {
     let (_dev, store) = common::mem_store(64 << 20, staging_64k_options());
     store.work_after_replies_on_this_thread();
-    // The first write finds the space not yet judged ample (see
-    // writes_leave_their_work_for_after_the_reply).
     store.put(KeySpace::Data, b"first", b"1").unwrap();
     let staged = store.stats().writes_staged;
     let mut deletes = 0;

@@ -729,6 +729,10 @@ impl Store {
             step_merge_in_flight: std::sync::atomic::AtomicBool::new(false),
             memory_short: std::sync::atomic::AtomicBool::new(false),
         });
+        if !inner.options.read_only {
+            // As an application would: the first writes may be staged.
+            inner.note_space(&inner.lock_tree());
+        }
         let read_ahead_threads = if inner.options.read_ahead {
             start_read_ahead(&inner)
         } else {
@@ -851,8 +855,9 @@ impl Store {
     /// Sets the space promised to later writes (after opening: the store
     /// keeps no record of promises itself).
     pub fn set_promised_bytes(&self, bytes: u64) {
-        let _tree = self.inner.lock_tree();
+        let tree = self.inner.lock_tree();
         self.inner.promised_bytes.store(bytes, Ordering::Relaxed);
+        self.inner.note_space(&tree);
     }
 
     /// Calls `observer` on every device fault the store meets (see

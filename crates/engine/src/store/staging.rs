@@ -24,7 +24,8 @@
 //! writer that stages one leaves their application for after its reply
 //! (or applies at once where nothing works after replies): a rename's
 //! surgery, tens of milliseconds for a large tree, no longer holds its
-//! client (docs/design.md, "Renames staged").
+//! client (docs/design.md, "Renames staged"). The store stages renames,
+//! not clones (a clone takes the tree's space check).
 //!
 //! Ordering: the staging lock is taken inside the tree lock, never the
 //! other way round. A batch is staged and logged in the same hold of the
