@@ -486,6 +486,36 @@ fn pin_to_cpu_zero() {
     }
 }
 
+/// Waits (at most 30 s) until the debug-build hook holds the work after
+/// replies (it writes `held`).
+fn wait_until_held(held: &Path) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !held.exists() {
+        assert!(std::time::Instant::now() < deadline, "no work was left");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Checks that the work after replies, held since `done_before` was
+/// counted, has not run; lets it go (removes `flag`) and waits (at most
+/// 30 s) until it has.
+fn let_held_work_go(m: &Mount, flag: &Path, done_before: u64, what: &str) {
+    assert_eq!(
+        engine_counter(&m.dir, "work_after_reply"),
+        done_before,
+        "{what}: the work ran while held"
+    );
+    fs::remove_file(flag).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while engine_counter(&m.dir, "work_after_reply") == done_before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: the work was not done once let go"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// While one client alone issues requests, the work a request leaves for
 /// after its reply (here the application of staged unlinks, past half
 /// the range deletes that may be staged) is done by a thread that serves
@@ -527,11 +557,7 @@ fn requests_are_served_while_the_work_after_their_replies_is_held() {
             fs::remove_file(root.join(format!("f{removed}"))).unwrap();
             removed += 1;
         }
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while !held.exists() {
-            assert!(std::time::Instant::now() < deadline, "no work was left");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_until_held(&held);
         // The work is pending and held: requests from this CPU go on,
         // past the staged range deletes' limit (a write that applies
         // in its request).
@@ -545,20 +571,7 @@ fn requests_are_served_while_the_work_after_their_replies_is_held() {
     let removed = rx
         .recv_timeout(Duration::from_secs(60))
         .expect("requests wait behind the work after a reply");
-    assert_eq!(
-        engine_counter(&m.dir, "work_after_reply"),
-        done_before,
-        "{transport}: the work ran while held"
-    );
-    fs::remove_file(&flag).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while engine_counter(&m.dir, "work_after_reply") == done_before {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{transport}: the work was not done once let go"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let_held_work_go(&m, &flag, done_before, transport);
     let mut names: Vec<String> = fs::read_dir(&m.dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -633,11 +646,7 @@ fn a_renamed_tree_is_served_while_the_rename_waits_for_the_worker() {
     let (root, held_too) = (m.dir.clone(), held.clone());
     in_client(Box::new(move || {
         fs::rename(root.join("a"), root.join("b")).unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while !held_too.exists() {
-            assert!(std::time::Instant::now() < deadline, "no work was left");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_until_held(&held_too);
         // Held: the tree is served under its new name all the same.
         assert!(!root.join("a").exists());
         for d in 0..4 {
@@ -659,20 +668,7 @@ fn a_renamed_tree_is_served_while_the_rename_waits_for_the_worker() {
     }));
     assert!(engine_counter(&m.dir, "writes_staged") > staged_before);
     assert!(renames() > renamed_before, "the reads applied the rename");
-    assert_eq!(
-        engine_counter(&m.dir, "work_after_reply"),
-        done_before,
-        "the work ran while held"
-    );
-    fs::remove_file(&flag).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while engine_counter(&m.dir, "work_after_reply") == done_before {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the work was not done once let go"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let_held_work_go(&m, &flag, done_before, transport);
     let m = m.remount(&[transport]);
     assert!(!m.path("a").exists());
     assert_eq!(fs::read(m.path("b/d3/f49")).unwrap(), content(199));

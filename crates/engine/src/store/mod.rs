@@ -416,8 +416,8 @@ struct Inner {
     /// the staged batches past the bound to apply, the buffers to settle
     /// and the cache to evict ([`Store::work_after_reply`]).
     work_after_reply: std::sync::atomic::AtomicBool,
-    /// The work left for after replies includes a staged range rename or
-    /// clone (a surgery: up to tens of milliseconds under the tree lock),
+    /// The work left for after replies includes a staged range rename (a
+    /// surgery: up to tens of milliseconds under the tree lock),
     /// better done by a thread that serves no request
     /// ([`Store::work_after_reply_is_long`]). A hint, cleared when the
     /// work begins.
@@ -828,7 +828,7 @@ impl Store {
     }
 
     /// Whether the work left for after replies is long (a staged rename's
-    /// or clone's surgery): a transport serving requests on the thread
+    /// surgery): a transport serving requests on the thread
     /// that would do it hands it to a thread of its own instead, so the
     /// requests that come meanwhile are not held behind it.
     pub fn work_after_reply_is_long(&self) -> bool {

@@ -598,34 +598,25 @@ impl Staging {
         let mut freed = taken_bytes;
         // Rebuilt by the next visit that needs them.
         self.ordered = Default::default();
+        // Whether what batch `seq` staged stays (it is newer than every
+        // batch taken), counting what goes as freed.
+        let mut stays = |seq: u64, counted: usize| {
+            let keep = seq > newest_taken;
+            if !keep {
+                freed += counted;
+            }
+            keep
+        };
         // The entries left name messages of the batches left: their
         // newest message is newer than every batch taken.
         for keys in &mut self.keys {
-            keys.retain(|entry| {
-                let keep = entry.seq > newest_taken;
-                if !keep {
-                    freed += entry.counted;
-                }
-                keep
-            });
+            keys.retain(|entry| stays(entry.seq, entry.counted));
         }
         for ranges in &mut self.ranges {
-            ranges.retain(|r| {
-                let keep = r.seq > newest_taken;
-                if !keep {
-                    freed += r.bytes();
-                }
-                keep
-            });
+            ranges.retain(|r| stays(r.seq, r.bytes()));
         }
         for transplants in &mut self.transplants {
-            transplants.retain(|t| {
-                let keep = t.seq > newest_taken;
-                if !keep {
-                    freed += t.bytes();
-                }
-                keep
-            });
+            transplants.retain(|t| stays(t.seq, t.bytes()));
         }
         self.batch_bytes -= taken_bytes;
         self.bytes -= freed;

@@ -155,7 +155,7 @@ impl Inner {
     /// the staging lock alone, if it may be (`store/staging.rs`): a batch
     /// small beside the bound, no more than twice the bound staged
     /// already, space ample, room in the log. Past the bound, or with a
-    /// range rename or clone among its messages, the writer applies what
+    /// range rename among its messages, the writer applies what
     /// is staged — after its reply where that is done. Returns the
     /// sequence number and whether the tree flusher is wanted; None: the
     /// caller writes under the tree lock.
@@ -171,9 +171,9 @@ impl Inner {
         let (seq, past_bound, transplants) = {
             let mut staging = self.staging.write();
             let ranges = messages.iter().filter(|(_, m)| m.is_range()).count();
-            // A rename or clone is applied soon (until then, every query
-            // of its ranges applies everything staged in its request),
-            // after the reply where that is done.
+            // A rename is applied soon (until then, every query of its
+            // ranges applies everything staged in its request), after the
+            // reply where that is done. (Clones are not staged: `admit`.)
             let transplants = messages
                 .iter()
                 .any(|(_, m)| matches!(m, Message::RangeRename(_) | Message::RangeClone(_)));
