@@ -486,6 +486,46 @@ fn pin_to_cpu_zero() {
     }
 }
 
+/// A fresh mount whose work after replies the debug-build hook holds
+/// while `flag` exists (it writes `held` once it holds some).
+struct HeldWork {
+    mount: Mount,
+    flag: std::path::PathBuf,
+    held: std::path::PathBuf,
+    _scratch: Scratch,
+}
+
+impl HeldWork {
+    /// Only io_uring queues hand their work after replies to the worker.
+    const TRANSPORT: &'static str = "transport=uring";
+
+    /// Mounts a fresh 1 GiB image through io_uring, the hold's flag
+    /// written first if `holding`; None where FUSE or its io_uring
+    /// transport is not available.
+    fn mount(tag: &str, holding: bool) -> Option<HeldWork> {
+        if !fuse_available() || !transports().contains(&Self::TRANSPORT) {
+            return None;
+        }
+        let (s, image, dir) = formatted(tag, "1G");
+        let (flag, held) = (s.0.join("hold"), s.0.join("hold.held"));
+        if holding {
+            fs::write(&flag, b"").unwrap();
+        }
+        let mount = Mount::start_with_env(
+            &image,
+            &dir,
+            &[Self::TRANSPORT],
+            &[("BETREEFS_TEST_HOLD_AFTER_REPLY", flag.to_str().unwrap())],
+        );
+        Some(HeldWork {
+            mount,
+            flag,
+            held,
+            _scratch: s,
+        })
+    }
+}
+
 /// Waits (at most 30 s) until the debug-build hook holds the work after
 /// replies (it writes `held`).
 fn wait_until_held(held: &Path) {
@@ -527,20 +567,16 @@ fn let_held_work_go(m: &Mount, flag: &Path, done_before: u64, what: &str) {
 /// the work on the reader that served the request.
 #[test]
 fn requests_are_served_while_the_work_after_their_replies_is_held() {
-    if !fuse_available() || !transports().contains(&"transport=uring") {
+    let Some(HeldWork {
+        mount: m,
+        flag,
+        held,
+        _scratch,
+    }) = HeldWork::mount("afterreply", true)
+    else {
         return;
-    }
-    let transport = "transport=uring";
-    let (s, image, dir) = formatted("afterreply", "1G");
-    let flag = s.0.join("hold");
-    let held = s.0.join("hold.held");
-    fs::write(&flag, b"").unwrap();
-    let m = Mount::start_with_env(
-        &image,
-        &dir,
-        &[transport],
-        &[("BETREEFS_TEST_HOLD_AFTER_REPLY", flag.to_str().unwrap())],
-    );
+    };
+    let transport = HeldWork::TRANSPORT;
     let done_before = engine_counter(&m.dir, "work_after_reply");
     let root = m.dir.clone();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -598,19 +634,16 @@ fn requests_are_served_while_the_work_after_their_replies_is_held() {
 /// test above.
 #[test]
 fn a_renamed_tree_is_served_while_the_rename_waits_for_the_worker() {
-    if !fuse_available() || !transports().contains(&"transport=uring") {
+    let Some(HeldWork {
+        mount: m,
+        flag,
+        held,
+        _scratch,
+    }) = HeldWork::mount("renamestaged", false)
+    else {
         return;
-    }
-    let transport = "transport=uring";
-    let (s, image, dir) = formatted("renamestaged", "1G");
-    let flag = s.0.join("hold");
-    let held = s.0.join("hold.held");
-    let m = Mount::start_with_env(
-        &image,
-        &dir,
-        &[transport],
-        &[("BETREEFS_TEST_HOLD_AFTER_REPLY", flag.to_str().unwrap())],
-    );
+    };
+    let transport = HeldWork::TRANSPORT;
     fn content(i: usize) -> Vec<u8> {
         format!("file {i} ").repeat(600).into_bytes()
     }
