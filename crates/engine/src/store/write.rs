@@ -60,7 +60,7 @@ fn admit(batch: &WriteBatch, merges: &MergeRegistry) -> EngineResult<Admission> 
         // its own bytes, which is all the staged bytes count and the
         // space a staged write may skip a check for: it takes the tree
         // lock and the space check. A rename's copy is freed at its
-        // source, as before, when it was admitted like a delete.
+        // source: it was admitted like a delete before it was staged.
         if matches!(m, Message::RangeClone(_)) {
             stageable = None;
         }
@@ -236,8 +236,8 @@ impl Inner {
     }
 
     /// A write under the tree lock: a batch that cannot be staged (a
-    /// reservation, a large batch, too many range messages staged, space
-    /// or the log running short). The
+    /// range clone, a reservation, a large batch, too many range messages
+    /// staged, space or the log running short). The
     /// staged batches are applied before it, in the same hold.
     fn write_locked(
         &self,
