@@ -148,17 +148,13 @@ impl StagedTransplant {
 
     /// Whether `key` is in its source or its destination.
     fn touches(&self, key: &[u8]) -> bool {
-        self.ranges
-            .iter()
-            .any(|(start, end)| start.as_slice() <= key && key < end.as_slice())
+        self.ranges.iter().any(|(s, e)| holds(s, e, key))
     }
 
     /// Whether its source or its destination meets [from, end) (`end`
     /// None: unbounded).
     fn meets(&self, from: &[u8], end: Option<&[u8]>) -> bool {
-        self.ranges
-            .iter()
-            .any(|(s, e)| e.as_slice() > from && end.is_none_or(|end| s.as_slice() < end))
+        self.ranges.iter().any(|(s, e)| meets(s, e, from, end))
     }
 
     /// What it counts towards the staging bound ([`Staging::bytes`]).
@@ -173,7 +169,7 @@ impl StagedTransplant {
 
 impl StagedRange {
     fn covers(&self, key: &[u8]) -> bool {
-        self.start.as_slice() <= key && key < self.end.as_slice()
+        holds(&self.start, &self.end, key)
     }
 
     /// What it counts towards the staging bound ([`Staging::bytes`]).
@@ -226,14 +222,14 @@ pub(super) struct Staging {
 /// Per staged key: its entry and the table's slot.
 const KEY_OVERHEAD_BYTES: usize = 64;
 
-/// The key of a point message (None for a range message).
-fn point_key(message: &Message) -> Option<&[u8]> {
-    match message {
-        Message::Put { key, .. } | Message::Delete { key } | Message::Upsert { key, .. } => {
-            Some(key)
-        }
-        Message::RangeDelete { .. } | Message::RangeRename(_) | Message::RangeClone(_) => None,
-    }
+/// Whether [`start`, `end`) holds `key`.
+fn holds(start: &[u8], end: &[u8], key: &[u8]) -> bool {
+    start <= key && key < end
+}
+
+/// Whether [`start`, `end`) meets [`from`, `to`) (`to` None: unbounded).
+fn meets(start: &[u8], end: &[u8], from: &[u8], to: Option<&[u8]>) -> bool {
+    end > from && to.is_none_or(|to| start < to)
 }
 
 /// The staged message `at` of batch `seq`.
@@ -252,7 +248,7 @@ fn message_at(batches: &VecDeque<StagedBatch>, seq: u64, at: usize) -> &Message 
 
 /// The key an entry stands for, read from its newest message.
 fn key_at<'a>(batches: &'a VecDeque<StagedBatch>, entry: &KeyEntry) -> &'a [u8] {
-    match point_key(message_at(batches, entry.seq, entry.at)) {
+    match message_at(batches, entry.seq, entry.at).point_key() {
         Some(key) => key,
         None => panic!("staging invariant: an entry names a range message"),
     }
@@ -347,7 +343,7 @@ impl Staging {
                 &mut transplants[ks.index()],
                 &mut ordered[ks.index()],
             );
-            let Some(key) = point_key(msg) else {
+            let Some(key) = msg.point_key() else {
                 match msg {
                     Message::RangeDelete { start, end } => {
                         let range = StagedRange {
@@ -484,7 +480,7 @@ impl Staging {
         let deletes = self
             .ranges_of(ks)
             .iter()
-            .filter(|r| r.end.as_slice() > from && end.is_none_or(|e| r.start.as_slice() < e))
+            .filter(|r| meets(&r.start, &r.end, from, end))
             .map(|r| (r.start.clone(), r.end.clone()))
             .collect();
         Some(StagedOverlay { points, deletes })

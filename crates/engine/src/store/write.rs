@@ -170,7 +170,10 @@ impl Inner {
         }
         let (seq, past_bound, transplants) = {
             let mut staging = self.staging.write();
-            let ranges = messages.iter().filter(|(_, m)| m.is_range()).count();
+            let ranges = messages
+                .iter()
+                .filter(|(_, m)| m.point_key().is_none())
+                .count();
             // A rename is applied soon (until then, every query of its
             // ranges applies everything staged in its request), after the
             // reply where that is done. (Clones are not staged: `admit`.)
