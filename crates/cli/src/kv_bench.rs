@@ -98,6 +98,18 @@ pub struct Args {
     /// thread of the engine (`thread`, as the mount daemon runs it).
     #[arg(long, value_enum, default_value = "writer")]
     write_back: WriteBackBy,
+    /// Who applies the staged writes once a writer takes them past their
+    /// bound (betreefs): that writer, in its call (`writer`, the
+    /// library's default, which the earlier kv-bench tables ran), or a
+    /// thread of the engine (`thread`: the writer returns).
+    #[arg(long, value_enum, default_value = "writer")]
+    apply: ApplyBy,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ApplyBy {
+    Thread,
+    Writer,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -386,6 +398,7 @@ fn open_engine(args: &Args) -> Result<Box<dyn KvEngine>> {
                 cache_bytes: args.cache_mb << 20,
                 background_flush: args.flush == FlushBy::Background,
                 background_write_back: args.write_back == WriteBackBy::Thread,
+                background_apply: args.apply == ApplyBy::Thread,
                 ..Options::default()
             };
             if let Some(kb) = args.node_kb {

@@ -182,6 +182,17 @@ pub struct Stats {
     /// request latency) starts.
     pub work_after_reply: AtomicU64,
     pub work_after_reply_micros_max: AtomicU64,
+    /// With the applier (`Options::background_apply`): writers that found
+    /// twice the staging bound staged and waited for it to take some, how
+    /// long in all and the longest wait.
+    pub staging_room_waits: AtomicU64,
+    pub staging_room_wait_micros_total: AtomicU64,
+    pub staging_room_wait_micros_max: AtomicU64,
+    /// Applications that found a root past twice a node's worth (past a
+    /// node where settling is inline, past twice the backlog bound with
+    /// background flushing) and settled it whole under the lock
+    /// (`Tree::apply_messages`): a safety valve, and a long hold.
+    pub roots_settled_in_applications: AtomicU64,
     pub log_replayed_records: AtomicU64,
     /// Memory the log's buffer holds (a gauge the store sets after each
     /// append and each log write, `LogWriter::buffer_use`): clean
@@ -304,6 +315,10 @@ pub struct StatsSnapshot {
     pub writes_staged: u64,
     pub work_after_reply: u64,
     pub work_after_reply_micros_max: u64,
+    pub staging_room_waits: u64,
+    pub staging_room_wait_micros_total: u64,
+    pub staging_room_wait_micros_max: u64,
+    pub roots_settled_in_applications: u64,
     pub staged_applications: u64,
     pub staged_application_turns: u64,
     pub staged_application_bytes_max: u64,
@@ -420,6 +435,10 @@ impl Stats {
             writes_staged: get(&self.writes_staged),
             work_after_reply: get(&self.work_after_reply),
             work_after_reply_micros_max: get(&self.work_after_reply_micros_max),
+            staging_room_waits: get(&self.staging_room_waits),
+            staging_room_wait_micros_total: get(&self.staging_room_wait_micros_total),
+            staging_room_wait_micros_max: get(&self.staging_room_wait_micros_max),
+            roots_settled_in_applications: get(&self.roots_settled_in_applications),
             staged_applications: get(&self.staged_applications),
             staged_application_turns: get(&self.staged_application_turns),
             staged_application_bytes_max: get(&self.staged_application_bytes_max),

@@ -26,12 +26,16 @@ use rand::{rngs::SmallRng, Rng, SeedableRng};
 fn threads_share_one_store() {
     let rounds: u64 = common::env_count("BETREEFS_STRESS_ROUNDS", 1);
     for round in 0..rounds {
-        share_one_store(round, true);
-        share_one_store(round, false);
+        share_one_store(round, true, false);
+        share_one_store(round, false, false);
+        share_one_store(round, false, true);
     }
 }
 
-fn share_one_store(round: u64, background_flush: bool) {
+/// One run of [`threads_share_one_store`]; with `background_apply` the
+/// threads that do not work after their replies leave the application
+/// of what they stage past the bound to the applier.
+fn share_one_store(round: u64, background_flush: bool, background_apply: bool) {
     let mut options = small_options();
     options.log_flush_interval = Some(Duration::from_millis(5));
     options.checkpoint_interval = Some(Duration::from_millis(50));
@@ -41,6 +45,7 @@ fn share_one_store(round: u64, background_flush: bool) {
     // steps.
     options.background_flush = background_flush;
     options.flush_turn_bytes = 1;
+    options.background_apply = background_apply;
     let (dev, store) = common::mem_store(64 << 20, options.clone());
     let store = Arc::new(store);
     let workers: Vec<_> = (0..4u8)
@@ -938,6 +943,108 @@ fn staged_writes_and_their_queries_go_on_while_the_tree_lock_is_held() {
         store.get(KeySpace::Data, &numbered(7)).unwrap().as_deref(),
         Some(&b"hold"[..])
     );
+}
+
+/// With the applier (`Options::background_apply`), a writer that takes
+/// the staged writes past their bound returns, and the applier applies
+/// them: while a compaction holds the tree lock (stopped inside a merge
+/// function), writes go on past the bound; a writer past twice the bound
+/// waits for room (counted) until the applier, once the lock is let go,
+/// takes some. Without the applier the writer that passes the bound waits
+/// for the lock itself. Afterwards the store holds what was written.
+#[test]
+fn the_applier_applies_what_writers_take_past_the_bound() {
+    for background_apply in [true, false] {
+        // Nodes of the default size: a small node's quarter bounds what is
+        // staged below the 64 KiB asked for.
+        let (holding, held, go) = merge_that_holds();
+        let options = Options {
+            merges: holding.merges,
+            background_apply,
+            ..staging_64k_options()
+        };
+        let (_dev, store) = common::mem_store(64 << 20, options);
+        let store = Arc::new(store);
+        let mut model = BTreeMap::new();
+        put_numbered(&store, &mut model, 200);
+        store.compact().unwrap();
+        store
+            .upsert(KeySpace::Data, &numbered(7), 200, b"hold")
+            .unwrap();
+        model.insert(numbered(7), b"hold".to_vec());
+        // Read before: the counters' snapshot takes the tree lock.
+        let before = store.stats();
+        let compaction = {
+            let store = store.clone();
+            std::thread::spawn(move || store.compact())
+        };
+        held.recv_timeout(Duration::from_secs(20))
+            .expect("the compaction applies the upsert to its leaf");
+        // About 1 KiB counted a write (its payload, and its key and value
+        // in the staged map): the 64 KiB bound passed after ~60 of them,
+        // twice the bound after ~120.
+        let write_range = |range: std::ops::Range<u32>| {
+            let store = store.clone();
+            move || {
+                for i in range {
+                    store
+                        .put(KeySpace::Data, &numbered(1000 + i), &value_of(i, 2))
+                        .unwrap();
+                }
+            }
+        };
+        let (done, finished) = channel();
+        let writer = {
+            let write = write_range(0..90);
+            std::thread::spawn(move || {
+                write();
+                let _ = done.send(());
+            })
+        };
+        let past_bound = finished.recv_timeout(Duration::from_millis(500)).is_ok();
+        assert_eq!(
+            past_bound, background_apply,
+            "writes past the bound returned while the tree lock was held: {past_bound}"
+        );
+        let past_twice_the_bound = if background_apply {
+            let (done, finished) = channel();
+            let write = write_range(90..400);
+            let writer = std::thread::spawn(move || {
+                write();
+                let _ = done.send(());
+            });
+            assert!(
+                finished.recv_timeout(Duration::from_millis(500)).is_err(),
+                "writes past twice the bound returned while the applier could not apply"
+            );
+            Some(writer)
+        } else {
+            None
+        };
+        drop(go);
+        compaction.join().unwrap().unwrap();
+        writer.join().unwrap();
+        let mut written = 0..90;
+        if let Some(writer) = past_twice_the_bound {
+            writer.join().unwrap();
+            written = 0..400;
+        }
+        for i in written {
+            model.insert(numbered(1000 + i), value_of(i, 2));
+        }
+        assert_store_holds(&store, &model);
+        let stats = store.stats();
+        if background_apply {
+            assert!(stats.staging_room_waits >= 1, "{stats:?}");
+            assert!(
+                stats.work_after_reply > before.work_after_reply,
+                "{stats:?}"
+            );
+        } else {
+            assert_eq!(stats.staging_room_waits, 0);
+            assert_eq!(stats.work_after_reply, 0);
+        }
+    }
 }
 
 /// With staging off, every write takes the tree lock: the same write

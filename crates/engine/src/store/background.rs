@@ -1,7 +1,7 @@
 //! The store's background threads: the checkpointer (which also flushes
 //! the log on its interval), the log flusher, the tree flusher
-//! (background flushing, when configured) and the write-back thread (when
-//! configured).
+//! (background flushing, when configured), the write-back thread and the
+//! applier (when configured).
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -32,6 +32,17 @@ pub(super) fn start_write_back(inner: &Arc<Inner>) -> Option<JoinHandle<()>> {
     )
 }
 
+/// Starts the thread that applies the staged writes once a writer took
+/// them past their bound ([`Options::background_apply`]).
+pub(super) fn start_applier(inner: &Arc<Inner>) -> Option<JoinHandle<()>> {
+    start_on_demand(
+        inner,
+        OnDemand::Applier,
+        "betreefs-applier",
+        Inner::run_applier,
+    )
+}
+
 /// Starts the thread that flushes the log when writers have buffered
 /// enough of it ([`log_flush_eager_bytes`]).
 pub(super) fn start_log_flusher(inner: &Arc<Inner>) -> Option<JoinHandle<()>> {
@@ -49,6 +60,7 @@ pub(super) fn start_log_flusher(inner: &Arc<Inner>) -> Option<JoinHandle<()>> {
 enum OnDemand {
     TreeFlusher,
     WriteBack,
+    Applier,
     LogFlusher,
 }
 
@@ -82,6 +94,7 @@ impl Inner {
         match thread {
             OnDemand::TreeFlusher => &self.tree_flusher_running,
             OnDemand::WriteBack => &self.write_back_running,
+            OnDemand::Applier => &self.applier_running,
             OnDemand::LogFlusher => &self.log_flusher_running,
         }
     }
@@ -91,6 +104,7 @@ impl Inner {
         match thread {
             OnDemand::TreeFlusher => &self.tree_flush_wake,
             OnDemand::WriteBack => &self.write_back_wake,
+            OnDemand::Applier => &self.applier_wake,
             OnDemand::LogFlusher => &self.log_flush_wake,
         }
     }
@@ -100,6 +114,7 @@ impl Inner {
         match thread {
             OnDemand::TreeFlusher => &mut state.tree_flush_wanted,
             OnDemand::WriteBack => &mut state.write_back_wanted,
+            OnDemand::Applier => &mut state.apply_wanted,
             OnDemand::LogFlusher => &mut state.log_flush_wanted,
         }
     }
@@ -149,6 +164,32 @@ impl Inner {
             if let Err(e) = inner.evict_in_steps(&mut tree, Evictor::WriteBackThread) {
                 // Poisoned by the step that failed: writes report it.
                 tracing::error!("background write-back failed: {e}");
+            }
+        });
+    }
+
+    /// Whether the applier runs (a writer past the staging bound leaves it
+    /// the application).
+    pub(super) fn applier_runs(&self) -> bool {
+        self.applier_running.load(Ordering::SeqCst)
+    }
+
+    /// Wakes the applier.
+    pub(super) fn want_apply(&self) {
+        self.want(OnDemand::Applier);
+    }
+
+    /// The applier: woken by a writer that took the staged writes past
+    /// their bound, it does the work that writer left — the application,
+    /// the settling and the eviction after it, as a FUSE serving thread
+    /// does after its replies ([`Inner::work_after_reply`]) — while the
+    /// writers go on staging. Once it stops, writers apply for themselves.
+    fn run_applier(&self) {
+        self.serve_on_demand(OnDemand::Applier, |inner| {
+            if let Err(e) = inner.work_after_reply() {
+                // The store failed (poisoned by what failed): writes
+                // report it.
+                tracing::error!("background application failed: {e}");
             }
         });
     }

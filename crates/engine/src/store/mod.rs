@@ -53,7 +53,7 @@ mod read;
 mod staging;
 mod write;
 
-use background::{start_log_flusher, start_tree_flusher, start_write_back};
+use background::{start_applier, start_log_flusher, start_tree_flusher, start_write_back};
 use read::start_read_ahead;
 pub use read::RangeIter;
 use staging::{StagedAnswer, StagedBatch, StagedOverlay, Staging};
@@ -118,6 +118,17 @@ pub struct Options {
     /// Off in the library by default (tests count evictions where they
     /// happen); the mount daemon turns it on.
     pub background_write_back: bool,
+    /// A writer whose batch takes the staged writes past their bound
+    /// leaves their application (and the settling and eviction after it)
+    /// to a thread of its own, the applier, and returns: only past twice
+    /// the bound does a writer apply in its call. A writer that applied
+    /// waited for the whole application and every settling step after it
+    /// — a WS3 put's longest call, 16-30 ms, where its p99.9 is 25-65 µs
+    /// (docs/benchmarks/applier.md). Writers on threads that work after
+    /// their replies (`Store::work_after_replies_on_this_thread`) leave
+    /// the work for then, as without it. Off in the library by default
+    /// (tests count applications where they happen).
+    pub background_apply: bool,
     /// Bytes of messages one turn of background flushing moves down with
     /// the tree lock held (a leaf takes them at roughly 300-500 MB/s:
     /// 1 MiB is 2-3 ms). Tests make it small to interleave many turns.
@@ -196,6 +207,7 @@ impl Default for Options {
             write_piece_bytes: 512 << 10,
             background_flush: false,
             background_write_back: false,
+            background_apply: false,
             flush_turn_bytes: 1 << 20,
             flush_turn_hook: None,
             settle_step_hook: None,
@@ -318,6 +330,9 @@ struct BackgroundState {
     tree_flush_wanted: bool,
     /// The node cache is over its budget: the write-back thread has work.
     write_back_wanted: bool,
+    /// A writer took the staged writes past their bound: the applier has
+    /// work.
+    apply_wanted: bool,
     /// Writers buffered more of the log than the eager bound: the log
     /// flusher has work.
     log_flush_wanted: bool,
@@ -399,6 +414,17 @@ struct Inner {
     write_back_wake: Condvar,
     /// The write-back thread runs: writers leave dirty nodes to it.
     write_back_running: std::sync::atomic::AtomicBool,
+    /// Wakes the applier (with `background_apply`).
+    applier_wake: Condvar,
+    /// The applier runs: writers past the staging bound leave the
+    /// application to it.
+    applier_running: std::sync::atomic::AtomicBool,
+    /// Writers waiting for room in the staged batches (with the applier;
+    /// `Inner::wait_for_staging_room`), the lock they wait under and what
+    /// wakes them (an application's take).
+    staging_room_waiters: std::sync::atomic::AtomicUsize,
+    staging_room_lock: Mutex<()>,
+    staging_room: Condvar,
     /// Wakes the log flusher.
     log_flush_wake: Condvar,
     /// The log flusher runs: writers leave eager log flushes to it.
@@ -460,6 +486,7 @@ pub struct Store {
     worker: Option<JoinHandle<()>>,
     tree_flusher: Option<JoinHandle<()>>,
     write_back_thread: Option<JoinHandle<()>>,
+    applier: Option<JoinHandle<()>>,
     log_flusher: Option<JoinHandle<()>>,
     read_ahead_threads: Vec<JoinHandle<()>>,
     closed: bool,
@@ -719,6 +746,11 @@ impl Store {
             flush_progress: TreeEvent::default(),
             tree_flusher_running: std::sync::atomic::AtomicBool::new(false),
             write_back_wake: Condvar::new(),
+            applier_wake: Condvar::new(),
+            applier_running: std::sync::atomic::AtomicBool::new(false),
+            staging_room_waiters: std::sync::atomic::AtomicUsize::new(0),
+            staging_room_lock: Mutex::new(()),
+            staging_room: Condvar::new(),
             write_back_running: std::sync::atomic::AtomicBool::new(false),
             log_flush_wake: Condvar::new(),
             log_flusher_running: std::sync::atomic::AtomicBool::new(false),
@@ -767,6 +799,11 @@ impl Store {
         } else {
             None
         };
+        let applier = if inner.options.background_apply && !inner.options.read_only {
+            start_applier(&inner)
+        } else {
+            None
+        };
         let log_flusher = if needs_worker {
             start_log_flusher(&inner)
         } else {
@@ -777,6 +814,7 @@ impl Store {
             worker,
             tree_flusher,
             write_back_thread,
+            applier,
             log_flusher,
             read_ahead_threads,
             closed: false,
@@ -1140,6 +1178,7 @@ impl Store {
         }
         let threads = [
             (self.write_back_thread.take(), "write-back thread"),
+            (self.applier.take(), "applier"),
             (self.worker.take(), "background flusher"),
             (self.tree_flusher.take(), "tree flusher"),
             (self.log_flusher.take(), "log flusher"),
@@ -1149,6 +1188,7 @@ impl Store {
             self.inner.wake.notify_all();
             self.inner.tree_flush_wake.notify_all();
             self.inner.write_back_wake.notify_all();
+            self.inner.applier_wake.notify_all();
             self.inner.log_flush_wake.notify_all();
         }
         for (thread, name) in threads {

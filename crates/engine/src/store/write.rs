@@ -89,6 +89,18 @@ fn settling_due(tree: &mut Tree, flushing: Flushing) -> bool {
 /// into the staged batches and their key map first.
 const STAGED_BATCH_MAX_BYTES: usize = 64 << 10;
 
+/// The most a root's buffers may hold when a turn of an application of
+/// staged writes begins ([`Inner::apply_staged_in_turns`]); past it the
+/// applier settles in steps first. Past twice a node an application
+/// settles the root whole, under the lock (`Tree::apply_messages`): with
+/// the applier and the writers applying turns beside each other's
+/// settling, WS3's roots got there, and such an application held the
+/// lock 10-21 ms (docs/benchmarks/applier.md). A node and a half leaves
+/// room for the turn (a quarter of the staging bound).
+fn most_root_bytes_before_a_turn(node_size: usize) -> usize {
+    node_size + node_size / 2
+}
+
 /// Who runs an eviction ([`Inner::evict_in_steps`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Evictor {
@@ -168,6 +180,7 @@ impl Inner {
         if bound == 0 || batch.body_len() > bound / 4 || !self.space_ample.load(Ordering::Acquire) {
             return Ok(None);
         }
+        self.wait_for_staging_room();
         let (seq, past_bound, transplants) = {
             let mut staging = self.staging.write();
             let ranges = messages
@@ -359,11 +372,22 @@ impl Inner {
     /// longest requests (10-14 ms). What is staged stays bounded: past
     /// twice the bound a writer takes the tree lock and applies
     /// ([`Inner::stage`] refuses it).
+    ///
+    /// Elsewhere, with the applier running ([`Options::background_apply`]),
+    /// the writer leaves the work to it, woken by the writer that finds
+    /// none pending (the applier takes the pending work before it starts,
+    /// so a writer past the bound during an application wakes it again).
     fn staged_left_for_after_reply(&self) -> bool {
-        if !WORKS_AFTER_REPLY.with(Cell::get) {
+        if WORKS_AFTER_REPLY.with(Cell::get) {
+            self.work_after_reply.store(true, Ordering::Release);
+            return true;
+        }
+        if !self.applier_runs() {
             return false;
         }
-        self.work_after_reply.store(true, Ordering::Release);
+        if !self.work_after_reply.swap(true, Ordering::AcqRel) {
+            self.want_apply();
+        }
         true
     }
 
@@ -399,6 +423,7 @@ impl Inner {
             return Ok(());
         }
         if !staged.is_empty() {
+            self.note_staging_room();
             add(&self.stats.staged_applications, 1);
             let bytes: usize = staged.iter().map(|b| b.body_len).sum();
             note_max(&self.stats.staged_application_bytes_max, bytes as u64);
@@ -462,24 +487,99 @@ impl Inner {
     /// more than that is staged: the caller applies the rest in the hold
     /// that needs every staged batch applied: a hold's work is bounded by
     /// a quarter bound (256 KiB at the default) rather than twice the
-    /// bound. The root buffers the staged batches will change that a
-    /// checkpoint in flight shares are copied first, with the lock let go
-    /// ([`Inner::copy_shared_root_buffers`]). Stops on a store that
-    /// failed, as a writer past the bound does (the caller decides).
+    /// bound. Before each turn, and before the rest, the root buffers the
+    /// staged batches will change that a checkpoint in flight shares are
+    /// copied with the lock let go ([`Inner::copy_shared_root_buffers`]):
+    /// a checkpoint may begin at any hand-on, and what was staged since
+    /// the last copies may reach other buffers. Copied once before the
+    /// first turn alone, the applier's turns (which writers stage beside)
+    /// copied 32 root buffers under the lock in a WS3 run, single
+    /// messages' applications of 10-23 ms (docs/benchmarks/applier.md).
+    /// Stops on a store that failed, as a writer past the bound does (the
+    /// caller decides).
     pub(super) fn apply_staged_in_turns(&self, tree: &mut TreeGuard<'_>) -> EngineResult<()> {
-        let per_turn = self.options.staging_bound() / 4;
-        self.copy_shared_root_buffers(tree);
         while self.check_failed().is_ok() {
-            let staged = self.staging.write().take_oldest(per_turn);
-            if staged.is_empty() {
+            if tree.a_root_holds_more_than(most_root_bytes_before_a_turn(self.options.node_size))
+                && self.flushing_now(tree) == Flushing::Stepwise
+            {
+                self.settle_in_steps(tree)?;
+            }
+            if !self.apply_one_turn(tree)? {
                 break;
             }
-            let flushing = self.flushing_now(tree);
-            self.apply_taken(tree, staged, None, flushing)?;
-            add(&self.stats.staged_application_turns, 1);
             parking_lot::RwLockWriteGuard::bump(tree);
         }
         Ok(())
+    }
+
+    /// One turn of [`Inner::apply_staged_in_turns`]: the oldest staged
+    /// batches, a quarter of the staging bound, applied (the shared root
+    /// buffers they change copied first); false when no more than that
+    /// is staged (nothing taken).
+    fn apply_one_turn(&self, tree: &mut TreeGuard<'_>) -> EngineResult<bool> {
+        self.copy_shared_root_buffers(tree);
+        let staged = self
+            .staging
+            .write()
+            .take_oldest(self.options.staging_bound() / 4);
+        if staged.is_empty() {
+            return Ok(false);
+        }
+        let flushing = self.flushing_now(tree);
+        self.apply_taken(tree, staged, None, flushing)?;
+        add(&self.stats.staged_application_turns, 1);
+        Ok(true)
+    }
+
+    /// Back-pressure where the applier runs ([`Options::background_apply`]):
+    /// a writer that finds twice the staging bound staged waits until the
+    /// applier takes some, rather than apply all of it in its call (the
+    /// writers on threads that work after their replies apply, as
+    /// without the applier). Counted: the waits and the longest.
+    fn wait_for_staging_room(&self) {
+        let bound = self.options.staging_bound();
+        let full = || self.staging.read().bytes() > 2 * bound;
+        if WORKS_AFTER_REPLY.with(Cell::get) || !self.applier_runs() || !full() {
+            return;
+        }
+        let waiting = Instant::now();
+        // The work may have been taken before these bytes were staged.
+        self.work_after_reply.store(true, Ordering::Release);
+        self.want_apply();
+        self.staging_room_waiters.fetch_add(1, Ordering::SeqCst);
+        {
+            let mut room = self
+                .staging_room_lock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            while full() && self.applier_runs() && self.check_failed().is_ok() {
+                room = self
+                    .staging_room
+                    .wait_timeout(room, Duration::from_millis(5))
+                    .map(|(room, _)| room)
+                    .unwrap_or_else(|e| e.into_inner().0);
+            }
+        }
+        self.staging_room_waiters.fetch_sub(1, Ordering::SeqCst);
+        add(&self.stats.staging_room_waits, 1);
+        let waited = waiting.elapsed();
+        add(
+            &self.stats.staging_room_wait_micros_total,
+            waited.as_micros() as u64,
+        );
+        record_max(&self.stats.staging_room_wait_micros_max, waited);
+    }
+
+    /// Tells the writers waiting for room in the staged batches
+    /// ([`Inner::wait_for_staging_room`]) that some were taken.
+    fn note_staging_room(&self) {
+        if self.staging_room_waiters.load(Ordering::SeqCst) > 0 {
+            let _room = self
+                .staging_room_lock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            self.staging_room.notify_all();
+        }
     }
 
     /// While a checkpoint is in flight: copies the root buffers that the
@@ -746,6 +846,17 @@ impl Inner {
             add(&self.stats.settle_steps, 1);
             let freed = tree.take_freed_later();
             self.hand_on(tree, &self.options.settle_step_hook, freed);
+            // With the applier running, the writers stage beside its
+            // settling: a turn between its steps keeps their waits for
+            // room to a step's length (else a turn after the last step),
+            // while the roots have room for it.
+            if self.applier_runs()
+                && self.staging.read().bytes() > self.options.staging_bound()
+                && !tree
+                    .a_root_holds_more_than(most_root_bytes_before_a_turn(self.options.node_size))
+            {
+                self.apply_one_turn(tree)?;
+            }
         }
     }
 

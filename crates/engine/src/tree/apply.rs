@@ -81,6 +81,7 @@ impl Tree {
             // Messages flushed early stay below the later ones of the same
             // batch, so later still wins.
             if bytes > settle_above {
+                add(&self.stats.roots_settled_in_applications, 1);
                 self.settle_root(ks)?;
                 self.evict_within_write()?;
                 root_bytes[ks.index()] = None;
@@ -169,6 +170,13 @@ impl Tree {
             Some(NodeBody::Interior(int)) => int.buffer_bytes(),
             _ => 0,
         }
+    }
+
+    /// Whether some root's buffers hold more than `bytes`.
+    pub(crate) fn a_root_holds_more_than(&self, bytes: usize) -> bool {
+        KeySpace::ALL
+            .into_iter()
+            .any(|ks| self.root_buffer_bytes(ks) > bytes)
     }
 
     /// The root, loaded, with a buffer put above it if it is a leaf.
