@@ -229,14 +229,22 @@ impl Inner {
     }
 
     /// The life of `thread`: `work` each time it is wanted (not on a store
-    /// that failed), until the store shuts down; then it no longer runs.
+    /// that failed), until the store shuts down; then it no longer runs —
+    /// nor after a panic in `work`, so that writers do its work (and none
+    /// waits for room only it would make) rather than leave it to no one.
     fn serve_on_demand(&self, thread: OnDemand, work: impl Fn(&Inner)) {
+        struct Stops<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Stops<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::SeqCst);
+            }
+        }
+        let _stops = Stops(self.running(thread));
         while self.wait_until_wanted(thread) {
             if self.check_failed().is_ok() {
                 work(self);
             }
         }
-        self.running(thread).store(false, Ordering::SeqCst);
     }
 
     /// Wakes the tree flusher.
