@@ -535,6 +535,71 @@ fn requests_go_on_while_a_writer_reads_the_leaf_it_flushes_into() {
     assert_store_holds(&store, &model);
 }
 
+/// A serving thread that hands long work on (a FUSE io_uring queue's,
+/// `Store::hand_long_work_on_from_this_thread`) leaves a settling whose
+/// step must read its leaf from the device to the thread it hands such
+/// work to: after its work the settling is pending and flagged long, and
+/// it read nothing; another thread then reads the leaf and settles. A
+/// thread that does not hand long work on reads and settles itself.
+#[test]
+fn a_settling_that_reads_is_left_to_the_worker_by_a_thread_that_hands_long_work_on() {
+    for hands_on in [true, false] {
+        let keys = 60;
+        let (device, options) = root_over_leaves(keys);
+        let last = keys - 1;
+        let store = Arc::new(Store::open_on(device, options).unwrap());
+        let mut model: BTreeMap<_, _> = (0..keys).map(|i| (numbered(i), value_of(i, 1))).collect();
+        // The root is cached; the last key's leaf is not.
+        assert_eq!(
+            store.get(KeySpace::Data, &numbered(0)).unwrap(),
+            Some(value_of(0, 1))
+        );
+        let after_last = move |j: u32| format!("key{last:05}+{j:03}").into_bytes();
+        let leaves_read = store.stats().leaves_read_for_flushes;
+        let serving = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                store.work_after_replies_on_this_thread();
+                if hands_on {
+                    store.hand_long_work_on_from_this_thread();
+                }
+                // Too large to stage: applied under the lock, its settling
+                // (into the last leaf) left for after the reply.
+                let mut batch = WriteBatch::new();
+                for j in 0..40 {
+                    batch.put(KeySpace::Data, &after_last(j), &value_of(j, 2));
+                }
+                store.write(&batch).unwrap();
+                assert!(store.has_work_after_reply());
+                store.work_after_reply().unwrap();
+                (
+                    store.has_work_after_reply(),
+                    store.work_after_reply_is_long(),
+                )
+            })
+        };
+        let (pending, long) = serving.join().unwrap();
+        model.extend((0..40).map(|j| (after_last(j), value_of(j, 2))));
+        let stats = store.stats();
+        if hands_on {
+            assert!(pending && long, "the settling was not left flagged long");
+            assert_eq!(
+                stats.leaves_read_for_flushes, leaves_read,
+                "the serving thread read"
+            );
+            assert!(stats.settles_handed_on_for_reads >= 1);
+            // The worker's turn (a thread that hands nothing on).
+            store.work_after_reply().unwrap();
+            assert!(!store.has_work_after_reply() && !store.work_after_reply_is_long());
+        } else {
+            assert!(!pending && !long, "the settling was left: {pending} {long}");
+            assert_eq!(stats.settles_handed_on_for_reads, 0);
+        }
+        assert!(store.stats().leaves_read_for_flushes > leaves_read);
+        assert_store_holds(&store, &model);
+    }
+}
+
 /// A write whose batch overflows a root settles in steps (one flush or one
 /// split each, the tree whole in between), and other requests take the
 /// lock between two steps: here a query and a write complete while a

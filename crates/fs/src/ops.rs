@@ -257,8 +257,13 @@ pub trait Operations: Send + Sync + 'static {
     /// replies to the requests the thread served are sent, the transport
     /// has [`Operations::work_after_reply`] called (by that thread, or by
     /// one of its own that serves no request), so requests served on it
-    /// may leave work for then.
-    fn serving_thread_started(&self) {}
+    /// may leave work for then. `hands_long_work_on`: the transport hands
+    /// work flagged long ([`Operations::work_after_reply_is_long`]) to a
+    /// thread of its own, so the thread may leave such work (a device
+    /// read) flagged for it.
+    fn serving_thread_started(&self, hands_long_work_on: bool) {
+        let _ = hands_long_work_on;
+    }
     /// Entries (parent, name) the kernel should drop, for the transport to
     /// tell it (FUSE_NOTIFY_INVAL_ENTRY, from a thread that serves no
     /// request: the kernel takes the parent's lock for it). With memory

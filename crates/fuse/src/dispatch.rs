@@ -156,8 +156,10 @@ impl<F: Operations> Dispatcher<F> {
     /// serves may leave work for after their replies, which it does
     /// itself ([`Dispatcher::work_after_replies`]) or hands to the
     /// after-reply worker ([`Dispatcher::hand_off_work_after_replies`]).
-    pub fn serving_thread_started(&self) {
-        self.fs.serving_thread_started();
+    /// `hands_long_work_on`: the thread hands work flagged long
+    /// ([`Dispatcher::work_after_reply_is_long`]) to that worker.
+    pub fn serving_thread_started(&self, hands_long_work_on: bool) {
+        self.fs.serving_thread_started(hands_long_work_on);
     }
 
     /// Whether a request left work for after its reply.

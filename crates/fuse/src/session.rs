@@ -357,7 +357,9 @@ fn release_entries<F: Operations>(fd: &OwnedFd, dispatcher: &Dispatcher<F>) {
 fn serve_device<F: Operations>(fd: &OwnedFd, dispatcher: &Dispatcher<F>) {
     let raw = fd.as_raw_fd();
     let mut buf = vec![0u8; READ_BUFFER];
-    dispatcher.serving_thread_started();
+    // Several readers, unpinned: the next request goes to another, and
+    // this one does the work itself however long.
+    dispatcher.serving_thread_started(false);
     loop {
         let n = match read_request(raw, &mut buf) {
             Ok(Some(n)) => n,

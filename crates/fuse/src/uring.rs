@@ -429,7 +429,7 @@ fn serve_queue<F: Operations>(
     if failed {
         return;
     }
-    dispatcher.serving_thread_started();
+    dispatcher.serving_thread_started(true);
     let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         serve_entries(&mut q, raw, dispatcher, clients, &mut affinity)
     }));
@@ -539,6 +539,11 @@ fn serve_entries<F: Operations>(
                 dispatcher.hand_off_work_after_replies();
             } else {
                 dispatcher.work_after_replies();
+                // What it left flagged long (a settling step that reads
+                // its leaf from the device) goes to the worker now.
+                if dispatcher.work_after_reply_is_long() {
+                    dispatcher.hand_off_work_after_replies();
+                }
             }
         }
     }

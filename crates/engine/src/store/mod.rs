@@ -860,6 +860,16 @@ impl Store {
         write::work_after_replies_on_this_thread();
     }
 
+    /// The calling thread (one that works after its replies) hands work
+    /// flagged long ([`Store::work_after_reply_is_long`]) to a thread of
+    /// its own: a settling step it would take that must first read its
+    /// leaf from the device is left for that thread instead — flagged
+    /// pending and long — so the requests on its queue do not wait for
+    /// the read (docs/design.md, "Who does it").
+    pub fn hand_long_work_on_from_this_thread(&self) {
+        write::hand_long_work_on_from_this_thread();
+    }
+
     /// Whether a write left work for [`Store::work_after_reply`].
     pub fn has_work_after_reply(&self) -> bool {
         self.inner.work_after_reply.load(Ordering::Acquire)

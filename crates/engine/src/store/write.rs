@@ -21,6 +21,16 @@ pub(super) fn work_after_replies_on_this_thread() {
     WORKS_AFTER_REPLY.with(|w| w.set(true));
 }
 
+thread_local! {
+    /// Whether this thread hands work flagged long to a thread of its own
+    /// ([`Store::hand_long_work_on_from_this_thread`]).
+    static HANDS_LONG_WORK_ON: Cell<bool> = const { Cell::new(false) };
+}
+
+pub(super) fn hand_long_work_on_from_this_thread() {
+    HANDS_LONG_WORK_ON.with(|h| h.set(true));
+}
+
 /// Bytes a batch that deletes may also add (a file system's unlink rewrites
 /// its parent directory's record) and still be let into the reserve when
 /// space is low: deleting must stay possible on a full device.
@@ -795,6 +805,12 @@ impl Inner {
             let mut stepping = Instant::now();
             let mut target = tree.settle_target();
             if let Some(place) = target.as_ref().and_then(|t| tree.settle_step_leaf(t)) {
+                // A thread whose queue of requests would wait for the read
+                // leaves the settling to the thread it hands long work to.
+                if HANDS_LONG_WORK_ON.with(Cell::get) {
+                    self.hand_settling_on();
+                    return Ok(());
+                }
                 // The leaf the step flushes into is read with the lock
                 // let go (fairly): a device read under it would shut out
                 // every request for its whole length. If the tree changed
@@ -840,12 +856,23 @@ impl Inner {
                 };
                 prepared = merged;
             }
+            let nodes_read = self.stats.nodes_read.load(Ordering::Relaxed);
             tree.settle_step(target, prepared)
                 .map_err(|e| self.poison(e))?;
             record_max(&self.stats.settle_step_micros_max, stepping.elapsed());
             add(&self.stats.settle_steps, 1);
             let freed = tree.take_freed_later();
             self.hand_on(tree, &self.options.settle_step_hook, freed);
+            // A step also reads under the lock what its leaf's read does
+            // not cover (a child below an interior target, the neighbour a
+            // merge takes in): the steps after one that read are likely to,
+            // and are left as above.
+            if HANDS_LONG_WORK_ON.with(Cell::get)
+                && self.stats.nodes_read.load(Ordering::Relaxed) != nodes_read
+            {
+                self.hand_settling_on();
+                return Ok(());
+            }
             // With the applier running, the writers stage beside its
             // settling: a turn between its steps keeps their waits for
             // room to a step's length (else a turn after the last step),
@@ -858,6 +885,15 @@ impl Inner {
                 self.apply_one_turn(tree)?;
             }
         }
+    }
+
+    /// Leaves the settling to the thread this one hands long work to
+    /// ([`Store::hand_long_work_on_from_this_thread`]): flagged pending and
+    /// long, it goes there once this thread's replies are sent.
+    fn hand_settling_on(&self) {
+        add(&self.stats.settles_handed_on_for_reads, 1);
+        self.work_after_reply_is_long.store(true, Ordering::Release);
+        self.work_after_reply.store(true, Ordering::Release);
     }
 
     /// A writer's eviction when its batch took the cache over budget: a

@@ -580,8 +580,11 @@ impl Operations for FileSystem {
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
-    fn serving_thread_started(&self) {
+    fn serving_thread_started(&self, hands_long_work_on: bool) {
         self.store.work_after_replies_on_this_thread();
+        if hands_long_work_on {
+            self.store.hand_long_work_on_from_this_thread();
+        }
     }
 
     fn has_work_after_reply(&self) -> bool {
