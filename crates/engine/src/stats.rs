@@ -193,10 +193,10 @@ pub struct Stats {
     /// background flushing) and settled it whole under the lock
     /// (`Tree::apply_messages`): a safety valve, and a long hold.
     pub roots_settled_in_applications: AtomicU64,
-    /// Settlings a FUSE serving thread left to the after-reply worker at a
-    /// step that had to read its leaf from the device
-    /// (`Store::hand_long_work_on_from_this_thread`).
-    pub settles_handed_on_for_reads: AtomicU64,
+    /// Settlings a FUSE serving thread left to the after-reply worker
+    /// (`Store::hand_long_work_on_from_this_thread`): at a step that had
+    /// to read from the device, or past its budget.
+    pub settles_handed_on: AtomicU64,
     pub log_replayed_records: AtomicU64,
     /// Memory the log's buffer holds (a gauge the store sets after each
     /// append and each log write, `LogWriter::buffer_use`): clean
@@ -323,7 +323,7 @@ pub struct StatsSnapshot {
     pub staging_room_wait_micros_total: u64,
     pub staging_room_wait_micros_max: u64,
     pub roots_settled_in_applications: u64,
-    pub settles_handed_on_for_reads: u64,
+    pub settles_handed_on: u64,
     pub staged_applications: u64,
     pub staged_application_turns: u64,
     pub staged_application_bytes_max: u64,
@@ -444,7 +444,7 @@ impl Stats {
             staging_room_wait_micros_total: get(&self.staging_room_wait_micros_total),
             staging_room_wait_micros_max: get(&self.staging_room_wait_micros_max),
             roots_settled_in_applications: get(&self.roots_settled_in_applications),
-            settles_handed_on_for_reads: get(&self.settles_handed_on_for_reads),
+            settles_handed_on: get(&self.settles_handed_on),
             staged_applications: get(&self.staged_applications),
             staged_application_turns: get(&self.staged_application_turns),
             staged_application_bytes_max: get(&self.staged_application_bytes_max),

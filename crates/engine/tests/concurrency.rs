@@ -587,13 +587,13 @@ fn a_settling_that_reads_is_left_to_the_worker_by_a_thread_that_hands_long_work_
                 stats.leaves_read_for_flushes, leaves_read,
                 "the serving thread read"
             );
-            assert!(stats.settles_handed_on_for_reads >= 1);
+            assert!(stats.settles_handed_on >= 1);
             // The worker's turn (a thread that hands nothing on).
             store.work_after_reply().unwrap();
             assert!(!store.has_work_after_reply() && !store.work_after_reply_is_long());
         } else {
             assert!(!pending && !long, "the settling was left: {pending} {long}");
-            assert_eq!(stats.settles_handed_on_for_reads, 0);
+            assert_eq!(stats.settles_handed_on, 0);
         }
         assert!(store.stats().leaves_read_for_flushes > leaves_read);
         assert_store_holds(&store, &model);

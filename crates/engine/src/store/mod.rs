@@ -123,7 +123,7 @@ pub struct Options {
     /// to a thread of its own, the applier, and returns: only past twice
     /// the bound does a writer apply in its call. A writer that applied
     /// waited for the whole application and every settling step after it
-    /// — a WS3 put's longest call, 16-30 ms, where its p99.9 is 25-65 µs
+    /// — a WS3 put's longest call, 13-27 ms, where its p99.9 is 20-80 µs
     /// (docs/benchmarks/applier.md). Writers on threads that work after
     /// their replies (`Store::work_after_replies_on_this_thread`) leave
     /// the work for then, as without it. Off in the library by default
