@@ -956,15 +956,15 @@ fn merge_that_holds() -> (Options, Receiver<()>, Sender<()>) {
     (options, held, go)
 }
 
-/// Writes of point messages are staged without the tree lock, and a query
-/// of a key they decide reads them alone: while a compaction holds the
-/// tree lock exclusively (stopped inside a merge function as it applies
-/// an upsert to a leaf), puts, deletes and queries of what they wrote
-/// complete. Afterwards everything reads back as written, in order.
-#[test]
-fn staged_writes_and_their_queries_go_on_while_the_tree_lock_is_held() {
-    let (options, held, go) = merge_that_holds();
-    let (_dev, store) = common::mem_store(32 << 20, options);
+/// A store on a device of `bytes` (with `options` from
+/// [`merge_that_holds`]) holding 200 numbered keys, compacted, and an
+/// upsert of the holding merge onto the eighth that the next compaction
+/// applies to its leaf; and what it holds.
+fn compacted_with_an_upsert_that_holds(
+    options: Options,
+    bytes: u64,
+) -> (Arc<Store>, BTreeMap<Vec<u8>, Vec<u8>>) {
+    let (_dev, store) = common::mem_store(bytes, options);
     let store = Arc::new(store);
     let mut model = BTreeMap::new();
     put_numbered(&store, &mut model, 200);
@@ -973,6 +973,18 @@ fn staged_writes_and_their_queries_go_on_while_the_tree_lock_is_held() {
         .upsert(KeySpace::Data, &numbered(7), 200, b"hold")
         .unwrap();
     model.insert(numbered(7), b"hold".to_vec());
+    (store, model)
+}
+
+/// Writes of point messages are staged without the tree lock, and a query
+/// of a key they decide reads them alone: while a compaction holds the
+/// tree lock exclusively (stopped inside a merge function as it applies
+/// an upsert to a leaf), puts, deletes and queries of what they wrote
+/// complete. Afterwards everything reads back as written, in order.
+#[test]
+fn staged_writes_and_their_queries_go_on_while_the_tree_lock_is_held() {
+    let (options, held, go) = merge_that_holds();
+    let (store, mut model) = compacted_with_an_upsert_that_holds(options, 32 << 20);
     // Read before: the counters' snapshot takes the tree lock.
     let staged_before = store.stats().writes_staged;
     let compaction = {
@@ -1028,15 +1040,7 @@ fn the_applier_applies_what_writers_take_past_the_bound() {
             background_apply,
             ..staging_64k_options()
         };
-        let (_dev, store) = common::mem_store(64 << 20, options);
-        let store = Arc::new(store);
-        let mut model = BTreeMap::new();
-        put_numbered(&store, &mut model, 200);
-        store.compact().unwrap();
-        store
-            .upsert(KeySpace::Data, &numbered(7), 200, b"hold")
-            .unwrap();
-        model.insert(numbered(7), b"hold".to_vec());
+        let (store, mut model) = compacted_with_an_upsert_that_holds(options, 64 << 20);
         // Read before: the counters' snapshot takes the tree lock.
         let before = store.stats();
         let compaction = {
