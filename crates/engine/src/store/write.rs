@@ -100,8 +100,8 @@ fn settling_due(tree: &mut Tree, flushing: Flushing) -> bool {
 const STAGED_BATCH_MAX_BYTES: usize = 64 << 10;
 
 /// The most a root's buffers may hold when a turn of an application of
-/// staged writes begins ([`Inner::apply_staged_in_turns`]); past it the
-/// applier settles in steps first. Past twice a node an application
+/// staged writes begins ([`Inner::apply_staged_in_turns`]); past it
+/// whoever applies settles in steps first. Past twice a node an application
 /// settles the root whole, under the lock (`Tree::apply_messages`): with
 /// the applier and the writers applying turns beside each other's
 /// settling, WS3's roots got there, and such an application held the
