@@ -97,19 +97,13 @@ pub struct Args {
     /// library's default, which the earlier kv-bench tables ran) or a
     /// thread of the engine (`thread`, as the mount daemon runs it).
     #[arg(long, value_enum, default_value = "writer")]
-    write_back: WriteBackBy,
+    write_back: DoneBy,
     /// Who applies the staged writes once a writer takes them past their
     /// bound (betreefs): that writer, in its call (`writer`, the
     /// library's default, which the earlier kv-bench tables ran), or a
     /// thread of the engine (`thread`: the writer returns).
     #[arg(long, value_enum, default_value = "writer")]
-    apply: ApplyBy,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum ApplyBy {
-    Thread,
-    Writer,
+    apply: DoneBy,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -118,8 +112,10 @@ enum FlushBy {
     Background,
 }
 
+/// Who does a piece of the engine's work (`--write-back`, `--apply`):
+/// the writer that made it due, in its call, or a thread of the engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum WriteBackBy {
+enum DoneBy {
     Thread,
     Writer,
 }
@@ -397,8 +393,8 @@ fn open_engine(args: &Args) -> Result<Box<dyn KvEngine>> {
             let mut options = Options {
                 cache_bytes: args.cache_mb << 20,
                 background_flush: args.flush == FlushBy::Background,
-                background_write_back: args.write_back == WriteBackBy::Thread,
-                background_apply: args.apply == ApplyBy::Thread,
+                background_write_back: args.write_back == DoneBy::Thread,
+                background_apply: args.apply == DoneBy::Thread,
                 ..Options::default()
             };
             if let Some(kb) = args.node_kb {

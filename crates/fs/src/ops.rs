@@ -261,9 +261,7 @@ pub trait Operations: Send + Sync + 'static {
     /// work flagged long ([`Operations::work_after_reply_is_long`]) to a
     /// thread of its own, so the thread may leave such work (a device
     /// read) flagged for it.
-    fn serving_thread_started(&self, hands_long_work_on: bool) {
-        let _ = hands_long_work_on;
-    }
+    fn serving_thread_started(&self, _hands_long_work_on: bool) {}
     /// Entries (parent, name) the kernel should drop, for the transport to
     /// tell it (FUSE_NOTIFY_INVAL_ENTRY, from a thread that serves no
     /// request: the kernel takes the parent's lock for it). With memory

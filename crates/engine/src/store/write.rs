@@ -200,23 +200,31 @@ impl Inner {
         if bound == 0 || batch.body_len() > bound / 4 || !self.space_ample.load(Ordering::Acquire) {
             return Ok(None);
         }
-        self.wait_for_staging_room();
-        let (seq, past_bound, transplants) = {
+        let ranges = messages
+            .iter()
+            .filter(|(_, m)| m.point_key().is_none())
+            .count();
+        // A rename is applied soon (until then, every query of its ranges
+        // applies everything staged in its request), after the reply where
+        // that is done. (Clones are not staged: `admit`.)
+        let transplants = messages
+            .iter()
+            .any(|(_, m)| matches!(m, Message::RangeRename(_)));
+        let (seq, past_bound) = loop {
             let mut staging = self.staging.write();
-            let ranges = messages
-                .iter()
-                .filter(|(_, m)| m.point_key().is_none())
-                .count();
-            // A rename is applied soon (until then, every query of its
-            // ranges applies everything staged in its request), after the
-            // reply where that is done. (Clones are not staged: `admit`.)
-            let transplants = messages
-                .iter()
-                .any(|(_, m)| matches!(m, Message::RangeRename(_) | Message::RangeClone(_)));
-            if staging.bytes() > 2 * bound
-                || staging.range_count() + ranges > staging::STAGED_RANGES_MAX
-            {
+            if staging.range_count() + ranges > staging::STAGED_RANGES_MAX {
                 return Ok(None);
+            }
+            if staging.bytes() > 2 * bound {
+                if !self.waits_for_staging_room() {
+                    return Ok(None);
+                }
+                drop(staging);
+                self.wait_for_staging_room();
+                // It also ends on a failure, which the next look would
+                // only meet again.
+                self.check_failed()?;
+                continue;
             }
             // Under the staging lock: the checkpoint of a remount
             // read-only takes the staged batches in a hold of it, so a
@@ -241,7 +249,7 @@ impl Inner {
             let past_bound = staging.bytes() > bound
                 || staging.range_count() > staging::STAGED_RANGES_MAX / 2
                 || transplants;
-            (seq, past_bound, transplants)
+            break (seq, past_bound);
         };
         add(&self.stats.writes_staged, 1);
         // Left for after the reply, the staging lock's bounds (twice these)
@@ -519,7 +527,7 @@ impl Inner {
     /// caller decides).
     pub(super) fn apply_staged_in_turns(&self, tree: &mut TreeGuard<'_>) -> EngineResult<()> {
         while self.check_failed().is_ok() {
-            if tree.a_root_holds_more_than(most_root_bytes_before_a_turn(self.options.node_size))
+            if !self.roots_have_room_for_a_turn(tree)
                 && self.flushing_now(tree) == Flushing::Stepwise
             {
                 self.settle_in_steps(tree)?;
@@ -530,6 +538,12 @@ impl Inner {
             parking_lot::RwLockWriteGuard::bump(tree);
         }
         Ok(())
+    }
+
+    /// Whether every root holds few enough messages for a turn of an
+    /// application ([`most_root_bytes_before_a_turn`]).
+    fn roots_have_room_for_a_turn(&self, tree: &Tree) -> bool {
+        !tree.a_root_holds_more_than(most_root_bytes_before_a_turn(self.options.node_size))
     }
 
     /// One turn of [`Inner::apply_staged_in_turns`]: the oldest staged
@@ -551,17 +565,22 @@ impl Inner {
         Ok(true)
     }
 
-    /// Back-pressure where the applier runs ([`Options::background_apply`]):
-    /// a writer that finds twice the staging bound staged waits until the
-    /// applier takes some, rather than apply all of it in its call (the
-    /// writers on threads that work after their replies apply, as
-    /// without the applier). Counted: the waits and the longest.
+    /// Whether a writer that finds twice the staging bound staged waits
+    /// for room ([`Inner::wait_for_staging_room`]) rather than apply under
+    /// the tree lock: where the applier runs ([`Options::background_apply`]),
+    /// except on threads that work after their replies (they apply, as
+    /// without the applier).
+    fn waits_for_staging_room(&self) -> bool {
+        !WORKS_AFTER_REPLY.with(Cell::get) && self.applier_runs()
+    }
+
+    /// Back-pressure where the applier runs: a writer that found twice the
+    /// staging bound staged waits until the applier takes some, rather
+    /// than apply all of it in its call. Counted: the waits and the
+    /// longest.
     fn wait_for_staging_room(&self) {
         let bound = self.options.staging_bound();
         let full = || self.staging.read().bytes() > 2 * bound;
-        if WORKS_AFTER_REPLY.with(Cell::get) || !self.applier_runs() || !full() {
-            return;
-        }
         let waiting = Instant::now();
         // The work may have been taken before these bytes were staged.
         self.work_after_reply.store(true, Ordering::Release);
@@ -891,8 +910,7 @@ impl Inner {
             // while the roots have room for it.
             if self.applier_runs()
                 && self.staging.read().bytes() > self.options.staging_bound()
-                && !tree
-                    .a_root_holds_more_than(most_root_bytes_before_a_turn(self.options.node_size))
+                && self.roots_have_room_for_a_turn(tree)
             {
                 self.apply_one_turn(tree)?;
             }
